@@ -1,0 +1,412 @@
+import NIOCore
+
+/// Every frame of protocol v1 (SPEC §3), one nested struct per frame type.
+///
+/// Stream-scoped messages carry their ``StreamID``; connection messages travel on stream 0.
+/// ERROR and CREDIT may be either, and say which with their `streamID`.
+public enum Frame: Hashable, Sendable {
+    case hello(Hello)
+    case welcome(Welcome)
+    case open(Open)
+    case offset(Offset)
+    case chunk(Chunk)
+    case ack(Ack)
+    case credit(Credit)
+    case hash(Hash)
+    case result(Result)
+    case error(Error)
+    case cancel(Cancel)
+    case ping(Ping)
+    case pong(Pong)
+    case goAway(GoAway)
+    /// A frame of an extension type (0x80 and up) that this version ignores (SPEC §1.5).
+    case `extension`(Extension)
+
+    /// The stream the frame travels on.
+    public var streamID: StreamID {
+        switch self {
+        case .hello, .welcome, .ping, .pong, .goAway:
+            return .connection
+        case .open(let f): return f.streamID
+        case .offset(let f): return f.streamID
+        case .chunk(let f): return f.streamID
+        case .ack(let f): return f.streamID
+        case .credit(let f): return f.streamID
+        case .hash(let f): return f.streamID
+        case .result(let f): return f.streamID
+        case .error(let f): return f.streamID
+        case .cancel(let f): return f.streamID
+        case .extension(let f): return f.streamID
+        }
+    }
+
+    /// The frame's type on the wire.
+    public var type: FrameType {
+        switch self {
+        case .hello: return Hello.type
+        case .welcome: return Welcome.type
+        case .open: return Open.type
+        case .offset: return Offset.type
+        case .chunk: return Chunk.type
+        case .ack: return Ack.type
+        case .credit: return Credit.type
+        case .hash: return Hash.type
+        case .result: return Result.type
+        case .error: return Error.type
+        case .cancel: return Cancel.type
+        case .ping: return Ping.type
+        case .pong: return Pong.type
+        case .goAway: return GoAway.type
+        case .extension(let f): return f.type
+        }
+    }
+}
+
+extension Frame {
+    /// The magic that opens HELLO: "UPLD" (SPEC §3.1).
+    public static let magic: [UInt8] = Array("UPLD".utf8)
+
+    /// HELLO, agent → relay, stream 0: the agent's first frame (SPEC §3.1).
+    public struct Hello: Hashable, Sendable {
+        public static let type = FrameType.hello
+        /// The authentication methods of SPEC §2.3.
+        public struct AuthMethod: RawRepresentable, Hashable, Sendable {
+            public let rawValue: UInt8
+            public init(rawValue: UInt8) { self.rawValue = rawValue }
+            /// The credential is a bearer token.
+            public static let bearerToken = AuthMethod(rawValue: 1)
+            /// The TLS client certificate authenticates; the credential is empty. Reserved.
+            public static let clientCertificate = AuthMethod(rawValue: 2)
+        }
+
+        public var minVersion: UInt16
+        public var maxVersion: UInt16
+        /// The largest frame the agent accepts.
+        public var maxFrameSize: UInt32
+        /// The features the agent offers (``Features``).
+        public var features: Features
+        public var authMethod: AuthMethod
+        /// The token for ``AuthMethod/bearerToken``.
+        public var credential: [UInt8]
+        /// A name for logs, such as the host name. Informational.
+        public var agentName: String
+
+        public init(
+            minVersion: UInt16 = 1, maxVersion: UInt16 = 1, maxFrameSize: UInt32, features: Features,
+            authMethod: AuthMethod = .bearerToken, credential: [UInt8], agentName: String
+        ) {
+            self.minVersion = minVersion
+            self.maxVersion = maxVersion
+            self.maxFrameSize = maxFrameSize
+            self.features = features
+            self.authMethod = authMethod
+            self.credential = credential
+            self.agentName = agentName
+        }
+    }
+
+    /// Optional features negotiated in HELLO and WELCOME (SPEC §2.2).
+    public struct Features: OptionSet, Hashable, Sendable {
+        public let rawValue: UInt32
+        public init(rawValue: UInt32) { self.rawValue = rawValue }
+        /// Per-chunk zlib compression (SPEC §9).
+        public static let deflate = Features(rawValue: 1 << 0)
+        /// Every feature this implementation knows.
+        public static let known: Features = [.deflate]
+    }
+
+    /// WELCOME, relay → agent, stream 0: the agent is authenticated; these are the relay's terms (SPEC §3.2).
+    public struct Welcome: Hashable, Sendable {
+        public static let type = FrameType.welcome
+        public var version: UInt16
+        /// The largest frame the relay accepts.
+        public var maxFrameSize: UInt32
+        /// The features in force on this connection.
+        public var features: Features
+        public var maxStreams: UInt32
+        /// Initial connection credit in bytes.
+        public var connectionWindow: UInt32
+        /// Initial credit of each stream in bytes, granted with OFFSET START or RESUME.
+        public var streamWindow: UInt32
+        public var maxKeyLength: UInt16
+        /// 0 means no idle timeout.
+        public var idleTimeoutMillis: UInt32
+        /// The account the credential belongs to.
+        public var account: String
+
+        public init(
+            version: UInt16 = 1, maxFrameSize: UInt32, features: Features, maxStreams: UInt32,
+            connectionWindow: UInt32, streamWindow: UInt32, maxKeyLength: UInt16, idleTimeoutMillis: UInt32,
+            account: String
+        ) {
+            self.version = version
+            self.maxFrameSize = maxFrameSize
+            self.features = features
+            self.maxStreams = maxStreams
+            self.connectionWindow = connectionWindow
+            self.streamWindow = streamWindow
+            self.maxKeyLength = maxKeyLength
+            self.idleTimeoutMillis = idleTimeoutMillis
+            self.account = account
+        }
+    }
+
+    /// OPEN, agent → relay: names an upload and opens its stream (SPEC §3.3).
+    public struct Open: Hashable, Sendable {
+        public static let type = FrameType.open
+        /// Flag: the size field is meaningful.
+        public static let sizeKnownFlag: UInt8 = 0x01
+        /// Flag: the sha1 field is meaningful.
+        public static let sha1KnownFlag: UInt8 = 0x02
+        /// Flag: replace whatever the key holds.
+        public static let overwriteFlag: UInt8 = 0x04
+        public static let allFlags: UInt8 = 0x07
+
+        public var streamID: StreamID
+        /// The key as sent. It may not be valid UTF-8: the relay checks it (``ObjectKey``) and answers INVALID_KEY.
+        public var rawKey: [UInt8]
+        /// The blob's size when known in advance.
+        public var size: UInt64?
+        /// The blob's SHA-1 when known in advance, for dedup.
+        public var sha1: SHA1Digest?
+        /// Whether to replace different content stored under the key.
+        public var overwrite: Bool
+        /// Opaque bytes identifying this version of the source (SPEC §6.2).
+        public var fingerprint: [UInt8]
+        /// A token from an earlier OFFSET, to resume that upload (SPEC §6.2).
+        public var resumeToken: [UInt8]
+
+        public init(
+            streamID: StreamID, rawKey: [UInt8], size: UInt64? = nil, sha1: SHA1Digest? = nil,
+            overwrite: Bool = false, fingerprint: [UInt8] = [], resumeToken: [UInt8] = []
+        ) {
+            self.streamID = streamID
+            self.rawKey = rawKey
+            self.size = size
+            self.sha1 = sha1
+            self.overwrite = overwrite
+            self.fingerprint = fingerprint
+            self.resumeToken = resumeToken
+        }
+
+        public init(
+            streamID: StreamID, key: String, size: UInt64? = nil, sha1: SHA1Digest? = nil,
+            overwrite: Bool = false, fingerprint: [UInt8] = [], resumeToken: [UInt8] = []
+        ) {
+            self.init(
+                streamID: streamID, rawKey: Array(key.utf8), size: size, sha1: sha1, overwrite: overwrite,
+                fingerprint: fingerprint, resumeToken: resumeToken
+            )
+        }
+
+        /// The key as a string, or nil when it is not valid UTF-8.
+        public var key: String? { String(validating: self.rawKey, as: UTF8.self) }
+
+        var flags: UInt8 {
+            (self.size != nil ? Self.sizeKnownFlag : 0) | (self.sha1 != nil ? Self.sha1KnownFlag : 0)
+                | (self.overwrite ? Self.overwriteFlag : 0)
+        }
+    }
+
+    /// OFFSET, relay → agent: where the upload starts (SPEC §3.4).
+    public struct Offset: Hashable, Sendable {
+        public static let type = FrameType.offset
+        /// The relay's answer to OPEN.
+        public enum Disposition: UInt8, Hashable, Sendable {
+            /// Nothing is stored yet: send from 0.
+            case start = 0
+            /// The relay holds a durable prefix: send from `offset`.
+            case resume = 1
+            /// The key already holds these bytes: send nothing; the stream is finished.
+            case stored = 2
+        }
+
+        public var streamID: StreamID
+        public var disposition: Disposition
+        public var offset: UInt64
+        /// Present this in a later OPEN to resume (SPEC §6.2). Empty with STORED.
+        public var resumeToken: [UInt8]
+
+        public init(streamID: StreamID, disposition: Disposition, offset: UInt64, resumeToken: [UInt8] = []) {
+            self.streamID = streamID
+            self.disposition = disposition
+            self.offset = offset
+            self.resumeToken = resumeToken
+        }
+    }
+
+    /// CHUNK, agent → relay: bytes of the blob at an offset (SPEC §3.5).
+    ///
+    /// ```
+    ///  0                   1                   2                   3
+    /// +---------------------------------------------------------------+
+    /// |                        offset (u64) ...                       |
+    /// |                           ... offset                          |
+    /// +---------------------------------------------------------------+
+    /// |                 crc32 of the raw bytes (u32)                  |
+    /// +---------------------------------------------------------------+
+    /// |        raw length (u32), only with the DEFLATED flag          |
+    /// +---------------------------------------------------------------+
+    /// |                 data (the rest of the frame) ...              |
+    /// +---------------------------------------------------------------+
+    /// ```
+    public struct Chunk: Hashable, Sendable {
+        public static let type = FrameType.chunk
+        /// Flag: `data` is a zlib stream inflating to `rawLength` bytes.
+        public static let deflatedFlag: UInt8 = 0x01
+
+        public var streamID: StreamID
+        public var offset: UInt64
+        /// CRC-32 (zlib's) of the raw, uncompressed bytes.
+        public var crc32: UInt32
+        /// The inflated length when `data` is deflated; nil when `data` is raw.
+        public var rawLength: UInt32?
+        /// The bytes on the wire: raw, or a zlib stream. Never copied by the codec.
+        public var data: ByteBuffer
+
+        public init(streamID: StreamID, offset: UInt64, crc32: UInt32, rawLength: UInt32? = nil, data: ByteBuffer) {
+            self.streamID = streamID
+            self.offset = offset
+            self.crc32 = crc32
+            self.rawLength = rawLength
+            self.data = data
+        }
+
+        /// Whether `data` is deflated.
+        public var isDeflated: Bool { self.rawLength != nil }
+
+        /// The bytes this chunk adds to the blob, which is what it costs in credit (SPEC §5.2).
+        public var payloadLength: Int { self.rawLength.map(Int.init) ?? self.data.readableBytes }
+
+        /// The size of the fields before `data`.
+        public static func fieldsSize(deflated: Bool) -> Int { deflated ? 16 : 12 }
+    }
+
+    /// ACK, relay → agent: every byte below `offset` is durable (SPEC §3.6, §6.1).
+    public struct Ack: Hashable, Sendable {
+        public static let type = FrameType.ack
+        public var streamID: StreamID
+        public var offset: UInt64
+        public init(streamID: StreamID, offset: UInt64) {
+            self.streamID = streamID
+            self.offset = offset
+        }
+    }
+
+    /// CREDIT, relay → agent: more bytes may be sent on a stream, or on the connection when on stream 0 (SPEC §3.7).
+    public struct Credit: Hashable, Sendable {
+        public static let type = FrameType.credit
+        public var streamID: StreamID
+        /// 1 through 2^31-1.
+        public var increment: UInt32
+        public init(streamID: StreamID, increment: UInt32) {
+            self.streamID = streamID
+            self.increment = increment
+        }
+    }
+
+    /// HASH, agent → relay: the data is complete; here are its size and SHA-1 (SPEC §3.8).
+    public struct Hash: Hashable, Sendable {
+        public static let type = FrameType.hash
+        public var streamID: StreamID
+        public var size: UInt64
+        public var sha1: SHA1Digest
+        public init(streamID: StreamID, size: UInt64, sha1: SHA1Digest) {
+            self.streamID = streamID
+            self.size = size
+            self.sha1 = sha1
+        }
+    }
+
+    /// RESULT, relay → agent: the blob is committed, verified, under `key` (SPEC §3.9).
+    public struct Result: Hashable, Sendable {
+        public static let type = FrameType.result
+        public enum Status: UInt8, Hashable, Sendable {
+            /// The object was committed now.
+            case stored = 0
+            /// The key already held exactly these bytes.
+            case unchanged = 1
+        }
+
+        public var streamID: StreamID
+        public var status: Status
+        public var size: UInt64
+        public var sha1: SHA1Digest
+        public var key: String
+
+        public init(streamID: StreamID, status: Status, size: UInt64, sha1: SHA1Digest, key: String) {
+            self.streamID = streamID
+            self.status = status
+            self.size = size
+            self.sha1 = sha1
+            self.key = key
+        }
+    }
+
+    /// ERROR, both ways: closes a stream, or on stream 0 the connection (SPEC §3.10).
+    public struct Error: Hashable, Sendable {
+        public static let type = FrameType.error
+        public var streamID: StreamID
+        public var code: WireErrorCode
+        public var message: String
+        public init(streamID: StreamID, code: WireErrorCode, message: String) {
+            self.streamID = streamID
+            self.code = code
+            self.message = message
+        }
+    }
+
+    /// CANCEL, agent → relay: abandon this upload and forget its resume state (SPEC §3.11).
+    public struct Cancel: Hashable, Sendable {
+        public static let type = FrameType.cancel
+        public var streamID: StreamID
+        public var code: WireErrorCode
+        public var message: String
+        public init(streamID: StreamID, code: WireErrorCode = .cancelled, message: String) {
+            self.streamID = streamID
+            self.code = code
+            self.message = message
+        }
+    }
+
+    /// PING, both ways, stream 0: answered by PONG with the same 8 bytes (SPEC §3.12).
+    public struct Ping: Hashable, Sendable {
+        public static let type = FrameType.ping
+        public var data: UInt64
+        public init(data: UInt64) { self.data = data }
+    }
+
+    /// PONG, both ways, stream 0: the answer to PING (SPEC §3.12).
+    public struct Pong: Hashable, Sendable {
+        public static let type = FrameType.pong
+        public var data: UInt64
+        public init(data: UInt64) { self.data = data }
+    }
+
+    /// GOAWAY, stream 0: no stream above `lastStreamID` will be processed (SPEC §3.13, §6.4).
+    public struct GoAway: Hashable, Sendable {
+        public static let type = FrameType.goAway
+        public var lastStreamID: StreamID
+        public var code: WireErrorCode
+        public var message: String
+        public init(lastStreamID: StreamID, code: WireErrorCode, message: String) {
+            self.lastStreamID = lastStreamID
+            self.code = code
+            self.message = message
+        }
+    }
+
+    /// A frame of an extension type (0x80 and up): decoded so that it can be skipped (SPEC §1.5).
+    public struct Extension: Hashable, Sendable {
+        public var type: FrameType
+        public var flags: UInt8
+        public var streamID: StreamID
+        public var data: ByteBuffer
+        public init(type: FrameType, flags: UInt8, streamID: StreamID, data: ByteBuffer) {
+            self.type = type
+            self.flags = flags
+            self.streamID = streamID
+            self.data = data
+        }
+    }
+}

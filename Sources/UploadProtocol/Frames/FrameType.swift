@@ -1,0 +1,69 @@
+/// The type byte of a frame header (SPEC §1.5).
+public struct FrameType: RawRepresentable, Hashable, Sendable, CustomStringConvertible {
+    public let rawValue: UInt8
+    public init(rawValue: UInt8) { self.rawValue = rawValue }
+
+    public static let hello = FrameType(rawValue: 0x01)
+    public static let welcome = FrameType(rawValue: 0x02)
+    public static let open = FrameType(rawValue: 0x03)
+    public static let offset = FrameType(rawValue: 0x04)
+    public static let chunk = FrameType(rawValue: 0x05)
+    public static let ack = FrameType(rawValue: 0x06)
+    public static let credit = FrameType(rawValue: 0x07)
+    public static let hash = FrameType(rawValue: 0x08)
+    public static let result = FrameType(rawValue: 0x09)
+    public static let error = FrameType(rawValue: 0x0A)
+    public static let cancel = FrameType(rawValue: 0x0B)
+    public static let ping = FrameType(rawValue: 0x0C)
+    public static let pong = FrameType(rawValue: 0x0D)
+    public static let goAway = FrameType(rawValue: 0x0E)
+
+    /// Types from 0x80 up are extensions: a receiver that does not know one skips it (SPEC §1.5).
+    public var isExtension: Bool { self.rawValue >= 0x80 }
+
+    private static let names = [
+        "HELLO", "WELCOME", "OPEN", "OFFSET", "CHUNK", "ACK", "CREDIT", "HASH", "RESULT", "ERROR", "CANCEL",
+        "PING", "PONG", "GOAWAY",
+    ]
+
+    /// The name SPEC §3 gives the type.
+    public var name: String {
+        if self.rawValue >= 1 && Int(self.rawValue) <= Self.names.count {
+            return Self.names[Int(self.rawValue) - 1]
+        }
+        return self.isExtension ? "EXTENSION" : "UNKNOWN"
+    }
+
+    public var description: String { "\(self.name)(0x\(String(self.rawValue, radix: 16)))" }
+}
+
+/// The ten bytes that open every frame (SPEC §1.1).
+///
+/// ```
+///  0                   1                   2                   3
+///  0 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 1
+/// +---------------------------------------------------------------+
+/// |               length (u32), header included                   |
+/// +---------------+---------------+-------------------------------+
+/// |   type (u8)   |  flags (u8)   |      stream id (u32) ...      |
+/// +---------------+---------------+-------------------------------+
+/// |      ... stream id            |  payload ...
+/// +-------------------------------+
+/// ```
+public struct FrameHeader: Hashable, Sendable {
+    /// Bytes in a header.
+    public static let size = 10
+
+    /// The whole frame's length, header included.
+    public var length: Int
+    public var type: FrameType
+    public var flags: UInt8
+    public var streamID: StreamID
+
+    public init(length: Int, type: FrameType, flags: UInt8, streamID: StreamID) {
+        self.length = length
+        self.type = type
+        self.flags = flags
+        self.streamID = streamID
+    }
+}

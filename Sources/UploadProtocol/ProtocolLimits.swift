@@ -1,0 +1,66 @@
+/// Every limit of the protocol in one place, with the defaults of SPEC §12.
+///
+/// Both roles use one value of this type: the relay announces some of these numbers in WELCOME,
+/// the agent announces its frame size in HELLO, and both codecs and state machines enforce them.
+public struct ProtocolLimits: Hashable, Sendable {
+    /// The largest frame, header included, that this side accepts once it has announced it (SPEC §1.2).
+    /// Default 1,114,112 bytes: a 1 MiB chunk and its fields fit with room to spare.
+    public var maxFrameSize: Int = 1_114_112
+
+    /// How many streams may be open at once on one connection (SPEC §4.3). Default 64.
+    public var maxConcurrentStreams: Int = 64
+
+    /// The relay's initial connection credit in bytes (SPEC §5). Default 16 MiB: the most chunk
+    /// bytes one connection can hold in the relay's memory.
+    public var connectionWindow: Int = 16 << 20
+
+    /// The relay's initial credit for each stream in bytes (SPEC §5). Default 4 MiB.
+    public var streamWindow: Int = 4 << 20
+
+    /// The longest key in bytes of UTF-8 (SPEC §12.2). Default 1,024.
+    public var maxKeyLength: Int = 1024
+
+    /// The longest segment of a key in bytes (SPEC §12.2). Default 255, the usual file name limit.
+    public var maxKeySegmentLength: Int = 255
+
+    /// The longest bearer token in bytes (SPEC §3.1). Default 1,024.
+    public var maxCredentialLength: Int = 1024
+
+    /// The longest message in ERROR, CANCEL and GOAWAY in bytes (SPEC §3.10). Default 1,024.
+    public var maxMessageLength: Int = 1024
+
+    /// The longest agent or account name in bytes (SPEC §3.1). Default 255.
+    public var maxNameLength: Int = 255
+
+    /// The longest source fingerprint and resume token in bytes (SPEC §3.3). Default 64.
+    public var maxTokenLength: Int = 64
+
+    /// How many closed streams a state machine remembers, to tell a late frame from a bad one (SPEC §4.4). Default 1,024.
+    public var closedStreamMemory: Int = 1024
+
+    /// How long a connection may take from TCP accept to WELCOME (SPEC §2.4). Default 10 s.
+    public var handshakeTimeout: Duration = .seconds(10)
+
+    /// How long a connection may stay silent before it is closed (SPEC §2.4). Default 120 s.
+    public var idleTimeout: Duration = .seconds(120)
+
+    public init() {}
+
+    /// The largest frame a side accepts before it has announced its own limit (SPEC §1.2).
+    public static let initialMaxFrameSize = 65_536
+    /// The smallest maximum frame size a side may announce (SPEC §1.2).
+    public static let smallestMaxFrameSize = 16_384
+    /// The largest maximum frame size a side may announce (SPEC §1.2).
+    public static let largestMaxFrameSize = 16_777_216
+    /// The largest a credit window may grow (SPEC §5.3).
+    public static let maxWindow = Int(Int32.max)
+    /// The largest size or offset a frame may carry (SPEC §3): 2^62.
+    public static let maxBlobSize: UInt64 = 1 << 62
+    /// The protocol versions this implementation speaks (SPEC §2.2).
+    public static let supportedVersions: ClosedRange<UInt16> = 1...1
+
+    /// The most chunk payload bytes that fit in a frame of `frameSize` bytes (SPEC §3.5).
+    public static func maxChunkPayload(frameSize: Int) -> Int {
+        frameSize - FrameHeader.size - Frame.Chunk.fieldsSize(deflated: true)
+    }
+}

@@ -1,0 +1,93 @@
+/// One upload as the agent sees it (SPEC §4.5).
+struct AgentStreamStateMachine: Sendable {
+    private enum State: Hashable, Sendable {
+        /// OPEN sent; waiting for OFFSET (or ERROR).
+        case opening
+        /// OFFSET START or RESUME received: CHUNKs go out while credit lasts.
+        case sending
+        /// HASH sent: waiting for RESULT; ACK and CREDIT may still arrive.
+        case awaitingResult
+    }
+
+    private var state: State = .opening
+    let open: Frame.Open
+    /// The offset the next CHUNK carries.
+    private(set) var nextOffset: UInt64 = 0
+    /// The highest ACK received.
+    private(set) var ackedOffset: UInt64 = 0
+    /// Stream credit; nil before OFFSET.
+    private(set) var window: OutboundWindow? = nil
+
+    init(open: Frame.Open) {
+        self.open = open
+    }
+
+    var id: StreamID { self.open.streamID }
+
+    var isSending: Bool { self.state == .sending }
+
+    mutating func receiveOffset(_ offset: Frame.Offset, initialWindow: Int) -> ProtocolError? {
+        guard self.state == .opening else {
+            return .connection(.protocolError, "second OFFSET on stream \(self.id)")
+        }
+        if let size = self.open.size, offset.offset > size {
+            return .connection(.protocolError, "OFFSET \(offset.offset) on stream \(self.id) is beyond the size \(size)")
+        }
+        self.state = .sending
+        self.nextOffset = offset.offset
+        self.ackedOffset = offset.offset
+        self.window = OutboundWindow(initial: initialWindow)
+        return nil
+    }
+
+    mutating func receiveAck(_ ack: Frame.Ack) -> ProtocolError? {
+        guard self.state != .opening else {
+            return .connection(.protocolError, "ACK on stream \(self.id) before OFFSET")
+        }
+        guard ack.offset <= self.nextOffset else {
+            return .connection(
+                .protocolError, "ACK \(ack.offset) on stream \(self.id) is beyond the \(self.nextOffset) bytes sent"
+            )
+        }
+        guard ack.offset > self.ackedOffset else {
+            return .connection(
+                .protocolError, "ACK \(ack.offset) on stream \(self.id) does not advance the last ACK \(self.ackedOffset)"
+            )
+        }
+        self.ackedOffset = ack.offset
+        return nil
+    }
+
+    mutating func receiveCredit(_ credit: Frame.Credit) -> ProtocolError? {
+        guard self.state != .opening else {
+            return .connection(.protocolError, "CREDIT on stream \(self.id) before OFFSET")
+        }
+        guard self.window!.grant(credit.increment) else {
+            return .stream(
+                self.id, .flowControlError,
+                "CREDIT of \(credit.increment) bytes makes the stream window of \(self.window!.available) pass 2^31-1"
+            )
+        }
+        return nil
+    }
+
+    func checkResult(_ result: Frame.Result) -> ProtocolError? {
+        guard self.state == .awaitingResult else {
+            return .connection(.protocolError, "RESULT on stream \(self.id) before HASH")
+        }
+        return nil
+    }
+
+    mutating func sendChunk(_ chunk: Frame.Chunk) {
+        precondition(self.state == .sending, "CHUNK on stream \(self.id) outside the sending state")
+        precondition(chunk.offset == self.nextOffset, "CHUNK at \(chunk.offset), expected \(self.nextOffset)")
+        self.window!.consume(chunk.payloadLength)
+        self.nextOffset += UInt64(chunk.payloadLength)
+    }
+
+    mutating func sendHash(_ hash: Frame.Hash) {
+        precondition(self.state == .sending, "HASH on stream \(self.id) outside the sending state")
+        precondition(hash.size == self.nextOffset, "HASH size \(hash.size) but \(self.nextOffset) bytes sent")
+        self.state = .awaitingResult
+    }
+}

@@ -1,0 +1,1 @@
+// Filled by the end-to-end work (issue 3).
