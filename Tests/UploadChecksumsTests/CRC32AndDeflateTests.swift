@@ -1,0 +1,66 @@
+import Testing
+import UploadChecksums
+
+@Suite("CRC32 and deflate from zlib")
+struct CRC32AndDeflateTests {
+    @Test("CRC-32 check value and empty input")
+    func checkValue() {
+        #expect(CRC32.checksum(Array("123456789".utf8)) == 0xCBF4_3926)
+        #expect(CRC32.checksum([UInt8]()) == 0)
+        #expect(CRC32.checksum(Array("The quick brown fox jumps over the lazy dog".utf8)) == 0x414F_A339)
+    }
+
+    @Test("incremental CRC equals one-shot")
+    func incremental() {
+        var rng = SplitMix64(seed: 3)
+        let data = (0..<5000).map { _ in UInt8.random(in: 0...255, using: &rng) }
+        var crc = CRC32()
+        var index = 0
+        while index < data.count {
+            let n = min(data.count - index, Int.random(in: 1...777, using: &rng))
+            crc.update(data[index..<index + n])
+            index += n
+        }
+        #expect(crc.value == CRC32.checksum(data))
+    }
+
+    static func compress(_ input: [UInt8]) -> [UInt8]? {
+        var out = [UInt8](repeating: 0, count: Deflate.bound(input.count))
+        let n = input.withUnsafeBytes { i in out.withUnsafeMutableBytes { Deflate.compress(i, into: $0) } }
+        return n.map { Array(out[0..<$0]) }
+    }
+
+    static func inflate(_ input: [UInt8], rawLength: Int) throws -> [UInt8] {
+        var out = [UInt8](repeating: 0, count: rawLength)
+        try input.withUnsafeBytes { i in try out.withUnsafeMutableBytes { try Deflate.inflate(i, into: $0) } }
+        return out
+    }
+
+    @Test("compressible data round-trips and shrinks")
+    func roundTrip() throws {
+        let text = Array(String(repeating: "photo gallery upload ", count: 500).utf8)
+        let packed = try #require(Self.compress(text))
+        #expect(packed.count < text.count / 10)
+        #expect(try Self.inflate(packed, rawLength: text.count) == text)
+    }
+
+    @Test("incompressible data is left raw")
+    func incompressible() {
+        var rng = SplitMix64(seed: 5)
+        let noise = (0..<4096).map { _ in UInt8.random(in: 0...255, using: &rng) }
+        #expect(Self.compress(noise) == nil)
+    }
+
+    @Test("a wrong raw length, corrupt or trailing data is refused")
+    func badInput() throws {
+        let text = Array(String(repeating: "abc", count: 300).utf8)
+        let packed = try #require(Self.compress(text))
+        #expect(throws: Deflate.InflateError.self) { try Self.inflate(packed, rawLength: text.count - 1) }
+        #expect(throws: Deflate.InflateError.self) { try Self.inflate(packed, rawLength: text.count + 1) }
+        var corrupt = packed
+        corrupt[corrupt.count / 2] ^= 0xFF
+        #expect(throws: Deflate.InflateError.self) { try Self.inflate(corrupt, rawLength: text.count) }
+        #expect(throws: Deflate.InflateError.self) { try Self.inflate(packed + [0], rawLength: text.count) }
+        #expect(throws: Deflate.InflateError.self) { try Self.inflate(Array(packed.dropLast()), rawLength: text.count) }
+    }
+}

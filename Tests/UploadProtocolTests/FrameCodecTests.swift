@@ -1,0 +1,178 @@
+import NIOCore
+import Testing
+@testable import UploadProtocol
+
+@Suite("Frame codec")
+struct FrameCodecTests {
+    static func decodeAll(_ bytes: inout ByteBuffer, maxFrameSize: Int = 1_114_112) throws -> [Frame] {
+        var decoder = FrameDecoder(maxFrameSize: maxFrameSize)
+        var frames: [Frame] = []
+        while let frame = try decoder.decodeFrame(from: &bytes) {
+            frames.append(frame)
+        }
+        return frames
+    }
+
+    @Test("every sample frame round-trips", arguments: SampleFrames.all)
+    func roundTrip(frame: Frame) throws {
+        var bytes = frame.encoded()
+        let length = bytes.getInteger(at: 0, as: UInt32.self)!
+        #expect(Int(length) == bytes.readableBytes)
+        #expect(bytes.getInteger(at: 4, as: UInt8.self) == frame.type.rawValue)
+        let decoded = try Self.decodeAll(&bytes)
+        #expect(decoded == [frame])
+        #expect(bytes.readableBytes == 0)
+    }
+
+    @Test("the chunk encoder returns the payload itself, uncopied")
+    func chunkPayloadIsNotCopied() {
+        let data = ByteBuffer(repeating: 7, count: 1 << 20)
+        let chunk = Frame.Chunk(streamID: 1, offset: 0, crc32: 0, data: data)
+        var header = ByteBuffer()
+        let payload = FrameEncoder.encode(.chunk(chunk), into: &header)
+        #expect(header.readableBytes == FrameHeader.size + Frame.Chunk.fieldsSize(deflated: false))
+        #expect(header.getInteger(at: 0, as: UInt32.self) == UInt32(header.readableBytes + data.readableBytes))
+        let same = payload!.withUnsafeReadableBytes { p in data.withUnsafeReadableBytes { $0.baseAddress == p.baseAddress } }
+        #expect(same)
+    }
+
+    @Test("the decoder slices chunk data out of the input without copying")
+    func chunkDecodeIsSlice() throws {
+        var bytes = Frame.chunk(Frame.Chunk(streamID: 1, offset: 0, crc32: 0, data: ByteBuffer(repeating: 1, count: 4096))).encoded()
+        let base = bytes.withUnsafeReadableBytes { $0.baseAddress! }
+        let frames = try Self.decodeAll(&bytes)
+        guard case .chunk(let chunk) = frames.first else {
+            Issue.record("expected a chunk")
+            return
+        }
+        let dataBase = chunk.data.withUnsafeReadableBytes { $0.baseAddress! }
+        #expect(dataBase == base + FrameHeader.size + 12)
+    }
+
+    @Test("byte-at-a-time drip feeding yields each frame exactly when its last byte arrives")
+    func dripFeed() throws {
+        var all = ByteBuffer()
+        var ends: [Int] = []
+        for frame in SampleFrames.all {
+            var one = frame.encoded()
+            all.writeBuffer(&one)
+            ends.append(all.writerIndex)
+        }
+        var decoder = FrameDecoder(maxFrameSize: 1_114_112)
+        var pending = ByteBuffer()
+        var decoded: [Frame] = []
+        var fed = 0
+        for byte in all.readableBytesView {
+            pending.writeInteger(byte)
+            fed += 1
+            while let frame = try decoder.decodeFrame(from: &pending) {
+                decoded.append(frame)
+                #expect(ends[decoded.count - 1] == fed)
+            }
+        }
+        #expect(decoded == SampleFrames.all)
+    }
+
+    @Test("many frames in one buffer")
+    func manyFramesInOneBuffer() throws {
+        var all = ByteBuffer()
+        var expected: [Frame] = []
+        for i in 0..<1000 {
+            let frame = SampleFrames.all[i % SampleFrames.all.count]
+            var one = frame.encoded()
+            all.writeBuffer(&one)
+            expected.append(frame)
+        }
+        #expect(try Self.decodeAll(&all) == expected)
+    }
+
+    @Test("randomized frames round-trip in random pieces")
+    func randomized() throws {
+        var rng = SeededGenerator(seed: 42)
+        var expected: [Frame] = []
+        var all = ByteBuffer()
+        for _ in 0..<2000 {
+            let frame = RandomFrames.make(using: &rng)
+            expected.append(frame)
+            var one = frame.encoded()
+            all.writeBuffer(&one)
+        }
+        var decoder = FrameDecoder(maxFrameSize: ProtocolLimits.largestMaxFrameSize)
+        var pending = ByteBuffer()
+        var decoded: [Frame] = []
+        while all.readableBytes > 0 {
+            var piece = all.readSlice(length: min(all.readableBytes, Int.random(in: 1...9000, using: &rng)))!
+            pending.writeBuffer(&piece)
+            while let frame = try decoder.decodeFrame(from: &pending) {
+                decoded.append(frame)
+            }
+        }
+        #expect(decoded == expected)
+    }
+
+    @Test("a length above the maximum is refused from its four bytes alone")
+    func lengthCheckedAtHeader() {
+        var decoder = FrameDecoder(maxFrameSize: 65_536)
+        var bytes = ByteBuffer(bytes: [0x00, 0x01, 0x00, 0x01])
+        #expect(throws: ProtocolError.connection(.frameSizeError, "frame length 65537 is above the maximum frame size 65536")) {
+            try decoder.decodeFrame(from: &bytes)
+        }
+        var short = ByteBuffer(bytes: [0, 0, 0, 9])
+        #expect((try? decoder.decodeFrame(from: &short)) == nil)
+        #expect(throws: ProtocolError.self) { try decoder.decodeFrame(from: &short) }
+    }
+
+    @Test("need-more-bytes consumes nothing")
+    func needMoreConsumesNothing() throws {
+        var decoder = FrameDecoder()
+        let whole = SampleFrames.all[0].encoded()
+        var partial = whole.getSlice(at: 0, length: whole.readableBytes - 1)!
+        #expect(try decoder.decodeFrame(from: &partial) == nil)
+        #expect(partial.readerIndex == 0)
+    }
+
+    @Test("extension frames skip; unknown core types are connection errors")
+    func unknownTypes() throws {
+        var ext = ByteBuffer(bytes: [0, 0, 0, 12, 0xC3, 0xFF, 0, 0, 0, 0, 1, 2])
+        #expect(try Self.decodeAll(&ext).count == 1)
+        for type: UInt8 in [0x00, 0x0F, 0x7F] {
+            var bytes = ByteBuffer(bytes: [0, 0, 0, 10, type, 0, 0, 0, 0, 0])
+            #expect(throws: ProtocolError.self) { try Self.decodeAll(&bytes) }
+        }
+    }
+
+    @Test("payload rules: trailing bytes, short payload, reserved flags, stream placement")
+    func payloadRules() throws {
+        var ack = Frame.ack(Frame.Ack(streamID: 1, offset: 5)).encoded()
+        ack.writeInteger(UInt8(0))
+        ack.setInteger(UInt32(ack.readableBytes), at: 0)
+        #expect(throws: ProtocolError.self) { try Self.decodeAll(&ack) }
+
+        var short = ByteBuffer(bytes: [0, 0, 0, 13, 0x06, 0, 0, 0, 0, 1, 0, 0, 0])
+        #expect(throws: ProtocolError.self) { try Self.decodeAll(&short) }
+
+        var flagged = Frame.ack(Frame.Ack(streamID: 1, offset: 5)).encoded()
+        flagged.setInteger(UInt8(1), at: 5)
+        #expect(throws: ProtocolError.self) { try Self.decodeAll(&flagged) }
+
+        var ackOnZero = Frame.ack(Frame.Ack(streamID: 1, offset: 5)).encoded()
+        ackOnZero.setInteger(UInt32(0), at: 6)
+        #expect(throws: ProtocolError.self) { try Self.decodeAll(&ackOnZero) }
+
+        var pingOnStream = Frame.ping(Frame.Ping(data: 1)).encoded()
+        pingOnStream.setInteger(UInt32(1), at: 6)
+        #expect(throws: ProtocolError.self) { try Self.decodeAll(&pingOnStream) }
+
+        var topBit = Frame.ack(Frame.Ack(streamID: 1, offset: 5)).encoded()
+        topBit.setInteger(UInt32(0x8000_0001), at: 6)
+        #expect(throws: ProtocolError.self) { try Self.decodeAll(&topBit) }
+    }
+
+    @Test("every error code has a name that maps back")
+    func errorCodeNames() {
+        for code in WireErrorCode.allDefined {
+            #expect(WireErrorCode(name: code.name) == code)
+        }
+        #expect(WireErrorCode(rawValue: 0x2A).name == "UNKNOWN_0x002a")
+    }
+}
