@@ -69,7 +69,7 @@ let package = Package(
         .testTarget(
             name: "UploadProtocolTests",
             dependencies: [
-                "UploadProtocol", "UploadChecksums",
+                "UploadProtocol", "UploadChecksums", "UploadRelay",
                 .product(name: "NIOCore", package: "swift-nio"),
             ]
         ),

@@ -214,8 +214,10 @@ public struct FrameDecoder: Sendable {
         guard maxStreams >= 1 else {
             throw ProtocolError.connection(.protocolError, "WELCOME allows no streams")
         }
-        guard connectionWindow <= UInt32(ProtocolLimits.maxWindow), streamWindow <= UInt32(ProtocolLimits.maxWindow) else {
-            throw ProtocolError.connection(.protocolError, "WELCOME window above 2^31-1")
+        for (name, window) in [("connection", connectionWindow), ("stream", streamWindow)] {
+            guard window >= 1 && window <= UInt32(ProtocolLimits.maxWindow) else {
+                throw ProtocolError.connection(.protocolError, "WELCOME \(name) window \(window) is outside 1...2^31-1")
+            }
         }
         return Frame.Welcome(
             version: version, maxFrameSize: maxFrameSize, features: features, maxStreams: maxStreams,
@@ -259,6 +261,8 @@ public struct FrameDecoder: Sendable {
             throw ProtocolError.connection(.protocolError, "OFFSET START carries offset \(offset), not 0")
         case .resume where offset == 0:
             throw ProtocolError.connection(.protocolError, "OFFSET RESUME carries offset 0")
+        case .stored where !token.isEmpty:
+            throw ProtocolError.connection(.protocolError, "OFFSET STORED carries a resume token")
         default:
             return Frame.Offset(streamID: stream, disposition: disposition, offset: offset, resumeToken: token)
         }

@@ -7,7 +7,7 @@ public struct AgentConnectionStateMachine: Sendable {
         /// Nothing sent yet.
         case idle
         /// HELLO sent; only WELCOME or ERROR may arrive.
-        case helloSent
+        case helloSent(Frame.Hello)
         /// WELCOME received: streams open and close.
         case ready
         /// GOAWAY received: no new streams; open ones continue until the relay closes.
@@ -62,7 +62,7 @@ public struct AgentConnectionStateMachine: Sendable {
     /// The first frame of the connection.
     public mutating func sendHello(_ hello: Frame.Hello) -> Frame {
         precondition(self.phase == .idle, "HELLO sent twice")
-        self.phase = .helloSent
+        self.phase = .helloSent(hello)
         return .hello(hello)
     }
 
@@ -130,12 +130,21 @@ public struct AgentConnectionStateMachine: Sendable {
             return .none
         case .idle:
             return self.fail(.protocolError, "\(frame.type.name) before HELLO was sent")
-        case .helloSent:
+        case .helloSent(let hello):
             guard case .welcome(let welcome) = frame else {
                 return self.fail(.protocolError, "expected WELCOME, got \(frame.type.name)")
             }
-            guard ProtocolLimits.supportedVersions.contains(welcome.version) else {
-                return self.fail(.unsupportedVersion, "relay chose version \(welcome.version), which this agent does not speak")
+            guard welcome.version >= hello.minVersion && welcome.version <= hello.maxVersion else {
+                return self.fail(
+                    .protocolError,
+                    "relay chose version \(welcome.version); the agent offered \(hello.minVersion)...\(hello.maxVersion)"
+                )
+            }
+            guard hello.features.isSuperset(of: welcome.features) else {
+                return self.fail(
+                    .protocolError,
+                    "WELCOME features 0x\(String(welcome.features.rawValue, radix: 16)) were not all offered in HELLO"
+                )
             }
             self.welcome = welcome
             self.connectionWindow = OutboundWindow(initial: Int(welcome.connectionWindow))
@@ -191,6 +200,11 @@ public struct AgentConnectionStateMachine: Sendable {
         case .pong, .extension:
             return .none
         case .goAway(let goAway):
+            if case .goingAway(let last) = self.phase, goAway.lastStreamID > last {
+                return self.fail(
+                    .protocolError, "second GOAWAY raises the last stream id from \(last) to \(goAway.lastStreamID)"
+                )
+            }
             self.phase = .goingAway(lastStreamID: goAway.lastStreamID)
             return .goingAway(goAway)
         }

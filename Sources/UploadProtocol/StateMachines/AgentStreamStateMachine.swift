@@ -5,8 +5,8 @@ struct AgentStreamStateMachine: Sendable {
         case opening
         /// OFFSET START or RESUME received: CHUNKs go out while credit lasts.
         case sending
-        /// HASH sent: waiting for RESULT; ACK and CREDIT may still arrive.
-        case awaitingResult
+        /// HASH sent: waiting for a RESULT that repeats its size and SHA-1; ACK and CREDIT may still arrive.
+        case awaitingResult(Frame.Hash)
     }
 
     private var state: State = .opening
@@ -32,6 +32,11 @@ struct AgentStreamStateMachine: Sendable {
         }
         if let size = self.open.size, offset.offset > size {
             return .connection(.protocolError, "OFFSET \(offset.offset) on stream \(self.id) is beyond the size \(size)")
+        }
+        if offset.disposition == .stored, let size = self.open.size, offset.offset != size {
+            return .connection(
+                .protocolError, "OFFSET STORED on stream \(self.id) says \(offset.offset) bytes; OPEN announced \(size)"
+            )
         }
         self.state = .sending
         self.nextOffset = offset.offset
@@ -72,8 +77,14 @@ struct AgentStreamStateMachine: Sendable {
     }
 
     func checkResult(_ result: Frame.Result) -> ProtocolError? {
-        guard self.state == .awaitingResult else {
+        guard case .awaitingResult(let hash) = self.state else {
             return .connection(.protocolError, "RESULT on stream \(self.id) before HASH")
+        }
+        guard result.size == hash.size, result.sha1 == hash.sha1 else {
+            return .connection(
+                .protocolError,
+                "RESULT on stream \(self.id) reports \(result.size) bytes with SHA-1 \(result.sha1); HASH sent \(hash.size) bytes with \(hash.sha1)"
+            )
         }
         return nil
     }
@@ -88,6 +99,6 @@ struct AgentStreamStateMachine: Sendable {
     mutating func sendHash(_ hash: Frame.Hash) {
         precondition(self.state == .sending, "HASH on stream \(self.id) outside the sending state")
         precondition(hash.size == self.nextOffset, "HASH size \(hash.size) but \(self.nextOffset) bytes sent")
-        self.state = .awaitingResult
+        self.state = .awaitingResult(hash)
     }
 }

@@ -83,6 +83,16 @@ public struct RelayConnectionStateMachine: Sendable {
                     "agent speaks versions \(hello.minVersion)...\(hello.maxVersion); this relay speaks \(ProtocolLimits.supportedVersions.lowerBound)...\(ProtocolLimits.supportedVersions.upperBound)"
                 )
             }
+            switch hello.authMethod {
+            case .bearerToken where hello.credential.isEmpty:
+                return self.fail(.unauthenticated, "HELLO carries an empty token (check --token or UPLOAD_TOKEN)")
+            case .bearerToken:
+                break
+            default:
+                return self.fail(
+                    .unauthenticated, "authentication method \(hello.authMethod.rawValue) is not supported; use a bearer token (1)"
+                )
+            }
             self.phase = .authenticating(hello)
             return .authenticate(hello)
         case .authenticating:

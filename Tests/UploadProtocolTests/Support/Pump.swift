@@ -1,5 +1,6 @@
 import NIOCore
 import UploadChecksums
+import UploadRelay
 @testable import UploadProtocol
 
 /// The relay's half of the in-memory pump: the state machine plus the least relay logic that
@@ -133,21 +134,12 @@ struct MemoryRelay {
 
     private mutating func write(_ chunk: Frame.Chunk) -> [Frame] {
         let id = chunk.streamID
-        var raw = Array(chunk.data.readableBytesView)
-        if let rawLength = chunk.rawLength {
-            var out = [UInt8](repeating: 0, count: Int(rawLength))
-            do {
-                try raw.withUnsafeBytes { i in try out.withUnsafeMutableBytes { try Deflate.inflate(i, into: $0) } }
-            } catch {
-                return self.machine.resetStream(id, .decompressionError, "\(error)")
-            }
-            raw = out
-        }
-        let crc = CRC32.checksum(raw)
-        guard crc == chunk.crc32 else {
-            return self.machine.resetStream(
-                id, .crcMismatch, "chunk at offset \(chunk.offset): CRC32 is \(crc), the chunk says \(chunk.crc32)"
-            )
+        let raw: [UInt8]
+        switch ChunkVerifier.rawBytes(of: chunk) {
+        case .success(let bytes):
+            raw = Array(bytes.readableBytesView)
+        case .failure(let error):
+            return self.machine.resetStream(id, error.code, error.message)
         }
         guard var upload = self.uploads[id] else { return [] }
         upload.bytes += raw
