@@ -3,7 +3,7 @@
 Written from protocol/SPEC.md only (no Swift). Python 3.11 standard library.
 
     encode(frame_dict) -> bytes
-    decode(buf, max_frame_size=1114112, receiver=None) -> (frame_dict, consumed)
+    decode(buf, max_frame_size=1114112) -> (frame_dict, consumed)
         returns (None, 0) while `buf` does not yet hold enough bytes to decide
         (a truncated header or frame is not an error); raises WireError.
     Peer(role): a role-aware state checker ("relay" or "agent") with
@@ -29,6 +29,7 @@ STREAM_ID_MASK = 0x7FFFFFFF
 
 MAX_CREDENTIAL = 1024
 MAX_AGENT_NAME = 255
+MAX_ACCOUNT = 255
 MAX_MESSAGE = 1024
 MAX_OPAQUE8 = 64  # fingerprint / resumeToken
 MAX_SEGMENT = 255
@@ -184,11 +185,10 @@ def peek_header(buf: bytes, max_frame_size: int):
     return length, t, f, s
 
 
-def decode(buf: bytes, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, receiver: str | None = None,
-           defer_key: bool = False):
-    """Decode one frame from the start of `buf` following the order of §1.9.
+def decode(buf: bytes, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, defer_key: bool = False):
+    """Decode one frame from the start of `buf` following §1.9 steps 1-9 (role-agnostic:
+    the direction check belongs to step 10, see Peer).
 
-    receiver: "relay"/"agent" enables the direction check (§1.9 step 4); None skips it.
     defer_key: if True an OPEN key that is not valid UTF-8 is returned as
       frame["key"] = None, frame["key_raw"] = bytes instead of raising INVALID_KEY,
       so that a state machine can apply the connection-level OPEN checks first (§4.6).
@@ -202,19 +202,16 @@ def decode(buf: bytes, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, receiver: s
         return None, 0
     payload = buf[HEADER_SIZE:length]
 
-    name = TYPES.get(t)
-    if name is None:
-        if t >= 0x80:
-            # extension frame: discarded entirely, nothing but the length is checked (§1.7)
-            return ({"type": "EXTENSION", "stream": sraw, "flags": flags,
-                     "extension_type": t, "data": payload.hex()}, length)
-        raise _conn("PROTOCOL_ERROR", f"unknown frame type 0x{t:02x}")
-
-    if receiver is not None and SENDER[name] not in (None, _other(receiver)):
-        raise _conn("PROTOCOL_ERROR", f"{name} received by the {receiver} (wrong direction)")
     if sraw & 0x80000000:
         raise _conn("PROTOCOL_ERROR", "reserved stream id bit set")
     sid = sraw
+    name = TYPES.get(t)
+    if name is None:
+        if t >= 0x80:
+            # extension frame: discarded; flags and stream id value are not checked (§1.7)
+            return ({"type": "EXTENSION", "stream": sid, "flags": flags,
+                     "extension_type": t, "data": payload.hex()}, length)
+        raise _conn("PROTOCOL_ERROR", f"unknown frame type 0x{t:02x}")
     rule = STREAM_RULE[name]
     if rule == "zero" and sid != 0:
         raise _conn("PROTOCOL_ERROR", f"{name} must use stream 0")
@@ -344,7 +341,7 @@ def _check_values(name, sid, flags, v, max_frame_size, defer_key) -> dict:
                 raise _pe(name, f"{w} not in 1..2^31-1")
         if v["max_key_length"] < 1:
             raise _pe(name, "max_key_length is 0")
-        account = _str(name, "account", v["account"], None)
+        account = _str(name, "account", v["account"], MAX_ACCOUNT)
         out = dict(v)
         out["account"] = account
     elif name == "OPEN":
@@ -543,6 +540,7 @@ class _Stream:
         self.acked = 0        # agent: last acknowledged durable offset
         self.sha = hashlib.sha1()   # relay: SHA-1 of received bytes (None after RESUME)
         self.reset_by_self = False
+        self.final_sent = False   # relay: closed by its own RESULT or OFFSET STORED
         self.hash = None      # agent: the HASH frame it sent
 
 
@@ -572,9 +570,10 @@ class Peer:
 
     # ---- sending (our own frames)
     def send(self, data: bytes):
-        frame, n = decode(data, MAX_MAX_FRAME_SIZE, receiver=_other(self.role))
+        frame, n = decode(data, MAX_MAX_FRAME_SIZE)
         assert frame is not None and n == len(data), "setup send must be exactly one whole frame"
         t, sid = frame["type"], frame["stream"]
+        assert t == "EXTENSION" or SENDER[t] in (None, self.role), f"{self.role} may not send {t}"
         ln = len(data)
         if self.role == "agent":
             peer_max = self.welcome["max_frame_size"] if self.welcome else INITIAL_MAX_FRAME_SIZE
@@ -652,6 +651,7 @@ class Peer:
             assert st.state == "OPENING"
             if f["disposition"] == "STORED":
                 st.state = "CLOSED"
+                st.final_sent = True
             else:
                 st.state = "RECEIVING"
                 st.window = self.welcome["stream_window"]
@@ -667,6 +667,7 @@ class Peer:
         elif t == "RESULT":
             assert st.state == "VERIFYING"
             st.state = "CLOSED"
+            st.final_sent = True
         elif t == "ERROR":
             assert st.state != "CLOSED"
             st.state = "CLOSED"
@@ -684,16 +685,23 @@ class Peer:
             if self.conn == "CLOSED":
                 self.buf = b""
                 return done
-            frame, n = decode(self.buf, self.max_recv, receiver=self.role, defer_key=True)
+            frame, n = decode(self.buf, self.max_recv, defer_key=True)
             if frame is None:
                 return done
             self.buf = self.buf[n:]
+            t = frame["type"]
+            # §1.9 step 10 starts with the direction check
+            if t != "EXTENSION" and SENDER[t] not in (None, _other(self.role)):
+                raise _conn("PROTOCOL_ERROR", f"{t} received by the {self.role} (wrong direction)")
             getattr(self, f"_recv_{self.role}")(frame)
             done.append(frame)
 
     # relay side ---------------------------------------------------------
     def _recv_relay(self, f):
         t, sid = f["type"], f["stream"]
+        if t == "ERROR" and sid == 0:
+            self.conn = "CLOSED"  # in any state: close, no reply (§2.4)
+            return
         if self.conn == "AWAITING_HELLO":
             if t != "HELLO":
                 raise _conn("PROTOCOL_ERROR", f"first frame is {t}, not HELLO")
@@ -715,9 +723,6 @@ class Peer:
                 raise _conn("PROTOCOL_ERROR", "GOAWAY last_stream_id increased")
             self.goaway_received = f["last_stream_id"]
             return
-        if t == "ERROR" and sid == 0:
-            self.conn = "CLOSED"
-            return
         if t == "OPEN":
             return self._relay_open(f)
         if t == "CHUNK":
@@ -727,7 +732,7 @@ class Peer:
             raise _conn("PROTOCOL_ERROR", f"{t} on stream {sid} never opened")
         st = self.streams.get(sid)
         if st is None or st.state == "CLOSED":
-            if t in ("CANCEL", "ERROR") or st is None or st.reset_by_self:
+            if st is None or st.reset_by_self or (t in ("CANCEL", "ERROR") and st.final_sent):
                 return  # discarded (§4.7)
             raise _conn("STREAM_CLOSED", f"{t} on stream {sid} closed normally")
         if t in ("CANCEL", "ERROR"):
@@ -772,35 +777,33 @@ class Peer:
         deflated = bool(f["flags"] & FLAG_DEFLATED)
         if deflated and not self.deflate:
             raise _conn("PROTOCOL_ERROR", "DEFLATED chunk but deflate not negotiated")
-        if sid > self.highest:
-            raise _conn("PROTOCOL_ERROR", f"CHUNK on stream {sid} never opened")
-        st = self.streams.get(sid)
-        if st is not None and st.state == "CLOSED" and not st.reset_by_self:
-            raise _conn("STREAM_CLOSED", f"CHUNK on stream {sid} closed normally")
-        if st is not None and st.state in ("OPENING", "VERIFYING"):
-            raise _conn("PROTOCOL_ERROR", f"CHUNK in {st.state}")
         data = bytes.fromhex(f["data"])
         n = f["raw_length"] if deflated else len(data)
         if n > self.conn_window:
             raise _conn("FLOW_CONTROL_ERROR", "CHUNK exceeds the connection window")
         self.conn_window -= n
+        if sid > self.highest:
+            raise _conn("PROTOCOL_ERROR", f"CHUNK on stream {sid} never opened")
+        st = self.streams.get(sid)
+        if st is not None and st.state == "CLOSED" and not st.reset_by_self:
+            raise _conn("STREAM_CLOSED", f"CHUNK on stream {sid} closed normally")
         if st is None or st.state == "CLOSED":
-            return  # discarded; the relay owes CREDIT(0, n)
-        if n > st.window:
-            raise _strm("FLOW_CONTROL_ERROR", sid, "CHUNK exceeds the stream window")
-        st.window -= n
+            self.conn_window += n  # discarded; the relay returns CREDIT(0, n) at once (§4.7)
+            return
+        if st.state in ("OPENING", "VERIFYING"):
+            raise _conn("PROTOCOL_ERROR", f"CHUNK in {st.state}")
         if f["offset"] != st.offset:
             raise _strm("INVALID_OFFSET", sid, f"offset {f['offset']} != {st.offset}")
         if st.size_known and f["offset"] + n > st.size:
             raise _strm("SIZE_MISMATCH", sid, "beyond OPEN size")
+        if n > st.window:
+            raise _strm("FLOW_CONTROL_ERROR", sid, "CHUNK exceeds the stream window")
+        st.window -= n
         if deflated:
             try:
                 d = zlib.decompressobj()
-                raw = d.decompress(data, n)
-                if d.unconsumed_tail:
-                    raise _strm("DECOMPRESSION_ERROR", sid, "inflates to more than raw_length")
-                raw += d.flush()
-                if not d.eof or d.unused_data or len(raw) != n:
+                raw = d.decompress(data, n + 1)  # never inflate more than rawLength + 1 (§9)
+                if len(raw) != n or not d.eof or d.unused_data or d.unconsumed_tail:
                     raise _strm("DECOMPRESSION_ERROR", sid, "bad zlib stream or wrong length")
             except zlib.error as e:
                 raise _strm("DECOMPRESSION_ERROR", sid, str(e))
@@ -815,12 +818,12 @@ class Peer:
     # agent side ---------------------------------------------------------
     def _recv_agent(self, f):
         t, sid = f["type"], f["stream"]
+        if t == "ERROR" and sid == 0:
+            self.conn = "CLOSED"  # in any state: close, no reply (§2.4)
+            return
         if self.conn == "START":
             raise _conn("PROTOCOL_ERROR", f"{t} received before HELLO was sent")
         if self.conn == "HELLO_SENT":
-            if t == "ERROR" and sid == 0:
-                self.conn = "CLOSED"
-                return
             if t != "WELCOME":
                 raise _conn("PROTOCOL_ERROR", f"first frame is {t}, not WELCOME")
             h = self.hello
@@ -847,11 +850,7 @@ class Peer:
                     s.state = "CLOSED"
                     s.reset_by_self = True  # refused: later frames discarded
             return
-        if sid == 0:
-            if t == "ERROR":
-                self.conn = "CLOSED"
-                return
-            # CREDIT(0)
+        if sid == 0:  # CREDIT(0)
             if self.conn_window + f["increment"] > MAX_WINDOW:
                 raise _conn("FLOW_CONTROL_ERROR", "connection window above 2^31-1")
             self.conn_window += f["increment"]
@@ -860,7 +859,7 @@ class Peer:
             raise _conn("PROTOCOL_ERROR", f"{t} on stream {sid} never opened")
         st = self.streams.get(sid)
         if st is None or st.state == "CLOSED":
-            if t == "ERROR" or st is None or st.reset_by_self:
+            if st is None or st.reset_by_self:
                 return  # discarded (§4.7)
             raise _conn("STREAM_CLOSED", f"{t} on stream {sid} closed normally")
         if t == "ERROR":

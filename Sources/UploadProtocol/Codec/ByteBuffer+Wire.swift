@@ -13,16 +13,7 @@ extension ByteBuffer {
         return value
     }
 
-    /// A u64 size or offset, at most 2^62 (SPEC §3.0).
-    mutating func readSize(_ field: StaticString, of type: FrameType) throws -> UInt64 {
-        let value = try self.readField(UInt64.self, field, of: type)
-        guard value <= ProtocolLimits.maxBlobSize else {
-            throw ProtocolError.connection(.protocolError, "\(type.name) \(field) \(value) is above 2^62")
-        }
-        return value
-    }
-
-    mutating func readBytes(lengthPrefix: Int, max: Int, _ field: StaticString, of type: FrameType) throws -> [UInt8] {
+    mutating func readBytes(lengthPrefix: Int, _ field: StaticString, of type: FrameType) throws -> [UInt8] {
         let length: Int
         if lengthPrefix == 1 {
             length = Int(try self.readField(UInt8.self, field, of: type))
@@ -32,26 +23,14 @@ extension ByteBuffer {
         guard let bytes = self.readBytes(length: length) else {
             throw ProtocolError.connection(.frameSizeError, "\(type.name) payload ends inside \(field)")
         }
-        guard length <= max else {
-            throw ProtocolError.connection(.protocolError, "\(type.name) \(field) is \(length) bytes; the limit is \(max)")
-        }
         return bytes
     }
 
-    /// A str16 that must be valid UTF-8 (SPEC §3.0).
-    mutating func readString(max: Int, _ field: StaticString, of type: FrameType) throws -> String {
-        let bytes = try self.readBytes(lengthPrefix: 2, max: max, field, of: type)
-        guard let string = String(validating: bytes, as: UTF8.self) else {
-            throw ProtocolError.connection(.protocolError, "\(type.name) \(field) is not valid UTF-8")
-        }
-        return string
-    }
-
-    mutating func readDigest(_ field: StaticString, of type: FrameType) throws -> SHA1Digest {
-        guard let bytes = self.readBytes(length: SHA1Digest.size), let digest = SHA1Digest(bytes: bytes) else {
+    mutating func readDigestBytes(_ field: StaticString, of type: FrameType) throws -> [UInt8] {
+        guard let bytes = self.readBytes(length: SHA1Digest.size) else {
             throw ProtocolError.connection(.frameSizeError, "\(type.name) payload ends inside \(field)")
         }
-        return digest
+        return bytes
     }
 
     @discardableResult
@@ -71,5 +50,32 @@ extension ByteBuffer {
     mutating func writeBytes8(_ bytes: [UInt8]) -> Int {
         precondition(bytes.count <= Int(UInt8.max), "\(bytes.count) bytes do not fit a bytes8")
         return self.writeInteger(UInt8(bytes.count)) + self.writeBytes(bytes)
+    }
+}
+
+/// Value rules, judged only once the whole payload has been read (SPEC §1.9: layout first, then values).
+enum FieldRules {
+    /// A u64 size or offset, at most 2^62 (SPEC §1.1).
+    static func size(_ value: UInt64, _ field: StaticString, of type: FrameType) throws -> UInt64 {
+        guard value <= ProtocolLimits.maxBlobSize else {
+            throw ProtocolError.connection(.protocolError, "\(type.name) \(field) \(value) is above 2^62")
+        }
+        return value
+    }
+
+    static func length(_ bytes: [UInt8], max: Int, _ field: StaticString, of type: FrameType) throws -> [UInt8] {
+        guard bytes.count <= max else {
+            throw ProtocolError.connection(.protocolError, "\(type.name) \(field) is \(bytes.count) bytes; the limit is \(max)")
+        }
+        return bytes
+    }
+
+    /// A str16 that must be valid UTF-8 (SPEC §1.1).
+    static func string(_ bytes: [UInt8], max: Int, _ field: StaticString, of type: FrameType) throws -> String {
+        let bytes = try Self.length(bytes, max: max, field, of: type)
+        guard let string = String(validating: bytes, as: UTF8.self) else {
+            throw ProtocolError.connection(.protocolError, "\(type.name) \(field) is not valid UTF-8")
+        }
+        return string
     }
 }

@@ -206,6 +206,10 @@ public struct AgentConnectionStateMachine: Sendable {
                 )
             }
             self.phase = .goingAway(lastStreamID: goAway.lastStreamID)
+            // Streams above lastStreamID were not processed: refused, retried on a new connection (SPEC §6.5).
+            for id in self.streams.keys where id > goAway.lastStreamID {
+                self.close(id, .resetLocally)
+            }
             return .goingAway(goAway)
         }
     }
@@ -225,7 +229,7 @@ public struct AgentConnectionStateMachine: Sendable {
                 return self.fail(.protocolError, "\(type.name) on stream \(id), which was never opened")
             }
             switch self.closedStreams.reason(id) {
-            case .closedNormally:
+            case .finished, .abandoned:
                 return self.fail(.streamClosed, "\(type.name) on stream \(id), which is closed")
             case .resetLocally, nil:
                 return .none
@@ -236,7 +240,7 @@ public struct AgentConnectionStateMachine: Sendable {
             self.streams[id] = stream
             return action
         case .close(let action):
-            self.close(id, .closedNormally)
+            self.close(id, .finished)
             return action
         case .failure(let error):
             switch error.scope {

@@ -80,6 +80,9 @@ struct AgentStreamStateMachine: Sendable {
         guard case .awaitingResult(let hash) = self.state else {
             return .connection(.protocolError, "RESULT on stream \(self.id) before HASH")
         }
+        guard Array(result.key.utf8) == self.open.rawKey else {
+            return .connection(.protocolError, "RESULT on stream \(self.id) names key \"\(result.key)\", not the key it opened")
+        }
         guard result.size == hash.size, result.sha1 == hash.sha1 else {
             return .connection(
                 .protocolError,

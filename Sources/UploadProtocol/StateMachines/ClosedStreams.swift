@@ -2,8 +2,11 @@
 public enum StreamCloseReason: Hashable, Sendable {
     /// This side reset it (sent ERROR, or CANCEL for the agent): frames already in flight are discarded.
     case resetLocally
-    /// It finished, or the peer closed it: another frame on it is STREAM_CLOSED.
-    case closedNormally
+    /// It finished (the relay sent RESULT or OFFSET STORED; the agent received one, or ERROR):
+    /// at the relay a crossing CANCEL or ERROR is discarded; anything else is STREAM_CLOSED.
+    case finished
+    /// The peer closed it (the relay received CANCEL or ERROR): any further frame is STREAM_CLOSED.
+    case abandoned
 }
 
 /// A bounded memory of the most recently closed streams.

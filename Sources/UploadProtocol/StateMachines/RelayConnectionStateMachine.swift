@@ -1,3 +1,5 @@
+import NIOCore
+
 /// The relay's side of one connection (SPEC §2, §4, §5): pure state, no I/O.
 ///
 /// Feed it every decoded frame with ``receive(_:)`` and execute the ``RelayAction`` it returns.
@@ -25,6 +27,13 @@ public struct RelayConnectionStateMachine: Sendable {
     private var closedStreams: ClosedStreams
     private var highestStreamID = StreamID.connection
     private var connectionWindow: InboundWindow
+    /// The last stream id of the agent's GOAWAY, once it sent one: it opens no more streams.
+    private var agentGoAway: StreamID? = nil
+    /// When the last PINGs arrived, oldest first: more than ``maxPingsPerSecond`` in a second is a flood (SPEC §2.3).
+    private var pingTimes: [NIODeadline] = []
+
+    /// The most PINGs an agent may send in any one second (SPEC §2.3).
+    public static let maxPingsPerSecond = 10
 
     /// - Parameters:
     ///   - limits: windows, stream count, key rules (SPEC §12).
@@ -61,8 +70,20 @@ public struct RelayConnectionStateMachine: Sendable {
 
     // MARK: Receiving
 
-    /// Takes one frame from the agent.
-    public mutating func receive(_ frame: Frame) -> RelayAction {
+    /// Takes one frame from the agent; `now` is injected so that rate limits are testable.
+    public mutating func receive(_ frame: Frame, now: NIODeadline = .now()) -> RelayAction {
+        if case .ping = frame, self.isReady {
+            if self.pingTimes.count == Self.maxPingsPerSecond {
+                if now - self.pingTimes.removeFirst() < .seconds(1) {
+                    return self.fail(.enhanceYourCalm, "more than \(Self.maxPingsPerSecond) PINGs in one second")
+                }
+            }
+            self.pingTimes.append(now)
+        }
+        return self.receiveFrame(frame)
+    }
+
+    private mutating func receiveFrame(_ frame: Frame) -> RelayAction {
         if case .error(let error) = frame, error.streamID.isConnection {
             guard self.phase != .closed else { return .none }
             self.phase = .closed
@@ -123,6 +144,10 @@ public struct RelayConnectionStateMachine: Sendable {
         case .pong, .extension:
             return .none
         case .goAway(let goAway):
+            if let last = self.agentGoAway, goAway.lastStreamID > last {
+                return self.fail(.protocolError, "second GOAWAY raises the last stream id from \(last) to \(goAway.lastStreamID)")
+            }
+            self.agentGoAway = goAway.lastStreamID
             return .peerGoingAway(goAway)
         }
     }
@@ -131,6 +156,9 @@ public struct RelayConnectionStateMachine: Sendable {
         let id = open.streamID
         guard id > self.highestStreamID else {
             return self.fail(.protocolError, "OPEN on stream \(id), not above the last stream \(self.highestStreamID)")
+        }
+        if self.agentGoAway != nil {
+            return self.fail(.protocolError, "OPEN on stream \(id) after the agent's own GOAWAY")
         }
         self.highestStreamID = id
         if case .goingAway(let last) = self.phase, id > last {
@@ -203,7 +231,7 @@ public struct RelayConnectionStateMachine: Sendable {
         guard self.streams[id] != nil else {
             return self.lateFrame(id, type) ?? .none
         }
-        _ = self.close(id, .closedNormally)
+        _ = self.close(id, .abandoned)
         return .abortUpload(id, code, message, discardSession: discard)
     }
 
@@ -213,7 +241,10 @@ public struct RelayConnectionStateMachine: Sendable {
             return self.fail(.protocolError, "\(type.name) on stream \(id), which was never opened")
         }
         switch self.closedStreams.reason(id) {
-        case .closedNormally:
+        case .finished where type == .cancel || type == .error:
+            // It crossed our RESULT or OFFSET STORED (SPEC §4.7).
+            return nil
+        case .finished, .abandoned:
             return self.fail(.streamClosed, "\(type.name) on stream \(id), which is closed")
         case .resetLocally, nil:
             return nil
@@ -252,7 +283,7 @@ public struct RelayConnectionStateMachine: Sendable {
     public mutating func sendOffset(_ offset: Frame.Offset) -> Frame? {
         guard self.isReady, var stream = self.streams[offset.streamID], stream.isOpening else { return nil }
         if offset.disposition == .stored {
-            _ = self.close(offset.streamID, .closedNormally)
+            _ = self.close(offset.streamID, .finished)
         } else {
             stream.sendOffset(offset, window: self.limits.streamWindow)
             self.streams[offset.streamID] = stream
@@ -287,7 +318,7 @@ public struct RelayConnectionStateMachine: Sendable {
     /// The blob is committed: the RESULT to write, which closes the stream. Nil when the stream is gone.
     public mutating func sendResult(_ result: Frame.Result) -> Frame? {
         guard self.isReady, let stream = self.streams[result.streamID], stream.isVerifying else { return nil }
-        _ = self.close(result.streamID, .closedNormally)
+        _ = self.close(result.streamID, .finished)
         return .result(result)
     }
 

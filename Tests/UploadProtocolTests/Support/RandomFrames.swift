@@ -74,7 +74,7 @@ enum RandomFrames {
             return .offset(
                 Frame.Offset(
                     streamID: stream(using: &rng), disposition: disposition, offset: offset,
-                    resumeToken: bytes(Int.random(in: 0...64, using: &rng), using: &rng)
+                    resumeToken: disposition == .stored ? [] : bytes(Int.random(in: 0...64, using: &rng), using: &rng)
                 )
             )
         case 4:

@@ -1,0 +1,48 @@
+import UploadProtocol
+
+/// Everything `upload-relay serve` can be told, typed (the CLI only fills this in).
+public struct RelayConfiguration: Sendable {
+    /// Where to listen. Port 0 picks a free port (see ``RelayServer/localAddress``).
+    public var host: String = "0.0.0.0"
+    public var port: Int = 7443
+
+    /// PEM files of the server certificate chain and its private key.
+    public var certificatePath: String
+    public var privateKeyPath: String
+
+    /// The directory the relay owns: `catalog.sqlite`, `staging/`, `dev/`, and `store/` unless ``storePath`` says otherwise.
+    public var dataDirectory: String
+    /// The directory objects are committed to; the object for key K is the file `<store>/K`.
+    public var storePath: String
+
+    /// Wire limits announced in WELCOME and enforced by the codec (SPEC §12).
+    public var limits = ProtocolLimits()
+    /// Whether agents may deflate chunks (SPEC §9).
+    public var allowDeflate = true
+
+    /// Acknowledge (fsync + catalog) once this many bytes of a stream are unacknowledged.
+    public var syncBytes: Int = 32 << 20
+    /// …or once the oldest unacknowledged byte has waited this long.
+    public var syncInterval: Duration = .milliseconds(250)
+
+    /// The most connections at once; more are closed at accept.
+    public var maxConnections: Int = 512
+    /// Threads for blocking file and catalog work.
+    public var ioThreads: Int = 4
+    /// How long GOAWAY waits for in-flight uploads to reach a durable point before closing.
+    public var shutdownGrace: Duration = .seconds(10)
+    /// Unfinished uploads untouched this long are deleted with their staging files (SPEC §6.2).
+    public var sessionExpiry: Duration = .seconds(7 * 86400)
+    /// The largest blob accepted (SPEC §10, TOO_LARGE).
+    public var maxBlobSize: Int64 = 1 << 50
+
+    public init(certificatePath: String, privateKeyPath: String, dataDirectory: String, storePath: String? = nil) {
+        self.certificatePath = certificatePath
+        self.privateKeyPath = privateKeyPath
+        self.dataDirectory = dataDirectory
+        self.storePath = storePath ?? dataDirectory + "/store"
+    }
+
+    public var catalogPath: String { self.dataDirectory + "/catalog.sqlite" }
+    public var stagingDirectory: String { self.dataDirectory + "/staging" }
+}

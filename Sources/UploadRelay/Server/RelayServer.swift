@@ -1,0 +1,144 @@
+import Foundation
+import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOPosix
+import NIOSSL
+import ServiceLifecycle
+import UploadProtocol
+
+/// `upload-relay serve`: accepts agents over TLS and runs each connection's ``RelayConnectionHandler``.
+///
+/// A `Service`: run it in a `ServiceGroup`; on graceful shutdown (SIGTERM) every connection gets
+/// GOAWAY, in-flight uploads reach a durable point and are acknowledged, then the relay exits.
+public final class RelayServer: Service, Sendable {
+    public let services: RelayServices
+    private let group: any EventLoopGroup
+    private let tls: NIOSSLContext
+    private let state = NIOLockedValueBox<State>(State())
+    private let bound = NIOLockedValueBox<[CheckedContinuation<SocketAddress, any Error>]>([])
+
+    private struct State {
+        var channel: (any Channel)? = nil
+        var address: SocketAddress? = nil
+        var connections: [ObjectIdentifier: any Channel] = [:]
+        var shuttingDown = false
+    }
+
+    /// The ALPN protocol name (SPEC §2.1).
+    public static let alpn = "upload/1"
+
+    public init(services: RelayServices, group: any EventLoopGroup) throws {
+        self.services = services
+        self.group = group
+        let configuration = services.configuration
+        let chain = try NIOSSLCertificate.fromPEMFile(configuration.certificatePath).map { NIOSSLCertificateSource.certificate($0) }
+        let key = try NIOSSLPrivateKey(file: configuration.privateKeyPath, format: .pem)
+        var tls = TLSConfiguration.makeServerConfiguration(certificateChain: chain, privateKey: .privateKey(key))
+        tls.minimumTLSVersion = .tlsv13
+        tls.applicationProtocols = [Self.alpn]
+        self.tls = try NIOSSLContext(configuration: tls)
+    }
+
+    /// The address the relay listens on, once bound (useful with port 0).
+    public var localAddress: SocketAddress? {
+        self.state.withLockedValue { $0.address }
+    }
+
+    /// Waits until the relay listens, and returns where.
+    public func waitUntilListening() async throws -> SocketAddress {
+        if let address = self.localAddress { return address }
+        return try await withCheckedThrowingContinuation { continuation in
+            let ready: SocketAddress? = self.state.withLockedValue { state in
+                if let address = state.address { return address }
+                self.bound.withLockedValue { $0.append(continuation) }
+                return nil
+            }
+            if let ready { continuation.resume(returning: ready) }
+        }
+    }
+
+    public func run() async throws {
+        let configuration = self.services.configuration
+        let tls = self.tls
+        let services = self.services
+        let logger = self.services.logger
+        let channel = try await ServerBootstrap(group: self.group)
+            .serverChannelOption(.backlog, value: 256)
+            .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+            .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
+            .childChannelOption(.maxMessagesPerRead, value: 16)
+            .childChannelInitializer { [weak self] channel in
+                guard let self, self.admit(channel) else {
+                    logger.warning("refusing connection: too many connections or shutting down")
+                    return channel.close()
+                }
+                return channel.eventLoop.makeCompletedFuture {
+                    let sync = channel.pipeline.syncOperations
+                    try sync.addHandler(NIOSSLServerHandler(context: tls))
+                    try sync.addHandler(IdleStateHandler(readTimeout: .nanoseconds(configuration.limits.idleTimeout.nanoseconds)))
+                    try sync.addHandler(RelayConnectionHandler(services: services, logger: logger))
+                }
+            }
+            .bind(host: configuration.host, port: configuration.port)
+            .get()
+        let address = channel.localAddress
+        let waiting = self.state.withLockedValue { state -> [CheckedContinuation<SocketAddress, any Error>] in
+            state.channel = channel
+            state.address = address
+            return self.bound.withLockedValue { list in
+                defer { list.removeAll() }
+                return list
+            }
+        }
+        if let address {
+            for continuation in waiting { continuation.resume(returning: address) }
+        }
+        logger.info("upload-relay listening", metadata: ["address": "\(address.map { "\($0)" } ?? "?")"])
+        try await withGracefulShutdownHandler {
+            try await channel.closeFuture.get()
+        } onGracefulShutdown: {
+            self.shutdown()
+        }
+        logger.info("upload-relay stopped")
+    }
+
+    private func admit(_ channel: any Channel) -> Bool {
+        let id = ObjectIdentifier(channel)
+        let admitted = self.state.withLockedValue { state -> Bool in
+            guard !state.shuttingDown, state.connections.count < self.services.configuration.maxConnections else { return false }
+            state.connections[id] = channel
+            return true
+        }
+        if admitted {
+            channel.closeFuture.whenComplete { _ in
+                self.state.withLockedValue { _ = $0.connections.removeValue(forKey: id) }
+            }
+        }
+        return admitted
+    }
+
+    /// GOAWAY to every connection; close the listener at once and the connections once drained or after the grace period.
+    public func shutdown() {
+        let (listener, connections) = self.state.withLockedValue { state -> ((any Channel)?, [any Channel]) in
+            state.shuttingDown = true
+            return (state.channel, Array(state.connections.values))
+        }
+        self.services.logger.info("shutting down", metadata: ["connections": "\(connections.count)"])
+        for connection in connections {
+            connection.pipeline.fireUserInboundEventTriggered(RelayShutdownEvent())
+        }
+        let drained = EventLoopFuture.andAllComplete(connections.map(\.closeFuture), on: self.group.any())
+        let grace = self.services.configuration.shutdownGrace
+        let timeout = self.group.any().scheduleTask(in: .nanoseconds(grace.nanoseconds)) {
+            for connection in connections { connection.close(promise: nil) }
+        }
+        drained.whenComplete { _ in
+            timeout.cancel()
+            listener?.close(promise: nil)
+        }
+        if connections.isEmpty {
+            listener?.close(promise: nil)
+        }
+    }
+}

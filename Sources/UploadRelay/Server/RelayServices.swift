@@ -1,0 +1,32 @@
+import Logging
+import NIOConcurrencyHelpers
+import NIOPosix
+import UploadProtocol
+
+/// What every connection of one relay shares. Sendable: handlers on many event loops hold it.
+public final class RelayServices: Sendable {
+    public let configuration: RelayConfiguration
+    public let catalog: any Catalog
+    public let store: any BlobStore
+    public let threadPool: NIOThreadPool
+    public let logger: Logger
+    /// Keys with an upload in progress on any connection: a second one gets KEY_BUSY.
+    private let busyKeys = NIOLockedValueBox<Set<String>>([])
+
+    public init(configuration: RelayConfiguration, catalog: any Catalog, store: any BlobStore, threadPool: NIOThreadPool, logger: Logger) {
+        self.configuration = configuration
+        self.catalog = catalog
+        self.store = store
+        self.threadPool = threadPool
+        self.logger = logger
+    }
+
+    /// Claims `key` of `account` for one upload; false when another upload holds it.
+    func claim(account: String, key: String) -> Bool {
+        self.busyKeys.withLockedValue { $0.insert(account + "\u{0}" + key).inserted }
+    }
+
+    func release(account: String, key: String) {
+        _ = self.busyKeys.withLockedValue { $0.remove(account + "\u{0}" + key) }
+    }
+}

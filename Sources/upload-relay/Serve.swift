@@ -1,0 +1,155 @@
+import ArgumentParser
+import Foundation
+import Logging
+import NIOCore
+import NIOPosix
+import ServiceLifecycle
+import UploadRelay
+
+struct Serve: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Run the relay.",
+        discussion: """
+            The relay owns --data: the SQLite catalog (catalog.sqlite), staged uploads (staging/), \
+            dev certificates (dev/) and, unless --store says otherwise, the objects: the object for \
+            key K is the plain file <store>/K. SIGTERM or SIGINT stops it gracefully: agents get \
+            GOAWAY, in-flight uploads become durable and are acknowledged, and it exits 0.
+            """
+    )
+
+    @Option(name: .long, help: ArgumentHelp("Address to listen on.", valueName: "host:port"))
+    var listen: String = "0.0.0.0:7443"
+
+    @Option(name: .long, help: ArgumentHelp("Directory the relay owns.", valueName: "dir"))
+    var data: String = "./upload-relay-data"
+
+    @Option(name: .long, help: ArgumentHelp("Directory objects are committed to (default: <data>/store). Must share a file system with --data.", valueName: "dir"))
+    var store: String?
+
+    @Option(name: .long, help: ArgumentHelp("Server certificate chain, PEM.", valueName: "file"))
+    var cert: String?
+
+    @Option(name: .long, help: ArgumentHelp("Server private key, PEM.", valueName: "file"))
+    var key: String?
+
+    @Flag(name: .long, help: "First try: make a private CA, a certificate for localhost and a token under <data>/dev/.")
+    var dev = false
+
+    @Option(name: .long, help: ArgumentHelp("Once listening, write host:port to this file (for scripts).", valueName: "file"))
+    var readyFile: String?
+
+    @Option(name: .long, help: ArgumentHelp("Log level: trace, debug, info, notice, warning, error.", valueName: "level"))
+    var logLevel: String = "info"
+
+    @Option(name: .long, help: ArgumentHelp("Acknowledge once this many bytes of an upload wait to be made durable.", valueName: "bytes"))
+    var syncBytes: String = "32M"
+
+    @Flag(name: .long, help: "Refuse deflated chunks (SPEC §9).")
+    var noDeflate = false
+
+    func validate() throws {
+        guard (self.cert == nil) == (self.key == nil) else {
+            throw ValidationError("--cert and --key go together")
+        }
+        guard self.dev || self.cert != nil else {
+            throw ValidationError("the relay needs a certificate: pass --cert and --key, or --dev for a first try")
+        }
+        _ = try HostPort.parse(self.listen, option: "--listen")
+        _ = try ByteCount.parse(self.syncBytes, option: "--sync-bytes")
+        guard Logger.Level(rawValue: self.logLevel) != nil else {
+            throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error")
+        }
+    }
+
+    func run() async throws {
+        let level = Logger.Level(rawValue: self.logLevel) ?? .info
+        LoggingSystem.bootstrap { label in
+            var handler = StreamLogHandler.standardError(label: label)
+            handler.logLevel = level
+            return handler
+        }
+        let logger = Logger(label: "upload-relay")
+        let (host, port) = try HostPort.parse(self.listen, option: "--listen")
+        let catalog = try RelayRuntime.openCatalog(dataDirectory: self.data)
+        var certificate = self.cert
+        var privateKey = self.key
+        if self.dev {
+            let setup = try RelayRuntime.prepareDev(dataDirectory: self.data, catalog: catalog)
+            if certificate == nil {
+                certificate = setup.paths.serverCertificate
+                privateKey = setup.paths.serverKey
+            }
+            Self.printDevHelp(setup, port: port)
+        }
+        var configuration = RelayConfiguration(
+            certificatePath: certificate!, privateKeyPath: privateKey!, dataDirectory: self.data, storePath: self.store
+        )
+        configuration.host = host
+        configuration.port = port
+        configuration.syncBytes = Int(try ByteCount.parse(self.syncBytes, option: "--sync-bytes"))
+        configuration.allowDeflate = !self.noDeflate
+        let services = try RelayRuntime.makeServices(configuration: configuration, catalog: catalog, logger: logger)
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: System.coreCount)
+        let server = try RelayServer(services: services, group: group)
+        if let readyFile = self.readyFile {
+            let ready = self.readyFile
+            Task {
+                if let address = try? await server.waitUntilListening(), let port = address.port {
+                    let text = "\(address.ipAddress ?? host):\(port)\n"
+                    let temporary = readyFile + ".tmp"
+                    FileManager.default.createFile(atPath: temporary, contents: Data(text.utf8))
+                    _ = rename(temporary, ready!)
+                }
+            }
+        }
+        let group2 = ServiceGroup(
+            configuration: .init(services: [.init(service: server)], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
+        )
+        try await group2.run()
+        try await services.threadPool.shutdownGracefully()
+        try await group.shutdownGracefully()
+    }
+
+    static func printDevHelp(_ setup: RelayRuntime.DevSetup, port: Int) {
+        let shownPort = port == 0 ? "<port>" : String(port)
+        var text = "upload-relay --dev: CA \(setup.paths.caCertificate), token in \(setup.paths.token)"
+        text += setup.createdToken ? " (new)\n" : "\n"
+        text += "  upload with: upload-agent send --relay 127.0.0.1:\(shownPort) --ca \(setup.paths.caCertificate) --token \"$(cat \(setup.paths.token))\" FILE...\n"
+        FileHandle.standardError.write(Data(text.utf8))
+    }
+}
+
+/// `host:port`, with `[::1]:port` for IPv6.
+enum HostPort {
+    static func parse(_ text: String, option: String) throws -> (String, Int) {
+        guard let colon = text.lastIndex(of: ":"), let port = Int(text[text.index(after: colon)...]), (0...65535).contains(port) else {
+            throw ValidationError("\(option) \"\(text)\" is not host:port (for example 0.0.0.0:7443)")
+        }
+        var host = String(text[..<colon])
+        if host.hasPrefix("[") && host.hasSuffix("]") {
+            host = String(host.dropFirst().dropLast())
+        }
+        guard !host.isEmpty else {
+            throw ValidationError("\(option) \"\(text)\" has no host (for example 0.0.0.0:7443)")
+        }
+        return (host, port)
+    }
+}
+
+/// Byte counts with optional K, M, G, T suffixes (powers of 1024).
+enum ByteCount {
+    static func parse(_ text: String, option: String) throws -> Int64 {
+        let units: [Character: Int64] = ["K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40]
+        var digits = text.uppercased()
+        if digits.hasSuffix("IB") { digits.removeLast(2) } else if digits.hasSuffix("B") { digits.removeLast() }
+        var multiplier: Int64 = 1
+        if let last = digits.last, let unit = units[last] {
+            multiplier = unit
+            digits.removeLast()
+        }
+        guard let value = Int64(digits), value >= 0, value <= Int64.max / multiplier else {
+            throw ValidationError("\(option) \"\(text)\" is not a byte count (for example 500M or 20G)")
+        }
+        return value * multiplier
+    }
+}

@@ -1,0 +1,72 @@
+import ArgumentParser
+import Foundation
+import UploadRelay
+
+struct Token: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Manage agent accounts and their tokens.",
+        discussion: "Tokens are shown once, when made, and stored only hashed in <data>/catalog.sqlite.",
+        subcommands: [Add.self, List.self, Revoke.self]
+    )
+
+    struct Options: ParsableArguments {
+        @Option(name: .long, help: ArgumentHelp("Directory the relay owns.", valueName: "dir"))
+        var data: String = "./upload-relay-data"
+    }
+
+    struct Add: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Make an account and print its new token (once).")
+
+        @Argument(help: "Account name, such as the device's name.")
+        var name: String
+
+        @Option(name: .long, help: ArgumentHelp("Most bytes the account may store, e.g. 50G.", valueName: "bytes"))
+        var quota: String?
+
+        @OptionGroup var options: Options
+
+        func run() throws {
+            let catalog = try RelayRuntime.openCatalog(dataDirectory: self.options.data)
+            let quota = try self.quota.map { try ByteCount.parse($0, option: "--quota") }
+            let token = Tokens.generate()
+            do {
+                try catalog.addAccount(name: self.name, tokenHash: Tokens.hash(Array(token.utf8)), quota: quota)
+            } catch let error as CatalogError {
+                throw ValidationError(error.description)
+            }
+            print(token)
+            FileHandle.standardError.write(Data("token for account \"\(self.name)\" (shown once; give it to the agent as --token or UPLOAD_TOKEN)\n".utf8))
+        }
+    }
+
+    struct List: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "List accounts, their quotas and use.")
+
+        @OptionGroup var options: Options
+
+        func run() throws {
+            let catalog = try RelayRuntime.openCatalog(dataDirectory: self.options.data)
+            print("NAME\tUSED\tQUOTA\tSTATE")
+            for account in try catalog.accounts() {
+                print("\(account.name)\t\(account.usedBytes)\t\(account.quota.map(String.init) ?? "-")\t\(account.revoked ? "revoked" : "active")")
+            }
+        }
+    }
+
+    struct Revoke: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Revoke an account's token: new connections are refused.")
+
+        @Argument(help: "Account name.")
+        var name: String
+
+        @OptionGroup var options: Options
+
+        func run() throws {
+            let catalog = try RelayRuntime.openCatalog(dataDirectory: self.options.data)
+            guard try catalog.revokeAccount(named: self.name) else {
+                throw ValidationError(CatalogError.unknownAccount(self.name).description)
+            }
+            FileHandle.standardError.write(Data("revoked the token of account \"\(self.name)\"\n".utf8))
+        }
+    }
+}

@@ -1,0 +1,21 @@
+import ArgumentParser
+
+@main
+struct UploadRelayCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "upload-relay",
+        abstract: "Accept uploads from upload-agent over TLS and commit verified blobs to storage.",
+        discussion: """
+            Try it on one machine:
+              upload-relay serve --dev --data ./relay-data
+            then, as it prints:
+              upload-agent send --relay 127.0.0.1:7443 --ca ./relay-data/dev/ca.pem \\
+                  --token "$(cat ./relay-data/dev/token)" ~/Pictures
+
+            On a server, use real certificates and one token per device:
+              upload-relay token add camera-7 --data /srv/upload --quota 50G
+              upload-relay serve --data /srv/upload --cert fullchain.pem --key privkey.pem
+            """,
+        subcommands: [Serve.self, Token.self]
+    )
+}

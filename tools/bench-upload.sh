@@ -1,0 +1,425 @@
+#!/usr/bin/env bash
+# The upload benchmark (a program, not a test). In one run it:
+#   - builds upload-agent and upload-relay in release mode,
+#   - makes a random file (BENCH_SIZE_MIB MiB, default 1024) in a temp dir under /tmp,
+#   - uploads it over loopback with: our agent -> relay (TLS), with and without the
+#     dedup check; scp (aes128-gcm) -> a private sshd; curl -T over HTTPS -> a private
+#     nginx with WebDAV PUT,
+#   - checks every stored copy with cmp, and prints seconds, MB/s (10^6 bytes/s), the
+#     ratio of ours to each peer and peak RSS.
+#
+# Usage:  tools/bench-upload.sh
+# Env:    BENCH_SIZE_MIB=N      file size in MiB (default 1024)
+#         BENCH_ONLY_PEERS=1    skip the Swift build and our tool; run only scp and curl
+#         BENCH_KEEP=1          keep the temp dir (for debugging)
+# Needs root for the peers (installs openssh-server, nginx, libnginx-mod-http-dav-ext and
+# time with apt-get when missing; sshd needs root). A peer that cannot be set up is
+# skipped with a message; the others are still measured. Everything it starts is stopped
+# and the temp dir removed on exit, failure or Ctrl-C. Loopback only.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+SIZE_MIB=${BENCH_SIZE_MIB:-1024}
+ONLY_PEERS=${BENCH_ONLY_PEERS:-0}
+[[ $SIZE_MIB =~ ^[1-9][0-9]*$ ]] || { echo "BENCH_SIZE_MIB must be a positive integer" >&2; exit 2; }
+BYTES=$((SIZE_MIB * 1024 * 1024))
+
+say() { printf '%s\n' "$*" >&2; }
+now() { date +%s.%N; }
+# secs START END -> seconds with 3 decimals
+secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", b - a }'; }
+# mbps SECONDS -> MB/s (10^6 bytes)
+mbps() { awk -v s="$1" -v n="$BYTES" 'BEGIN { if (s > 0) printf "%.1f", n / s / 1e6; else print "inf" }'; }
+kib_to_mib() { awk -v k="$1" 'BEGIN { printf "%.1f", k / 1024 }'; }
+vmhwm_kib() { awk '/^VmHWM:/ { print $2 }' "/proc/$1/status" 2>/dev/null || true; }
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+# alive PID: the process exists and is not a zombie (builtins only: no fork)
+alive() {
+    local line rest
+    { read -r line <"/proc/$1/stat"; } 2>/dev/null || return 1
+    rest=${line##*) }
+    [ "${rest%% *}" != Z ]
+}
+# wait_file PATH PID SECONDS: wait until PATH is non-empty while PID lives
+wait_file() {
+    local deadline
+    deadline=$(awk -v t="$(now)" -v d="$3" 'BEGIN { printf "%.3f", t + d }')
+    until [ -s "$1" ]; do
+        alive "$2" || { say "process $2 exited before writing $1"; return 1; }
+        awk -v t="$(now)" -v d="$deadline" 'BEGIN { exit !(t > d) }' && { say "timed out waiting for $1"; return 1; }
+        sleep 0.05
+    done
+}
+# wait_port PORT PID SECONDS: wait until 127.0.0.1:PORT accepts while PID lives
+wait_port() {
+    local i
+    for ((i = 0; i < $3 * 20; i++)); do
+        alive "$2" || { say "process $2 exited before listening on $1"; return 1; }
+        if python3 -c 'import socket, sys; socket.create_connection(("127.0.0.1", int(sys.argv[1])), 1).close()' "$1" 2>/dev/null; then
+            return 0
+        fi
+        sleep 0.05
+    done
+    say "timed out waiting for port $1"
+    return 1
+}
+
+# ---------------------------------------------------------------- temp dir, cleanup
+DIR=$(mktemp -d /tmp/bench-upload.XXXXXX)
+: >"$DIR/pids"     # every background process started, one PID a line
+: >"$DIR/results"  # name|seconds|MB/s|client RSS KiB|server RSS KiB
+# track PID: remember a process we started so that cleanup stops it
+track() { echo "$1" >>"$DIR/pids"; }
+# stop_pids PID...: SIGTERM, wait up to 5 s, then SIGKILL (only our own PIDs)
+stop_pids() {
+    local pid any i
+    for pid in "$@"; do kill -TERM "$pid" 2>/dev/null || true; done
+    for ((i = 0; i < 50; i++)); do
+        any=0
+        for pid in "$@"; do alive "$pid" && any=1; done
+        [ "$any" = 0 ] && return 0
+        sleep 0.1
+    done
+    for pid in "$@"; do kill -KILL "$pid" 2>/dev/null || true; done
+}
+# descendants PID...: every live descendant of the given processes (builtins only)
+descendants() {
+    local -A kids=()
+    local f line rest pid ppid queue=("$@") out=()
+    for f in /proc/[0-9]*/stat; do
+        { read -r line <"$f"; } 2>/dev/null || continue
+        pid=${line%% *}
+        rest=${line##*) }
+        rest=${rest#* }
+        ppid=${rest%% *}
+        kids[$ppid]+=" $pid"
+    done
+    while [ "${#queue[@]}" -gt 0 ]; do
+        pid=${queue[0]}
+        queue=("${queue[@]:1}")
+        for f in ${kids[$pid]:-}; do
+            [ "$f" = "$BASHPID" ] && continue  # this command substitution itself
+            out+=("$f")
+            queue+=("$f")
+        done
+    done
+    echo "${out[@]}"
+}
+cleanup() {
+    local rc=$?
+    set +e
+    trap - INT TERM
+    # what we tracked (servers whose starting subshell may be gone), plus everything
+    # still below this script or below them (agent, scp, curl, nginx workers, sshd sessions)
+    local pids
+    pids="$(cat "$DIR/pids" 2>/dev/null) "
+    # shellcheck disable=SC2086
+    pids+="$(descendants $$ $pids)"
+    # shellcheck disable=SC2086
+    [ -n "${pids// /}" ] && stop_pids $pids
+    wait 2>/dev/null
+    if [ "${BENCH_KEEP:-0}" = 1 ]; then
+        say "kept $DIR"
+    else
+        rm -rf "$DIR"
+    fi
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# ensure_pkgs PKG...: apt-get install what is missing (apt-get update once)
+ensure_pkgs() {
+    local missing=() p
+    for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+    [ "${#missing[@]}" = 0 ] && return 0
+    if [ "$(id -u)" != 0 ]; then
+        say "missing ${missing[*]} and not root"
+        return 1
+    fi
+    say "installing ${missing[*]}"
+    if [ ! -e "$DIR/apt-updated" ]; then
+        DEBIAN_FRONTEND=noninteractive apt-get update -qq >>"$DIR/apt.log" 2>&1 && touch "$DIR/apt-updated" \
+            || { tail -20 "$DIR/apt.log" >&2; return 1; }
+    fi
+    # the packages must not start their system services (sshd on :22, nginx on :80):
+    # without a policy-rc.d, put one in place for the install
+    local policy=/usr/sbin/policy-rc.d added=0 rc=0
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && added=1
+    fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" \
+        >>"$DIR/apt.log" 2>&1 || { rc=$?; tail -20 "$DIR/apt.log" >&2; }
+    [ "$added" = 1 ] && rm -f "$policy"
+    return "$rc"
+}
+
+# ---------------------------------------------------------------- machine
+echo "== machine"
+cpu=$(awk -F': *' '/^model name/ { print $2; exit }' /proc/cpuinfo)
+[ -n "$cpu" ] || cpu=$(lscpu 2>/dev/null | awk -F': *' '/^Model name/ { print $2; exit }')
+echo "nproc: $(nproc)"
+echo "cpu:   ${cpu:-unknown}"
+echo "mem:   $(awk '/^MemTotal/ { printf "%.1f GiB", $2 / 1048576 }' /proc/meminfo)"
+echo "kernel: $(uname -r)"
+echo "file:  $SIZE_MIB MiB ($BYTES bytes), temp dir $DIR on $(df -P "$DIR" | awk 'NR == 2 { print $1 }')"
+echo
+
+[ -x /usr/bin/time ] || ensure_pkgs time || { say "GNU time is needed"; exit 1; }
+
+# ---------------------------------------------------------------- build
+if [ "$ONLY_PEERS" != 1 ]; then
+    echo "== build (release)"
+    swift build -c release --product upload-agent --product upload-relay
+    # SwiftPM's --product takes a single value (the last one given wins), so make sure
+    # the agent is built too; this is a no-op when the line above already built it.
+    swift build -c release --product upload-agent
+    BIN=$(swift build -c release --show-bin-path)
+    for b in upload-agent upload-relay; do
+        [ -x "$BIN/$b" ] || { say "missing $BIN/$b after the build"; exit 1; }
+    done
+    echo
+fi
+
+# ---------------------------------------------------------------- data
+FILE=$DIR/data.bin
+say "making $SIZE_MIB MiB of random data"
+head -c "$BYTES" /dev/urandom >"$FILE"
+[ "$(stat -c %s "$FILE")" = "$BYTES" ]
+
+# record NAME SECONDS CLIENT_RSS_KIB SERVER_RSS_KIB
+record() { echo "$1|$2|$(mbps "$2")|$3|$4" >>"$DIR/results"; }
+
+# ---------------------------------------------------------------- a) ours
+bench_ours() {
+    set -euo pipefail
+    local relay_pid addr token t0 t1 out rss hwm key
+    mkdir -p "$DIR/relay"
+    "$BIN/upload-relay" serve --dev --data "$DIR/relay" --listen 127.0.0.1:0 \
+        --ready-file "$DIR/relay.ready" >"$DIR/relay.log" 2>&1 &
+    relay_pid=$!
+    track "$relay_pid"
+    wait_file "$DIR/relay.ready" "$relay_pid" 60 || { tail -20 "$DIR/relay.log" >&2; return 1; }
+    addr=$(tr -d ' \n' <"$DIR/relay.ready")
+    wait_file "$DIR/relay/dev/token" "$relay_pid" 10
+    wait_file "$DIR/relay/dev/ca.pem" "$relay_pid" 10
+    token=$(cat "$DIR/relay/dev/token")
+    say "relay pid $relay_pid on $addr"
+
+    # 1. with the dedup check (hash pass, ask the relay, then stream), under its own prefix.
+    #    Run first, on an empty relay, so that the dedup check cannot hit whatever the
+    #    relay keys dedup on.
+    # 2. --no-dedup (hash while streaming, one pass), no prefix.
+    local run name prefix_args
+    for run in dedup nodedup; do
+        if [ "$run" = dedup ]; then
+            name="upload-agent (dedup check)"; prefix_args=(--prefix bench-dedup); key="bench-dedup/$(basename "$FILE")"
+        else
+            name="upload-agent (--no-dedup)"; prefix_args=(--no-dedup); key="$(basename "$FILE")"
+        fi
+        say "-- $name"
+        t0=$(now)
+        /usr/bin/time -f %M -o "$DIR/agent-$run.rss" \
+            "$BIN/upload-agent" send --relay "$addr" --ca "$DIR/relay/dev/ca.pem" --token "$token" \
+            "${prefix_args[@]}" --json "$FILE" >"$DIR/agent-$run.json" 2>"$DIR/agent-$run.err" \
+            || { say "upload-agent failed:"; cat "$DIR/agent-$run.err" "$DIR/agent-$run.json" >&2; return 1; }
+        t1=$(now)
+        rss=$(tail -1 "$DIR/agent-$run.rss")
+        say "agent output: $(head -c 2000 "$DIR/agent-$run.json")"
+        if ! cmp "$FILE" "$DIR/relay/store/$key"; then
+            say "stored object $DIR/relay/store/$key differs from the source"
+            return 1
+        fi
+        say "verified $DIR/relay/store/$key"
+        rm -f "$DIR/relay/store/$key"
+        echo "$name|$(secs "$t0" "$t1")|$rss" >>"$DIR/ours.partial"
+    done
+    hwm=$(vmhwm_kib "$relay_pid")
+    stop_pids "$relay_pid"
+    wait "$relay_pid" 2>/dev/null || say "relay exit status $? after SIGTERM"
+    while IFS='|' read -r name s rss; do
+        record "$name" "$s" "$rss" "${hwm:-}"
+    done <"$DIR/ours.partial"
+}
+
+# ---------------------------------------------------------------- b) scp
+bench_scp() {
+    set -euo pipefail
+    local port d=$DIR/ssh sshd_pid t0 t1 rss
+    ensure_pkgs openssh-server openssh-client || { say "cannot install openssh-server"; return 1; }
+    [ "$(id -u)" = 0 ] || { say "sshd needs root"; return 1; }
+    mkdir -p "$d" "$DIR/scp-dest" /run/sshd
+    chmod 0755 /run/sshd
+    ssh-keygen -q -t ed25519 -N '' -C bench-host -f "$d/host_ed25519"
+    ssh-keygen -q -t ed25519 -N '' -C bench-client -f "$d/client_ed25519"
+    cp "$d/client_ed25519.pub" "$d/authorized_keys"
+    chmod 600 "$d/authorized_keys"
+    port=$(free_port)
+    cat >"$d/sshd_config" <<EOF
+Port $port
+ListenAddress 127.0.0.1
+HostKey $d/host_ed25519
+PidFile $d/sshd.pid
+AuthorizedKeysFile $d/authorized_keys
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+# the keys live under /tmp (world-writable): skip the ownership walk up the path
+StrictModes no
+UsePAM no
+Subsystem sftp internal-sftp
+LogLevel ERROR
+EOF
+    /usr/sbin/sshd -t -f "$d/sshd_config"
+    /usr/sbin/sshd -D -e -f "$d/sshd_config" 2>"$d/sshd.log" &
+    sshd_pid=$!
+    track "$sshd_pid"
+    wait_port "$port" "$sshd_pid" 10 || { cat "$d/sshd.log" >&2; return 1; }
+    local opts=(-F /dev/null -i "$d/client_ed25519" -o IdentitiesOnly=yes -o BatchMode=yes
+        -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR)
+    ssh "${opts[@]}" -p "$port" root@127.0.0.1 true \
+        || { say "ssh login to the private sshd failed"; cat "$d/sshd.log" >&2; return 1; }
+    say "-- scp -c aes128-gcm@openssh.com (sshd pid $sshd_pid, port $port)"
+    t0=$(now)
+    /usr/bin/time -f %M -o "$d/scp.rss" \
+        scp -q "${opts[@]}" -c aes128-gcm@openssh.com -P "$port" "$FILE" "root@127.0.0.1:$DIR/scp-dest/data.bin"
+    t1=$(now)
+    rss=$(tail -1 "$d/scp.rss")
+    cmp "$FILE" "$DIR/scp-dest/data.bin" || { say "scp copy differs"; return 1; }
+    say "verified $DIR/scp-dest/data.bin"
+    rm -f "$DIR/scp-dest/data.bin"
+    stop_pids "$sshd_pid"
+    record "scp -c aes128-gcm@openssh.com" "$(secs "$t0" "$t1")" "$rss" ""
+}
+
+# ---------------------------------------------------------------- c) curl -> nginx
+bench_nginx() {
+    set -euo pipefail
+    local port d=$DIR/nginx nginx_pid t0 t1 rss code hwm w
+    ensure_pkgs nginx libnginx-mod-http-dav-ext || { say "cannot install nginx"; return 1; }
+    command -v curl >/dev/null || ensure_pkgs curl || { say "cannot install curl"; return 1; }
+    local nginx_bin
+    nginx_bin=$(command -v nginx || echo /usr/sbin/nginx)
+    mkdir -p "$d/www/upload" "$d/body" "$d/tmp"
+    openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=127.0.0.1 \
+        -addext subjectAltName=IP:127.0.0.1 -keyout "$d/key.pem" -out "$d/cert.pem" 2>/dev/null
+    port=$(free_port)
+    cat >"$d/nginx.conf" <<EOF
+# the temp dir is root-only (0700): workers run as root to write into it
+user root;
+worker_processes 1;
+daemon off;
+pid $d/nginx.pid;
+error_log $d/error.log warn;
+events { worker_connections 64; }
+http {
+    access_log $d/access.log;
+    client_body_temp_path $d/body;
+    proxy_temp_path $d/tmp/proxy;
+    fastcgi_temp_path $d/tmp/fastcgi;
+    uwsgi_temp_path $d/tmp/uwsgi;
+    scgi_temp_path $d/tmp/scgi;
+    server {
+        listen 127.0.0.1:$port ssl;
+        ssl_certificate $d/cert.pem;
+        ssl_certificate_key $d/key.pem;
+        root $d/www;
+        location /upload/ {
+            dav_methods PUT;
+            create_full_put_path on;
+            client_max_body_size 0;
+        }
+    }
+}
+EOF
+    "$nginx_bin" -t -q -p "$d/" -e "$d/error.log" -c "$d/nginx.conf"
+    "$nginx_bin" -p "$d/" -e "$d/error.log" -c "$d/nginx.conf" &
+    nginx_pid=$!
+    track "$nginx_pid"
+    wait_port "$port" "$nginx_pid" 10 || { cat "$d/error.log" >&2; return 1; }
+    say "-- curl -T over HTTPS to nginx (pid $nginx_pid, port $port)"
+    t0=$(now)
+    code=$(/usr/bin/time -f %M -o "$d/curl.rss" \
+        curl -sS -k -T "$FILE" "https://127.0.0.1:$port/upload/file" -o "$d/curl.out" -w '%{http_code}')
+    t1=$(now)
+    rss=$(tail -1 "$d/curl.rss")
+    case "$code" in 200 | 201 | 204) ;; *) say "PUT answered $code: $(head -c 500 "$d/curl.out")"; return 1 ;; esac
+    # the worker's peak RSS (children of the master)
+    hwm=0
+    for w in /proc/[0-9]*; do
+        if [ "$(awk '/^PPid:/ { print $2 }' "$w/status" 2>/dev/null)" = "$nginx_pid" ]; then
+            w=$(vmhwm_kib "${w#/proc/}")
+            [ "${w:-0}" -gt "$hwm" ] && hwm=$w
+        fi
+    done
+    cmp "$FILE" "$d/www/upload/file" || { say "nginx copy differs"; return 1; }
+    say "verified $d/www/upload/file"
+    rm -f "$d/www/upload/file"
+    stop_pids "$nginx_pid"
+    record "curl -T https -> nginx PUT" "$(secs "$t0" "$t1")" "$rss" "$hwm"
+}
+
+# run_part NAME FUNCTION: run FUNCTION in a subshell with errexit in force (never in a
+# conditional context, where bash would ignore errexit); sets part_rc; on failure says
+# SKIPPED and goes on. The subshell runs in the background and is waited for so that a
+# SIGTERM to this script is handled at once; it registers the servers it starts in
+# $DIR/pids.
+part_rc=0
+run_part() {
+    echo "== $1"
+    set +e
+    ( trap - EXIT INT TERM; set -e; "$2" ) &
+    local sub=$!
+    wait "$sub"
+    part_rc=$?
+    set -e
+    if [ "$part_rc" != 0 ]; then
+        echo "$1: SKIPPED (could not be set up or failed, exit $part_rc; see the messages above)"
+    fi
+    echo
+}
+
+failed_ours=0
+if [ "$ONLY_PEERS" != 1 ]; then
+    run_part "ours: upload-agent -> upload-relay" bench_ours
+    [ "$part_rc" = 0 ] || failed_ours=1
+else
+    echo "== ours: skipped (BENCH_ONLY_PEERS=1)"
+    echo
+fi
+run_part "peer: scp" bench_scp
+run_part "peer: curl -> nginx WebDAV PUT" bench_nginx
+
+# ---------------------------------------------------------------- table
+echo "== results ($SIZE_MIB MiB = $BYTES bytes, MB = 10^6 bytes)"
+python3 - "$DIR/results" <<'EOF'
+import sys
+rows = [line.rstrip("\n").split("|") for line in open(sys.argv[1]) if line.strip()]
+ours = [r for r in rows if r[0].startswith("upload-agent")]
+def mib(k): return f"{int(k) / 1024:.1f}" if k and k.isdigit() and int(k) > 0 else "-"
+head = ["tool", "seconds", "MB/s"] + [f"{o[0].split('(')[1].rstrip(')')} / this" for o in ours] + \
+       ["client peak RSS MiB", "server peak RSS MiB"]
+table = [head]
+for name, secs, mbs, crss, srss in rows:
+    ratios = [f"{float(o[2]) / float(mbs):.2f}" if float(mbs) > 0 else "-" for o in ours]
+    table.append([name, secs, mbs] + ratios + [mib(crss), mib(srss)])
+if len(table) == 1:
+    print("(nothing measured)")
+    sys.exit(0)
+w = [max(len(r[i]) for r in table) for i in range(len(head))]
+for i, r in enumerate(table):
+    print("  ".join(c.ljust(w[j]) if j == 0 else c.rjust(w[j]) for j, c in enumerate(r)))
+    if i == 0:
+        print("  ".join("-" * x for x in w))
+print()
+print("client = upload-agent / scp / curl (GNU time %M); server = upload-relay VmHWM over both runs /"
+      " nginx worker VmHWM; the per-connection sshd is gone before it can be read.")
+if ours:
+    print("'X / this' = MB/s of our run X divided by MB/s of that row (> 1: ours is faster).")
+EOF
+exit "$failed_ours"
