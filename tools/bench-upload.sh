@@ -11,6 +11,7 @@
 # Usage:  tools/bench-upload.sh
 # Env:    BENCH_SIZE_MIB=N      file size in MiB (default 1024)
 #         BENCH_ONLY_PEERS=1    skip the Swift build and our tool; run only scp and curl
+#         BENCH_BIN_DIR=DIR     use upload-agent and upload-relay from DIR; no swift build
 #         BENCH_KEEP=1          keep the temp dir (for debugging)
 # Needs root for the peers (installs openssh-server, nginx, libnginx-mod-http-dav-ext and
 # time with apt-get when missing; sshd needs root). A peer that cannot be set up is
@@ -18,7 +19,6 @@
 # and the temp dir removed on exit, failure or Ctrl-C. Loopback only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROOT=$PWD
 
 SIZE_MIB=${BENCH_SIZE_MIB:-1024}
 ONLY_PEERS=${BENCH_ONLY_PEERS:-0}
@@ -31,7 +31,6 @@ now() { date +%s.%N; }
 secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", b - a }'; }
 # mbps SECONDS -> MB/s (10^6 bytes)
 mbps() { awk -v s="$1" -v n="$BYTES" 'BEGIN { if (s > 0) printf "%.1f", n / s / 1e6; else print "inf" }'; }
-kib_to_mib() { awk -v k="$1" 'BEGIN { printf "%.1f", k / 1024 }'; }
 vmhwm_kib() { awk '/^VmHWM:/ { print $2 }' "/proc/$1/status" 2>/dev/null || true; }
 free_port() {
     python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
@@ -143,8 +142,11 @@ ensure_pkgs() {
     fi
     say "installing ${missing[*]}"
     if [ ! -e "$DIR/apt-updated" ]; then
-        DEBIAN_FRONTEND=noninteractive apt-get update -qq >>"$DIR/apt.log" 2>&1 && touch "$DIR/apt-updated" \
-            || { tail -20 "$DIR/apt.log" >&2; return 1; }
+        if ! DEBIAN_FRONTEND=noninteractive apt-get update -qq >>"$DIR/apt.log" 2>&1; then
+            tail -20 "$DIR/apt.log" >&2
+            return 1
+        fi
+        touch "$DIR/apt-updated"
     fi
     # the packages must not start their system services (sshd on :22, nginx on :80):
     # without a policy-rc.d, put one in place for the install
@@ -173,12 +175,17 @@ echo
 
 # ---------------------------------------------------------------- build
 if [ "$ONLY_PEERS" != 1 ]; then
-    echo "== build (release)"
-    swift build -c release --product upload-agent --product upload-relay
-    # SwiftPM's --product takes a single value (the last one given wins), so make sure
-    # the agent is built too; this is a no-op when the line above already built it.
-    swift build -c release --product upload-agent
-    BIN=$(swift build -c release --show-bin-path)
+    if [ -n "${BENCH_BIN_DIR:-}" ]; then
+        BIN=$(cd "$BENCH_BIN_DIR" && pwd)
+        echo "== build: skipped, using $BIN (BENCH_BIN_DIR)"
+    else
+        echo "== build (release)"
+        swift build -c release --product upload-agent --product upload-relay
+        # SwiftPM's --product takes a single value (the last one given wins), so make sure
+        # the agent is built too; this is a no-op when the line above already built it.
+        swift build -c release --product upload-agent
+        BIN=$(swift build -c release --show-bin-path)
+    fi
     for b in upload-agent upload-relay; do
         [ -x "$BIN/$b" ] || { say "missing $BIN/$b after the build"; exit 1; }
     done
@@ -197,7 +204,7 @@ record() { echo "$1|$2|$(mbps "$2")|$3|$4" >>"$DIR/results"; }
 # ---------------------------------------------------------------- a) ours
 bench_ours() {
     set -euo pipefail
-    local relay_pid addr token t0 t1 out rss hwm key
+    local relay_pid addr token t0 t1 rss hwm key
     mkdir -p "$DIR/relay"
     "$BIN/upload-relay" serve --dev --data "$DIR/relay" --listen 127.0.0.1:0 \
         --ready-file "$DIR/relay.ready" >"$DIR/relay.log" 2>&1 &
@@ -282,8 +289,13 @@ EOF
     wait_port "$port" "$sshd_pid" 10 || { cat "$d/sshd.log" >&2; return 1; }
     local opts=(-F /dev/null -i "$d/client_ed25519" -o IdentitiesOnly=yes -o BatchMode=yes
         -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR)
+    t0=$(now)
     ssh "${opts[@]}" -p "$port" root@127.0.0.1 true \
         || { say "ssh login to the private sshd failed"; cat "$d/sshd.log" >&2; return 1; }
+    t1=$(now)
+    # the connection set-up (key exchange, sntrup761x25519 by default, and login) is a
+    # fixed cost included in scp's time; show it so small BENCH_SIZE_MIB runs read right
+    echo "ssh connection set-up (ssh root@127.0.0.1 true): $(secs "$t0" "$t1") s, included in scp's time"
     say "-- scp -c aes128-gcm@openssh.com (sshd pid $sshd_pid, port $port)"
     t0=$(now)
     /usr/bin/time -f %M -o "$d/scp.rss" \
@@ -364,7 +376,7 @@ EOF
     record "curl -T https -> nginx PUT" "$(secs "$t0" "$t1")" "$rss" "$hwm"
 }
 
-# run_part NAME FUNCTION: run FUNCTION in a subshell with errexit in force (never in a
+# run_part NAME FUNCTION [WORD]: run FUNCTION in a subshell with errexit in force (never in a
 # conditional context, where bash would ignore errexit); sets part_rc; on failure says
 # SKIPPED and goes on. The subshell runs in the background and is waited for so that a
 # SIGTERM to this script is handled at once; it registers the servers it starts in
@@ -379,14 +391,14 @@ run_part() {
     part_rc=$?
     set -e
     if [ "$part_rc" != 0 ]; then
-        echo "$1: SKIPPED (could not be set up or failed, exit $part_rc; see the messages above)"
+        echo "$1: ${3:-SKIPPED (could not be set up or failed,} exit $part_rc; see the messages above)"
     fi
     echo
 }
 
 failed_ours=0
 if [ "$ONLY_PEERS" != 1 ]; then
-    run_part "ours: upload-agent -> upload-relay" bench_ours
+    run_part "ours: upload-agent -> upload-relay" bench_ours "FAILED (the benchmark exits 1;"
     [ "$part_rc" = 0 ] || failed_ours=1
 else
     echo "== ours: skipped (BENCH_ONLY_PEERS=1)"
@@ -403,7 +415,7 @@ rows = [line.rstrip("\n").split("|") for line in open(sys.argv[1]) if line.strip
 ours = [r for r in rows if r[0].startswith("upload-agent")]
 def mib(k): return f"{int(k) / 1024:.1f}" if k and k.isdigit() and int(k) > 0 else "-"
 head = ["tool", "seconds", "MB/s"] + [f"{o[0].split('(')[1].rstrip(')')} / this" for o in ours] + \
-       ["client peak RSS MiB", "server peak RSS MiB"]
+       ["agent|client peak RSS MiB", "relay|server peak RSS MiB"]
 table = [head]
 for name, secs, mbs, crss, srss in rows:
     ratios = [f"{float(o[2]) / float(mbs):.2f}" if float(mbs) > 0 else "-" for o in ours]
@@ -417,8 +429,8 @@ for i, r in enumerate(table):
     if i == 0:
         print("  ".join("-" * x for x in w))
 print()
-print("client = upload-agent / scp / curl (GNU time %M); server = upload-relay VmHWM over both runs /"
-      " nginx worker VmHWM; the per-connection sshd is gone before it can be read.")
+print("agent|client: upload-agent, scp, curl (GNU time %M). relay|server: upload-relay VmHWM over both"
+      " runs, nginx worker VmHWM; the per-connection sshd is gone before it can be read.")
 if ours:
     print("'X / this' = MB/s of our run X divided by MB/s of that row (> 1: ours is faster).")
 EOF

@@ -56,7 +56,7 @@ public final class LocalDirectoryStore: BlobStore {
     public func openStaging(_ name: String, truncatingTo offset: Int64) throws -> any StagingFile {
         precondition(!name.contains("/"), "staging names are flat")
         let path = self.stagingDirectory + "/" + name
-        let fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
+        let fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o644)
         guard fd >= 0 else {
             throw StoreError("cannot open staging file \(path): \(Self.reason())", isNoSpace: errno == ENOSPC)
         }

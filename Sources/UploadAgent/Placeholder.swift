@@ -1,1 +1,0 @@
-// Filled by the end-to-end work (issue 3).

@@ -1,0 +1,55 @@
+import NIOCore
+
+/// What a source knows about its blob when opened.
+public struct SourceInfo: Hashable, Sendable {
+    /// The size, when known in advance (files); nil for streams such as stdin (SPEC §10).
+    public var size: UInt64?
+    /// Opaque bytes that change when the content may have changed (SPEC §6.2): lets a relay
+    /// find this upload again after either side restarted.
+    public var fingerprint: [UInt8]
+
+    public init(size: UInt64?, fingerprint: [UInt8]) {
+        self.size = size
+        self.fingerprint = fingerprint
+    }
+}
+
+/// Where an upload's bytes come from: a file, stdin, or anything a caller writes.
+///
+/// Reads happen on a thread pool, one at a time per source and in increasing offsets, only
+/// while the agent holds credit. A source may serve reads from large cached blocks whatever
+/// size is asked for; a non-seekable source keeps unacknowledged bytes so that an upload can
+/// resume after a reconnect (``acknowledge(upTo:)`` lets it drop them).
+public protocol BlobSource: AnyObject, Sendable {
+    /// A name for messages: the path, or "stdin".
+    var displayName: String { get }
+    /// Whether `read(at:)` can start anywhere (files) or only at retained offsets (streams).
+    var isSeekable: Bool { get }
+    /// Opens the source; called once, before any read.
+    func open() throws -> SourceInfo
+    /// Up to `maxLength` bytes at `offset`. An empty buffer means the end of the blob, unless
+    /// ``isEnd(at:)`` says otherwise (a stream with no room left until ACKs arrive).
+    func read(at offset: UInt64, maxLength: Int, allocator: ByteBufferAllocator) throws -> ByteBuffer
+    /// Whether an empty read at `offset` was the end of the blob.
+    func isEnd(at offset: UInt64) -> Bool
+    /// Bytes below `offset` are durable on the relay and will never be read again.
+    func acknowledge(upTo offset: UInt64)
+    /// The lowest offset a resume can start from (0 for seekable sources).
+    var lowestReadableOffset: UInt64 { get }
+    /// Bytes read but not yet acknowledged that the source holds in memory.
+    var retainedBytes: Int { get }
+    func close()
+}
+
+extension BlobSource {
+    public var lowestReadableOffset: UInt64 { 0 }
+    public var retainedBytes: Int { 0 }
+    public func acknowledge(upTo offset: UInt64) {}
+    public func isEnd(at offset: UInt64) -> Bool { true }
+}
+
+/// A source failed; the message names the file and the reason.
+public struct SourceError: Error, Hashable, Sendable, CustomStringConvertible {
+    public var description: String
+    public init(_ description: String) { self.description = description }
+}

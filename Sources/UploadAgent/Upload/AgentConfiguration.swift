@@ -1,0 +1,45 @@
+import UploadProtocol
+
+/// Everything `upload-agent send` can be told, typed (the CLI only fills this in).
+public struct AgentConfiguration: Sendable {
+    public var relayHost: String
+    public var relayPort: Int
+    /// The bearer token (SPEC §2.3).
+    public var token: String
+    /// PEM file of the CA that signed the relay's certificate; nil uses the system's trust roots.
+    public var caPath: String?
+    /// A name for the relay's logs.
+    public var agentName: String = "upload-agent"
+
+    /// Uploads in flight at once on the connection (streams).
+    public var concurrency: Int = 8
+    /// The largest chunk payload (capped by the relay's frame size).
+    public var chunkSize: Int = 1 << 20
+    /// Hash files before OPEN so the relay can answer "already stored" without a byte sent (SPEC §7).
+    public var dedup = true
+    /// Offer per-chunk deflate (SPEC §9): worth it on slow links with compressible data only.
+    public var deflate = false
+    /// Replace different content already stored under a key.
+    public var overwrite = false
+    /// How long to keep reconnecting after the relay became unreachable.
+    public var retryFor: Duration = .seconds(60)
+    /// Longest wait between reconnection attempts.
+    public var maxBackoff: Duration = .seconds(5)
+    /// How many times one item may fail with a retryable stream error before it is given up.
+    public var maxAttemptsPerItem = 5
+    /// Wire limits: frame size and the like (SPEC §12).
+    public var limits = ProtocolLimits()
+    /// Threads for reading and hashing sources.
+    public var ioThreads = 2
+    /// Test hook: corrupt the first chunk sent at this offset after its CRC was computed (the relay must refuse it).
+    public var corruptChunkAtOffset: UInt64? = nil
+    /// Test hook: claim this SHA-1 in every HASH instead of the real one.
+    public var lieAboutSHA1: SHA1Digest? = nil
+
+    public init(relayHost: String, relayPort: Int, token: String, caPath: String?) {
+        self.relayHost = relayHost
+        self.relayPort = relayPort
+        self.token = token
+        self.caPath = caPath
+    }
+}

@@ -1,0 +1,60 @@
+/// One blob to upload: where its bytes come from and the key it is stored under.
+public struct UploadItem: Sendable {
+    /// The key on the relay (SPEC §12.2).
+    public var key: String
+    /// What the user named: a path, or "-" for stdin.
+    public var displayPath: String
+    public var source: any BlobSource
+
+    public init(key: String, displayPath: String, source: any BlobSource) {
+        self.key = key
+        self.displayPath = displayPath
+        self.source = source
+    }
+}
+
+/// How one item ended.
+public struct UploadResult: Hashable, Sendable {
+    public enum Status: String, Hashable, Sendable {
+        /// The relay committed it now (or already held exactly these bytes under the key).
+        case stored
+        /// The relay held these bytes already: nothing was sent.
+        case deduplicated
+        case failed
+    }
+
+    public var key: String
+    public var path: String
+    /// The blob's size (bytes read, for a failed stream upload).
+    public var bytes: UInt64
+    /// Lowercase hex; empty when it failed before the hash was known.
+    public var sha1: String
+    public var status: Status
+    /// Payload bytes this run actually transmitted for it, over every connection.
+    public var sentBytes: UInt64
+    public var error: String?
+
+    public init(key: String, path: String, bytes: UInt64, sha1: String, status: Status, sentBytes: UInt64, error: String? = nil) {
+        self.key = key
+        self.path = path
+        self.bytes = bytes
+        self.sha1 = sha1
+        self.status = status
+        self.sentBytes = sentBytes
+        self.error = error
+    }
+}
+
+/// What an upload run reports as it goes, for progress displays.
+public enum UploadEvent: Sendable {
+    /// A connection to the relay is up.
+    case connected(relay: String, account: String)
+    /// The connection broke; the agent tries again after `delay`.
+    case reconnecting(reason: String, delay: Duration)
+    /// An item's upload starts (or resumes) at `offset` of `size`.
+    case started(key: String, size: UInt64?, offset: UInt64)
+    /// Payload bytes went out for an item.
+    case sent(key: String, bytes: Int)
+    /// An item ended.
+    case finished(UploadResult)
+}

@@ -1,0 +1,109 @@
+import NIOConcurrencyHelpers
+import UploadChecksums
+import UploadProtocol
+
+/// One item's state across connections: what a reconnect needs to resume it.
+///
+/// Touched by one connection's event loop at a time (the queue hands a job to one connection),
+/// so its fields need no lock of their own.
+final class UploadJob: @unchecked Sendable {
+    let item: UploadItem
+    var info: SourceInfo? = nil
+    /// The blob's SHA-1 when hashed before OPEN (dedup), or once the upload completed.
+    var knownSHA1: SHA1Digest? = nil
+    /// The relay's resume token from the last OFFSET.
+    var resumeToken: [UInt8] = []
+    /// Payload bytes sent over every connection of this run.
+    var sentBytes: UInt64 = 0
+    /// Bytes read from the source so far (the size once it ended).
+    var bytesRead: UInt64 = 0
+    /// The relay's durable offset.
+    var acked: UInt64 = 0
+    /// SHA-1 states at chunk boundaries not yet acknowledged, so a resume at any ACK needs no re-read.
+    var snapshots: [UInt64: SHA1] = [:]
+    /// Stream errors so far that allow a retry.
+    var attempts = 0
+    var lastError: String? = nil
+    var result: UploadResult? = nil
+
+    init(item: UploadItem) {
+        self.item = item
+    }
+
+    var key: String { self.item.key }
+
+    /// Forgets SHA-1 snapshots below the durable offset: a resume never starts there.
+    func acknowledge(_ offset: UInt64) {
+        guard offset > self.acked else { return }
+        self.acked = offset
+        self.snapshots = self.snapshots.filter { $0.key >= offset }
+        self.item.source.acknowledge(upTo: offset)
+    }
+
+    func finish(_ status: UploadResult.Status, sha1: String, error: String? = nil) -> UploadResult {
+        let result = UploadResult(
+            key: self.key, path: self.item.displayPath, bytes: self.info?.size ?? self.bytesRead, sha1: sha1, status: status,
+            sentBytes: self.sentBytes, error: error
+        )
+        self.result = result
+        self.item.source.close()
+        return result
+    }
+}
+
+/// The jobs of one run, shared by its successive connections.
+final class JobQueue: Sendable {
+    private struct State {
+        var waiting: [UploadJob]
+        var active: Int = 0
+        var finished: [UploadResult] = []
+    }
+
+    private let state: NIOLockedValueBox<State>
+    let total: Int
+
+    init(_ jobs: [UploadJob]) {
+        self.state = NIOLockedValueBox(State(waiting: jobs))
+        self.total = jobs.count
+    }
+
+    /// The next job to start, if any.
+    func next() -> UploadJob? {
+        self.state.withLockedValue { state in
+            guard !state.waiting.isEmpty else { return nil }
+            state.active += 1
+            return state.waiting.removeFirst()
+        }
+    }
+
+    /// A job goes back to wait for the next connection (or a free stream).
+    func requeue(_ job: UploadJob) {
+        self.state.withLockedValue { state in
+            state.active -= 1
+            state.waiting.insert(job, at: 0)
+        }
+    }
+
+    func finished(_ result: UploadResult) {
+        self.state.withLockedValue { state in
+            state.active -= 1
+            state.finished.append(result)
+        }
+    }
+
+    var isDone: Bool { self.state.withLockedValue { $0.waiting.isEmpty && $0.active == 0 } }
+    var hasWaiting: Bool { self.state.withLockedValue { !$0.waiting.isEmpty } }
+    var results: [UploadResult] { self.state.withLockedValue { $0.finished } }
+
+    /// Gives up on every job still waiting.
+    func failWaiting(_ message: String) -> [UploadResult] {
+        self.state.withLockedValue { state in
+            let results = state.waiting.map { job in
+                job.finish(.failed, sha1: job.knownSHA1?.hex ?? "", error: job.lastError.map { "\(message); last error: \($0)" } ?? message)
+            }
+            state.waiting.removeAll()
+            state.finished += results
+            return results
+        }
+    }
+}

@@ -1,0 +1,118 @@
+import Logging
+import NIOCore
+import NIOPosix
+import NIOSSL
+import UploadProtocol
+
+/// Uploads items to a relay: one TLS connection at a time carrying many streams, reconnecting
+/// with backoff when it breaks, and resuming every unfinished item from the relay's durable offset.
+public final class Uploader: Sendable {
+    public let configuration: AgentConfiguration
+    private let group: any EventLoopGroup
+    private let logger: Logger
+
+    /// The ALPN name of protocol v1 (SPEC §2.1).
+    public static let alpn = "upload/1"
+
+    public init(configuration: AgentConfiguration, group: any EventLoopGroup, logger: Logger) {
+        self.configuration = configuration
+        self.group = group
+        self.logger = logger
+    }
+
+    /// Uploads every item; returns one result per item, in the order they finished.
+    /// `onEvent` is called from event-loop threads: keep it quick.
+    public func upload(_ items: [UploadItem], onEvent: @escaping @Sendable (UploadEvent) -> Void = { _ in }) async throws -> [UploadResult] {
+        let queue = JobQueue(items.map(UploadJob.init))
+        guard !items.isEmpty else { return [] }
+        let pool = NIOThreadPool(numberOfThreads: self.configuration.ioThreads)
+        pool.start()
+        defer { pool.shutdownGracefully { _ in } }
+        let tls = try self.makeTLSContext()
+        let clock = ContinuousClock()
+        var deadline = clock.now + self.configuration.retryFor
+        var backoff = Duration.milliseconds(200)
+        while !queue.isDone {
+            let outcome: ConnectionOutcome
+            do {
+                outcome = try await self.runConnection(queue: queue, pool: pool, tls: tls, onEvent: onEvent)
+            } catch {
+                outcome = ConnectionOutcome(reason: Self.describe(connectError: error, configuration: self.configuration), fatal: false, madeProgress: false)
+            }
+            if queue.isDone { break }
+            let reason = outcome.reason ?? "connection closed"
+            if outcome.fatal {
+                for result in queue.failWaiting(reason) { onEvent(.finished(result)) }
+                break
+            }
+            if outcome.madeProgress {
+                deadline = clock.now + self.configuration.retryFor
+                backoff = .milliseconds(200)
+            }
+            guard clock.now < deadline else {
+                for result in queue.failWaiting("gave up after \(self.configuration.retryFor) without progress: \(reason)") {
+                    onEvent(.finished(result))
+                }
+                break
+            }
+            onEvent(.reconnecting(reason: reason, delay: backoff))
+            try await Task.sleep(for: backoff)
+            backoff = min(backoff * 2, self.configuration.maxBackoff)
+        }
+        return queue.results
+    }
+
+    private func makeTLSContext() throws -> NIOSSLContext {
+        var tls = TLSConfiguration.makeClientConfiguration()
+        tls.minimumTLSVersion = .tlsv13
+        tls.applicationProtocols = [Self.alpn]
+        if let ca = self.configuration.caPath {
+            do {
+                tls.trustRoots = .certificates(try NIOSSLCertificate.fromPEMFile(ca))
+            } catch {
+                throw SourceError("cannot read the CA certificate \(ca): \(error) (--ca or UPLOAD_CA must name a PEM file)")
+            }
+        }
+        return try NIOSSLContext(configuration: tls)
+    }
+
+    private static func isIPAddress(_ host: String) -> Bool {
+        (try? SocketAddress(ipAddress: host, port: 0)) != nil
+    }
+
+    private func runConnection(
+        queue: JobQueue, pool: NIOThreadPool, tls: NIOSSLContext, onEvent: @escaping @Sendable (UploadEvent) -> Void
+    ) async throws -> ConnectionOutcome {
+        let configuration = self.configuration
+        let logger = self.logger
+        let host = configuration.relayHost
+        let serverName = Self.isIPAddress(host) ? nil : host
+        let promise = self.group.any().makePromise(of: ConnectionOutcome.self)
+        let bootstrap = ClientBootstrap(group: self.group)
+            .connectTimeout(.seconds(10))
+            .channelOption(.socketOption(.tcp_nodelay), value: 1)
+            .channelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    let sync = channel.pipeline.syncOperations
+                    try sync.addHandler(NIOSSLClientHandler(context: tls, serverHostname: serverName))
+                    try sync.addHandler(
+                        AgentConnectionHandler(
+                            configuration: configuration, queue: queue, pool: pool, logger: logger, done: promise, onEvent: onEvent
+                        )
+                    )
+                }
+            }
+        do {
+            _ = try await bootstrap.connect(host: host, port: configuration.relayPort).get()
+        } catch {
+            // Never active, so the handler will not report: this is the only completion.
+            promise.fail(error)
+            throw error
+        }
+        return try await promise.futureResult.get()
+    }
+
+    static func describe(connectError error: any Error, configuration: AgentConfiguration) -> String {
+        "cannot connect to the relay at \(configuration.relayHost):\(configuration.relayPort): \(error)"
+    }
+}

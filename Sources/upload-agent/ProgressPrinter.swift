@@ -1,0 +1,131 @@
+import Foundation
+import NIOConcurrencyHelpers
+import UploadAgent
+
+/// Progress for people on stderr (a live status line on a terminal) and one JSON object per
+/// finished item on stdout with --json.
+final class ProgressPrinter: Sendable {
+    private struct State {
+        var sizes: [String: UInt64] = [:]
+        var sent: [String: UInt64] = [:]
+        var totalSent: UInt64 = 0
+        var finished = 0
+        var current: String = ""
+        var lastDraw: Double = 0
+        var started: Double = Date().timeIntervalSince1970
+    }
+
+    private let state = NIOLockedValueBox(State())
+    private let json: Bool
+    private let live: Bool
+    private let quiet: Bool
+    private let totalItems: Int
+
+    init(json: Bool, live: Bool, quiet: Bool, totalItems: Int) {
+        self.json = json
+        self.live = live
+        self.quiet = quiet
+        self.totalItems = totalItems
+    }
+
+    func handle(_ event: UploadEvent) {
+        switch event {
+        case .connected(let relay, let account):
+            self.note("connected to \(relay) as \"\(account)\"")
+        case .reconnecting(let reason, let delay):
+            self.note("\(reason); reconnecting in \(delay)")
+        case .started(let key, let size, let offset):
+            self.state.withLockedValue {
+                if let size { $0.sizes[key] = size }
+                $0.current = key
+            }
+            if offset > 0 { self.note("resuming \(key) at \(Self.bytes(offset))") }
+        case .sent(let key, let bytes):
+            let line: String? = self.state.withLockedValue { state in
+                state.sent[key, default: 0] += UInt64(bytes)
+                state.totalSent += UInt64(bytes)
+                state.current = key
+                let now = Date().timeIntervalSince1970
+                guard self.live, now - state.lastDraw > 0.2 else { return nil }
+                state.lastDraw = now
+                return self.statusLine(state, now: now)
+            }
+            if let line { Self.stderr("\r\u{1B}[K" + line) }
+        case .finished(let result):
+            self.state.withLockedValue { $0.finished += 1 }
+            if self.json {
+                Self.stdout(Self.jsonLine(result))
+            }
+            if !self.quiet {
+                let what: String
+                switch result.status {
+                case .stored: what = "stored      \(result.key)  \(Self.bytes(result.bytes))"
+                case .deduplicated: what = "unchanged   \(result.key)  (already on the relay, nothing sent)"
+                case .failed: what = "FAILED      \(result.path): \(result.error ?? "unknown error")"
+                }
+                self.note(what)
+            }
+        }
+    }
+
+    private func statusLine(_ state: State, now: Double) -> String {
+        let elapsed = max(0.001, now - state.started)
+        let rate = Double(state.totalSent) / elapsed
+        let total = state.sizes.values.reduce(0, +)
+        var line = "[\(state.finished)/\(self.totalItems)] \(Self.bytes(state.totalSent))"
+        if total > 0 { line += " / \(Self.bytes(total))" }
+        line += String(format: "  %.1f MB/s", rate / 1e6)
+        if total > state.totalSent, rate > 0 {
+            let eta = Int(Double(total - state.totalSent) / rate)
+            line += String(format: "  ETA %d:%02d", eta / 60, eta % 60)
+        }
+        line += "  \(state.current)"
+        return String(line.prefix(160))
+    }
+
+    private func note(_ text: String) {
+        guard !self.quiet else { return }
+        Self.stderr((self.live ? "\r\u{1B}[K" : "") + text + "\n")
+    }
+
+    func summary(_ results: [UploadResult]) {
+        guard !self.quiet else { return }
+        let stored = results.filter { $0.status == .stored }.count
+        let dedup = results.filter { $0.status == .deduplicated }.count
+        let failed = results.filter { $0.status == .failed }.count
+        let sent = results.reduce(0) { $0 + $1.sentBytes }
+        let elapsed = Date().timeIntervalSince1970 - self.state.withLockedValue { $0.started }
+        var text = "\(stored) stored, \(dedup) already there, \(failed) failed; \(Self.bytes(sent)) sent"
+        text += String(format: " in %.1f s (%.1f MB/s)", elapsed, Double(sent) / max(elapsed, 0.001) / 1e6)
+        self.note(text)
+    }
+
+    static func jsonLine(_ result: UploadResult) -> String {
+        var object: [String: Any] = [
+            "key": result.key, "path": result.path, "bytes": result.bytes, "sha1": result.sha1,
+            "status": result.status.rawValue, "sent_bytes": result.sentBytes,
+        ]
+        if let error = result.error { object["error"] = error }
+        let data = (try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes])) ?? Data("{}".utf8)
+        return String(decoding: data, as: UTF8.self) + "\n"
+    }
+
+    static func bytes(_ count: UInt64) -> String {
+        let units = ["B", "KiB", "MiB", "GiB", "TiB"]
+        var value = Double(count)
+        var unit = 0
+        while value >= 1024 && unit < units.count - 1 {
+            value /= 1024
+            unit += 1
+        }
+        return unit == 0 ? "\(count) B" : String(format: "%.1f %@", value, units[unit])
+    }
+
+    static func stderr(_ text: String) {
+        FileHandle.standardError.write(Data(text.utf8))
+    }
+
+    static func stdout(_ text: String) {
+        FileHandle.standardOutput.write(Data(text.utf8))
+    }
+}
