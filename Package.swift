@@ -99,6 +99,15 @@ let package = Package(
             ]
         ),
         .testTarget(
+            name: "EndToEndTests",
+            dependencies: [
+                "UploadAgent", "UploadRelay", "UploadProtocol", "UploadChecksums",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        .testTarget(
             name: "UploadChecksumsTests",
             dependencies: ["UploadChecksums"]
         ),

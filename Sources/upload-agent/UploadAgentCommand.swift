@@ -1,4 +1,5 @@
 import ArgumentParser
+import Foundation
 
 @main
 struct UploadAgentCommand: AsyncParsableCommand {
@@ -8,7 +9,28 @@ struct UploadAgentCommand: AsyncParsableCommand {
         discussion: """
             Example:
               upload-agent send --relay relay.example.net:7443 --token "$TOKEN" --ca ca.pem ~/Pictures
+
+            Exit status: 0 when every item was stored or was already there, 1 when any failed, 2 for a usage error.
             """,
         subcommands: [Send.self]
     )
+
+    /// Usage errors exit 2, as scripts expect (ArgumentParser's own default is 64).
+    static func main() async {
+        do {
+            var command = try Self.parseAsRoot()
+            if var asyncCommand = command as? any AsyncParsableCommand {
+                try await asyncCommand.run()
+            } else {
+                try command.run()
+            }
+        } catch {
+            let code = Self.exitCode(for: error)
+            if code == .validationFailure {
+                FileHandle.standardError.write(Data((Self.fullMessage(for: error) + "\n").utf8))
+                Foundation.exit(2)
+            }
+            Self.exit(withError: error)
+        }
+    }
 }

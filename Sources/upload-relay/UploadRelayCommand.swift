@@ -1,4 +1,5 @@
 import ArgumentParser
+import Foundation
 
 @main
 struct UploadRelayCommand: AsyncParsableCommand {
@@ -18,4 +19,22 @@ struct UploadRelayCommand: AsyncParsableCommand {
             """,
         subcommands: [Serve.self, Token.self]
     )
+
+    /// Usage errors exit 2, as scripts expect (ArgumentParser's own default is 64).
+    static func main() async {
+        do {
+            var command = try Self.parseAsRoot()
+            if var asyncCommand = command as? any AsyncParsableCommand {
+                try await asyncCommand.run()
+            } else {
+                try command.run()
+            }
+        } catch {
+            if Self.exitCode(for: error) == .validationFailure {
+                FileHandle.standardError.write(Data((Self.fullMessage(for: error) + "\n").utf8))
+                Foundation.exit(2)
+            }
+            Self.exit(withError: error)
+        }
+    }
 }

@@ -85,7 +85,10 @@ final class AgentConnectionHandler: ChannelInboundHandler {
             switch error {
             case let tls as NIOSSLError:
                 if case .handshakeFailed = tls {
-                    self.outcome.reason = "TLS handshake with the relay failed: \(tls) (does --ca name the CA that signed the relay's certificate?)"
+                    let text = "\(tls)"
+                    self.outcome.reason = text.contains("CERTIFICATE_VERIFY_FAILED")
+                        ? "TLS: the relay's certificate does not verify against the CA given (CERTIFICATE_VERIFY_FAILED); pass the CA that signed it with --ca or UPLOAD_CA"
+                        : "TLS handshake with the relay failed: \(text)"
                     self.outcome.fatal = !self.machine.isClosed && self.machine.terms == nil
                 } else {
                     self.outcome.reason = "TLS error: \(tls)"
@@ -274,7 +277,8 @@ final class AgentConnectionHandler: ChannelInboundHandler {
             fingerprint: job.info?.fingerprint ?? [], resumeToken: job.resumeToken
         )
         let hooks = StreamSender.Hooks(
-            sendableBytes: { [unowned self] id in self.machine.sendableBytes(on: id) },
+            credit: { [unowned self] id in self.machine.credit(on: id) },
+            maxChunkPayload: { [unowned self] in self.machine.maxChunkPayload },
             nextOffset: { [unowned self] id in self.machine.nextOffset(on: id) },
             sendChunk: { [unowned self] chunk in
                 self.write(self.machine.sendChunk(chunk))

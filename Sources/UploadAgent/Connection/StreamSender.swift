@@ -21,7 +21,8 @@ final class StreamSender {
 
     /// How the sender talks back to its connection.
     struct Hooks {
-        var sendableBytes: (StreamID) -> Int
+        var credit: (StreamID) -> Int
+        var maxChunkPayload: () -> Int
         var nextOffset: (StreamID) -> UInt64?
         var sendChunk: (Frame.Chunk) -> Void
         var sendHash: (Frame.Hash) -> Void
@@ -104,12 +105,12 @@ final class StreamSender {
     func pump() {
         guard self.started, !self.reading, !self.hashSent, !self.stopped else { return }
         guard let offset = self.hooks.nextOffset(self.id) else { return }
-        let credit = self.hooks.sendableBytes(self.id)
+        let credit = self.hooks.credit(self.id)
         let source = self.job.item.source
         let atEnd = self.job.info?.size.map { offset >= $0 } ?? false
         guard credit > 0 || atEnd else { return }
         self.reading = true
-        let chunkSize = max(1, min(self.configuration.chunkSize, credit))
+        let chunkSize = max(1, min(self.configuration.chunkSize, self.hooks.maxChunkPayload()))
         let budget = min(credit, 4 << 20)
         let id = self.id
         let startSHA1 = self.sha1
@@ -142,7 +143,7 @@ final class StreamSender {
                 if deflate {
                     chunk = Self.deflated(chunk, allocator: allocator)
                 }
-                if let corruptAt, corruptAt == batch.nextOffset {
+                if let corruptAt, corruptAt >= batch.nextOffset, corruptAt < batch.nextOffset + UInt64(data.readableBytes) {
                     chunk = Self.corrupted(chunk, allocator: allocator)
                 }
                 batch.chunks.append(chunk)

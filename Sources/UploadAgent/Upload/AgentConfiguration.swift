@@ -31,7 +31,7 @@ public struct AgentConfiguration: Sendable {
     public var limits = ProtocolLimits()
     /// Threads for reading and hashing sources.
     public var ioThreads = 2
-    /// Test hook: corrupt the first chunk sent at this offset after its CRC was computed (the relay must refuse it).
+    /// Test hook: corrupt every chunk that holds this offset, after its CRC was computed (the relay must refuse it).
     public var corruptChunkAtOffset: UInt64? = nil
     /// Test hook: claim this SHA-1 in every HASH instead of the real one.
     public var lieAboutSHA1: SHA1Digest? = nil

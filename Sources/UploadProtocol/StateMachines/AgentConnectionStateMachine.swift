@@ -81,6 +81,12 @@ public struct AgentConnectionStateMachine: Sendable {
         return min(window.available, self.connectionWindow.available, self.maxChunkPayload)
     }
 
+    /// Credit on `id` now: the smaller of stream and connection credit, however many frames it takes.
+    public func credit(on id: StreamID) -> Int {
+        guard let stream = self.streams[id], stream.isSending, let window = stream.window else { return 0 }
+        return min(window.available, self.connectionWindow.available)
+    }
+
     /// The offset the next CHUNK on `id` carries, or nil when the stream is not sending.
     public func nextOffset(on id: StreamID) -> UInt64? {
         guard let stream = self.streams[id], stream.isSending else { return nil }

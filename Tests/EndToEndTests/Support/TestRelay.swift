@@ -1,0 +1,154 @@
+import Foundation
+import Logging
+import NIOCore
+import NIOPosix
+import UploadAgent
+import UploadRelay
+
+/// A real relay in this process, on 127.0.0.1 with a fresh data directory, dev certificates and a token.
+final class TestRelay: @unchecked Sendable {
+    let directory: String
+    let services: RelayServices
+    let server: RelayServer
+    let group: MultiThreadedEventLoopGroup
+    let token: String
+    let caPath: String
+    private var runTask: Task<Void, any Error>? = nil
+    private(set) var port: Int = 0
+
+    static func makeDirectory() -> String {
+        let path = NSTemporaryDirectory() + "upload-e2e-" + UUID().uuidString
+        try! FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+        return path
+    }
+
+    init(directory: String? = nil, configure: (inout RelayConfiguration) -> Void = { _ in }) throws {
+        self.directory = directory ?? Self.makeDirectory()
+        let catalog = try RelayRuntime.openCatalog(dataDirectory: self.directory)
+        let dev = try RelayRuntime.prepareDev(dataDirectory: self.directory, catalog: catalog)
+        self.token = dev.token
+        self.caPath = dev.paths.caCertificate
+        var configuration = RelayConfiguration(
+            certificatePath: dev.paths.serverCertificate, privateKeyPath: dev.paths.serverKey, dataDirectory: self.directory
+        )
+        configuration.host = "127.0.0.1"
+        configuration.port = 0
+        configure(&configuration)
+        var logger = Logger(label: "test-relay")
+        logger.logLevel = .warning
+        self.services = try RelayRuntime.makeServices(configuration: configuration, catalog: catalog, logger: logger)
+        self.group = MultiThreadedEventLoopGroup(numberOfThreads: 2)
+        self.server = try RelayServer(services: self.services, group: self.group)
+    }
+
+    func start() async throws -> TestRelay {
+        let server = self.server
+        self.runTask = Task { try await server.run() }
+        let address = try await server.waitUntilListening()
+        self.port = address.port!
+        return self
+    }
+
+    func stop() async {
+        self.server.shutdown()
+        _ = try? await self.runTask?.value
+        try? await self.services.threadPool.shutdownGracefully()
+        try? await self.group.shutdownGracefully()
+    }
+
+    var storePath: String { self.services.configuration.storePath }
+
+    func stored(_ key: String) -> Data? {
+        FileManager.default.contents(atPath: self.storePath + "/" + key)
+    }
+
+    func addAccount(_ name: String, quota: Int64? = nil) throws -> String {
+        let token = Tokens.generate()
+        try self.services.catalog.addAccount(name: name, tokenHash: Tokens.hash(Array(token.utf8)), quota: quota)
+        return token
+    }
+}
+
+/// Runs an agent upload in this process against `port`.
+func upload(
+    _ items: [UploadItem], port: Int, token: String, ca: String?, configure: (inout AgentConfiguration) -> Void = { _ in },
+    onEvent: @escaping @Sendable (UploadEvent) -> Void = { _ in }
+) async throws -> [UploadResult] {
+    var configuration = AgentConfiguration(relayHost: "127.0.0.1", relayPort: port, token: token, caPath: ca)
+    configuration.retryFor = .seconds(20)
+    configure(&configuration)
+    let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+    var logger = Logger(label: "test-agent")
+    logger.logLevel = .warning
+    let uploader = Uploader(configuration: configuration, group: group, logger: logger)
+    do {
+        let results = try await uploader.upload(items, onEvent: onEvent)
+        try? await group.shutdownGracefully()
+        return results
+    } catch {
+        try? await group.shutdownGracefully()
+        throw error
+    }
+}
+
+/// Random bytes in a file under `directory`.
+func makeFile(_ directory: String, _ name: String, size: Int, seed: UInt64 = 1) -> (path: String, data: Data) {
+    var rng = SplitMix(seed: seed)
+    var bytes = [UInt8](repeating: 0, count: size)
+    var i = 0
+    while i < size {
+        var word = rng.next()
+        for _ in 0..<8 where i < size {
+            bytes[i] = UInt8(truncatingIfNeeded: word)
+            word >>= 8
+            i += 1
+        }
+    }
+    let path = directory + "/" + name
+    try! FileManager.default.createDirectory(atPath: (path as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
+    let data = Data(bytes)
+    FileManager.default.createFile(atPath: path, contents: data)
+    return (path, data)
+}
+
+struct SplitMix: RandomNumberGenerator {
+    var state: UInt64
+    init(seed: UInt64) { self.state = seed }
+    mutating func next() -> UInt64 {
+        self.state &+= 0x9E37_79B9_7F4A_7C15
+        var z = self.state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+}
+
+/// Counts payload bytes the agent reported sent, to act "midway" on an event rather than a timer.
+final class SentCounter: @unchecked Sendable {
+    private let lock = NSLock()
+    private var total = 0
+    private var waiters: [(Int, CheckedContinuation<Void, Never>)] = []
+
+    func add(_ bytes: Int) {
+        self.lock.lock()
+        self.total += bytes
+        let ready = self.waiters.filter { $0.0 <= self.total }
+        self.waiters.removeAll { $0.0 <= self.total }
+        self.lock.unlock()
+        for (_, continuation) in ready { continuation.resume() }
+    }
+
+    /// Returns once at least `bytes` were sent.
+    func wait(for bytes: Int) async {
+        await withCheckedContinuation { continuation in
+            self.lock.lock()
+            if self.total >= bytes {
+                self.lock.unlock()
+                continuation.resume()
+            } else {
+                self.waiters.append((bytes, continuation))
+                self.lock.unlock()
+            }
+        }
+    }
+}

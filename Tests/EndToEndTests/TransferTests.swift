@@ -1,0 +1,128 @@
+import Foundation
+import Testing
+import UploadAgent
+import UploadChecksums
+import UploadProtocol
+import UploadRelay
+
+/// Uploads over real TLS on 127.0.0.1: agent library against a relay server in this process.
+@Suite("End to end: transfers", .serialized)
+struct TransferTests {
+    @Test("0 B, 1 B, one chunk, one chunk + 1 and 100 MiB land byte-identical in the store")
+    func sizes() async throws {
+        let relay = try await TestRelay().start()
+        let source = TestRelay.makeDirectory()
+        let chunk = 1 << 20
+        let sizes = [("zero", 0), ("one", 1), ("chunk", chunk), ("chunk-plus-one", chunk + 1), ("big", 100 << 20)]
+        var files: [String: Data] = [:]
+        var items: [UploadItem] = []
+        for (index, (name, size)) in sizes.enumerated() {
+            let file = makeFile(source, name, size: size, seed: UInt64(index + 1))
+            files[name] = file.data
+            items.append(UploadItem(key: "sizes/\(name)", displayPath: file.path, source: FileSource(path: file.path)))
+        }
+        let results = try await upload(items, port: relay.port, token: relay.token, ca: relay.caPath)
+        #expect(results.count == sizes.count)
+        for result in results {
+            #expect(result.status == .stored, "\(result.key): \(result.error ?? "")")
+            let name = String(result.key.dropFirst("sizes/".count))
+            #expect(relay.stored(result.key) == files[name], "\(result.key) differs")
+            #expect(result.sha1 == SHA1.hash(files[name]!).map { ($0 < 16 ? "0" : "") + String($0, radix: 16) }.joined())
+        }
+        #expect(try FileManager.default.contentsOfDirectory(atPath: relay.services.configuration.stagingDirectory).isEmpty)
+        await relay.stop()
+    }
+
+    @Test("a directory of 1,000 small files goes over one connection")
+    func thousandFiles() async throws {
+        let relay = try await TestRelay().start()
+        let source = TestRelay.makeDirectory()
+        for i in 0..<1000 {
+            _ = makeFile(source + "/album", "img-\(i).jpg", size: 100 + i, seed: UInt64(i))
+        }
+        let items = try ItemPlanner.plan(paths: [source + "/album"], prefix: nil, stdinName: nil)
+        #expect(items.count == 1000)
+        let connections = Counter()
+        let results = try await upload(items, port: relay.port, token: relay.token, ca: relay.caPath, onEvent: { event in
+            if case .connected = event { connections.increment() }
+        })
+        #expect(results.filter { $0.status == .stored }.count == 1000)
+        #expect(connections.value == 1)
+        #expect(relay.stored("album/img-999.jpg")?.count == 1099)
+        await relay.stop()
+    }
+
+    @Test("stdin: a stream of unknown length")
+    func stdin() async throws {
+        let relay = try await TestRelay().start()
+        let pipe = Pipe()
+        let payload = makeFile(TestRelay.makeDirectory(), "s", size: 3 << 20 + 17, seed: 9).data
+        let writer = Thread {
+            pipe.fileHandleForWriting.write(payload)
+            try? pipe.fileHandleForWriting.close()
+        }
+        writer.start()
+        let source = StreamSource(descriptor: pipe.fileHandleForReading.fileDescriptor, displayName: "stdin")
+        let results = try await upload([UploadItem(key: "piped/stream.bin", displayPath: "-", source: source)], port: relay.port, token: relay.token, ca: relay.caPath)
+        #expect(results.first?.status == .stored)
+        #expect(results.first?.bytes == UInt64(payload.count))
+        #expect(relay.stored("piped/stream.bin") == payload)
+        await relay.stop()
+    }
+
+    @Test("a second run sends nothing: every file is deduplicated by size and SHA-1")
+    func dedup() async throws {
+        let relay = try await TestRelay().start()
+        let source = TestRelay.makeDirectory()
+        let file = makeFile(source, "photo.jpg", size: 2 << 20, seed: 4)
+        let item = { UploadItem(key: "photo.jpg", displayPath: file.path, source: FileSource(path: file.path)) }
+        let first = try await upload([item()], port: relay.port, token: relay.token, ca: relay.caPath)
+        #expect(first.first?.status == .stored)
+        let second = try await upload([item()], port: relay.port, token: relay.token, ca: relay.caPath)
+        #expect(second.first?.status == .deduplicated)
+        #expect(second.first?.sentBytes == 0)
+        // The same bytes under another key are placed by the relay, not sent.
+        let copy = try await upload(
+            [UploadItem(key: "copy/photo.jpg", displayPath: file.path, source: FileSource(path: file.path))],
+            port: relay.port, token: relay.token, ca: relay.caPath
+        )
+        #expect(copy.first?.status == .deduplicated)
+        #expect(relay.stored("copy/photo.jpg") == file.data)
+        await relay.stop()
+    }
+
+    @Test("deflate, when asked, stores the raw bytes")
+    func deflate() async throws {
+        let relay = try await TestRelay().start()
+        let source = TestRelay.makeDirectory()
+        let text = Data(String(repeating: "a log line that repeats itself\n", count: 100_000).utf8)
+        FileManager.default.createFile(atPath: source + "/app.log", contents: text)
+        let results = try await upload(
+            [UploadItem(key: "logs/app.log", displayPath: "app.log", source: FileSource(path: source + "/app.log"))],
+            port: relay.port, token: relay.token, ca: relay.caPath
+        )
+        #expect(results.first?.status == .stored)
+        let compressed = try await upload(
+            [UploadItem(key: "logs/app2.log", displayPath: "app.log", source: FileSource(path: source + "/app.log"))],
+            port: relay.port, token: relay.token, ca: relay.caPath, configure: { $0.deflate = true; $0.dedup = false }
+        )
+        #expect(compressed.first?.status == .stored)
+        #expect(relay.stored("logs/app2.log") == text)
+        await relay.stop()
+    }
+}
+
+final class Counter: @unchecked Sendable {
+    private let lock = NSLock()
+    private var count = 0
+    func increment() {
+        self.lock.lock()
+        self.count += 1
+        self.lock.unlock()
+    }
+    var value: Int {
+        self.lock.lock()
+        defer { self.lock.unlock() }
+        return self.count
+    }
+}
