@@ -10,12 +10,13 @@ public struct ProtocolLimits: Hashable, Sendable {
     /// How many streams may be open at once on one connection (SPEC §4.3). Default 64.
     public var maxConcurrentStreams: Int = 64
 
-    /// The relay's initial connection credit in bytes (SPEC §5). Default 16 MiB: the most chunk
+    /// The relay's initial connection credit in bytes (SPEC §5). Default 32 MiB: the most chunk
     /// bytes one connection can hold in the relay's memory.
-    public var connectionWindow: Int = 16 << 20
+    public var connectionWindow: Int = 32 << 20
 
-    /// The relay's initial credit for each stream in bytes (SPEC §5). Default 4 MiB.
-    public var streamWindow: Int = 4 << 20
+    /// The relay's initial credit for each stream in bytes (SPEC §5). Default 8 MiB: enough for
+    /// reading, sending, verifying and writing to overlap on a fast link (tools/bench-upload.sh).
+    public var streamWindow: Int = 8 << 20
 
     /// The longest key in bytes of UTF-8 (SPEC §12.2). Default 1,024.
     public var maxKeyLength: Int = 1024

@@ -21,7 +21,7 @@ public struct RelayConfiguration: Sendable {
     public var allowDeflate = true
 
     /// Acknowledge (fsync + catalog) once this many bytes of a stream are unacknowledged.
-    public var syncBytes: Int = 32 << 20
+    public var syncBytes: Int = 8 << 20
     /// …or once the oldest unacknowledged byte has waited this long.
     public var syncInterval: Duration = .milliseconds(250)
 

@@ -42,10 +42,22 @@ struct Serve: AsyncParsableCommand {
     var logLevel: String = "info"
 
     @Option(name: .long, help: ArgumentHelp("Acknowledge once this many bytes of an upload wait to be made durable.", valueName: "bytes"))
-    var syncBytes: String = "32M"
+    var syncBytes: String = "8M"
 
     @Flag(name: .long, help: "Refuse deflated chunks (SPEC §9).")
     var noDeflate = false
+
+    @Option(name: .long, help: ArgumentHelp("Credit of each upload: how far an agent may run ahead of storage (SPEC §5).", valueName: "bytes"))
+    var streamWindow: String = "8M"
+
+    @Option(name: .long, help: ArgumentHelp("Credit of each connection: the most chunk bytes it may hold in memory (SPEC §5).", valueName: "bytes"))
+    var connectionWindow: String = "32M"
+
+    @Option(name: .long, help: "Uploads open at once on one connection.")
+    var maxStreams: Int = 64
+
+    @Option(name: .long, help: "Connections at once.")
+    var maxConnections: Int = 512
 
     func validate() throws {
         guard (self.cert == nil) == (self.key == nil) else {
@@ -56,6 +68,15 @@ struct Serve: AsyncParsableCommand {
         }
         _ = try HostPort.parse(self.listen, option: "--listen")
         _ = try ByteCount.parse(self.syncBytes, option: "--sync-bytes")
+        for (option, value) in [("--stream-window", self.streamWindow), ("--connection-window", self.connectionWindow)] {
+            let bytes = try ByteCount.parse(value, option: option)
+            guard bytes >= 65_536 && bytes <= Int64(Int32.max) else {
+                throw ValidationError("\(option) must be between 64K and 2G-1 bytes")
+            }
+        }
+        guard self.maxStreams >= 1, self.maxConnections >= 1 else {
+            throw ValidationError("--max-streams and --max-connections must be at least 1")
+        }
         guard Logger.Level(rawValue: self.logLevel) != nil else {
             throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error")
         }
@@ -88,6 +109,10 @@ struct Serve: AsyncParsableCommand {
         configuration.port = port
         configuration.syncBytes = Int(try ByteCount.parse(self.syncBytes, option: "--sync-bytes"))
         configuration.allowDeflate = !self.noDeflate
+        configuration.limits.streamWindow = Int(try ByteCount.parse(self.streamWindow, option: "--stream-window"))
+        configuration.limits.connectionWindow = Int(try ByteCount.parse(self.connectionWindow, option: "--connection-window"))
+        configuration.limits.maxConcurrentStreams = self.maxStreams
+        configuration.maxConnections = self.maxConnections
         let services = try RelayRuntime.makeServices(configuration: configuration, catalog: catalog, logger: logger)
         let group = MultiThreadedEventLoopGroup(numberOfThreads: System.coreCount)
         let server = try RelayServer(services: services, group: group)

@@ -21,8 +21,7 @@ final class AgentConnectionHandler: ChannelInboundHandler {
     typealias OutboundOut = ByteBuffer
 
     private var machine: AgentConnectionStateMachine
-    private var decoder = FrameDecoder()
-    private var inbound: ByteBuffer? = nil
+    private var reader = FrameReader()
     private let configuration: AgentConfiguration
     private let queue: JobQueue
     private let pool: NIOThreadPool
@@ -37,6 +36,8 @@ final class AgentConnectionHandler: ChannelInboundHandler {
     private var needsFlush = false
     private var deflate = false
     private var goingAway = false
+    /// Jobs waiting out a backoff before they are opened again (KEY_BUSY, REFUSED_STREAM).
+    private var delayed: [ObjectIdentifier: UploadJob] = [:]
 
     init(
         configuration: AgentConfiguration, queue: JobQueue, pool: NIOThreadPool, logger: Logger,
@@ -61,7 +62,7 @@ final class AgentConnectionHandler: ChannelInboundHandler {
             credential: Array(self.configuration.token.utf8), agentName: self.configuration.agentName
         )
         self.write(self.machine.sendHello(hello))
-        self.decoder.maxFrameSize = self.configuration.limits.maxFrameSize
+        self.reader.maxFrameSize = self.configuration.limits.maxFrameSize
         self.flush()
         context.fireChannelActive()
     }
@@ -73,6 +74,10 @@ final class AgentConnectionHandler: ChannelInboundHandler {
             self.queue.requeue(sender.job)
         }
         self.senders.removeAll()
+        for job in self.delayed.values {
+            self.queue.requeue(job)
+        }
+        self.delayed.removeAll()
         if self.outcome.reason == nil && !self.queue.isDone {
             self.outcome.reason = "the relay closed the connection"
         }
@@ -103,17 +108,11 @@ final class AgentConnectionHandler: ChannelInboundHandler {
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        var bytes = self.unwrapInboundIn(data)
-        if self.inbound == nil {
-            self.inbound = bytes
-        } else {
-            self.inbound!.writeBuffer(&bytes)
-        }
-        while !self.closed, var buffer = self.inbound {
-            self.inbound = nil
+        self.reader.append(self.unwrapInboundIn(data))
+        while !self.closed {
             let frame: Frame?
             do {
-                frame = try self.decoder.decodeFrame(from: &buffer)
+                frame = try self.reader.next()
             } catch let error as ProtocolError {
                 self.run(self.machine.decodingFailed(error))
                 return
@@ -121,7 +120,6 @@ final class AgentConnectionHandler: ChannelInboundHandler {
                 self.run(self.machine.decodingFailed(.connection(.internalError, "\(error)")))
                 return
             }
-            self.inbound = buffer.readableBytes > 0 ? buffer : nil
             guard let frame else { break }
             self.run(self.machine.receive(frame))
         }
@@ -211,7 +209,19 @@ final class AgentConnectionHandler: ChannelInboundHandler {
         job.attempts += 1
         if code.isRetryable && job.attempts < self.configuration.maxAttemptsPerItem {
             self.logger.info("retrying", metadata: ["upload.key": "\(job.key)", "error": "\(job.lastError!)"])
-            self.queue.requeue(job)
+            if code == .keyBusy || code == .refusedStream, let eventLoop = self.context?.eventLoop {
+                // The relay is still closing an earlier upload of this key, or is full: wait a little.
+                let id = ObjectIdentifier(job)
+                self.delayed[id] = job
+                eventLoop.assumeIsolated().scheduleTask(in: .milliseconds(100 * Int64(job.attempts))) {
+                    guard let job = self.delayed.removeValue(forKey: id) else { return }
+                    self.queue.requeue(job)
+                    self.openMore()
+                    self.flush()
+                }
+            } else {
+                self.queue.requeue(job)
+            }
         } else {
             self.complete(job, job.finish(.failed, sha1: job.knownSHA1?.hex ?? "", error: "relay refused \"\(job.key)\": \(code.name): \(message)"))
         }
@@ -309,7 +319,7 @@ final class AgentConnectionHandler: ChannelInboundHandler {
 
     /// Closes once nothing is in flight and nothing more will go out on this connection.
     private func closeIfIdle() {
-        guard self.senders.isEmpty, self.preparing == 0 else { return }
+        guard self.senders.isEmpty, self.preparing == 0, self.delayed.isEmpty else { return }
         if self.queue.isDone || self.goingAway {
             self.close()
         }

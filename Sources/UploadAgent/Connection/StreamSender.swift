@@ -93,6 +93,9 @@ final class StreamSender {
         self.stopped = true
     }
 
+    /// The most bytes read (and hashed) in one trip to the thread pool.
+    static let batchBytes = 2 << 20
+
     private struct Batch: Sendable {
         var chunks: [Frame.Chunk] = []
         var snapshots: [(UInt64, SHA1)] = []
@@ -111,7 +114,8 @@ final class StreamSender {
         guard credit > 0 || atEnd else { return }
         self.reading = true
         let chunkSize = max(1, min(self.configuration.chunkSize, self.hooks.maxChunkPayload()))
-        let budget = min(credit, 4 << 20)
+        // Small batches keep reading here overlapped with the relay's work on the previous batch.
+        let budget = min(credit, Self.batchBytes)
         let id = self.id
         let startSHA1 = self.sha1
         let keepSnapshots = self.job.knownSHA1 == nil

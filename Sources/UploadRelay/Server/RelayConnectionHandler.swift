@@ -15,8 +15,7 @@ final class RelayConnectionHandler: ChannelInboundHandler {
     typealias OutboundOut = ByteBuffer
 
     private var machine: RelayConnectionStateMachine
-    private var decoder = FrameDecoder()
-    private var inbound: ByteBuffer? = nil
+    private var reader = FrameReader()
     private let services: RelayServices
     private var logger: Logger
     private var account: Account? = nil
@@ -63,17 +62,11 @@ final class RelayConnectionHandler: ChannelInboundHandler {
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        var bytes = self.unwrapInboundIn(data)
-        if self.inbound == nil {
-            self.inbound = bytes
-        } else {
-            self.inbound!.writeBuffer(&bytes)
-        }
-        while !self.closed, var buffer = self.inbound {
-            self.inbound = nil
+        self.reader.append(self.unwrapInboundIn(data))
+        while !self.closed {
             let frame: Frame?
             do {
-                frame = try self.decoder.decodeFrame(from: &buffer)
+                frame = try self.reader.next()
             } catch let error as ProtocolError {
                 self.run(self.machine.decodingFailed(error))
                 return
@@ -81,13 +74,8 @@ final class RelayConnectionHandler: ChannelInboundHandler {
                 self.run(self.machine.decodingFailed(.connection(.internalError, "\(error)")))
                 return
             }
-            self.inbound = buffer.readableBytes > 0 ? buffer : nil
             guard let frame else { break }
             self.run(self.machine.receive(frame))
-        }
-        if var rest = self.inbound, rest.readerIndex > 1 << 20 {
-            rest.discardReadBytes()
-            self.inbound = rest
         }
     }
 
@@ -200,7 +188,7 @@ final class RelayConnectionHandler: ChannelInboundHandler {
                 self.logger[metadataKey: "account"] = "\(account.name)"
                 self.handshakeTimer?.cancel()
                 self.write(self.machine.acceptHello(account: account.name))
-                self.decoder.maxFrameSize = self.services.configuration.limits.maxFrameSize
+                self.reader.maxFrameSize = self.services.configuration.limits.maxFrameSize
                 self.logger.debug("agent authenticated")
             case .success(let account?):
                 self.failConnection(.unauthenticated, "the token of account \"\(account.name)\" was revoked (ask the relay operator for a new one)")

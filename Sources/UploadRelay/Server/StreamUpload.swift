@@ -74,6 +74,9 @@ final class StreamUpload {
         }
     }
 
+    /// The most chunk bytes written in one trip to the thread pool.
+    static let batchBytes = 2 << 20
+
     /// Whether every received byte is durable and no work is in flight.
     var isQuiet: Bool { !self.busy && self.queued.isEmpty && self.written == self.durable }
 
@@ -146,9 +149,16 @@ final class StreamUpload {
     }
 
     private func runWrite() {
-        let chunks = self.queued
-        self.queued.removeAll(keepingCapacity: true)
-        self.queuedBytes = 0
+        // At most a couple of MiB per trip: storage reports consumption (and credit flows back) sooner.
+        var take = 0
+        var bytes = 0
+        while take < self.queued.count && (take == 0 || bytes + self.queued[take].payloadLength <= Self.batchBytes) {
+            bytes += self.queued[take].payloadLength
+            take += 1
+        }
+        let chunks = Array(self.queued.prefix(take))
+        self.queued.removeFirst(take)
+        self.queuedBytes -= Int64(bytes)
         self.busy = true
         let startSHA1 = self.sha1
         let staging = self.staging
