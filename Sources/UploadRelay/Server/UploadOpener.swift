@@ -62,9 +62,9 @@ struct UploadOpener {
             let byFingerprint = !open.fingerprint.isEmpty && open.fingerprint == session.fingerprint
             let sameSource = open.fingerprint.isEmpty || session.fingerprint.isEmpty || open.fingerprint == session.fingerprint
             if (byToken || byFingerprint) && sameSource && session.declaredSize == size,
-                let sha1 = try? SHA1(importing: session.sha1State), sha1.byteCount == UInt64(session.durableOffset)
+                let sha1 = try? SHA1(importing: session.sha1State), sha1.byteCount == UInt64(session.durableOffset),
+                let staging = try? store.openStaging(session.stagingName, truncatingTo: session.durableOffset)
             {
-                let staging = try store.openStaging(session.stagingName, truncatingTo: session.durableOffset)
                 return .upload(session, staging, sha1, resumed: session.durableOffset > 0)
             }
             // Another version of the source, or a session we cannot trust: start over.

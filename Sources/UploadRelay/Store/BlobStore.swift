@@ -4,8 +4,10 @@ import UploadProtocol
 /// Where verified blobs end up (ARCHITECTURE "Storage and catalog"): begin → write at offset →
 /// make durable → commit (atomic) or abort. Calls block: run them off the event loop.
 public protocol BlobStore: Sendable {
-    /// Opens the staging file `name`, creating it, and cuts it to `offset` bytes: whatever lies
-    /// beyond the durable offset was never acknowledged and is written again.
+    /// Opens the staging file `name` and cuts it to `offset` bytes: whatever lies beyond the
+    /// durable offset was never acknowledged and is written again. A new upload (`offset` 0)
+    /// creates the file; a resume requires it to exist and hold at least `offset` bytes, and
+    /// throws ``StoreError`` otherwise (the session must then start over).
     func openStaging(_ name: String, truncatingTo offset: Int64) throws -> any StagingFile
     /// Deletes a staging file; missing is fine.
     func removeStaging(_ name: String) throws

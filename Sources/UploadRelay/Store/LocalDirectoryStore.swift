@@ -56,9 +56,16 @@ public final class LocalDirectoryStore: BlobStore {
     public func openStaging(_ name: String, truncatingTo offset: Int64) throws -> any StagingFile {
         precondition(!name.contains("/"), "staging names are flat")
         let path = self.stagingDirectory + "/" + name
-        let fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o644)
+        // A resume never creates: a missing staging file (a crash between commit's rename and
+        // its catalog record) must not turn into a file of zeros below the durable offset.
+        let fd = open(path, O_RDWR | O_CLOEXEC | (offset == 0 ? O_CREAT | O_TRUNC : 0), 0o644)
         guard fd >= 0 else {
             throw StoreError("cannot open staging file \(path): \(Self.reason())", isNoSpace: errno == ENOSPC)
+        }
+        var info = stat()
+        guard fstat(fd, &info) == 0, Int64(info.st_size) >= offset else {
+            Glibc.close(fd)
+            throw StoreError("staging file \(path) holds fewer than its \(offset) durable bytes")
         }
         guard ftruncate(fd, off_t(offset)) == 0 else {
             let message = Self.reason()
