@@ -54,6 +54,30 @@ struct ResumeTests {
         await relay.stop()
     }
 
+    @Test("a link that goes silent (no FIN, no RST) is detected by PING and the upload resumes on a new connection")
+    func silentLink() async throws {
+        let relay = try await TestRelay().start()
+        let directory = TestRelay.makeDirectory()
+        let file = makeFile(directory, "silent.bin", size: 2 << 20, seed: 21)
+        // The first connection delays everything by 10 minutes: a black hole. Later connections are clean.
+        let (proxy, proxyPort) = try startProxy(target: relay.port, directory: directory, ["--delay-ms", "600000"])
+        defer { proxy.kill(SIGTERM) }
+        let reasons = EventLog()
+        let results = try await upload(
+            [UploadItem(key: "silent.bin", displayPath: file.path, source: FileSource(path: file.path))],
+            port: proxyPort, token: relay.token, ca: relay.caPath, configure: { $0.keepaliveInterval = .milliseconds(300) },
+            onEvent: { reasons.append($0) }
+        )
+        #expect(results.first?.status == .stored, "\(results.first?.error ?? "")")
+        #expect(relay.stored("silent.bin") == file.data)
+        let noticed = reasons.all.contains { event in
+            if case .reconnecting(let reason, _) = event { return reason.contains("no answer from the relay") }
+            return false
+        }
+        #expect(noticed)
+        await relay.stop()
+    }
+
     @Test("kill -9 of the relay midway, then a restart: the agent completes; no partial object is ever visible")
     func killRelay() async throws {
         let binary = try relayBinary()

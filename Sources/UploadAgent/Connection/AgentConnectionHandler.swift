@@ -36,6 +36,8 @@ final class AgentConnectionHandler: ChannelInboundHandler {
     private var needsFlush = false
     private var deflate = false
     private var goingAway = false
+    /// Keepalive periods in a row with nothing received (SPEC §2.3).
+    private var silentPeriods = 0
     /// Jobs waiting out a backoff before they are opened again (KEY_BUSY, REFUSED_STREAM).
     private var delayed: [ObjectIdentifier: UploadJob] = [:]
 
@@ -107,7 +109,25 @@ final class AgentConnectionHandler: ChannelInboundHandler {
         context.close(promise: nil)
     }
 
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        guard let idle = event as? IdleStateHandler.IdleStateEvent, idle == .read, !self.closed else {
+            context.fireUserInboundEventTriggered(event)
+            return
+        }
+        self.silentPeriods += 1
+        if self.silentPeriods >= 2 {
+            // Nothing for two periods, even after a PING (or during the TLS handshake): the link is gone.
+            self.outcome.reason = "no answer from the relay for \(self.configuration.keepaliveInterval * 2): the link is dead"
+            self.closed = true
+            context.close(promise: nil)
+        } else if self.machine.terms != nil {
+            self.write(.ping(Frame.Ping(data: UInt64.random(in: 0...UInt64.max))))
+            self.flush()
+        }
+    }
+
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        self.silentPeriods = 0
         self.reader.append(self.unwrapInboundIn(data))
         while !self.closed {
             let frame: Frame?

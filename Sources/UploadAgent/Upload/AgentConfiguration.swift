@@ -25,6 +25,9 @@ public struct AgentConfiguration: Sendable {
     public var retryFor: Duration = .seconds(60)
     /// Longest wait between reconnection attempts.
     public var maxBackoff: Duration = .seconds(5)
+    /// With nothing received for this long the agent sends PING; with nothing for twice as long it
+    /// takes the connection for dead and reconnects (SPEC §2.3). Catches links that vanish silently.
+    public var keepaliveInterval: Duration = .seconds(15)
     /// How many times one item may fail with a retryable stream error before it is given up.
     public var maxAttemptsPerItem = 5
     /// Wire limits: frame size and the like (SPEC §12).

@@ -94,6 +94,8 @@ public final class Uploader: Sendable {
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     let sync = channel.pipeline.syncOperations
+                    // In front of TLS: any bytes at all, handshake included, prove the link alive.
+                    try sync.addHandler(IdleStateHandler(readTimeout: .nanoseconds(Self.nanoseconds(configuration.keepaliveInterval))))
                     try sync.addHandler(NIOSSLClientHandler(context: tls, serverHostname: serverName))
                     try sync.addHandler(
                         AgentConnectionHandler(
@@ -110,6 +112,11 @@ public final class Uploader: Sendable {
             throw error
         }
         return try await promise.futureResult.get()
+    }
+
+    static func nanoseconds(_ duration: Duration) -> Int64 {
+        let (seconds, attoseconds) = duration.components
+        return seconds * 1_000_000_000 + attoseconds / 1_000_000_000
     }
 
     static func describe(connectError error: any Error, configuration: AgentConfiguration) -> String {
