@@ -1,0 +1,119 @@
+import Foundation
+import Testing
+
+/// The programs as a user runs them: exit codes, --json, --help.
+@Suite("End to end: the command-line programs", .serialized)
+struct CommandLineTests {
+    struct Run {
+        var status: Int32
+        var stdout: String
+        var stderr: String
+    }
+
+    static func run(_ executable: String, _ arguments: [String], environment: [String: String] = [:]) throws -> Run {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: executable)
+        process.arguments = arguments
+        var env = ProcessInfo.processInfo.environment
+        for key in ["UPLOAD_RELAY", "UPLOAD_TOKEN", "UPLOAD_CA"] { env[key] = nil }
+        env.merge(environment) { $1 }
+        process.environment = env
+        let out = Pipe()
+        let err = Pipe()
+        process.standardOutput = out
+        process.standardError = err
+        process.standardInput = FileHandle.nullDevice
+        try process.run()
+        let stdout = out.fileHandleForReading.readDataToEndOfFile()
+        let stderr = err.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        return Run(
+            status: process.terminationStatus, stdout: String(decoding: stdout, as: UTF8.self),
+            stderr: String(decoding: stderr, as: UTF8.self)
+        )
+    }
+
+    static func agentBinary() throws -> String {
+        let path = packageRoot + "/.build/debug/upload-agent"
+        guard FileManager.default.isExecutableFile(atPath: path) else {
+            throw ChildProcess.ChildError(description: "\(path) is missing: run `swift build` before the tests (tools/test does)")
+        }
+        return path
+    }
+
+    @Test("send --json: exit 0, one JSON object per item with the documented fields; then dedup; then exit 1 on a bad token")
+    func sendJSON() throws {
+        let data = TestRelay.makeDirectory()
+        let relay = try ChildProcess(
+            try relayBinary(), ["serve", "--dev", "--data", data, "--listen", "127.0.0.1:0", "--ready-file", data + "/ready", "--log-level", "warning"],
+            readyFile: data + "/ready", logFile: data + "/relay.log"
+        )
+        defer {
+            relay.kill(SIGTERM)
+            _ = relay.waitForExit()
+        }
+        let port = try relay.waitUntilReady()
+        let source = TestRelay.makeDirectory()
+        let file = makeFile(source + "/trip", "day1/IMG_1.jpg", size: 300_000, seed: 31)
+        _ = makeFile(source + "/trip", "notes.txt", size: 12, seed: 32)
+        let environment = [
+            "UPLOAD_RELAY": "127.0.0.1:\(port)", "UPLOAD_CA": data + "/dev/ca.pem",
+            "UPLOAD_TOKEN": try String(contentsOfFile: data + "/dev/token", encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines),
+        ]
+        let agent = try Self.agentBinary()
+
+        let first = try Self.run(agent, ["send", "--json", source + "/trip"], environment: environment)
+        #expect(first.status == 0, "\(first.stderr)")
+        let lines = first.stdout.split(separator: "\n").map { try! JSONSerialization.jsonObject(with: Data($0.utf8)) as! [String: Any] }
+        #expect(lines.count == 2)
+        let photo = try #require(lines.first { $0["key"] as? String == "trip/day1/IMG_1.jpg" })
+        #expect(photo["status"] as? String == "stored")
+        #expect(photo["bytes"] as? Int == 300_000)
+        #expect(photo["sent_bytes"] as? Int == 300_000)
+        #expect((photo["sha1"] as? String)?.count == 40)
+        #expect(photo["path"] as? String == file.path)
+        #expect(FileManager.default.contents(atPath: data + "/store/trip/day1/IMG_1.jpg") == file.data)
+
+        let again = try Self.run(agent, ["send", "--json", source + "/trip"], environment: environment)
+        #expect(again.status == 0)
+        #expect(again.stdout.components(separatedBy: "\"status\":\"deduplicated\"").count == 3)
+        #expect(again.stdout.contains("\"sent_bytes\":0"))
+
+        var wrong = environment
+        wrong["UPLOAD_TOKEN"] = "upl_wrong"
+        let refused = try Self.run(agent, ["send", "--json", file.path], environment: wrong)
+        #expect(refused.status == 1)
+        #expect(refused.stdout.contains("\"status\":\"failed\""))
+        #expect(refused.stdout.contains("\"error\""))
+        #expect(refused.stderr.contains("unknown token"))
+    }
+
+    @Test("usage errors exit 2 and say what is missing")
+    func usageErrors() throws {
+        let agent = try Self.agentBinary()
+        let noPath = try Self.run(agent, ["send", "--relay", "127.0.0.1:1", "--token", "t"])
+        #expect(noPath.status == 2)
+        #expect(noPath.stderr.contains("path"))
+        let noToken = try Self.run(agent, ["send", "--relay", "127.0.0.1:1", "/etc/hostname"])
+        #expect(noToken.status == 2)
+        #expect(noToken.stderr.contains("UPLOAD_TOKEN"))
+        let missing = try Self.run(agent, ["send", "--relay", "127.0.0.1:1", "--token", "t", "/no/such/file"])
+        #expect(missing.status == 2)
+        #expect(missing.stderr.contains("/no/such/file"))
+        let stdinWithoutName = try Self.run(agent, ["send", "--relay", "127.0.0.1:1", "--token", "t", "-"])
+        #expect(stdinWithoutName.status == 2)
+        #expect(stdinWithoutName.stderr.contains("--name"))
+        let relay = try Self.run(try relayBinary(), ["serve", "--data", TestRelay.makeDirectory()])
+        #expect(relay.status == 2)
+        #expect(relay.stderr.contains("--dev"))
+    }
+
+    @Test("--help teaches: examples, environment, exit status")
+    func help() throws {
+        let help = try Self.run(try Self.agentBinary(), ["send", "--help"])
+        #expect(help.status == 0)
+        for needle in ["UPLOAD_TOKEN", "Exit status", "--retry-for", "--json", "--name"] {
+            #expect(help.stdout.contains(needle), "help lacks \(needle)")
+        }
+    }
+}
