@@ -310,9 +310,11 @@ final class AgentConnectionHandler: ChannelInboundHandler {
             credit: { [unowned self] id in self.machine.credit(on: id) },
             maxChunkPayload: { [unowned self] in self.machine.maxChunkPayload },
             nextOffset: { [unowned self] id in self.machine.nextOffset(on: id) },
-            sendChunk: { [unowned self] chunk in
-                self.write(self.machine.sendChunk(chunk))
-                self.onEvent(.sent(key: job.key, bytes: chunk.payloadLength))
+            sendChunks: { [unowned self] chunks in
+                for chunk in chunks {
+                    self.write(self.machine.sendChunk(chunk))
+                    self.onEvent(.sent(key: job.key, bytes: chunk.payloadLength))
+                }
                 self.flush()
             },
             sendHash: { [unowned self] hash in

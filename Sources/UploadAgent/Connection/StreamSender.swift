@@ -24,7 +24,8 @@ final class StreamSender {
         var credit: (StreamID) -> Int
         var maxChunkPayload: () -> Int
         var nextOffset: (StreamID) -> UInt64?
-        var sendChunk: (Frame.Chunk) -> Void
+        /// Writes a batch of chunks and flushes once.
+        var sendChunks: ([Frame.Chunk]) -> Void
         var sendHash: (Frame.Hash) -> Void
         var fail: (StreamID, String) -> Void
     }
@@ -168,11 +169,11 @@ final class StreamSender {
                     self.job.snapshots[offset] = sha1
                 }
                 for chunk in batch.chunks {
-                    guard !self.stopped else { return }
                     self.job.sentBytes += UInt64(chunk.payloadLength)
                     self.job.bytesRead = max(self.job.bytesRead, chunk.offset + UInt64(chunk.payloadLength))
-                    self.hooks.sendChunk(chunk)
                 }
+                self.hooks.sendChunks(batch.chunks)
+                guard !self.stopped else { return }
                 if batch.ended {
                     self.sendHash(size: batch.nextOffset)
                 } else {

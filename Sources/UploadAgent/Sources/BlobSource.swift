@@ -34,16 +34,10 @@ public protocol BlobSource: AnyObject, Sendable {
     func isEnd(at offset: UInt64) -> Bool
     /// Bytes below `offset` are durable on the relay and will never be read again.
     func acknowledge(upTo offset: UInt64)
-    /// The lowest offset a resume can start from (0 for seekable sources).
-    var lowestReadableOffset: UInt64 { get }
-    /// Bytes read but not yet acknowledged that the source holds in memory.
-    var retainedBytes: Int { get }
     func close()
 }
 
 extension BlobSource {
-    public var lowestReadableOffset: UInt64 { 0 }
-    public var retainedBytes: Int { 0 }
     public func acknowledge(upTo offset: UInt64) {}
     public func isEnd(at offset: UInt64) -> Bool { true }
 }

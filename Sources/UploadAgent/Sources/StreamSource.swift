@@ -37,9 +37,6 @@ public final class StreamSource: BlobSource {
         SourceInfo(size: nil, fingerprint: [])
     }
 
-    public var lowestReadableOffset: UInt64 { self.state.withLockedValue { $0.retainedStart } }
-    public var retainedBytes: Int { self.state.withLockedValue { $0.retained.readableBytes } }
-
     public func read(at offset: UInt64, maxLength: Int, allocator: ByteBufferAllocator) throws -> ByteBuffer {
         try self.state.withLockedValue { state in
             guard offset >= state.retainedStart else {
@@ -78,9 +75,6 @@ public final class StreamSource: BlobSource {
             return fresh
         }
     }
-
-    /// True once the stream ended and everything was read.
-    public var hasEnded: Bool { self.state.withLockedValue { $0.ended } }
 
     public func isEnd(at offset: UInt64) -> Bool {
         self.state.withLockedValue { $0.ended && offset >= $0.retainedStart + UInt64($0.retained.readableBytes) }

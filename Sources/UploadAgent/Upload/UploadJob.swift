@@ -92,7 +92,6 @@ final class JobQueue: Sendable {
     }
 
     var isDone: Bool { self.state.withLockedValue { $0.waiting.isEmpty && $0.active == 0 } }
-    var hasWaiting: Bool { self.state.withLockedValue { !$0.waiting.isEmpty } }
     var results: [UploadResult] { self.state.withLockedValue { $0.finished } }
 
     /// Gives up on every job still waiting.

@@ -95,7 +95,7 @@ public final class Uploader: Sendable {
                 channel.eventLoop.makeCompletedFuture {
                     let sync = channel.pipeline.syncOperations
                     // In front of TLS: any bytes at all, handshake included, prove the link alive.
-                    try sync.addHandler(IdleStateHandler(readTimeout: .nanoseconds(Self.nanoseconds(configuration.keepaliveInterval))))
+                    try sync.addHandler(IdleStateHandler(readTimeout: TimeAmount(configuration.keepaliveInterval)))
                     try sync.addHandler(NIOSSLClientHandler(context: tls, serverHostname: serverName))
                     try sync.addHandler(
                         AgentConnectionHandler(
@@ -112,11 +112,6 @@ public final class Uploader: Sendable {
             throw error
         }
         return try await promise.futureResult.get()
-    }
-
-    static func nanoseconds(_ duration: Duration) -> Int64 {
-        let (seconds, attoseconds) = duration.components
-        return seconds * 1_000_000_000 + attoseconds / 1_000_000_000
     }
 
     static func describe(connectError error: any Error, configuration: AgentConfiguration) -> String {

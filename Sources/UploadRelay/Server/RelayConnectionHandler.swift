@@ -40,7 +40,7 @@ final class RelayConnectionHandler: ChannelInboundHandler {
             self.logger[metadataKey: "peer"] = "\(remote)"
         }
         let timeout = self.services.configuration.limits.handshakeTimeout
-        self.handshakeTimer = context.eventLoop.assumeIsolated().scheduleTask(in: .nanoseconds(timeout.nanoseconds)) { [weak self] in
+        self.handshakeTimer = context.eventLoop.assumeIsolated().scheduleTask(in: TimeAmount(timeout)) { [weak self] in
             guard let self, !self.machine.isReady, !self.closed else { return }
             self.failConnection(.timeout, "no HELLO and authentication within \(timeout)")
         }

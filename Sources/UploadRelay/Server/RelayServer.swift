@@ -76,7 +76,7 @@ public final class RelayServer: Service, Sendable {
                 return channel.eventLoop.makeCompletedFuture {
                     let sync = channel.pipeline.syncOperations
                     try sync.addHandler(NIOSSLServerHandler(context: tls))
-                    try sync.addHandler(IdleStateHandler(readTimeout: .nanoseconds(configuration.limits.idleTimeout.nanoseconds)))
+                    try sync.addHandler(IdleStateHandler(readTimeout: TimeAmount(configuration.limits.idleTimeout)))
                     try sync.addHandler(RelayConnectionHandler(services: services, logger: logger))
                 }
             }
@@ -130,7 +130,7 @@ public final class RelayServer: Service, Sendable {
         }
         let drained = EventLoopFuture.andAllComplete(connections.map(\.closeFuture), on: self.group.any())
         let grace = self.services.configuration.shutdownGrace
-        let timeout = self.group.any().scheduleTask(in: .nanoseconds(grace.nanoseconds)) {
+        let timeout = self.group.any().scheduleTask(in: TimeAmount(grace)) {
             for connection in connections { connection.close(promise: nil) }
         }
         drained.whenComplete { _ in

@@ -212,7 +212,7 @@ final class StreamUpload {
         if self.written - self.durable >= Int64(self.services.configuration.syncBytes) {
             self.syncRequested = true
         } else if self.syncTimer == nil {
-            self.syncTimer = self.eventLoop.assumeIsolated().scheduleTask(in: .nanoseconds(Int64(self.services.configuration.syncInterval.nanoseconds))) {
+            self.syncTimer = self.eventLoop.assumeIsolated().scheduleTask(in: TimeAmount(self.services.configuration.syncInterval)) {
                 self.syncTimer = nil
                 self.syncRequested = true
                 self.kick()
@@ -338,12 +338,5 @@ final class StreamUpload {
         }.assumeIsolated().whenFailure { error in
             self.logger.warning("cleanup failed", metadata: ["upload.key": "\(self.key)", "error": "\(error)"])
         }
-    }
-}
-
-extension Duration {
-    var nanoseconds: Int64 {
-        let (seconds, attoseconds) = self.components
-        return seconds * 1_000_000_000 + attoseconds / 1_000_000_000
     }
 }
