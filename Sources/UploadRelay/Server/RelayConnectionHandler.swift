@@ -22,6 +22,7 @@ final class RelayConnectionHandler: ChannelInboundHandler {
     private var uploads: [StreamID: StreamUpload] = [:]
     private var context: ChannelHandlerContext? = nil
     private var handshakeTimer: Scheduled<Void>? = nil
+    private var graceTimer: Scheduled<Void>? = nil
     private var shuttingDown = false
     private var closed = false
     private var needsFlush = false
@@ -53,6 +54,7 @@ final class RelayConnectionHandler: ChannelInboundHandler {
     func channelInactive(context: ChannelHandlerContext) {
         self.closed = true
         self.handshakeTimer?.cancel()
+        self.graceTimer?.cancel()
         // Durable state stays in the catalog: the agent resumes on its next connection.
         for upload in self.uploads.values {
             upload.abort(discardSession: false)
@@ -294,6 +296,13 @@ final class RelayConnectionHandler: ChannelInboundHandler {
     private func beginShutdown() {
         guard !self.closed, !self.shuttingDown else { return }
         self.shuttingDown = true
+        // The grace period is this connection's own timer, on its own event loop: nothing crosses loops during shutdown.
+        let grace = self.services.configuration.shutdownGrace
+        self.graceTimer = self.context?.eventLoop.assumeIsolated().scheduleTask(in: TimeAmount(grace)) { [weak self] in
+            guard let self, !self.closed else { return }
+            self.logger.warning("closing connection: uploads not drained within the shutdown grace period", metadata: ["grace": "\(grace)"])
+            self.close()
+        }
         guard self.machine.isReady, let goAway = self.machine.sendGoAway(.noError, "relay shutting down; resume on a new connection") else {
             self.close()
             return

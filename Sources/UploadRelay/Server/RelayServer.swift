@@ -83,13 +83,18 @@ public final class RelayServer: Service, Sendable {
             .bind(host: configuration.host, port: configuration.port)
             .get()
         let address = channel.localAddress
-        let waiting = self.state.withLockedValue { state -> [CheckedContinuation<SocketAddress, any Error>] in
+        let (waiting, stopAtOnce) = self.state.withLockedValue { state -> ([CheckedContinuation<SocketAddress, any Error>], Bool) in
             state.channel = channel
             state.address = address
-            return self.bound.withLockedValue { list in
+            let waiting = self.bound.withLockedValue { list in
                 defer { list.removeAll() }
                 return list
             }
+            return (waiting, state.shuttingDown && state.connections.isEmpty)
+        }
+        if stopAtOnce {
+            // shutdown() came while binding.
+            channel.close(promise: nil)
         }
         if let address {
             for continuation in waiting { continuation.resume(returning: address) }
@@ -112,30 +117,30 @@ public final class RelayServer: Service, Sendable {
         }
         if admitted {
             channel.closeFuture.whenComplete { _ in
-                self.state.withLockedValue { _ = $0.connections.removeValue(forKey: id) }
+                let listener = self.state.withLockedValue { state -> (any Channel)? in
+                    state.connections.removeValue(forKey: id)
+                    return state.shuttingDown && state.connections.isEmpty ? state.channel : nil
+                }
+                listener?.close(promise: nil)
             }
         }
         return admitted
     }
 
-    /// GOAWAY to every connection; close the listener at once and the connections once drained or after the grace period.
+    /// GOAWAY to every connection; close the listener once every connection has closed.
+    ///
+    /// Each connection drains on its own event loop and closes itself after ``RelayConfiguration/shutdownGrace`` at the
+    /// latest; the last one to close closes the listener, which ends ``run()``. Calling this again does nothing.
     public func shutdown() {
-        let (listener, connections) = self.state.withLockedValue { state -> ((any Channel)?, [any Channel]) in
+        let snapshot = self.state.withLockedValue { state -> (listener: (any Channel)?, connections: [any Channel])? in
+            guard !state.shuttingDown else { return nil }
             state.shuttingDown = true
             return (state.channel, Array(state.connections.values))
         }
+        guard let (listener, connections) = snapshot else { return }
         self.services.logger.info("shutting down", metadata: ["connections": "\(connections.count)"])
         for connection in connections {
             connection.pipeline.fireUserInboundEventTriggered(RelayShutdownEvent())
-        }
-        let drained = EventLoopFuture.andAllComplete(connections.map(\.closeFuture), on: self.group.any())
-        let grace = self.services.configuration.shutdownGrace
-        let timeout = self.group.any().scheduleTask(in: TimeAmount(grace)) {
-            for connection in connections { connection.close(promise: nil) }
-        }
-        drained.whenComplete { _ in
-            timeout.cancel()
-            listener?.close(promise: nil)
         }
         if connections.isEmpty {
             listener?.close(promise: nil)

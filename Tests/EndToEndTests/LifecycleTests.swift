@@ -1,0 +1,78 @@
+import Foundation
+import NIOCore
+import NIOPosix
+import NIOSSL
+import NIOTLS
+import Testing
+import UploadRelay
+
+/// Starting and stopping the relay in-process: the path every other test ends on.
+@Suite("Relay lifecycle")
+struct LifecycleTests {
+    @Test(
+        "stop ends run(), closes every connection and frees the port: idle, or with a peer silent after TLS",
+        .timeLimit(.minutes(2))
+    )
+    func stopCycles() async throws {
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        for round in 0..<12 {
+            let relay = try await TestRelay().start()
+            // Odd rounds: a peer whose TLS handshake completed (so the relay admitted it) and that never says HELLO.
+            let peer = round.isMultiple(of: 2) ? nil : try await SilentPeer.connect(port: relay.port, ca: relay.caPath, group: group)
+            await relay.stop()
+            if let peer {
+                // The relay closed the connection; this would hang (and the time limit fail the test) if it had not.
+                try await peer.closeFuture.get()
+            }
+            await #expect(throws: (any Error).self, "round \(round): the port still accepts after stop") {
+                try await ClientBootstrap(group: group).connect(host: "127.0.0.1", port: relay.port).get().close()
+            }
+        }
+        try await group.shutdownGracefully()
+    }
+}
+
+/// A TLS client that completes its handshake with the relay and then says nothing.
+enum SilentPeer {
+    static func connect(port: Int, ca: String, group: any EventLoopGroup) async throws -> any Channel {
+        var tls = TLSConfiguration.makeClientConfiguration()
+        tls.trustRoots = .file(ca)
+        tls.applicationProtocols = [RelayServer.alpn]
+        let context = try NIOSSLContext(configuration: tls)
+        let handshake = group.next().makePromise(of: Void.self)
+        let channel = try await ClientBootstrap(group: group)
+            .channelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandler(NIOSSLClientHandler(context: context, serverHostname: "localhost"))
+                    try channel.pipeline.syncOperations.addHandler(HandshakeWatcher(promise: handshake))
+                }
+            }
+            .connect(host: "127.0.0.1", port: port)
+            .get()
+        try await handshake.futureResult.get()
+        return channel
+    }
+
+    final class HandshakeWatcher: ChannelInboundHandler, Sendable {
+        typealias InboundIn = ByteBuffer
+        let promise: EventLoopPromise<Void>
+        init(promise: EventLoopPromise<Void>) { self.promise = promise }
+
+        func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+            if case .handshakeCompleted = event as? TLSUserEvent {
+                self.promise.succeed(())
+            }
+            context.fireUserInboundEventTriggered(event)
+        }
+
+        func channelInactive(context: ChannelHandlerContext) {
+            self.promise.fail(ChannelError.eof)
+            context.fireChannelInactive()
+        }
+
+        func errorCaught(context: ChannelHandlerContext, error: any Error) {
+            self.promise.fail(error)
+            context.close(promise: nil)
+        }
+    }
+}
