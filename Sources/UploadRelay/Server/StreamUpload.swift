@@ -321,22 +321,30 @@ final class StreamUpload {
         if !self.busy { self.release(discardSession: discardSession) } else { self.discardOnRelease = discardSession }
     }
 
-    /// Gives the key back and closes the staging file; forgets the session when asked.
+    /// Closes the staging file, forgets the session when asked, then gives the key back.
+    ///
+    /// The key stays claimed until the session is gone, so a new OPEN of the same key (answered KEY_BUSY meanwhile)
+    /// can never resume a session this upload just discarded.
     private func release(discardSession: Bool) {
         guard !self.released else { return }
         self.released = true
-        self.services.release(account: self.account.name, key: self.key.value)
         let staging = self.staging
         let services = self.services
         let sessionID = self.session.id
+        let account = self.account.name
+        let key = self.key
+        let logger = self.logger
         services.threadPool.runIfActive(eventLoop: self.eventLoop) {
             staging.close()
             if discardSession {
                 try services.catalog.deleteSession(id: sessionID)
                 try services.store.removeStaging(staging.name)
             }
-        }.assumeIsolated().whenFailure { error in
-            self.logger.warning("cleanup failed", metadata: ["upload.key": "\(self.key)", "error": "\(error)"])
+        }.whenComplete { result in
+            services.release(account: account, key: key.value)
+            if case .failure(let error) = result {
+                logger.warning("cleanup failed", metadata: ["upload.key": "\(key)", "error": "\(error)"])
+            }
         }
     }
 }
