@@ -32,6 +32,8 @@ let package = Package(
         // System libraries, reached through tiny module maps.
         .systemLibrary(name: "CUploadZlib", pkgConfig: "zlib", providers: [.apt(["zlib1g-dev"])]),
         .systemLibrary(name: "CUploadCrypto", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),
+        // What Swift's Glibc module leaves out (O_DIRECT).
+        .target(name: "CUploadSystem"),
         // SHA-1 (libcrypto, exportable state), CRC32 and deflate (zlib).
         .target(
             name: "UploadChecksums",
@@ -51,7 +53,7 @@ let package = Package(
         .target(
             name: "UploadRelay",
             dependencies: [
-                "UploadProtocol", "UploadChecksums",
+                "UploadProtocol", "UploadChecksums", "CUploadSystem",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),

@@ -13,6 +13,8 @@
 #         BENCH_ONLY_PEERS=1    skip the Swift build and our tool; run only scp and curl
 #         BENCH_BIN_DIR=DIR     use upload-agent and upload-relay from DIR; no swift build
 #         BENCH_KEEP=1          keep the temp dir (for debugging)
+#         BENCH_RELAY_ARGS="..."  extra options for upload-relay serve, for A/B runs
+#                               (e.g. "--direct-io-buffer 0" writes through the page cache)
 # Needs root for the peers (installs openssh-server, nginx, libnginx-mod-http-dav-ext and
 # time with apt-get when missing; sshd needs root). A peer that cannot be set up is
 # skipped with a message; the others are still measured. Everything it starts is stopped
@@ -206,8 +208,9 @@ bench_ours() {
     set -euo pipefail
     local relay_pid addr token t0 t1 rss hwm key
     mkdir -p "$DIR/relay"
+    # shellcheck disable=SC2086 # BENCH_RELAY_ARGS is a list of words
     "$BIN/upload-relay" serve --dev --data "$DIR/relay" --listen 127.0.0.1:0 \
-        --ready-file "$DIR/relay.ready" >"$DIR/relay.log" 2>&1 &
+        --ready-file "$DIR/relay.ready" ${BENCH_RELAY_ARGS:-} >"$DIR/relay.log" 2>&1 &
     relay_pid=$!
     track "$relay_pid"
     wait_file "$DIR/relay.ready" "$relay_pid" 60 || { tail -20 "$DIR/relay.log" >&2; return 1; }

@@ -25,6 +25,11 @@ public struct RelayConfiguration: Sendable {
     /// …or once the oldest unacknowledged byte has waited this long.
     public var syncInterval: Duration = .milliseconds(250)
 
+    /// Staging writes bypass the page cache (Linux `O_DIRECT`) through an aligned buffer of this many bytes per
+    /// open upload; 0 writes through the page cache. Where the file system refuses direct I/O the relay falls back
+    /// to plain writes by itself.
+    public var directIOBuffer: Int = LocalDirectoryStore.defaultDirectBuffer
+
     /// The most connections at once; more are closed at accept.
     public var maxConnections: Int = 512
     /// Threads for blocking file and catalog work.

@@ -57,7 +57,9 @@ public enum RelayRuntime {
     public static func makeServices(
         configuration: RelayConfiguration, catalog: any Catalog, logger: Logger
     ) throws -> RelayServices {
-        let store = try LocalDirectoryStore(root: configuration.storePath, stagingDirectory: configuration.stagingDirectory)
+        let store = try LocalDirectoryStore(
+            root: configuration.storePath, stagingDirectory: configuration.stagingDirectory, directBuffer: configuration.directIOBuffer
+        )
         try Self.cleanUp(catalog: catalog, store: store, expiry: configuration.sessionExpiry, logger: logger)
         let pool = NIOThreadPool(numberOfThreads: configuration.ioThreads)
         pool.start()

@@ -44,6 +44,15 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .long, help: ArgumentHelp("Acknowledge once this many bytes of an upload wait to be made durable.", valueName: "bytes"))
     var syncBytes: String = "8M"
 
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "Per open upload, the aligned buffer through which staging writes bypass the page cache (O_DIRECT); 0 writes through the page cache.",
+            valueName: "bytes"
+        )
+    )
+    var directIoBuffer: String = "1M"
+
     @Flag(name: .long, help: "Refuse deflated chunks (SPEC §9).")
     var noDeflate = false
 
@@ -68,6 +77,9 @@ struct Serve: AsyncParsableCommand {
         }
         _ = try HostPort.parse(self.listen, option: "--listen")
         _ = try ByteCount.parse(self.syncBytes, option: "--sync-bytes")
+        guard try ByteCount.parse(self.directIoBuffer, option: "--direct-io-buffer") <= 1 << 30 else {
+            throw ValidationError("--direct-io-buffer must be at most 1G")
+        }
         for (option, value) in [("--stream-window", self.streamWindow), ("--connection-window", self.connectionWindow)] {
             let bytes = try ByteCount.parse(value, option: option)
             guard bytes >= 65_536 && bytes <= Int64(Int32.max) else {
@@ -109,6 +121,7 @@ struct Serve: AsyncParsableCommand {
         configuration.port = port
         configuration.syncBytes = Int(try ByteCount.parse(self.syncBytes, option: "--sync-bytes"))
         configuration.allowDeflate = !self.noDeflate
+        configuration.directIOBuffer = Int(try ByteCount.parse(self.directIoBuffer, option: "--direct-io-buffer"))
         configuration.limits.streamWindow = Int(try ByteCount.parse(self.streamWindow, option: "--stream-window"))
         configuration.limits.connectionWindow = Int(try ByteCount.parse(self.connectionWindow, option: "--connection-window"))
         configuration.limits.maxConcurrentStreams = self.maxStreams

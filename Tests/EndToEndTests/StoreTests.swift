@@ -3,7 +3,7 @@ import NIOCore
 import Testing
 import UploadAgent
 import UploadProtocol
-import UploadRelay
+@testable import UploadRelay
 
 /// The local store and the relay's housekeeping, against a real file system.
 @Suite("Local store")
@@ -74,5 +74,115 @@ struct StoreTests {
         #expect(Date().timeIntervalSince(started) < 9)
         close(fd)
         await relay.stop()
+    }
+}
+
+/// Staging writes with direct I/O: whatever the sizes, syncs and resume points, the committed bytes are the bytes written.
+@Suite("Staging with direct I/O")
+struct DirectStagingTests {
+    /// Writes `data` in random pieces with random syncs, through a store with a small direct buffer.
+    func stage(_ data: [UInt8], from start: Int = 0, into staging: any StagingFile, rng: inout SplitMix) throws {
+        var offset = start
+        while offset < data.count {
+            let n = min(data.count - offset, Int(rng.next() % 20_000) + 1)
+            try staging.write(ByteBuffer(bytes: data[offset..<offset + n]), at: Int64(offset))
+            offset += n
+            if rng.next() % 4 == 0 { try staging.sync() }
+        }
+    }
+
+    func randomBytes(_ count: Int, _ rng: inout SplitMix) -> [UInt8] {
+        (0..<count).map { _ in UInt8(truncatingIfNeeded: rng.next()) }
+    }
+
+    @Test("random pieces and syncs, then commit: the object is exactly the bytes, and the writes went direct", arguments: [1, 2, 3])
+    func randomPieces(seed: UInt64) throws {
+        var rng = SplitMix(seed: seed)
+        let root = TestRelay.makeDirectory()
+        let store = try LocalDirectoryStore(root: root + "/store", stagingDirectory: root + "/staging", directBuffer: 64 << 10)
+        let data = self.randomBytes(300_000 + Int(rng.next() % 10_000), &rng)
+        let staging = try store.openStaging("s", truncatingTo: 0)
+        // /tmp is ext4 on this kind of machine: direct I/O must really be in use, or the test proves nothing about it.
+        #expect((staging as? LocalStagingFile)?.isDirect == true, "direct I/O was refused for \(root)")
+        try self.stage(data, into: staging, rng: &rng)
+        try store.commit(staging, as: ObjectKey(validating: "o.bin"))
+        #expect(FileManager.default.contents(atPath: root + "/store/o.bin") == Data(data))
+    }
+
+    @Test("a resume inside a block keeps the durable bytes before it and the object is whole", arguments: [4, 5, 6])
+    func resumeInsideBlock(seed: UInt64) throws {
+        var rng = SplitMix(seed: seed)
+        let root = TestRelay.makeDirectory()
+        let store = try LocalDirectoryStore(root: root + "/store", stagingDirectory: root + "/staging", directBuffer: 64 << 10)
+        let data = self.randomBytes(200_000, &rng)
+        let durable = 4096 * 17 + 1 + Int(rng.next() % 4000)
+        // First run: the durable prefix, synced; then bytes that were never acknowledged, then the connection dies.
+        let first = try store.openStaging("s", truncatingTo: 0)
+        try self.stage(Array(data[..<durable]), into: first, rng: &rng)
+        try first.sync()
+        try first.write(ByteBuffer(bytes: self.randomBytes(10_000, &rng)), at: Int64(durable))
+        first.close()
+        // The resume cuts back to the durable offset and goes on from there.
+        let resumed = try store.openStaging("s", truncatingTo: Int64(durable))
+        #expect((resumed as? LocalStagingFile)?.isDirect == true)
+        try self.stage(data, from: durable, into: resumed, rng: &rng)
+        try store.commit(resumed, as: ObjectKey(validating: "o.bin"))
+        #expect(FileManager.default.contents(atPath: root + "/store/o.bin") == Data(data))
+    }
+
+    @Test("a write out of order turns the file to plain writes, with the same bytes")
+    func outOfOrder() throws {
+        let root = TestRelay.makeDirectory()
+        let store = try LocalDirectoryStore(root: root + "/store", stagingDirectory: root + "/staging", directBuffer: 8192)
+        let staging = try store.openStaging("s", truncatingTo: 0)
+        try staging.write(ByteBuffer(repeating: 0x61, count: 10_000), at: 0)
+        try staging.write(ByteBuffer(repeating: 0x62, count: 100), at: 50)
+        #expect((staging as? LocalStagingFile)?.isDirect == false)
+        try staging.write(ByteBuffer(repeating: 0x63, count: 5), at: 10_000)
+        try store.commit(staging, as: ObjectKey(validating: "o.bin"))
+        var expected = [UInt8](repeating: 0x61, count: 10_005)
+        expected.replaceSubrange(50..<150, with: repeatElement(0x62, count: 100))
+        expected.replaceSubrange(10_000..<10_005, with: repeatElement(0x63, count: 5))
+        #expect(FileManager.default.contents(atPath: root + "/store/o.bin") == Data(expected))
+    }
+}
+
+/// The agent's file source: any offset and length reads the file's bytes, and no byte past the size at open.
+@Suite("File source")
+struct FileSourceTests {
+    @Test("reads at random offsets and lengths return the file's bytes", arguments: [7, 8])
+    func randomReads(seed: UInt64) throws {
+        var rng = SplitMix(seed: seed)
+        let directory = TestRelay.makeDirectory()
+        let file = makeFile(directory, "f.bin", size: 1_000_003, seed: seed)
+        let source = FileSource(path: file.path, blockSize: 64 << 10)
+        let info = try source.open()
+        defer { source.close() }
+        #expect(info.size == UInt64(file.data.count))
+        let bytes = [UInt8](file.data)
+        for _ in 0..<200 {
+            let offset = Int(rng.next() % UInt64(bytes.count + 10))
+            let length = Int(rng.next() % 100_000) + 1
+            let read = try source.read(at: UInt64(offset), maxLength: length, allocator: ByteBufferAllocator())
+            let expected = offset < bytes.count ? Array(bytes[offset..<min(bytes.count, offset + length)]) : []
+            // A read may return fewer bytes than asked (the rest of its block), never others.
+            #expect(read.readableBytes <= expected.count && read.readableBytes > 0 || expected.isEmpty)
+            #expect(Array(read.readableBytesView) == Array(expected.prefix(read.readableBytes)), "at \(offset)")
+        }
+    }
+
+    @Test("a file that grows after open is read only up to its size at open")
+    func grownFile() throws {
+        let directory = TestRelay.makeDirectory()
+        let file = makeFile(directory, "g.bin", size: 5000, seed: 9)
+        let source = FileSource(path: file.path)
+        _ = try source.open()
+        defer { source.close() }
+        let handle = FileHandle(forWritingAtPath: file.path)!
+        handle.seekToEndOfFile()
+        handle.write(Data(repeating: 0xEE, count: 10_000))
+        handle.closeFile()
+        let read = try source.read(at: 4000, maxLength: 1 << 20, allocator: ByteBufferAllocator())
+        #expect(Array(read.readableBytesView) == Array(file.data[4000...]))
     }
 }

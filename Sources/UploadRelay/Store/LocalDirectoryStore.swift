@@ -14,11 +14,18 @@ import UploadProtocol
 public final class LocalDirectoryStore: BlobStore {
     public let root: String
     public let stagingDirectory: String
+    /// Bytes of the aligned buffer each open staging file writes through with direct I/O; 0 writes through the
+    /// page cache (see ``LocalStagingFile``).
+    public let directBuffer: Int
+
+    /// The default ``directBuffer``: 1 MiB per open upload.
+    public static let defaultDirectBuffer = 1 << 20
 
     /// Creates both directories when missing.
-    public init(root: String, stagingDirectory: String) throws {
+    public init(root: String, stagingDirectory: String, directBuffer: Int = LocalDirectoryStore.defaultDirectBuffer) throws {
         self.root = Self.trimmed(root)
         self.stagingDirectory = Self.trimmed(stagingDirectory)
+        self.directBuffer = max(0, directBuffer)
         try Self.makeDirectories(self.root)
         try Self.makeDirectories(self.stagingDirectory)
         var rootStat = stat()
@@ -74,7 +81,7 @@ public final class LocalDirectoryStore: BlobStore {
         }
         // The staging file's name must survive a crash too: a resume finds it after a restart.
         try Self.syncDirectory(self.stagingDirectory)
-        return LocalStagingFile(name: name, path: path, descriptor: fd)
+        return LocalStagingFile(name: name, path: path, descriptor: fd, offset: offset, directBuffer: self.directBuffer)
     }
 
     public func removeStaging(_ name: String) throws {
@@ -108,7 +115,7 @@ public final class LocalDirectoryStore: BlobStore {
         guard let file = staging as? LocalStagingFile else {
             preconditionFailure("a LocalDirectoryStore commits only its own staging files")
         }
-        try file.sync()
+        try file.seal()
         let (directory, path) = try self.placeFor(key)
         var existing = stat()
         if lstat(path, &existing) == 0 && (existing.st_mode & S_IFMT) == S_IFDIR {
@@ -188,56 +195,5 @@ public final class LocalDirectoryStore: BlobStore {
             if name != "." && name != ".." { names.append(name) }
         }
         return names
-    }
-}
-
-/// A staging file: pwrite at offsets, fsync on demand. Used by one stream at a time.
-final class LocalStagingFile: StagingFile, @unchecked Sendable {
-    let name: String
-    let path: String
-    private var descriptor: Int32
-
-    init(name: String, path: String, descriptor: Int32) {
-        self.name = name
-        self.path = path
-        self.descriptor = descriptor
-    }
-
-    deinit {
-        self.close()
-    }
-
-    func write(_ bytes: ByteBuffer, at offset: Int64) throws {
-        var done = 0
-        let total = bytes.readableBytes
-        try bytes.withUnsafeReadableBytes { raw in
-            while done < total {
-                let n = pwrite(self.descriptor, raw.baseAddress! + done, total - done, off_t(offset) + off_t(done))
-                if n < 0 && errno == EINTR { continue }
-                guard n > 0 else {
-                    let code = errno
-                    throw StoreError(
-                        "cannot write \(total) bytes at offset \(offset) of \(self.path): \(LocalDirectoryStore.reason(code))",
-                        isNoSpace: code == ENOSPC || code == EDQUOT
-                    )
-                }
-                done += n
-            }
-        }
-    }
-
-    func sync() throws {
-        guard self.descriptor >= 0 else { return }
-        guard fdatasync(self.descriptor) == 0 else {
-            let code = errno
-            throw StoreError("cannot fsync \(self.path): \(LocalDirectoryStore.reason(code))", isNoSpace: code == ENOSPC)
-        }
-    }
-
-    func close() {
-        if self.descriptor >= 0 {
-            Glibc.close(self.descriptor)
-            self.descriptor = -1
-        }
     }
 }

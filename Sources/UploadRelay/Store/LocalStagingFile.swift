@@ -1,0 +1,210 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+import CUploadSystem
+import NIOCore
+
+/// A staging file: writes at offsets, fsync on demand. Used by one stream at a time (its calls are serial).
+///
+/// With direct I/O (`O_DIRECT`) the bytes bypass the page cache: they gather in an aligned buffer and go to
+/// the disk in whole blocks, and ``sync()`` writes the last partial block padded with zeros. ``seal()`` cuts
+/// the file to the bytes written before commit. On the machines measured here a buffered write cost about one
+/// CPU-second per GiB in page-cache copies (`dd` buffered 1.0 GB/s, direct 1.9 GB/s), the largest cost
+/// after SHA-1. Direct I/O needs writes in order; the first write elsewhere, or a file system that refuses
+/// it, turns the file back to plain writes, with the same bytes and durability.
+final class LocalStagingFile: StagingFile, @unchecked Sendable {
+    /// Offsets, lengths and buffer addresses of direct writes are multiples of this.
+    static let block = 4096
+
+    let name: String
+    let path: String
+    private var descriptor: Int32
+    /// One past the last byte written: the size the file has at commit.
+    private(set) var end: Int64
+    /// Present while writes go direct.
+    private var direct: DirectBuffer?
+
+    /// Bytes in `[start, start + fill)` of the file, not yet on disk past the last whole block; `start` is block-aligned.
+    private struct DirectBuffer {
+        var memory: UnsafeMutableRawPointer
+        var capacity: Int
+        var start: Int64
+        var fill: Int
+    }
+
+    /// `offset` is where the file ends now (what ``LocalDirectoryStore/openStaging(_:truncatingTo:)`` cut it to).
+    /// `directBuffer` > 0 asks for direct I/O through a buffer of that many bytes, rounded up to whole blocks.
+    init(name: String, path: String, descriptor: Int32, offset: Int64, directBuffer: Int) {
+        self.name = name
+        self.path = path
+        self.descriptor = descriptor
+        self.end = offset
+        if directBuffer > 0 {
+            self.direct = Self.startDirect(descriptor: descriptor, at: offset, capacity: directBuffer)
+        }
+    }
+
+    deinit {
+        self.close()
+    }
+
+    /// Whether writes currently bypass the page cache.
+    var isDirect: Bool { self.direct != nil }
+
+    private static func startDirect(descriptor: Int32, at offset: Int64, capacity: Int) -> DirectBuffer? {
+        let flag = upload_o_direct_flag()
+        let flags = fcntl(descriptor, F_GETFL)
+        guard flag != 0, flags >= 0, fcntl(descriptor, F_SETFL, flags | flag) == 0 else { return nil }
+        let capacity = (capacity + Self.block - 1) / Self.block * Self.block
+        var memory: UnsafeMutableRawPointer? = nil
+        guard posix_memalign(&memory, Self.block, capacity) == 0, let memory else {
+            Self.clearDirectFlag(descriptor)
+            return nil
+        }
+        let start = offset / Int64(Self.block) * Int64(Self.block)
+        let fill = Int(offset - start)
+        if fill > 0 {
+            // A resume inside a block: the block's first bytes are on disk; read them so the block is written whole again.
+            var got = 0
+            repeat { got = pread(descriptor, memory, Self.block, off_t(start)) } while got < 0 && errno == EINTR
+            guard got >= fill else {
+                free(memory)
+                Self.clearDirectFlag(descriptor)
+                return nil
+            }
+        }
+        return DirectBuffer(memory: memory, capacity: capacity, start: start, fill: fill)
+    }
+
+    private static func clearDirectFlag(_ descriptor: Int32) {
+        let flags = fcntl(descriptor, F_GETFL)
+        if flags >= 0 { _ = fcntl(descriptor, F_SETFL, flags & ~upload_o_direct_flag()) }
+    }
+
+    func write(_ bytes: ByteBuffer, at offset: Int64) throws {
+        if self.direct != nil && offset != self.end {
+            // Direct writes go in order; anything else goes through the page cache from now on.
+            try self.leaveDirect()
+        }
+        try bytes.withUnsafeReadableBytes { raw in
+            var done = 0
+            while done < raw.count, var buffer = self.direct {
+                let n = min(raw.count - done, buffer.capacity - buffer.fill)
+                (buffer.memory + buffer.fill).copyMemory(from: raw.baseAddress! + done, byteCount: n)
+                buffer.fill += n
+                done += n
+                self.direct = buffer
+                if buffer.fill == buffer.capacity {
+                    try self.flushDirect()
+                }
+            }
+            if done < raw.count {
+                try self.writeAll(raw.baseAddress! + done, count: raw.count - done, at: offset + Int64(done))
+            }
+        }
+        self.end = max(self.end, offset + Int64(bytes.readableBytes))
+    }
+
+    /// Writes the buffer to disk, its last partial block padded with zeros, and keeps that partial block at the
+    /// front of the buffer for the writes that follow.
+    private func flushDirect() throws {
+        guard var buffer = self.direct, buffer.fill > 0 else { return }
+        let padded = (buffer.fill + Self.block - 1) / Self.block * Self.block
+        (buffer.memory + buffer.fill).initializeMemory(as: UInt8.self, repeating: 0, count: padded - buffer.fill)
+        let code = self.pwriteAll(buffer.memory, count: padded, at: buffer.start)
+        if code == EINVAL {
+            // The file system took O_DIRECT but refuses these writes: the same bytes through the page cache.
+            try self.leaveDirect()
+            return
+        }
+        try self.check(code, count: padded, at: buffer.start)
+        let whole = buffer.fill / Self.block * Self.block
+        if whole > 0 {
+            buffer.memory.copyMemory(from: buffer.memory + whole, byteCount: buffer.fill - whole)
+            buffer.start += Int64(whole)
+            buffer.fill -= whole
+        }
+        self.direct = buffer
+    }
+
+    /// From now on, plain writes through the page cache: first the bytes still in the buffer, exactly.
+    private func leaveDirect() throws {
+        guard let buffer = self.direct else { return }
+        self.direct = nil
+        defer { free(buffer.memory) }
+        Self.clearDirectFlag(self.descriptor)
+        try self.writeAll(buffer.memory, count: buffer.fill, at: buffer.start)
+    }
+
+    private func writeAll(_ base: UnsafeRawPointer, count: Int, at offset: Int64) throws {
+        try self.check(self.pwriteAll(base, count: count, at: offset), count: count, at: offset)
+    }
+
+    /// 0, or the errno of the write that failed.
+    private func pwriteAll(_ base: UnsafeRawPointer, count total: Int, at offset: Int64) -> Int32 {
+        var done = 0
+        while done < total {
+            let n = pwrite(self.descriptor, base + done, total - done, off_t(offset) + off_t(done))
+            if n < 0 && errno == EINTR { continue }
+            guard n > 0 else { return n == 0 ? EIO : errno }
+            done += n
+        }
+        return 0
+    }
+
+    private func check(_ code: Int32, count: Int, at offset: Int64) throws {
+        guard code != 0 else { return }
+        throw StoreError(
+            "cannot write \(count) bytes at offset \(offset) of \(self.path): \(LocalDirectoryStore.reason(code))",
+            isNoSpace: code == ENOSPC || code == EDQUOT
+        )
+    }
+
+    /// Makes every written byte survive a crash. With direct I/O the file may then extend past ``end`` to a
+    /// block boundary, with zeros; a resume cuts it back to its durable offset, a commit to ``end`` (``seal()``).
+    func sync() throws {
+        guard self.descriptor >= 0 else { return }
+        try self.flushDirect()
+        try self.dataSync()
+    }
+
+    /// Makes the file exactly the bytes written, durable: what commit renames into place. No write follows.
+    func seal() throws {
+        guard self.descriptor >= 0 else { return }
+        try self.flushDirect()
+        if let buffer = self.direct {
+            self.direct = nil
+            free(buffer.memory)
+        }
+        guard ftruncate(self.descriptor, off_t(self.end)) == 0 else {
+            throw StoreError("cannot cut \(self.path) to \(self.end) bytes: \(LocalDirectoryStore.reason())")
+        }
+        try self.dataSync()
+    }
+
+    private func dataSync() throws {
+        guard fdatasync(self.descriptor) == 0 else {
+            let code = errno
+            throw StoreError("cannot fsync \(self.path): \(LocalDirectoryStore.reason(code))", isNoSpace: code == ENOSPC)
+        }
+    }
+
+    /// Closes the file. Bytes still in the direct buffer are written first (not synced) and the block padding cut
+    /// off, so the file holds exactly what was written, as after plain writes.
+    func close() {
+        if self.direct != nil, self.descriptor >= 0 {
+            try? self.leaveDirect()
+            _ = ftruncate(self.descriptor, off_t(self.end))
+        }
+        if let buffer = self.direct {
+            free(buffer.memory)
+            self.direct = nil
+        }
+        if self.descriptor >= 0 {
+            Glibc.close(self.descriptor)
+            self.descriptor = -1
+        }
+    }
+}
