@@ -105,7 +105,7 @@ let package = Package(
         .testTarget(
             name: "EndToEndTests",
             dependencies: [
-                "UploadAgent", "UploadRelay", "UploadProtocol", "UploadChecksums",
+                "UploadAgent", "UploadRelay", "UploadProtocol", "UploadChecksums", "CUploadSystem",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
