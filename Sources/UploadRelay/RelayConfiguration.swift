@@ -25,8 +25,8 @@ public struct RelayConfiguration: Sendable {
     /// …or once the oldest unacknowledged byte has waited this long.
     public var syncInterval: Duration = .milliseconds(250)
 
-    /// Staging writes bypass the page cache (Linux `O_DIRECT`) through an aligned buffer of this many bytes per
-    /// open upload; 0 writes through the page cache. Where the file system refuses direct I/O the relay falls back
+    /// Staging writes bypass the page cache (Linux `O_DIRECT`) through an aligned buffer of up to this many bytes
+    /// per open upload (it starts at 4 KiB and doubles as bytes arrive); 0 writes through the page cache. Where the file system refuses direct I/O the relay falls back
     /// to plain writes by itself.
     public var directIOBuffer: Int = LocalDirectoryStore.defaultDirectBuffer
 

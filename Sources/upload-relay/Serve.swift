@@ -47,7 +47,7 @@ struct Serve: AsyncParsableCommand {
     @Option(
         name: .long,
         help: ArgumentHelp(
-            "Per open upload, the aligned buffer through which staging writes bypass the page cache (O_DIRECT); 0 writes through the page cache.",
+            "Per open upload, the largest buffer through which staging writes bypass the page cache (O_DIRECT); 0 writes through the page cache.",
             valueName: "bytes"
         )
     )

@@ -141,6 +141,25 @@ struct DirectStagingTests {
         #expect(FileManager.default.contents(atPath: root + "/store/o.bin") == Data(data))
     }
 
+    @Test("the direct buffer grows with the upload: a small file holds a few KiB, a large one the configured most")
+    func bufferGrows() throws {
+        let root = TestRelay.makeDirectory()
+        let direct = Self.supportsDirectIO(root)
+        let store = try LocalDirectoryStore(root: root + "/store", stagingDirectory: root + "/staging", directBuffer: 1 << 20)
+        let small = try store.openStaging("small", truncatingTo: 0) as! LocalStagingFile
+        try small.write(ByteBuffer(repeating: 1, count: 10_000), at: 0)
+        #expect(small.directBufferBytes == (direct ? 16 << 10 : 0))
+        let large = try store.openStaging("large", truncatingTo: 0) as! LocalStagingFile
+        for i in 0..<48 {
+            try large.write(ByteBuffer(repeating: UInt8(i), count: 65_536), at: Int64(i) * 65_536)
+        }
+        #expect(large.directBufferBytes == (direct ? 1 << 20 : 0))
+        try store.commit(large, as: ObjectKey(validating: "large.bin"))
+        let stored = FileManager.default.contents(atPath: root + "/store/large.bin")!
+        #expect(stored.count == 48 * 65_536 && stored[47 * 65_536] == 47 && stored[65_535] == 0)
+        small.close()
+    }
+
     @Test("a write out of order turns the file to plain writes, with the same bytes")
     func outOfOrder() throws {
         let root = TestRelay.makeDirectory()

@@ -14,8 +14,8 @@ import UploadProtocol
 public final class LocalDirectoryStore: BlobStore {
     public let root: String
     public let stagingDirectory: String
-    /// Bytes of the aligned buffer each open staging file writes through with direct I/O; 0 writes through the
-    /// page cache (see ``LocalStagingFile``).
+    /// The most bytes of the aligned buffer each open staging file writes through with direct I/O; 0 writes
+    /// through the page cache (see ``LocalStagingFile``).
     public let directBuffer: Int
 
     /// The default ``directBuffer``: 1 MiB per open upload.

@@ -25,6 +25,9 @@ final class LocalStagingFile: StagingFile, @unchecked Sendable {
     private(set) var end: Int64
     /// Present while writes go direct.
     private var direct: DirectBuffer?
+    /// The most the direct buffer grows to. It starts at one block and doubles as bytes arrive, so a small
+    /// upload holds a small buffer.
+    private let directCapacity: Int
 
     /// Bytes in `[start, start + fill)` of the file, not yet on disk past the last whole block; `start` is block-aligned.
     private struct DirectBuffer {
@@ -41,8 +44,9 @@ final class LocalStagingFile: StagingFile, @unchecked Sendable {
         self.path = path
         self.descriptor = descriptor
         self.end = offset
+        self.directCapacity = (directBuffer + Self.block - 1) / Self.block * Self.block
         if directBuffer > 0 {
-            self.direct = Self.startDirect(descriptor: descriptor, at: offset, capacity: directBuffer)
+            self.direct = Self.startDirect(descriptor: descriptor, at: offset)
         }
     }
 
@@ -53,11 +57,14 @@ final class LocalStagingFile: StagingFile, @unchecked Sendable {
     /// Whether writes currently bypass the page cache.
     var isDirect: Bool { self.direct != nil }
 
-    private static func startDirect(descriptor: Int32, at offset: Int64, capacity: Int) -> DirectBuffer? {
+    /// The bytes the direct buffer holds now (0 without one).
+    var directBufferBytes: Int { self.direct?.capacity ?? 0 }
+
+    private static func startDirect(descriptor: Int32, at offset: Int64) -> DirectBuffer? {
         let flag = upload_o_direct_flag()
         let flags = fcntl(descriptor, F_GETFL)
         guard flag != 0, flags >= 0, fcntl(descriptor, F_SETFL, flags | flag) == 0 else { return nil }
-        let capacity = (capacity + Self.block - 1) / Self.block * Self.block
+        let capacity = Self.block
         var memory: UnsafeMutableRawPointer? = nil
         guard posix_memalign(&memory, Self.block, capacity) == 0, let memory else {
             Self.clearDirectFlag(descriptor)
@@ -91,20 +98,35 @@ final class LocalStagingFile: StagingFile, @unchecked Sendable {
         try bytes.withUnsafeReadableBytes { raw in
             var done = 0
             while done < raw.count, var buffer = self.direct {
+                if buffer.fill == buffer.capacity {
+                    guard buffer.capacity < self.directCapacity, Self.grow(&buffer, to: self.directCapacity) else {
+                        try self.flushDirect()
+                        continue
+                    }
+                }
                 let n = min(raw.count - done, buffer.capacity - buffer.fill)
                 (buffer.memory + buffer.fill).copyMemory(from: raw.baseAddress! + done, byteCount: n)
                 buffer.fill += n
                 done += n
                 self.direct = buffer
-                if buffer.fill == buffer.capacity {
-                    try self.flushDirect()
-                }
             }
             if done < raw.count {
                 try self.writeAll(raw.baseAddress! + done, count: raw.count - done, at: offset + Int64(done))
             }
         }
         self.end = max(self.end, offset + Int64(bytes.readableBytes))
+    }
+
+    /// Doubles the buffer, up to `limit`; false when memory is short (the caller writes the buffer out instead).
+    private static func grow(_ buffer: inout DirectBuffer, to limit: Int) -> Bool {
+        let capacity = min(buffer.capacity * 2, limit)
+        var memory: UnsafeMutableRawPointer? = nil
+        guard posix_memalign(&memory, Self.block, capacity) == 0, let memory else { return false }
+        memory.copyMemory(from: buffer.memory, byteCount: buffer.fill)
+        free(buffer.memory)
+        buffer.memory = memory
+        buffer.capacity = capacity
+        return true
     }
 
     /// Writes the buffer to disk, its last partial block padded with zeros, and keeps that partial block at the
