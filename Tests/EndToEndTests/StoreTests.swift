@@ -160,6 +160,43 @@ struct DirectStagingTests {
         small.close()
     }
 
+    @Test("a crash after a sync leaves a padded file; the resume cuts it to the durable offset and the object is whole")
+    func crashAfterSync() throws {
+        var rng = SplitMix(seed: 11)
+        let root = TestRelay.makeDirectory()
+        let store = try LocalDirectoryStore(root: root + "/store", stagingDirectory: root + "/staging", directBuffer: 64 << 10)
+        let data = self.randomBytes(150_000, &rng)
+        let durable = 4096 * 9 + 1234
+        let first = try store.openStaging("s", truncatingTo: 0)
+        try first.write(ByteBuffer(bytes: data[..<durable]), at: 0)
+        try first.sync()
+        try first.write(ByteBuffer(bytes: self.randomBytes(70_000, &rng)), at: Int64(durable))
+        // What the disk holds at this moment is what a kill -9 leaves: keep it, and put it back after close.
+        let path = root + "/staging/s"
+        let onDisk = FileManager.default.contents(atPath: path)!
+        #expect(onDisk.count >= durable && onDisk.prefix(durable) == Data(data[..<durable]))
+        first.close()
+        FileManager.default.createFile(atPath: path, contents: onDisk)
+        let resumed = try store.openStaging("s", truncatingTo: Int64(durable))
+        try self.stage(data, from: durable, into: resumed, rng: &rng)
+        try store.commit(resumed, as: ObjectKey(validating: "o.bin"))
+        #expect(FileManager.default.contents(atPath: root + "/store/o.bin") == Data(data))
+    }
+
+    @Test("after seal or close a staging file refuses writes and syncs instead of pretending")
+    func noUseAfterSealOrClose() throws {
+        let root = TestRelay.makeDirectory()
+        let store = try LocalDirectoryStore(root: root + "/store", stagingDirectory: root + "/staging")
+        let sealed = try store.openStaging("a", truncatingTo: 0)
+        try sealed.write(ByteBuffer(string: "abc"), at: 0)
+        try store.commit(sealed, as: ObjectKey(validating: "a.txt"))
+        #expect(throws: StoreError.self) { try sealed.write(ByteBuffer(string: "d"), at: 3) }
+        let closed = try store.openStaging("b", truncatingTo: 0)
+        closed.close()
+        #expect(throws: StoreError.self) { try closed.sync() }
+        #expect(FileManager.default.contents(atPath: root + "/store/a.txt") == Data("abc".utf8))
+    }
+
     @Test("a write out of order turns the file to plain writes, with the same bytes")
     func outOfOrder() throws {
         let root = TestRelay.makeDirectory()

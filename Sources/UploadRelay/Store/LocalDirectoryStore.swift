@@ -25,7 +25,7 @@ public final class LocalDirectoryStore: BlobStore {
     public init(root: String, stagingDirectory: String, directBuffer: Int = LocalDirectoryStore.defaultDirectBuffer) throws {
         self.root = Self.trimmed(root)
         self.stagingDirectory = Self.trimmed(stagingDirectory)
-        self.directBuffer = max(0, directBuffer)
+        self.directBuffer = min(max(0, directBuffer), 1 << 30)
         try Self.makeDirectories(self.root)
         try Self.makeDirectories(self.stagingDirectory)
         var rootStat = stat()

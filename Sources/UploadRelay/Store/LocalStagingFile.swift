@@ -25,6 +25,10 @@ final class LocalStagingFile: StagingFile, @unchecked Sendable {
     private(set) var end: Int64
     /// Present while writes go direct.
     private var direct: DirectBuffer?
+    /// Set by the first failed call, by ``seal()`` and by ``close()``: every later write, sync or seal throws it.
+    /// After a failure the buffer and the file may disagree about what was written, so nothing more is trusted;
+    /// the upload goes on, if at all, from its durable offset in a newly opened staging file.
+    private var unusable: StoreError?
     /// The most the direct buffer grows to. It starts at one block and doubles as bytes arrive, so a small
     /// upload holds a small buffer.
     private let directCapacity: Int
@@ -91,6 +95,24 @@ final class LocalStagingFile: StagingFile, @unchecked Sendable {
     }
 
     func write(_ bytes: ByteBuffer, at offset: Int64) throws {
+        try self.guardingUse { try self.write0(bytes, at: offset) }
+    }
+
+    /// Runs `body` unless the file is unusable; makes it unusable when `body` throws.
+    private func guardingUse(_ body: () throws -> Void) throws {
+        if let unusable = self.unusable { throw unusable }
+        do {
+            try body()
+        } catch let error as StoreError {
+            self.unusable = StoreError("\(self.path) is unusable after an earlier failure: \(error)", isNoSpace: error.isNoSpace)
+            throw error
+        } catch {
+            self.unusable = StoreError("\(self.path) is unusable after an earlier failure: \(error)")
+            throw error
+        }
+    }
+
+    private func write0(_ bytes: ByteBuffer, at offset: Int64) throws {
         if self.direct != nil && offset != self.end {
             // Direct writes go in order; anything else goes through the page cache from now on.
             try self.leaveDirect()
@@ -187,23 +209,26 @@ final class LocalStagingFile: StagingFile, @unchecked Sendable {
     /// Makes every written byte survive a crash. With direct I/O the file may then extend past ``end`` to a
     /// block boundary, with zeros; a resume cuts it back to its durable offset, a commit to ``end`` (``seal()``).
     func sync() throws {
-        guard self.descriptor >= 0 else { return }
-        try self.flushDirect()
-        try self.dataSync()
+        try self.guardingUse {
+            try self.flushDirect()
+            try self.dataSync()
+        }
     }
 
     /// Makes the file exactly the bytes written, durable: what commit renames into place. No write follows.
     func seal() throws {
-        guard self.descriptor >= 0 else { return }
-        try self.flushDirect()
-        if let buffer = self.direct {
-            self.direct = nil
-            free(buffer.memory)
+        try self.guardingUse {
+            try self.flushDirect()
+            if let buffer = self.direct {
+                self.direct = nil
+                free(buffer.memory)
+            }
+            guard ftruncate(self.descriptor, off_t(self.end)) == 0 else {
+                throw StoreError("cannot cut \(self.path) to \(self.end) bytes: \(LocalDirectoryStore.reason())")
+            }
+            try self.dataSync()
         }
-        guard ftruncate(self.descriptor, off_t(self.end)) == 0 else {
-            throw StoreError("cannot cut \(self.path) to \(self.end) bytes: \(LocalDirectoryStore.reason())")
-        }
-        try self.dataSync()
+        self.unusable = StoreError("\(self.path) is sealed for commit: no more writes")
     }
 
     private func dataSync() throws {
@@ -227,6 +252,9 @@ final class LocalStagingFile: StagingFile, @unchecked Sendable {
         if self.descriptor >= 0 {
             Glibc.close(self.descriptor)
             self.descriptor = -1
+        }
+        if self.unusable == nil {
+            self.unusable = StoreError("\(self.path) is closed")
         }
     }
 }
