@@ -133,6 +133,11 @@ struct DirectStagingTests {
         try first.sync()
         try first.write(ByteBuffer(bytes: self.randomBytes(10_000, &rng)), at: Int64(durable))
         first.close()
+        try self.resumeAndCommit(store, root: root, data, durable: durable, rng: &rng)
+    }
+
+    /// Reopens staging file "s" at `durable`, writes the rest of `data` and commits: the object must be `data`.
+    func resumeAndCommit(_ store: LocalDirectoryStore, root: String, _ data: [UInt8], durable: Int, rng: inout SplitMix) throws {
         // The resume cuts back to the durable offset and goes on from there.
         let resumed = try store.openStaging("s", truncatingTo: Int64(durable))
         #expect((resumed as? LocalStagingFile)?.isDirect == Self.supportsDirectIO(root))
@@ -177,10 +182,7 @@ struct DirectStagingTests {
         #expect(onDisk.count >= durable && onDisk.prefix(durable) == Data(data[..<durable]))
         first.close()
         FileManager.default.createFile(atPath: path, contents: onDisk)
-        let resumed = try store.openStaging("s", truncatingTo: Int64(durable))
-        try self.stage(data, from: durable, into: resumed, rng: &rng)
-        try store.commit(resumed, as: ObjectKey(validating: "o.bin"))
-        #expect(FileManager.default.contents(atPath: root + "/store/o.bin") == Data(data))
+        try self.resumeAndCommit(store, root: root, data, durable: durable, rng: &rng)
     }
 
     @Test("after seal or close a staging file refuses writes and syncs instead of pretending")
