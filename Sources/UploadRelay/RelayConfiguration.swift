@@ -26,8 +26,8 @@ public struct RelayConfiguration: Sendable {
     public var syncInterval: Duration = .milliseconds(250)
 
     /// Staging writes bypass the page cache (Linux `O_DIRECT`) through an aligned buffer of up to this many bytes
-    /// per open upload (it starts at 4 KiB and doubles as bytes arrive); 0 writes through the page cache. Where the file system refuses direct I/O the relay falls back
-    /// to plain writes by itself.
+    /// per open upload (it starts at 4 KiB and doubles as bytes arrive); 0 writes through the page cache. Where the
+    /// file system refuses direct I/O the relay falls back to plain writes by itself.
     public var directIOBuffer: Int = LocalDirectoryStore.defaultDirectBuffer
 
     /// The most connections at once; more are closed at accept.

@@ -77,7 +77,7 @@ struct Serve: AsyncParsableCommand {
         }
         _ = try HostPort.parse(self.listen, option: "--listen")
         _ = try ByteCount.parse(self.syncBytes, option: "--sync-bytes")
-        guard try ByteCount.parse(self.directIoBuffer, option: "--direct-io-buffer") <= 1 << 30 else {
+        guard try ByteCount.parse(self.directIoBuffer, option: "--direct-io-buffer") <= LocalDirectoryStore.maxDirectBuffer else {
             throw ValidationError("--direct-io-buffer must be at most 1G")
         }
         for (option, value) in [("--stream-window", self.streamWindow), ("--connection-window", self.connectionWindow)] {

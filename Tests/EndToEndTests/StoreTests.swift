@@ -92,6 +92,12 @@ struct DirectStagingTests {
         }
     }
 
+    /// A store in a fresh directory: `root/store`, staging in `root/staging`.
+    static func makeStore(directBuffer: Int = LocalDirectoryStore.defaultDirectBuffer) throws -> (String, LocalDirectoryStore) {
+        let root = TestRelay.makeDirectory()
+        return (root, try LocalDirectoryStore(root: root + "/store", stagingDirectory: root + "/staging", directBuffer: directBuffer))
+    }
+
     /// Whether the file system of `directory` opens files with O_DIRECT, asked without the store's code.
     static func supportsDirectIO(_ directory: String) -> Bool {
         let probe = directory + "/direct-probe"
@@ -109,8 +115,7 @@ struct DirectStagingTests {
     @Test("random pieces and syncs, then commit: the object is exactly the bytes, and the writes went direct", arguments: [1, 2, 3])
     func randomPieces(seed: UInt64) throws {
         var rng = SplitMix(seed: seed)
-        let root = TestRelay.makeDirectory()
-        let store = try LocalDirectoryStore(root: root + "/store", stagingDirectory: root + "/staging", directBuffer: 64 << 10)
+        let (root, store) = try Self.makeStore(directBuffer: 64 << 10)
         let data = self.randomBytes(300_000 + Int(rng.next() % 10_000), &rng)
         let staging = try store.openStaging("s", truncatingTo: 0)
         // Where the file system takes O_DIRECT, the staging file must really use it (elsewhere it falls back).
@@ -123,8 +128,7 @@ struct DirectStagingTests {
     @Test("a resume inside a block keeps the durable bytes before it and the object is whole", arguments: [4, 5, 6])
     func resumeInsideBlock(seed: UInt64) throws {
         var rng = SplitMix(seed: seed)
-        let root = TestRelay.makeDirectory()
-        let store = try LocalDirectoryStore(root: root + "/store", stagingDirectory: root + "/staging", directBuffer: 64 << 10)
+        let (root, store) = try Self.makeStore(directBuffer: 64 << 10)
         let data = self.randomBytes(200_000, &rng)
         let durable = 4096 * 17 + 1 + Int(rng.next() % 4000)
         // First run: the durable prefix, synced; then bytes that were never acknowledged, then the connection dies.
@@ -148,9 +152,8 @@ struct DirectStagingTests {
 
     @Test("the direct buffer grows with the upload: a small file holds a few KiB, a large one the configured most")
     func bufferGrows() throws {
-        let root = TestRelay.makeDirectory()
+        let (root, store) = try Self.makeStore(directBuffer: 1 << 20)
         let direct = Self.supportsDirectIO(root)
-        let store = try LocalDirectoryStore(root: root + "/store", stagingDirectory: root + "/staging", directBuffer: 1 << 20)
         let small = try store.openStaging("small", truncatingTo: 0) as! LocalStagingFile
         try small.write(ByteBuffer(repeating: 1, count: 10_000), at: 0)
         #expect(small.directBufferBytes == (direct ? 16 << 10 : 0))
@@ -168,8 +171,7 @@ struct DirectStagingTests {
     @Test("a crash after a sync leaves a padded file; the resume cuts it to the durable offset and the object is whole")
     func crashAfterSync() throws {
         var rng = SplitMix(seed: 11)
-        let root = TestRelay.makeDirectory()
-        let store = try LocalDirectoryStore(root: root + "/store", stagingDirectory: root + "/staging", directBuffer: 64 << 10)
+        let (root, store) = try Self.makeStore(directBuffer: 64 << 10)
         let data = self.randomBytes(150_000, &rng)
         let durable = 4096 * 9 + 1234
         let first = try store.openStaging("s", truncatingTo: 0)
@@ -187,8 +189,7 @@ struct DirectStagingTests {
 
     @Test("after seal or close a staging file refuses writes and syncs instead of pretending")
     func noUseAfterSealOrClose() throws {
-        let root = TestRelay.makeDirectory()
-        let store = try LocalDirectoryStore(root: root + "/store", stagingDirectory: root + "/staging")
+        let (root, store) = try Self.makeStore()
         let sealed = try store.openStaging("a", truncatingTo: 0)
         try sealed.write(ByteBuffer(string: "abc"), at: 0)
         try store.commit(sealed, as: ObjectKey(validating: "a.txt"))
@@ -201,8 +202,7 @@ struct DirectStagingTests {
 
     @Test("a write out of order turns the file to plain writes, with the same bytes")
     func outOfOrder() throws {
-        let root = TestRelay.makeDirectory()
-        let store = try LocalDirectoryStore(root: root + "/store", stagingDirectory: root + "/staging", directBuffer: 8192)
+        let (root, store) = try Self.makeStore(directBuffer: 8192)
         let staging = try store.openStaging("s", truncatingTo: 0)
         try staging.write(ByteBuffer(repeating: 0x61, count: 10_000), at: 0)
         try staging.write(ByteBuffer(repeating: 0x62, count: 100), at: 50)

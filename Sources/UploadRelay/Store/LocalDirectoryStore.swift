@@ -20,12 +20,14 @@ public final class LocalDirectoryStore: BlobStore {
 
     /// The default ``directBuffer``: 1 MiB per open upload.
     public static let defaultDirectBuffer = 1 << 20
+    /// The largest ``directBuffer`` accepted: 1 GiB.
+    public static let maxDirectBuffer = 1 << 30
 
     /// Creates both directories when missing.
     public init(root: String, stagingDirectory: String, directBuffer: Int = LocalDirectoryStore.defaultDirectBuffer) throws {
         self.root = Self.trimmed(root)
         self.stagingDirectory = Self.trimmed(stagingDirectory)
-        self.directBuffer = min(max(0, directBuffer), 1 << 30)
+        self.directBuffer = min(max(0, directBuffer), Self.maxDirectBuffer)
         try Self.makeDirectories(self.root)
         try Self.makeDirectories(self.stagingDirectory)
         var rootStat = stat()

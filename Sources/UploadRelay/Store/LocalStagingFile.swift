@@ -18,6 +18,9 @@ final class LocalStagingFile: StagingFile, @unchecked Sendable {
     /// Offsets, lengths and buffer addresses of direct writes are multiples of this.
     static let block = 4096
 
+    private static func roundDown<T: BinaryInteger>(_ value: T) -> T { value / T(Self.block) * T(Self.block) }
+    private static func roundUp(_ value: Int) -> Int { Self.roundDown(value + Self.block - 1) }
+
     let name: String
     let path: String
     private var descriptor: Int32
@@ -48,7 +51,7 @@ final class LocalStagingFile: StagingFile, @unchecked Sendable {
         self.path = path
         self.descriptor = descriptor
         self.end = offset
-        self.directCapacity = (directBuffer + Self.block - 1) / Self.block * Self.block
+        self.directCapacity = Self.roundUp(directBuffer)
         if directBuffer > 0 {
             self.direct = Self.startDirect(descriptor: descriptor, at: offset)
         }
@@ -74,7 +77,7 @@ final class LocalStagingFile: StagingFile, @unchecked Sendable {
             Self.clearDirectFlag(descriptor)
             return nil
         }
-        let start = offset / Int64(Self.block) * Int64(Self.block)
+        let start = Self.roundDown(offset)
         let fill = Int(offset - start)
         if fill > 0 {
             // A resume inside a block: the block's first bytes are on disk; read them so the block is written whole again.
@@ -103,11 +106,9 @@ final class LocalStagingFile: StagingFile, @unchecked Sendable {
         if let unusable = self.unusable { throw unusable }
         do {
             try body()
-        } catch let error as StoreError {
-            self.unusable = StoreError("\(self.path) is unusable after an earlier failure: \(error)", isNoSpace: error.isNoSpace)
-            throw error
         } catch {
-            self.unusable = StoreError("\(self.path) is unusable after an earlier failure: \(error)")
+            let isNoSpace = (error as? StoreError)?.isNoSpace ?? false
+            self.unusable = StoreError("\(self.path) is unusable after an earlier failure: \(error)", isNoSpace: isNoSpace)
             throw error
         }
     }
@@ -155,7 +156,7 @@ final class LocalStagingFile: StagingFile, @unchecked Sendable {
     /// front of the buffer for the writes that follow.
     private func flushDirect() throws {
         guard var buffer = self.direct, buffer.fill > 0 else { return }
-        let padded = (buffer.fill + Self.block - 1) / Self.block * Self.block
+        let padded = Self.roundUp(buffer.fill)
         (buffer.memory + buffer.fill).initializeMemory(as: UInt8.self, repeating: 0, count: padded - buffer.fill)
         let code = self.pwriteAll(buffer.memory, count: padded, at: buffer.start)
         if code == EINVAL {
@@ -164,7 +165,7 @@ final class LocalStagingFile: StagingFile, @unchecked Sendable {
             return
         }
         try self.check(code, count: padded, at: buffer.start)
-        let whole = buffer.fill / Self.block * Self.block
+        let whole = Self.roundDown(buffer.fill)
         if whole > 0 {
             buffer.memory.copyMemory(from: buffer.memory + whole, byteCount: buffer.fill - whole)
             buffer.start += Int64(whole)
@@ -241,13 +242,10 @@ final class LocalStagingFile: StagingFile, @unchecked Sendable {
     /// Closes the file. Bytes still in the direct buffer are written first (not synced) and the block padding cut
     /// off, so the file holds exactly what was written, as after plain writes.
     func close() {
-        if self.direct != nil, self.descriptor >= 0 {
+        if self.direct != nil {
+            // leaveDirect frees the buffer whether or not its write succeeds.
             try? self.leaveDirect()
             _ = ftruncate(self.descriptor, off_t(self.end))
-        }
-        if let buffer = self.direct {
-            free(buffer.memory)
-            self.direct = nil
         }
         if self.descriptor >= 0 {
             Glibc.close(self.descriptor)
