@@ -66,10 +66,15 @@ let package = Package(
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ]
         ),
+        // Values both command-line programs parse (byte counts, durations, host:port).
+        .target(
+            name: "UploadCommandLine",
+            dependencies: [.product(name: "ArgumentParser", package: "swift-argument-parser")]
+        ),
         .executableTarget(
             name: "upload-agent",
             dependencies: [
-                "UploadAgent",
+                "UploadAgent", "UploadCommandLine",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
@@ -79,7 +84,7 @@ let package = Package(
         .executableTarget(
             name: "upload-relay",
             dependencies: [
-                "UploadRelay",
+                "UploadRelay", "UploadCommandLine",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),

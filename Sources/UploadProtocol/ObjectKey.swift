@@ -54,8 +54,11 @@ public struct ObjectKey: Hashable, Sendable, CustomStringConvertible {
         try self.init(validating: Array(string.utf8), maxLength: maxLength, maxSegmentLength: maxSegmentLength)
     }
 
-    /// The key's segments.
-    public var segments: [Substring] { self.value.split(separator: "/") }
+    /// The key's segments, split on the byte "/" as the rules of SPEC §12.2 are checked (never on characters:
+    /// "a/\u{301}x" is the two segments "a" and "\u{301}x", although "/\u{301}" is one `Character`).
+    public var segments: [String] {
+        self.value.utf8.split(separator: UInt8(ascii: "/"), omittingEmptySubsequences: false).map { String(decoding: $0, as: UTF8.self) }
+    }
 
     public var description: String { self.value }
 }

@@ -42,8 +42,17 @@ public struct ProtocolLimits: Hashable, Sendable {
     /// How long a connection may take from TCP accept to WELCOME (SPEC §2.4). Default 10 s.
     public var handshakeTimeout: Duration = .seconds(10)
 
-    /// How long a connection may stay silent before it is closed (SPEC §2.4). Default 120 s.
+    /// How long a connection may go without a whole frame before it is closed (SPEC §2.3). Default 120 s. Bytes of
+    /// an unfinished frame do not count: a peer cannot hold a connection by trickling one frame.
     public var idleTimeout: Duration = .seconds(120)
+
+    /// How long one frame may take to arrive, from its first byte to its last (SPEC §2.3). Default 120 s: a 1 MiB
+    /// CHUNK needs about 70 kbit/s.
+    public var frameTimeout: Duration = .seconds(120)
+
+    /// How many OPENs the relay may refuse on one connection in one second before it takes the agent for a flood and
+    /// closes with ENHANCE_YOUR_CALM (SPEC §12.3). Default 100.
+    public var maxRefusalsPerSecond: Int = 100
 
     public init() {}
 

@@ -36,8 +36,11 @@ public struct RelayConfiguration: Sendable {
     public var ioThreads: Int = 4
     /// How long GOAWAY waits for in-flight uploads to reach a durable point before closing.
     public var shutdownGrace: Duration = .seconds(10)
-    /// Unfinished uploads untouched this long are deleted with their staging files (SPEC §6.2).
-    public var sessionExpiry: Duration = .seconds(7 * 86400)
+    /// Unfinished uploads untouched this long are deleted with their staging files (SPEC §6.6), checked at start and
+    /// then every ``maintenanceInterval``.
+    public var sessionExpiry: Duration = .seconds(86400)
+    /// How often the relay looks for revoked tokens (their live connections close) and expired sessions.
+    public var maintenanceInterval: Duration = .seconds(2)
     /// The largest blob accepted (SPEC §10, TOO_LARGE).
     public var maxBlobSize: Int64 = 1 << 50
 

@@ -1,6 +1,7 @@
 import Foundation
 import Logging
 import NIOPosix
+import UploadProtocol
 
 /// Puts a relay together from its configuration: directories, catalog, store, thread pool.
 public enum RelayRuntime {
@@ -39,17 +40,48 @@ public enum RelayRuntime {
         return DevSetup(paths: paths, token: token, createdToken: true)
     }
 
-    /// Deletes sessions untouched for longer than the expiry, and staging files no session refers to.
-    public static func cleanUp(catalog: any Catalog, store: any BlobStore, expiry: Duration, logger: Logger) throws {
+    /// Deletes sessions untouched for longer than the expiry, and staging files no session refers to. Keys in
+    /// `busy` have an upload open right now: their sessions are live whatever their age.
+    public static func cleanUp(
+        catalog: any Catalog, store: any BlobStore, expiry: Duration, logger: Logger, busy: (UploadSession) -> Bool = { _ in false }
+    ) throws {
         let cutoff = Date().addingTimeInterval(-Double(expiry.components.seconds))
-        for session in try catalog.sessions(updatedBefore: cutoff) {
+        let pending = Set(try catalog.pendingCommits().compactMap(\.sessionID))
+        for session in try catalog.sessions(updatedBefore: cutoff) where !busy(session) && !pending.contains(session.id) {
             try store.removeStaging(session.stagingName)
             try catalog.deleteSession(id: session.id)
             logger.info("expired upload session", metadata: ["upload.key": "\(session.key)", "account": "\(session.account)"])
         }
         let live = Set(try catalog.sessions(updatedBefore: .distantFuture).map(\.stagingName))
-        for name in try store.stagingNames() where !live.contains(name) {
+        for name in try store.stagingNames() where !live.contains(name) && !name.hasPrefix("dup-") {
             try store.removeStaging(name)
+        }
+    }
+
+    /// Settles what a crash interrupted (issue 6 finding 12): a commit between its quota reservation and its record is
+    /// recorded when the store holds its verified bytes, and given up otherwise; a recorded object whose file is gone is
+    /// forgotten, and its bytes given back to the quota.
+    public static func recover(catalog: any Catalog, store: any BlobStore, logger: Logger) throws {
+        for commit in try catalog.pendingCommits() {
+            guard let key = try? ObjectKey(validating: commit.key) else {
+                try catalog.abandonCommit(account: commit.account, key: commit.key)
+                continue
+            }
+            if let identity = try store.identity(of: key, account: commit.account), identity.size == commit.size,
+                try store.contentSHA1(of: key, account: commit.account)?.hex == commit.sha1
+            {
+                try catalog.finishCommit(commit, identity: identity)
+                logger.notice("recovered a commit the relay had not recorded", metadata: ["upload.key": "\(commit.key)", "account": "\(commit.account)"])
+            } else {
+                try catalog.abandonCommit(account: commit.account, key: commit.key)
+            }
+        }
+        for object in try catalog.objects() {
+            guard let key = try? ObjectKey(validating: object.key) else { continue }
+            if try store.identity(of: key, account: object.account) == nil {
+                try catalog.deleteObject(account: object.account, key: object.key)
+                logger.warning("forgot an object whose file is gone", metadata: ["upload.key": "\(object.key)", "account": "\(object.account)"])
+            }
         }
     }
 
@@ -60,6 +92,7 @@ public enum RelayRuntime {
         let store = try LocalDirectoryStore(
             root: configuration.storePath, stagingDirectory: configuration.stagingDirectory, directBuffer: configuration.directIOBuffer
         )
+        try Self.recover(catalog: catalog, store: store, logger: logger)
         try Self.cleanUp(catalog: catalog, store: store, expiry: configuration.sessionExpiry, logger: logger)
         let pool = NIOThreadPool(numberOfThreads: configuration.ioThreads)
         pool.start()

@@ -4,6 +4,7 @@ import Logging
 import NIOCore
 import NIOPosix
 import UploadAgent
+import UploadCommandLine
 
 struct Send: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
@@ -67,7 +68,7 @@ struct Send: AsyncParsableCommand {
     func validate() throws {
         guard !self.paths.isEmpty else { throw ValidationError("name at least one file, directory or -") }
         guard self.concurrency >= 1 else { throw ValidationError("--concurrency must be at least 1") }
-        _ = try Self.duration(self.retryFor)
+        _ = try DurationText.parse(self.retryFor, option: "--retry-for")
         guard self.relay ?? Self.environment("UPLOAD_RELAY") != nil else {
             throw ValidationError("which relay? pass --relay host:port or set UPLOAD_RELAY")
         }
@@ -78,17 +79,6 @@ struct Send: AsyncParsableCommand {
 
     static func environment(_ name: String) -> String? {
         ProcessInfo.processInfo.environment[name].flatMap { $0.isEmpty ? nil : $0 }
-    }
-
-    static func duration(_ text: String) throws -> Duration {
-        let units: [(String, Int64)] = [("ms", 1), ("s", 1000), ("m", 60_000), ("h", 3_600_000)]
-        for (suffix, millis) in units where text.hasSuffix(suffix) {
-            if let value = Int64(text.dropLast(suffix.count)), value >= 0 {
-                return .milliseconds(value * millis)
-            }
-        }
-        if let seconds = Int64(text), seconds >= 0 { return .seconds(seconds) }
-        throw ValidationError("--retry-for \"\(text)\" is not a duration (for example 90s or 5m)")
     }
 
     func run() async throws {
@@ -108,7 +98,7 @@ struct Send: AsyncParsableCommand {
             caPath: self.ca ?? Self.environment("UPLOAD_CA")
         )
         configuration.concurrency = self.concurrency
-        configuration.retryFor = try Self.duration(self.retryFor)
+        configuration.retryFor = try DurationText.parse(self.retryFor, option: "--retry-for")
         configuration.dedup = !self.noDedup
         configuration.deflate = self.deflate
         configuration.overwrite = self.overwrite

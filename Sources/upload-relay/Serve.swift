@@ -4,6 +4,7 @@ import Logging
 import NIOCore
 import NIOPosix
 import ServiceLifecycle
+import UploadCommandLine
 import UploadRelay
 
 struct Serve: AsyncParsableCommand {
@@ -68,6 +69,18 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .long, help: "Connections at once.")
     var maxConnections: Int = 512
 
+    @Option(name: .long, help: ArgumentHelp("Close a connection that sends no whole frame for this long (SPEC §2.3).", valueName: "duration"))
+    var idleTimeout: String = "120s"
+
+    @Option(name: .long, help: ArgumentHelp("Close a connection when one frame takes longer than this to arrive (SPEC §2.3).", valueName: "duration"))
+    var frameTimeout: String = "120s"
+
+    @Option(name: .long, help: ArgumentHelp("Close a connection not authenticated within this time (SPEC §2.3).", valueName: "duration"))
+    var handshakeTimeout: String = "10s"
+
+    @Option(name: .long, help: ArgumentHelp("Delete unfinished uploads untouched for this long, with their staged bytes (SPEC §6.6).", valueName: "duration"))
+    var sessionExpiry: String = "24h"
+
     func validate() throws {
         guard (self.cert == nil) == (self.key == nil) else {
             throw ValidationError("--cert and --key go together")
@@ -84,6 +97,14 @@ struct Serve: AsyncParsableCommand {
             let bytes = try ByteCount.parse(value, option: option)
             guard bytes >= 65_536 && bytes <= Int64(Int32.max) else {
                 throw ValidationError("\(option) must be between 64K and 2G-1 bytes")
+            }
+        }
+        for (option, value) in [
+            ("--idle-timeout", self.idleTimeout), ("--frame-timeout", self.frameTimeout), ("--handshake-timeout", self.handshakeTimeout),
+            ("--session-expiry", self.sessionExpiry),
+        ] {
+            guard try DurationText.parse(value, option: option) > .zero else {
+                throw ValidationError("\(option) must be more than 0")
             }
         }
         guard self.maxStreams >= 1, self.maxConnections >= 1 else {
@@ -126,6 +147,10 @@ struct Serve: AsyncParsableCommand {
         configuration.limits.connectionWindow = Int(try ByteCount.parse(self.connectionWindow, option: "--connection-window"))
         configuration.limits.maxConcurrentStreams = self.maxStreams
         configuration.maxConnections = self.maxConnections
+        configuration.limits.idleTimeout = try DurationText.parse(self.idleTimeout, option: "--idle-timeout")
+        configuration.limits.frameTimeout = try DurationText.parse(self.frameTimeout, option: "--frame-timeout")
+        configuration.limits.handshakeTimeout = try DurationText.parse(self.handshakeTimeout, option: "--handshake-timeout")
+        configuration.sessionExpiry = try DurationText.parse(self.sessionExpiry, option: "--session-expiry")
         let services = try RelayRuntime.makeServices(configuration: configuration, catalog: catalog, logger: logger)
         let group = MultiThreadedEventLoopGroup(numberOfThreads: System.coreCount)
         let server = try RelayServer(services: services, group: group)
@@ -157,37 +182,3 @@ struct Serve: AsyncParsableCommand {
     }
 }
 
-/// `host:port`, with `[::1]:port` for IPv6.
-enum HostPort {
-    static func parse(_ text: String, option: String) throws -> (String, Int) {
-        guard let colon = text.lastIndex(of: ":"), let port = Int(text[text.index(after: colon)...]), (0...65535).contains(port) else {
-            throw ValidationError("\(option) \"\(text)\" is not host:port (for example 0.0.0.0:7443)")
-        }
-        var host = String(text[..<colon])
-        if host.hasPrefix("[") && host.hasSuffix("]") {
-            host = String(host.dropFirst().dropLast())
-        }
-        guard !host.isEmpty else {
-            throw ValidationError("\(option) \"\(text)\" has no host (for example 0.0.0.0:7443)")
-        }
-        return (host, port)
-    }
-}
-
-/// Byte counts with optional K, M, G, T suffixes (powers of 1024).
-enum ByteCount {
-    static func parse(_ text: String, option: String) throws -> Int64 {
-        let units: [Character: Int64] = ["K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40]
-        var digits = text.uppercased()
-        if digits.hasSuffix("IB") { digits.removeLast(2) } else if digits.hasSuffix("B") { digits.removeLast() }
-        var multiplier: Int64 = 1
-        if let last = digits.last, let unit = units[last] {
-            multiplier = unit
-            digits.removeLast()
-        }
-        guard let value = Int64(digits), value >= 0, value <= Int64.max / multiplier else {
-            throw ValidationError("\(option) \"\(text)\" is not a byte count (for example 500M or 20G)")
-        }
-        return value * multiplier
-    }
-}

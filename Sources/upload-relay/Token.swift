@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import UploadCommandLine
 import UploadRelay
 
 struct Token: ParsableCommand {

@@ -72,7 +72,7 @@ struct CommandLineTests {
         #expect(photo["sent_bytes"] as? Int == 300_000)
         #expect((photo["sha1"] as? String)?.count == 40)
         #expect(photo["path"] as? String == file.path)
-        #expect(FileManager.default.contents(atPath: data + "/store/trip/day1/IMG_1.jpg") == file.data)
+        #expect(FileManager.default.contents(atPath: data + "/store/dev/trip/day1/IMG_1.jpg") == file.data)
 
         let again = try Self.run(agent, ["send", "--json", source + "/trip"], environment: environment)
         #expect(again.status == 0)

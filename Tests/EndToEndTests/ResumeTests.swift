@@ -95,7 +95,7 @@ struct ResumeTests {
         var (relay, port) = try startRelay(port: 0)
         let token = try String(contentsOfFile: data + "/dev/token", encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
         let sent = SentCounter()
-        let objectPath = data + "/store/raw.dng"
+        let objectPath = data + "/store/dev/raw.dng"
         let watcher = PartialObjectWatcher(path: objectPath, expectedSize: size)
         watcher.start()
         let firstPort = port
@@ -157,7 +157,7 @@ struct ResumeTests {
         (relay, port) = try startRelay(port: port)
         let results = try await uploadTask.value
         #expect(results.first?.status == .stored, "\(results.first?.error ?? "")")
-        #expect(FileManager.default.contents(atPath: data + "/store/clip.mov") == file.data)
+        #expect(FileManager.default.contents(atPath: data + "/store/dev/clip.mov") == file.data)
         relay.kill(SIGTERM)
         _ = relay.waitForExit()
     }

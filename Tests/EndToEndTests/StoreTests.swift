@@ -17,11 +17,12 @@ struct StoreTests {
         try staging.write(ByteBuffer(string: "hello "), at: 0)
         try staging.write(ByteBuffer(string: "world"), at: 6)
         let key = try ObjectKey(validating: "a/b/c.txt")
-        #expect(!FileManager.default.fileExists(atPath: root + "/store/a/b/c.txt"))
-        try store.commit(staging, as: key)
-        #expect(FileManager.default.contents(atPath: root + "/store/a/b/c.txt") == Data("hello world".utf8))
+        #expect(!FileManager.default.fileExists(atPath: root + "/store/a1/a/b/c.txt"))
+        _ = try store.commit(staging, as: key, account: "a1")
+        #expect(FileManager.default.contents(atPath: root + "/store/a1/a/b/c.txt") == Data("hello world".utf8))
         #expect(try store.stagingNames().isEmpty)
-        #expect(try store.size(of: key) == 11)
+        #expect(try store.identity(of: key, account: "a1")?.size == 11)
+        #expect(try store.identity(of: key, account: "a2") == nil)
     }
 
     @Test("a resume needs its staging file with at least the durable bytes; a missing one is never recreated as zeros")
@@ -44,10 +45,11 @@ struct StoreTests {
         let root = TestRelay.makeDirectory()
         let outside = TestRelay.makeDirectory()
         let store = try LocalDirectoryStore(root: root + "/store", stagingDirectory: root + "/staging")
-        try FileManager.default.createSymbolicLink(atPath: root + "/store/evil", withDestinationPath: outside)
+        try FileManager.default.createDirectory(atPath: root + "/store/a1", withIntermediateDirectories: true)
+        try FileManager.default.createSymbolicLink(atPath: root + "/store/a1/evil", withDestinationPath: outside)
         let staging = try store.openStaging("s", truncatingTo: 0)
         try staging.write(ByteBuffer(string: "x"), at: 0)
-        #expect(throws: StoreError.self) { try store.commit(staging, as: try ObjectKey(validating: "evil/file")) }
+        #expect(throws: StoreError.self) { try store.commit(staging, as: try ObjectKey(validating: "evil/file"), account: "a1") }
         #expect(!FileManager.default.fileExists(atPath: outside + "/file"))
     }
 
@@ -121,8 +123,8 @@ struct DirectStagingTests {
         // Where the file system takes O_DIRECT, the staging file must really use it (elsewhere it falls back).
         #expect((staging as? LocalStagingFile)?.isDirect == Self.supportsDirectIO(root), "direct I/O not in use in \(root)")
         try self.stage(data, into: staging, rng: &rng)
-        try store.commit(staging, as: ObjectKey(validating: "o.bin"))
-        #expect(FileManager.default.contents(atPath: root + "/store/o.bin") == Data(data))
+        _ = try store.commit(staging, as: ObjectKey(validating: "o.bin"), account: "a1")
+        #expect(FileManager.default.contents(atPath: root + "/store/a1/o.bin") == Data(data))
     }
 
     @Test("a resume inside a block keeps the durable bytes before it and the object is whole", arguments: [4, 5, 6])
@@ -146,8 +148,8 @@ struct DirectStagingTests {
         let resumed = try store.openStaging("s", truncatingTo: Int64(durable))
         #expect((resumed as? LocalStagingFile)?.isDirect == Self.supportsDirectIO(root))
         try self.stage(data, from: durable, into: resumed, rng: &rng)
-        try store.commit(resumed, as: ObjectKey(validating: "o.bin"))
-        #expect(FileManager.default.contents(atPath: root + "/store/o.bin") == Data(data))
+        _ = try store.commit(resumed, as: ObjectKey(validating: "o.bin"), account: "a1")
+        #expect(FileManager.default.contents(atPath: root + "/store/a1/o.bin") == Data(data))
     }
 
     @Test("the direct buffer grows with the upload: a small file holds a few KiB, a large one the configured most")
@@ -162,8 +164,8 @@ struct DirectStagingTests {
             try large.write(ByteBuffer(repeating: UInt8(i), count: 65_536), at: Int64(i) * 65_536)
         }
         #expect(large.directBufferBytes == (direct ? 1 << 20 : 0))
-        try store.commit(large, as: ObjectKey(validating: "large.bin"))
-        let stored = FileManager.default.contents(atPath: root + "/store/large.bin")!
+        _ = try store.commit(large, as: ObjectKey(validating: "large.bin"), account: "a1")
+        let stored = FileManager.default.contents(atPath: root + "/store/a1/large.bin")!
         #expect(stored.count == 48 * 65_536 && stored[47 * 65_536] == 47 && stored[65_535] == 0)
         small.close()
     }
@@ -192,12 +194,12 @@ struct DirectStagingTests {
         let (root, store) = try Self.makeStore()
         let sealed = try store.openStaging("a", truncatingTo: 0)
         try sealed.write(ByteBuffer(string: "abc"), at: 0)
-        try store.commit(sealed, as: ObjectKey(validating: "a.txt"))
+        _ = try store.commit(sealed, as: ObjectKey(validating: "a.txt"), account: "a1")
         #expect(throws: StoreError.self) { try sealed.write(ByteBuffer(string: "d"), at: 3) }
         let closed = try store.openStaging("b", truncatingTo: 0)
         closed.close()
         #expect(throws: StoreError.self) { try closed.sync() }
-        #expect(FileManager.default.contents(atPath: root + "/store/a.txt") == Data("abc".utf8))
+        #expect(FileManager.default.contents(atPath: root + "/store/a1/a.txt") == Data("abc".utf8))
     }
 
     @Test("a write out of order turns the file to plain writes, with the same bytes")
@@ -208,11 +210,11 @@ struct DirectStagingTests {
         try staging.write(ByteBuffer(repeating: 0x62, count: 100), at: 50)
         #expect((staging as? LocalStagingFile)?.isDirect == false)
         try staging.write(ByteBuffer(repeating: 0x63, count: 5), at: 10_000)
-        try store.commit(staging, as: ObjectKey(validating: "o.bin"))
+        _ = try store.commit(staging, as: ObjectKey(validating: "o.bin"), account: "a1")
         var expected = [UInt8](repeating: 0x61, count: 10_005)
         expected.replaceSubrange(50..<150, with: repeatElement(0x62, count: 100))
         expected.replaceSubrange(10_000..<10_005, with: repeatElement(0x63, count: 5))
-        #expect(FileManager.default.contents(atPath: root + "/store/o.bin") == Data(expected))
+        #expect(FileManager.default.contents(atPath: root + "/store/a1/o.bin") == Data(expected))
     }
 }
 

@@ -185,9 +185,38 @@ struct ScenarioTests {
         pump.agentSends(cancel.map { [$0] } ?? [])
         pump.relaySends(pump.relay.consume())
         pump.run()
-        #expect(pump.relay.events.contains(.abortUpload(id, .cancelled, "user stopped it", discardSession: true)))
+        #expect(pump.relay.events.contains(.abortUpload(id, .cancelled, "user stopped it", discardSession: true, connectionCredit: nil)))
+        #expect(pump.agent.machine.connectionCredit == Self.smallWindows.connectionWindow)
         #expect(pump.relay.sessions["cancelled"] == nil)
         #expect(pump.relay.store["cancelled"] == nil)
+        #expect(!pump.agent.closed && !pump.relay.closed)
+    }
+
+    @Test(
+        "CANCEL or ERROR(N) of a stream whose bytes storage has not consumed gives them back to the connection at once (SPEC §5.4)",
+        arguments: [true, false]
+    )
+    func agentCloseReturnsHeldCredit(cancel: Bool) {
+        var pump = Pump(limits: Self.smallWindows)
+        pump.relay.consumeAtOnce = false
+        pump.connect()
+        for round in 0..<4 {
+            let id = pump.upload(MemoryAgent.Job(key: "k\(round)", data: Self.data(30_000)))
+            pump.run()
+            #expect(pump.relay.machine.bufferedBytes == Self.smallWindows.streamWindow)
+            let close: Frame? =
+                cancel
+                ? pump.agent.machine.sendCancel(id, .cancelled, "stop")
+                : pump.agent.machine.sendCancel(id, .cancelled, "stop").map { _ in .error(Frame.Error(streamID: id, code: .cancelled, message: "stop")) }
+            pump.agentSends(close.map { [$0] } ?? [])
+            pump.run()
+            // Every byte the stream held is returned; storage consuming them later returns nothing twice.
+            #expect(pump.agent.machine.connectionCredit == Self.smallWindows.connectionWindow)
+            pump.relaySends(pump.relay.consume())
+            pump.run()
+            #expect(pump.agent.machine.connectionCredit == Self.smallWindows.connectionWindow)
+            #expect(pump.relay.machine.bufferedBytes == 0)
+        }
         #expect(!pump.agent.closed && !pump.relay.closed)
     }
 

@@ -11,6 +11,95 @@ struct StateMachineTests {
         return relay
     }
 
+    /// An agent after WELCOME with `streams` streams that got OFFSET START.
+    static func readyAgent(connectionWindow: UInt32, streamWindow: UInt32, streams: Int) -> AgentConnectionStateMachine {
+        var agent = AgentConnectionStateMachine()
+        _ = agent.sendHello(Frame.Hello(maxFrameSize: 65_536, features: [], credential: [1], agentName: "t"))
+        _ = agent.receive(
+            .welcome(
+                Frame.Welcome(
+                    version: 1, maxFrameSize: 65_536, features: [], maxStreams: 64, connectionWindow: connectionWindow,
+                    streamWindow: streamWindow, maxKeyLength: 1024, idleTimeoutMillis: 120_000, account: "a"
+                )
+            )
+        )
+        for i in 0..<streams {
+            let id = StreamID(rawValue: UInt32(2 * i + 1))
+            _ = agent.sendOpen(Frame.Open(streamID: id, key: "k\(i)", size: 1 << 20, sha1: nil, overwrite: false, fingerprint: [], resumeToken: []))
+            _ = agent.receive(.offset(Frame.Offset(streamID: id, disposition: .start, offset: 0)))
+        }
+        return agent
+    }
+
+    static func chunk(_ id: StreamID, at offset: UInt64, _ count: Int) -> Frame.Chunk {
+        let bytes = [UInt8](repeating: 7, count: count)
+        return Frame.Chunk(streamID: id, offset: offset, crc32: 0, data: ByteBuffer(bytes: bytes))
+    }
+
+    @Test("reads planned at once on two streams never promise the same connection credit; what a read leaves is given back")
+    func reservationsShareConnectionCredit() {
+        // Issue 6 finding 1: two batches used to plan against the same connection credit, and the second trapped.
+        var agent = Self.readyAgent(connectionWindow: 65_536, streamWindow: 65_536, streams: 2)
+        let one = StreamID(rawValue: 1)
+        let three = StreamID(rawValue: 3)
+        #expect(agent.reserveCredit(on: one, upTo: 40_000) == 40_000)
+        #expect(agent.reserveCredit(on: three, upTo: 40_000) == 25_536)
+        #expect(agent.connectionCredit == 0)
+        // Each stream sends within its own reservation, whatever the other did meanwhile.
+        #expect(agent.sendChunk(Self.chunk(three, at: 0, 25_536)).frame != nil)
+        #expect(agent.sendChunk(Self.chunk(one, at: 0, 30_000)).frame != nil)
+        // Beyond reservation and credit: refused, nothing spent, no trap.
+        guard case .refused = agent.sendChunk(Self.chunk(one, at: 30_000, 10_001)) else {
+            Issue.record("a CHUNK beyond credit was not refused")
+            return
+        }
+        #expect(agent.reservedCredit(on: one) == 10_000)
+        agent.releaseReservation(on: one)
+        #expect(agent.reservedCredit(on: one) == 0)
+        #expect(agent.connectionCredit == 10_000)
+        // A stream that closes with a reservation gives it back to the connection.
+        #expect(agent.reserveCredit(on: one, upTo: 4_000) == 4_000)
+        _ = agent.sendCancel(one, .cancelled, "stop")
+        #expect(agent.connectionCredit == 10_000)
+        // A CHUNK for a stream that is gone is dropped, not trapped on.
+        #expect(agent.sendChunk(Self.chunk(one, at: 30_000, 10)) == .streamGone)
+        #expect(agent.sendHash(Frame.Hash(streamID: one, size: 1, sha1: .empty)) == .streamGone)
+    }
+
+    @Test("randomized: any order of reserve, send, release, credit and close keeps credit within what the relay granted")
+    func reservationsRandomized() {
+        var rng = SystemRandomNumberGenerator()
+        let seed = UInt64.random(in: 0...UInt64.max, using: &rng)
+        var random = SeededGenerator(seed: seed)
+        var agent = Self.readyAgent(connectionWindow: 100_000, streamWindow: 30_000, streams: 4)
+        var granted = 100_000
+        var sent = 0
+        var offsets: [StreamID: UInt64] = [:]
+        let ids = (0..<4).map { StreamID(rawValue: UInt32(2 * $0 + 1)) }
+        for _ in 0..<2_000 {
+            let id = ids[Int(random.next() % 4)]
+            switch random.next() % 4 {
+            case 0:
+                _ = agent.reserveCredit(on: id, upTo: Int(random.next() % 20_000))
+            case 1:
+                let count = 1 + Int(random.next() % 8_000)
+                if case .send = agent.sendChunk(Self.chunk(id, at: offsets[id, default: 0], count)) {
+                    offsets[id, default: 0] += UInt64(count)
+                    sent += count
+                }
+            case 2:
+                agent.releaseReservation(on: id)
+            default:
+                let increment = UInt32(random.next() % 10_000)
+                if agent.receive(.credit(Frame.Credit(streamID: .connection, increment: increment))) == .creditGranted(.connection) {
+                    granted += Int(increment)
+                }
+            }
+            #expect(sent <= granted, "seed \(seed)")
+            #expect(agent.connectionCredit >= 0, "seed \(seed)")
+        }
+    }
+
     @Test("ten PINGs a second are answered; the eleventh within the second is ENHANCE_YOUR_CALM")
     func pingFlood() {
         var relay = Self.readyRelay()
@@ -21,6 +110,29 @@ struct StateMachineTests {
         }
         guard case .closeConnection(let error) = relay.receive(.ping(Frame.Ping(data: 99)), now: start + .milliseconds(500)) else {
             Issue.record("flood not refused")
+            return
+        }
+        #expect(error.code == .enhanceYourCalm)
+    }
+
+    @Test("more refused OPENs in a second than the limit is a flood: ENHANCE_YOUR_CALM")
+    func refusalFlood() {
+        var limits = ProtocolLimits()
+        limits.maxRefusalsPerSecond = 5
+        var relay = Self.readyRelay(limits: limits)
+        let start = NIODeadline.uptimeNanoseconds(1_000_000_000)
+        for i in 0..<5 {
+            let id = StreamID(rawValue: UInt32(2 * i + 1))
+            let open = Frame.Open(streamID: id, rawKey: Array("..".utf8), size: 1, sha1: nil, overwrite: false, fingerprint: [], resumeToken: [])
+            guard case .resetStream(let error, _) = relay.receive(.open(open), now: start + .milliseconds(Int64(i))) else {
+                Issue.record("bad key not refused")
+                return
+            }
+            #expect(error.code == .invalidKey)
+        }
+        let open = Frame.Open(streamID: 11, rawKey: Array("..".utf8), size: 1, sha1: nil, overwrite: false, fingerprint: [], resumeToken: [])
+        guard case .closeConnection(let error) = relay.receive(.open(open), now: start + .milliseconds(900)) else {
+            Issue.record("flood of refusals not stopped")
             return
         }
         #expect(error.code == .enhanceYourCalm)
@@ -111,3 +223,4 @@ struct StateMachineTests {
         #expect((try? ObjectKey(validating: [0xC3, 0x28])) == nil)
     }
 }
+

@@ -173,9 +173,9 @@ struct VectorReplay {
             case .open(let o):
                 produced = self.agent.sendOpen(o)
             case .chunk(let c):
-                produced = self.agent.sendChunk(c)
+                produced = self.agent.sendChunk(c).frame
             case .hash(let h):
-                produced = self.agent.sendHash(h)
+                produced = self.agent.sendHash(h).frame
             case .cancel(let c):
                 produced = self.agent.sendCancel(c.streamID, c.code, c.message)
             default:

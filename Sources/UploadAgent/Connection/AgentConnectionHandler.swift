@@ -307,27 +307,40 @@ final class AgentConnectionHandler: ChannelInboundHandler {
             fingerprint: job.info?.fingerprint ?? [], resumeToken: job.resumeToken
         )
         let hooks = StreamSender.Hooks(
-            credit: { [unowned self] id in self.machine.credit(on: id) },
+            reserve: { [unowned self] id, count in self.machine.reserveCredit(on: id, upTo: count) },
             maxChunkPayload: { [unowned self] in self.machine.maxChunkPayload },
             nextOffset: { [unowned self] id in self.machine.nextOffset(on: id) },
-            sendChunks: { [unowned self] chunks in
-                for chunk in chunks {
-                    self.write(self.machine.sendChunk(chunk))
-                    self.onEvent(.sent(key: job.key, bytes: chunk.payloadLength))
+            sendChunks: { [unowned self] id, chunks in
+                defer {
+                    self.machine.releaseReservation(on: id)
+                    self.flush()
                 }
-                self.flush()
+                for chunk in chunks {
+                    switch self.machine.sendChunk(chunk) {
+                    case .send(let frame):
+                        self.write(frame)
+                        self.onEvent(.sent(key: job.key, bytes: chunk.payloadLength))
+                    case .streamGone:
+                        return
+                    case .refused(let reason):
+                        self.failStream(id, "agent bug, upload stopped: \(reason)")
+                        return
+                    }
+                }
             },
             sendHash: { [unowned self] hash in
-                self.write(self.machine.sendHash(hash))
+                switch self.machine.sendHash(hash) {
+                case .send(let frame):
+                    self.write(frame)
+                case .streamGone:
+                    break
+                case .refused(let reason):
+                    self.failStream(hash.streamID, "agent bug, upload stopped: \(reason)")
+                }
                 self.flush()
             },
             fail: { [unowned self] id, message in
-                if let cancel = self.machine.sendCancel(id, .cancelled, message) {
-                    self.write(cancel)
-                }
-                if let sender = self.senders.removeValue(forKey: id) {
-                    self.complete(sender.job, sender.job.finish(.failed, sha1: "", error: message))
-                }
+                self.failStream(id, message)
                 self.flush()
             }
         )
@@ -335,8 +348,23 @@ final class AgentConnectionHandler: ChannelInboundHandler {
             id: id, job: job, pool: self.pool, eventLoop: self.context!.eventLoop, configuration: self.configuration,
             deflate: self.deflate, hooks: hooks
         )
+        guard let frame = self.machine.sendOpen(open) else {
+            self.queue.requeue(job)
+            return
+        }
         self.senders[id] = sender
-        self.write(self.machine.sendOpen(open))
+        self.write(frame)
+    }
+
+    /// Gives up on one upload for a reason of the agent's own (its source failed or changed): CANCEL, and report it.
+    private func failStream(_ id: StreamID, _ message: String) {
+        if let cancel = self.machine.sendCancel(id, .cancelled, message) {
+            self.write(cancel)
+        }
+        if let sender = self.senders.removeValue(forKey: id) {
+            sender.stop()
+            self.complete(sender.job, sender.job.finish(.failed, sha1: "", error: message))
+        }
     }
 
     /// Closes once nothing is in flight and nothing more will go out on this connection.

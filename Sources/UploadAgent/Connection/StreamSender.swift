@@ -21,11 +21,12 @@ final class StreamSender {
 
     /// How the sender talks back to its connection.
     struct Hooks {
-        var credit: (StreamID) -> Int
+        /// Claims up to this many bytes of credit for one read; returns how many were claimed.
+        var reserve: (StreamID, Int) -> Int
         var maxChunkPayload: () -> Int
         var nextOffset: (StreamID) -> UInt64?
-        /// Writes a batch of chunks and flushes once.
-        var sendChunks: ([Frame.Chunk]) -> Void
+        /// Writes a batch of chunks, flushes once, and gives back the credit the batch did not use.
+        var sendChunks: (StreamID, [Frame.Chunk]) -> Void
         var sendHash: (Frame.Hash) -> Void
         var fail: (StreamID, String) -> Void
     }
@@ -106,33 +107,38 @@ final class StreamSender {
     }
 
     /// Reads and sends as much as credit allows, then HASH at the end.
+    ///
+    /// Each read first claims its credit from the connection state machine, so reads of several streams
+    /// planned at once never count on the same bytes (issue 6, finding 1).
     func pump() {
         guard self.started, !self.reading, !self.hashSent, !self.stopped else { return }
         guard let offset = self.hooks.nextOffset(self.id) else { return }
-        let credit = self.hooks.credit(self.id)
         let source = self.job.item.source
-        let atEnd = self.job.info?.size.map { offset >= $0 } ?? false
-        guard credit > 0 || atEnd else { return }
+        let size = self.job.info?.size
+        let atEnd = size.map { offset >= $0 } ?? false
+        // Small batches keep reading here overlapped with the relay's work on the previous batch.
+        let wanted = size.map { Int(clamping: min(UInt64(Self.batchBytes), $0 - min(offset, $0))) } ?? Self.batchBytes
+        let budget = atEnd ? 0 : self.hooks.reserve(self.id, wanted)
+        guard budget > 0 || atEnd else { return }
         self.reading = true
         let chunkSize = max(1, min(self.configuration.chunkSize, self.hooks.maxChunkPayload()))
-        // Small batches keep reading here overlapped with the relay's work on the previous batch.
-        let budget = min(credit, Self.batchBytes)
         let id = self.id
         let startSHA1 = self.sha1
         let keepSnapshots = self.job.knownSHA1 == nil
         let deflate = self.deflate
         let corruptAt = self.configuration.corruptChunkAtOffset
-        let size = self.job.info?.size
         self.pool.runIfActive(eventLoop: self.eventLoop) { () -> Batch in
             var batch = Batch(sha1: startSHA1, nextOffset: offset)
             let allocator = ByteBufferAllocator()
             var used = 0
-            while used < budget {
+            while used < budget || budget == 0 {
                 if let size, batch.nextOffset >= size {
                     batch.ended = true
                     break
                 }
-                let data = try source.read(at: batch.nextOffset, maxLength: min(chunkSize, budget - used), allocator: allocator)
+                var limit = min(chunkSize, budget - used)
+                if let size { limit = Int(clamping: min(UInt64(limit), size - batch.nextOffset)) }
+                let data = try source.read(at: batch.nextOffset, maxLength: limit, allocator: allocator)
                 if data.readableBytes == 0 {
                     batch.ended = source.isEnd(at: batch.nextOffset)
                     if let size, batch.ended, batch.nextOffset < size {
@@ -158,6 +164,10 @@ final class StreamSender {
                     batch.snapshots.append((batch.nextOffset, sha1))
                 }
             }
+            if batch.ended, let change = source.changeSinceOpen() {
+                // Never commit a mix of two versions (issue 6, finding 8): the relay discards what it staged.
+                throw SourceError(change)
+            }
             return batch
         }.assumeIsolated().whenComplete { result in
             self.reading = false
@@ -172,13 +182,14 @@ final class StreamSender {
                     self.job.sentBytes += UInt64(chunk.payloadLength)
                     self.job.bytesRead = max(self.job.bytesRead, chunk.offset + UInt64(chunk.payloadLength))
                 }
-                self.hooks.sendChunks(batch.chunks)
+                self.hooks.sendChunks(self.id, batch.chunks)
                 guard !self.stopped else { return }
                 if batch.ended {
                     self.sendHash(size: batch.nextOffset)
-                } else {
+                } else if !batch.chunks.isEmpty {
                     self.pump()
                 }
+                // An empty batch that did not end: a stream source waits for ACKs to free room; they pump again.
             case .failure(let error):
                 self.hooks.fail(self.id, "\(error)")
             }

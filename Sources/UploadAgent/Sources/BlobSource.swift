@@ -34,12 +34,16 @@ public protocol BlobSource: AnyObject, Sendable {
     func isEnd(at offset: UInt64) -> Bool
     /// Bytes below `offset` are durable on the relay and will never be read again.
     func acknowledge(upTo offset: UInt64)
+    /// Checked before HASH: why the blob is no longer the one opened (a file rewritten or replaced during the
+    /// upload), or nil when it is unchanged. A changed source is never committed as a mix of two versions.
+    func changeSinceOpen() -> String?
     func close()
 }
 
 extension BlobSource {
     public func acknowledge(upTo offset: UInt64) {}
     public func isEnd(at offset: UInt64) -> Bool { true }
+    public func changeSinceOpen() -> String? { nil }
 }
 
 /// A source failed; the message names the file and the reason.

@@ -18,6 +18,24 @@ public final class FileSource: BlobSource {
         var size: UInt64 = 0
         var block: ByteBuffer? = nil
         var blockOffset: UInt64 = 0
+        /// Device, inode, size and modification time when opened.
+        var identity: Identity? = nil
+    }
+
+    private struct Identity: Equatable {
+        var device: UInt64
+        var inode: UInt64
+        var size: Int64
+        var seconds: Int
+        var nanoseconds: Int
+
+        init(_ info: stat) {
+            self.device = UInt64(info.st_dev)
+            self.inode = UInt64(info.st_ino)
+            self.size = Int64(info.st_size)
+            self.seconds = info.st_mtim.tv_sec
+            self.nanoseconds = info.st_mtim.tv_nsec
+        }
     }
 
     private let state = NIOLockedValueBox(State())
@@ -45,6 +63,7 @@ public final class FileSource: BlobSource {
         self.state.withLockedValue {
             $0.descriptor = fd
             $0.size = size
+            $0.identity = Identity(info)
         }
         // Device, inode, size and modification time: a new version of the file gets a new fingerprint.
         var text = "\(info.st_dev):\(info.st_ino):\(info.st_size):\(info.st_mtim.tv_sec).\(info.st_mtim.tv_nsec)"
@@ -82,6 +101,19 @@ public final class FileSource: BlobSource {
             state.blockOffset = offset
             return block.getSlice(at: block.readerIndex, length: min(maxLength, block.readableBytes))!
         }
+    }
+
+    public func changeSinceOpen() -> String? {
+        guard let opened = self.state.withLockedValue({ $0.identity }) else { return nil }
+        var info = stat()
+        guard stat(self.path, &info) == 0 else {
+            return "\(self.path) was removed during the upload: not committed (nothing of it is kept on the relay)"
+        }
+        let now = Identity(info)
+        guard now != opened else { return nil }
+        let what = now.inode != opened.inode || now.device != opened.device
+            ? "replaced by another file" : now.size != opened.size ? "resized from \(opened.size) to \(now.size) bytes" : "modified"
+        return "\(self.path) was \(what) during the upload: not committed, to never store a mix of two versions (run again to upload the new version)"
     }
 
     public func close() {

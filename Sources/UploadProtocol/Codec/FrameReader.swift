@@ -18,6 +18,9 @@ public struct FrameReader: Sendable {
         set { self.decoder.maxFrameSize = newValue }
     }
 
+    /// Whether bytes of a frame that has not fully arrived are held.
+    public var hasPartialFrame: Bool { (self.buffer?.readableBytes ?? 0) > 0 }
+
     /// Adds bytes read from the connection.
     public mutating func append(_ bytes: ByteBuffer) {
         if self.buffer == nil {

@@ -46,6 +46,12 @@ public struct InboundWindow: Hashable, Sendable {
         return self.returnAll()
     }
 
+    /// Returns every consumed byte not yet returned, however few (a stream finished: nothing more may come to push
+    /// the count past half the window, SPEC §5.4).
+    public mutating func flush() -> UInt32? {
+        self.returnAll()
+    }
+
     private mutating func returnAll() -> UInt32? {
         guard self.unreturned > 0 else { return nil }
         let increment = self.unreturned

@@ -25,3 +25,14 @@ public enum AgentAction: Hashable, Sendable {
     /// The relay is going away: open nothing more; streams above `lastStreamID` were not processed.
     case goingAway(Frame.GoAway)
 }
+
+/// What became of a frame the agent asked to send (``AgentConnectionStateMachine/sendChunk(_:)``).
+public enum AgentSendDecision: Hashable, Sendable {
+    /// Write this frame.
+    case send(Frame)
+    /// The stream closed or stopped sending meanwhile (reset, cancelled, GOAWAY): drop what was read for it.
+    case streamGone
+    /// The frame breaks the agent's own accounting (beyond its credit, at the wrong offset, past the size):
+    /// nothing changed; cancel the stream with this reason rather than send it.
+    case refused(String)
+}

@@ -1,7 +1,9 @@
 /// The agent's side of one connection (SPEC §2, §4, §5): pure state, no I/O.
 ///
-/// Call ``sendHello(_:)`` first, then feed every decoded frame to ``receive(_:)``. Before each
-/// CHUNK ask ``sendableBytes(on:)``: the agent reads its source only while it holds credit.
+/// Call ``sendHello(_:)`` first, then feed every decoded frame to ``receive(_:)``. Before reading its source
+/// for a stream the agent claims credit with ``reserveCredit(on:upTo:)`` (it reads only while it holds credit),
+/// sends the CHUNKs it read with ``sendChunk(_:)`` and gives back what it did not use with
+/// ``releaseReservation(on:)``. Nothing the relay sends and no order of events can make it trap.
 public struct AgentConnectionStateMachine: Sendable {
     private enum Phase: Hashable, Sendable {
         /// Nothing sent yet.
@@ -66,22 +68,22 @@ public struct AgentConnectionStateMachine: Sendable {
         return .hello(hello)
     }
 
-    /// Opens a stream. Check ``canOpenStream`` first; the id must be ``nextStreamID`` or above.
-    public mutating func sendOpen(_ open: Frame.Open) -> Frame {
-        precondition(self.canOpenStream, "OPEN while the connection cannot open streams")
-        precondition(open.streamID > self.highestStreamID, "OPEN on stream \(open.streamID), not above \(self.highestStreamID)")
+    /// Opens a stream: the OPEN to write, or nil when the connection cannot open one now (check ``canOpenStream``)
+    /// or the id is not above every id used so far.
+    public mutating func sendOpen(_ open: Frame.Open) -> Frame? {
+        guard self.canOpenStream, open.streamID > self.highestStreamID else { return nil }
         self.highestStreamID = open.streamID
         self.streams[open.streamID] = AgentStreamStateMachine(open: open)
         return .open(open)
     }
 
-    /// How many bytes a CHUNK on `id` may carry now: the smaller of stream and connection credit and one frame.
+    /// How many bytes a CHUNK on `id` may carry now without a reservation: the smaller of the unclaimed stream
+    /// and connection credit and one frame.
     public func sendableBytes(on id: StreamID) -> Int {
-        guard let stream = self.streams[id], stream.isSending, let window = stream.window else { return 0 }
-        return min(window.available, self.connectionWindow.available, self.maxChunkPayload)
+        min(self.credit(on: id), self.maxChunkPayload)
     }
 
-    /// Credit on `id` now: the smaller of stream and connection credit, however many frames it takes.
+    /// Unclaimed credit on `id` now: the smaller of stream and connection credit, however many frames it takes.
     public func credit(on id: StreamID) -> Int {
         guard let stream = self.streams[id], stream.isSending, let window = stream.window else { return 0 }
         return min(window.available, self.connectionWindow.available)
@@ -93,18 +95,60 @@ public struct AgentConnectionStateMachine: Sendable {
         return stream.nextOffset
     }
 
-    /// Sends a CHUNK; its payload must fit ``sendableBytes(on:)``.
-    public mutating func sendChunk(_ chunk: Frame.Chunk) -> Frame {
-        precondition(chunk.payloadLength <= self.sendableBytes(on: chunk.streamID), "CHUNK beyond credit")
-        self.connectionWindow.consume(chunk.payloadLength)
-        self.streams[chunk.streamID]!.sendChunk(chunk)
-        return .chunk(chunk)
+    /// Claims up to `count` bytes of stream and connection credit for a read on `id` (SPEC §5.2): the read may
+    /// produce CHUNKs of at most the returned number of raw bytes, however other streams spend credit meanwhile.
+    /// Give back what the read did not use with ``releaseReservation(on:)``.
+    public mutating func reserveCredit(on id: StreamID, upTo count: Int) -> Int {
+        guard var stream = self.streams[id], stream.isSending else { return 0 }
+        let claimed = stream.reserve(upTo: min(count, self.connectionWindow.available))
+        _ = self.connectionWindow.reserve(upTo: claimed)
+        self.streams[id] = stream
+        return claimed
     }
 
-    /// Ends the data of a stream.
-    public mutating func sendHash(_ hash: Frame.Hash) -> Frame {
-        self.streams[hash.streamID]!.sendHash(hash)
-        return .hash(hash)
+    /// Credit claimed on `id` and not yet spent.
+    public func reservedCredit(on id: StreamID) -> Int {
+        self.streams[id]?.reserved ?? 0
+    }
+
+    /// Returns the credit claimed on `id` and not spent to the stream and connection windows.
+    public mutating func releaseReservation(on id: StreamID) {
+        guard var stream = self.streams[id] else { return }
+        self.connectionWindow.release(stream.releaseReservation())
+        self.streams[id] = stream
+    }
+
+    /// Sends a CHUNK, spending its stream's reservation first, then unclaimed credit.
+    public mutating func sendChunk(_ chunk: Frame.Chunk) -> AgentSendDecision {
+        guard var stream = self.streams[chunk.streamID], stream.isSending else { return .streamGone }
+        if let reason = stream.refusal(of: chunk) {
+            return .refused(reason)
+        }
+        let fromReservation = min(chunk.payloadLength, stream.reserved)
+        let rest = chunk.payloadLength - fromReservation
+        guard rest <= self.connectionWindow.available else {
+            return .refused(
+                "CHUNK of \(chunk.payloadLength) bytes on stream \(chunk.streamID) with \(fromReservation + self.connectionWindow.available) bytes of connection credit"
+            )
+        }
+        _ = self.connectionWindow.spend(fromReservation)
+        _ = self.connectionWindow.reserve(upTo: rest)
+        _ = self.connectionWindow.spend(rest)
+        stream.sendChunk(chunk)
+        self.streams[chunk.streamID] = stream
+        return .send(.chunk(chunk))
+    }
+
+    /// Ends the data of a stream; gives back any credit still claimed on it.
+    public mutating func sendHash(_ hash: Frame.Hash) -> AgentSendDecision {
+        guard var stream = self.streams[hash.streamID], stream.isSending else { return .streamGone }
+        if let reason = stream.refusal(of: hash) {
+            return .refused(reason)
+        }
+        self.connectionWindow.release(stream.releaseReservation())
+        stream.sendHash(hash)
+        self.streams[hash.streamID] = stream
+        return .send(.hash(hash))
     }
 
     /// Abandons an upload: the CANCEL to write, or nil when the stream is already closed.
@@ -169,7 +213,7 @@ public struct AgentConnectionStateMachine: Sendable {
             return self.fail(.protocolError, "the agent received \(frame.type.name), which only an agent sends")
         case .offset(let offset):
             return self.withStream(offset.streamID, .offset) { stream, machine in
-                if let error = stream.receiveOffset(offset, initialWindow: Int(machine.welcome!.streamWindow)) {
+                if let error = stream.receiveOffset(offset, initialWindow: Int(machine.welcome?.streamWindow ?? 0)) {
                     return .failure(error)
                 }
                 if offset.disposition == .stored {
@@ -260,7 +304,9 @@ public struct AgentConnectionStateMachine: Sendable {
     }
 
     private mutating func close(_ id: StreamID, _ reason: StreamCloseReason) {
-        self.streams[id] = nil
+        if var stream = self.streams.removeValue(forKey: id) {
+            self.connectionWindow.release(stream.releaseReservation())
+        }
         self.closedStreams.insert(id, reason)
     }
 

@@ -67,10 +67,10 @@ struct AgentStreamStateMachine: Sendable {
         guard self.state != .opening else {
             return .connection(.protocolError, "CREDIT on stream \(self.id) before OFFSET")
         }
-        guard self.window!.grant(credit.increment) else {
+        guard self.window?.grant(credit.increment) ?? false else {
             return .stream(
                 self.id, .flowControlError,
-                "CREDIT of \(credit.increment) bytes makes the stream window of \(self.window!.available) pass 2^31-1"
+                "CREDIT of \(credit.increment) bytes makes the stream window of \((self.window?.available ?? 0) + self.reserved) pass 2^31-1"
             )
         }
         return nil
@@ -92,16 +92,64 @@ struct AgentStreamStateMachine: Sendable {
         return nil
     }
 
+    /// Claims up to `count` bytes of stream credit for a read; returns how many were claimed.
+    mutating func reserve(upTo count: Int) -> Int {
+        guard self.state == .sending, self.window != nil else { return 0 }
+        return self.window!.reserve(upTo: count)
+    }
+
+    /// Credit claimed on this stream and not yet spent.
+    var reserved: Int { self.window?.reserved ?? 0 }
+
+    /// Gives back every byte of stream credit claimed and not spent; returns how many.
+    mutating func releaseReservation() -> Int {
+        guard let reserved = self.window?.reserved, reserved > 0 else { return 0 }
+        self.window!.release(reserved)
+        return reserved
+    }
+
+    /// Why the agent cannot send `chunk` now, or nil when it can (nothing changes then).
+    func refusal(of chunk: Frame.Chunk) -> String? {
+        guard self.state == .sending, let window = self.window else {
+            return "CHUNK on stream \(self.id) outside the sending state"
+        }
+        guard chunk.offset == self.nextOffset else {
+            return "CHUNK at \(chunk.offset) on stream \(self.id), expected \(self.nextOffset)"
+        }
+        if let size = self.open.size, chunk.offset + UInt64(chunk.payloadLength) > size {
+            return "CHUNK ends at \(chunk.offset + UInt64(chunk.payloadLength)) on stream \(self.id), beyond the size \(size)"
+        }
+        guard chunk.payloadLength > 0 else {
+            return "empty CHUNK on stream \(self.id)"
+        }
+        guard chunk.payloadLength <= window.reserved + window.available else {
+            return "CHUNK of \(chunk.payloadLength) bytes on stream \(self.id) with \(window.reserved + window.available) bytes of credit"
+        }
+        return nil
+    }
+
+    /// Sends a CHUNK that ``refusal(of:)`` allowed: spends the reservation first, then unclaimed credit.
     mutating func sendChunk(_ chunk: Frame.Chunk) {
-        precondition(self.state == .sending, "CHUNK on stream \(self.id) outside the sending state")
-        precondition(chunk.offset == self.nextOffset, "CHUNK at \(chunk.offset), expected \(self.nextOffset)")
-        self.window!.consume(chunk.payloadLength)
+        let fromReservation = min(chunk.payloadLength, self.window!.reserved)
+        _ = self.window!.spend(fromReservation)
+        let rest = chunk.payloadLength - fromReservation
+        _ = self.window!.reserve(upTo: rest)
+        _ = self.window!.spend(rest)
         self.nextOffset += UInt64(chunk.payloadLength)
     }
 
+    /// Why the agent cannot send `hash` now, or nil when it can.
+    func refusal(of hash: Frame.Hash) -> String? {
+        guard self.state == .sending else {
+            return "HASH on stream \(self.id) outside the sending state"
+        }
+        guard hash.size == self.nextOffset else {
+            return "HASH size \(hash.size) on stream \(self.id), but \(self.nextOffset) bytes were sent"
+        }
+        return nil
+    }
+
     mutating func sendHash(_ hash: Frame.Hash) {
-        precondition(self.state == .sending, "HASH on stream \(self.id) outside the sending state")
-        precondition(hash.size == self.nextOffset, "HASH size \(hash.size) but \(self.nextOffset) bytes sent")
         self.state = .awaitingResult(hash)
     }
 }

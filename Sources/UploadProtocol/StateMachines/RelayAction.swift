@@ -17,7 +17,9 @@ public enum RelayAction: Hashable, Sendable {
     /// ``RelayConnectionStateMachine/sendResult(_:)`` or ``RelayConnectionStateMachine/resetStream(_:_:_:)``.
     case finish(Frame.Hash)
     /// The agent closed a stream: with CANCEL (`discardSession`: forget its resume state) or ERROR (keep it).
-    case abortUpload(StreamID, WireErrorCode, String, discardSession: Bool)
+    /// Write the connection CREDIT if any: the stream's received bytes that storage will now never consume
+    /// (SPEC §5.4), so that a cancelled upload never shrinks the connection's window for good.
+    case abortUpload(StreamID, WireErrorCode, String, discardSession: Bool, connectionCredit: Frame.Credit?)
     /// Write this frame (a PONG, or CREDIT returning bytes that were discarded).
     case send(Frame)
     /// A stream error: write the ERROR, then the connection CREDIT if any; abort that stream's upload,

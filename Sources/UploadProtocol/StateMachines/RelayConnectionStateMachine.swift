@@ -31,6 +31,9 @@ public struct RelayConnectionStateMachine: Sendable {
     private var agentGoAway: StreamID? = nil
     /// When the last PINGs arrived, oldest first: more than ``maxPingsPerSecond`` in a second is a flood (SPEC §2.3).
     private var pingTimes: [NIODeadline] = []
+    /// When the last refusals of OPEN happened, oldest first: more than ``ProtocolLimits/maxRefusalsPerSecond`` in a
+    /// second is a flood (SPEC §12.3).
+    private var refusalTimes: [NIODeadline] = []
 
     /// The most PINGs an agent may send in any one second (SPEC §2.3).
     public static let maxPingsPerSecond = 10
@@ -62,6 +65,14 @@ public struct RelayConnectionStateMachine: Sendable {
     /// The ids of the open streams.
     public var openStreamIDs: [StreamID] { Array(self.streams.keys).sorted() }
 
+    /// Whether the agent sent GOAWAY: it opens no more streams.
+    public var agentGoingAway: Bool { self.agentGoAway != nil }
+
+    /// Whether stream `id` is open and waiting for the relay's OFFSET.
+    public func isOpening(_ id: StreamID) -> Bool {
+        self.streams[id]?.isOpening ?? false
+    }
+
     /// The features in force (after WELCOME).
     public var negotiatedFeatures: Frame.Features { self.features }
 
@@ -80,7 +91,24 @@ public struct RelayConnectionStateMachine: Sendable {
             }
             self.pingTimes.append(now)
         }
-        return self.receiveFrame(frame)
+        let action = self.receiveFrame(frame)
+        if case .resetStream(let error, _) = action, case .open = frame, let flood = self.countRefusal(error.streamID, now: now) {
+            return flood
+        }
+        return action
+    }
+
+    /// Records a refused OPEN; the connection error to send instead when they come faster than the limit
+    /// (a sliding second, like PINGs).
+    private mutating func countRefusal(_ id: StreamID, now: NIODeadline) -> RelayAction? {
+        let limit = max(1, self.limits.maxRefusalsPerSecond)
+        if self.refusalTimes.count == limit {
+            if now - self.refusalTimes.removeFirst() < .seconds(1) {
+                return self.fail(.enhanceYourCalm, "more than \(limit) OPENs refused in one second (the last on stream \(id))")
+            }
+        }
+        self.refusalTimes.append(now)
+        return nil
     }
 
     private mutating func receiveFrame(_ frame: Frame) -> RelayAction {
@@ -231,8 +259,8 @@ public struct RelayConnectionStateMachine: Sendable {
         guard self.streams[id] != nil else {
             return self.lateFrame(id, type) ?? .none
         }
-        _ = self.close(id, .abandoned)
-        return .abortUpload(id, code, message, discardSession: discard)
+        let credit = self.close(id, .abandoned)
+        return .abortUpload(id, code, message, discardSession: discard, connectionCredit: credit)
     }
 
     /// A frame for a stream that is not open (SPEC §4.4): nil means "discard it".
@@ -322,9 +350,20 @@ public struct RelayConnectionStateMachine: Sendable {
         return .result(result)
     }
 
-    /// The relay fails one stream (CRC mismatch, storage error, quota, …): the ERROR and any CREDIT to write.
-    public mutating func resetStream(_ id: StreamID, _ code: WireErrorCode, _ message: String) -> [Frame] {
-        guard self.isReady, self.streams[id] != nil else { return [] }
+    /// A stream finished: the CREDIT(0) that returns every byte storage consumed and the connection has not yet got back,
+    /// however few (SPEC §5.4: returned at the latest when a stream closes). Nil when there is none.
+    public mutating func flushConnectionCredit() -> Frame? {
+        guard self.isReady, let increment = self.connectionWindow.flush() else { return nil }
+        return .credit(Frame.Credit(streamID: .connection, increment: increment))
+    }
+
+    /// The relay fails one stream (CRC mismatch, storage error, quota, …): the ERROR and any CREDIT to write. A refused
+    /// OPEN counts against ``ProtocolLimits/maxRefusalsPerSecond``: past it, the frames close the connection instead.
+    public mutating func resetStream(_ id: StreamID, _ code: WireErrorCode, _ message: String, now: NIODeadline = .now()) -> [Frame] {
+        guard self.isReady, let stream = self.streams[id] else { return [] }
+        if stream.isOpening, case .closeConnection(let error) = self.countRefusal(id, now: now) {
+            return [.error(error)]
+        }
         var frames: [Frame] = [.error(Frame.Error(streamID: id, code: code, message: message))]
         if let credit = self.close(id, .resetLocally) {
             frames.append(.credit(credit))

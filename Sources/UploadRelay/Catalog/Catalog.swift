@@ -23,6 +23,56 @@ public struct Account: Hashable, Sendable {
         guard let quota = self.quota else { return true }
         return self.usedBytes + bytes <= quota
     }
+
+    /// The longest account name: it is a folder name in the store.
+    public static let maxNameLength = 64
+
+    /// Whether `name` can name an account: 1 to 64 of `A-Z a-z 0-9 . _ -`, not starting with "." or "-", because
+    /// the account's objects live in the store's folder of that name (`<store>/NAME/KEY`).
+    public static func isValidName(_ name: String) -> Bool {
+        let bytes = Array(name.utf8)
+        guard !bytes.isEmpty, bytes.count <= Self.maxNameLength, bytes[0] != UInt8(ascii: "."), bytes[0] != UInt8(ascii: "-") else {
+            return false
+        }
+        return bytes.allSatisfy { byte in
+            (UInt8(ascii: "a")...UInt8(ascii: "z")).contains(byte) || (UInt8(ascii: "A")...UInt8(ascii: "Z")).contains(byte)
+                || (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(byte) || byte == UInt8(ascii: ".") || byte == UInt8(ascii: "_")
+                || byte == UInt8(ascii: "-")
+        }
+    }
+}
+
+/// How much of an account's quota is taken, and by what (SPEC §7, issue 6 findings 3 and 4).
+public struct QuotaUse: Hashable, Sendable {
+    /// The account's quota; nil means no limit.
+    public var quota: Int64?
+    /// Bytes of committed objects.
+    public var stored: Int64
+    /// Growth that commits under way have reserved.
+    public var committing: Int64
+    /// Bytes that the account's other unfinished uploads hold or announced (their declared size, else their durable bytes).
+    public var staged: Int64
+
+    public init(quota: Int64?, stored: Int64, committing: Int64, staged: Int64) {
+        self.quota = quota
+        self.stored = stored
+        self.committing = committing
+        self.staged = staged
+    }
+
+    /// Bytes left for a new upload.
+    public var left: Int64 {
+        guard let quota = self.quota else { return .max }
+        return max(0, quota - self.stored - self.committing - self.staged)
+    }
+
+    /// For people: what takes the quota, and what to do.
+    public func refusal(account: String, needed: Int64) -> String {
+        var text = "account \"\(account)\" has \(self.left) bytes of its \(self.quota ?? 0)-byte quota left (\(self.stored) stored"
+        if self.committing > 0 { text += ", \(self.committing) being committed" }
+        if self.staged > 0 { text += ", \(self.staged) held by unfinished uploads: finish or cancel them, or they expire" }
+        return text + "); this upload needs \(needed)"
+    }
 }
 
 /// An unfinished upload: what a resume needs after either side restarted (SPEC §6).
@@ -39,12 +89,15 @@ public struct UploadSession: Hashable, Sendable {
     public var sha1State: [UInt8]
     /// The staging file's name in the store's staging area.
     public var stagingName: String
+    /// The SHA-1 the OPEN that created the session stated, if any (SPEC §6.2).
+    public var declaredSHA1: String?
     public var updatedAt: Date
 
     public init(
         id: String, account: String, key: String, resumeToken: [UInt8], fingerprint: [UInt8], declaredSize: Int64?,
-        durableOffset: Int64, sha1State: [UInt8], stagingName: String, updatedAt: Date = Date()
+        durableOffset: Int64, sha1State: [UInt8], stagingName: String, declaredSHA1: String? = nil, updatedAt: Date = Date()
     ) {
+        self.declaredSHA1 = declaredSHA1
         self.id = id
         self.account = account
         self.key = key
@@ -65,14 +118,36 @@ public struct StoredObject: Hashable, Sendable {
     public var size: Int64
     /// Lowercase hex.
     public var sha1: String
+    /// The stored file as it was right after the commit; nil while a commit is under way or after a crash
+    /// interrupted one (startup recovery settles it).
+    public var identity: ObjectIdentity?
     public var committedAt: Date
 
-    public init(account: String, key: String, size: Int64, sha1: String, committedAt: Date = Date()) {
+    public init(account: String, key: String, size: Int64, sha1: String, identity: ObjectIdentity? = nil, committedAt: Date = Date()) {
         self.account = account
         self.key = key
         self.size = size
         self.sha1 = sha1
+        self.identity = identity
         self.committedAt = committedAt
+    }
+}
+
+/// A commit between its quota reservation and its record: what startup recovery settles after a crash.
+public struct PendingCommit: Hashable, Sendable {
+    public var account: String
+    public var key: String
+    public var size: Int64
+    public var sha1: String
+    /// The upload session the bytes come from; nil for a dedup copy.
+    public var sessionID: String?
+
+    public init(account: String, key: String, size: Int64, sha1: String, sessionID: String?) {
+        self.account = account
+        self.key = key
+        self.size = size
+        self.sha1 = sha1
+        self.sessionID = sessionID
     }
 }
 
@@ -80,12 +155,15 @@ public struct StoredObject: Hashable, Sendable {
 public enum CatalogError: Error, Hashable, Sendable, CustomStringConvertible {
     case accountExists(String)
     case unknownAccount(String)
+    case invalidAccountName(String)
     case quotaExceeded(account: String, needed: Int64, quota: Int64, used: Int64)
 
     public var description: String {
         switch self {
         case .accountExists(let name):
             return "account \"\(name)\" already exists (revoke it first, or pick another name)"
+        case .invalidAccountName(let name):
+            return "\"\(name)\" cannot name an account: use 1 to \(Account.maxNameLength) letters, digits, \".\", \"_\" or \"-\", not starting with \".\" or \"-\" (it names the account's folder in the store)"
         case .unknownAccount(let name):
             return "no account named \"\(name)\" (see: upload-relay token list)"
         case .quotaExceeded(let account, let needed, let quota, let used):
@@ -112,8 +190,24 @@ public protocol Catalog: Sendable {
     func sessions(updatedBefore date: Date) throws -> [UploadSession]
 
     func object(account: String, key: String) throws -> StoredObject?
-    func object(account: String, size: Int64, sha1: String) throws -> StoredObject?
-    /// Records a committed object (replacing the key's previous one), charges the quota and
-    /// deletes the session, in one transaction. Throws ``CatalogError/quotaExceeded(account:needed:quota:used:)``.
-    func commitObject(_ object: StoredObject, sessionID: String?) throws
+    func object(account: String, size: Int64, sha1: String) throws -> [StoredObject]
+
+    /// The account's quota and what takes it, not counting the session of `key` (the upload asking).
+    func quotaUse(account: String, excludingKey key: String) throws -> QuotaUse
+
+    /// Reserves the quota a commit needs and records it as under way, in one transaction, so that two commits of
+    /// one account can never both pass the check (issue 6 finding 3). Throws
+    /// ``CatalogError/quotaExceeded(account:needed:quota:used:)``. Call before the store makes the object visible.
+    func beginCommit(_ commit: PendingCommit) throws
+    /// The store made the object visible: records it with its identity, charges the quota, forgets the commit and
+    /// the session, in one transaction.
+    func finishCommit(_ commit: PendingCommit, identity: ObjectIdentity) throws
+    /// The store did not make the object visible: gives the reservation back (the session stays).
+    func abandonCommit(account: String, key: String) throws
+    /// Commits that were under way when the relay stopped.
+    func pendingCommits() throws -> [PendingCommit]
+    /// Every committed object, for startup recovery.
+    func objects() throws -> [StoredObject]
+    /// Forgets an object whose file is gone, giving its bytes back to the quota.
+    func deleteObject(account: String, key: String) throws
 }

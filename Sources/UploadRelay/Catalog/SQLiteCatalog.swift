@@ -58,10 +58,30 @@ public final class SQLiteCatalog: Catalog {
                     """
             )
         }
+        migrator.registerMigration("v2: object identity, pending commits, declared SHA-1") { db in
+            try db.execute(
+                sql: """
+                    ALTER TABLE object ADD COLUMN device INTEGER;
+                    ALTER TABLE object ADD COLUMN inode INTEGER;
+                    ALTER TABLE object ADD COLUMN modified INTEGER;
+                    ALTER TABLE session ADD COLUMN declared_sha1 TEXT;
+                    CREATE TABLE pending_commit (
+                        account TEXT NOT NULL REFERENCES account(name),
+                        key TEXT NOT NULL,
+                        size INTEGER NOT NULL,
+                        sha1 TEXT NOT NULL,
+                        delta INTEGER NOT NULL,
+                        session_id TEXT,
+                        PRIMARY KEY (account, key)
+                    );
+                    """
+            )
+        }
         return migrator
     }
 
     public func addAccount(name: String, tokenHash: [UInt8], quota: Int64?) throws {
+        guard Account.isValidName(name) else { throw CatalogError.invalidAccountName(name) }
         try self.database.write { db in
             if try Row.fetchOne(db, sql: "SELECT 1 FROM account WHERE name = ?", arguments: [name]) != nil {
                 throw CatalogError.accountExists(name)
@@ -112,7 +132,8 @@ public final class SQLiteCatalog: Catalog {
             resumeToken: [UInt8]((row["resume_token"] as Data?) ?? Data()),
             fingerprint: [UInt8]((row["fingerprint"] as Data?) ?? Data()), declaredSize: row["declared_size"],
             durableOffset: row["durable_offset"], sha1State: [UInt8]((row["sha1_state"] as Data?) ?? Data()),
-            stagingName: row["staging_name"], updatedAt: Date(timeIntervalSince1970: row["updated_at"])
+            stagingName: row["staging_name"], declaredSHA1: row["declared_sha1"],
+            updatedAt: Date(timeIntervalSince1970: row["updated_at"])
         )
     }
 
@@ -129,12 +150,12 @@ public final class SQLiteCatalog: Catalog {
             try db.execute(
                 sql: """
                     INSERT INTO session (id, account, key, resume_token, fingerprint, declared_size, durable_offset,
-                        sha1_state, staging_name, updated_at)
-                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                        sha1_state, staging_name, declared_sha1, updated_at)
+                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                     """,
                 arguments: [
                     s.id, s.account, s.key, Data(s.resumeToken), Data(s.fingerprint), s.declaredSize, s.durableOffset,
-                    Data(s.sha1State), s.stagingName, s.updatedAt.timeIntervalSince1970,
+                    Data(s.sha1State), s.stagingName, s.declaredSHA1, s.updatedAt.timeIntervalSince1970,
                 ]
             )
         }
@@ -163,8 +184,14 @@ public final class SQLiteCatalog: Catalog {
     }
 
     private static func object(_ row: Row) -> StoredObject {
-        StoredObject(
-            account: row["account"], key: row["key"], size: row["size"], sha1: row["sha1"],
+        var identity: ObjectIdentity? = nil
+        if let device: Int64 = row["device"], let inode: Int64 = row["inode"], let modified: Int64 = row["modified"] {
+            identity = ObjectIdentity(
+                device: UInt64(bitPattern: device), inode: UInt64(bitPattern: inode), size: row["size"], modified: modified
+            )
+        }
+        return StoredObject(
+            account: row["account"], key: row["key"], size: row["size"], sha1: row["sha1"], identity: identity,
             committedAt: Date(timeIntervalSince1970: row["committed_at"])
         )
     }
@@ -176,41 +203,110 @@ public final class SQLiteCatalog: Catalog {
         }
     }
 
-    public func object(account: String, size: Int64, sha1: String) throws -> StoredObject? {
+    public func object(account: String, size: Int64, sha1: String) throws -> [StoredObject] {
         try self.database.read { db in
-            try Row.fetchOne(
-                db, sql: "SELECT * FROM object WHERE account = ? AND size = ? AND sha1 = ? LIMIT 1",
+            try Row.fetchAll(
+                db, sql: "SELECT * FROM object WHERE account = ? AND size = ? AND sha1 = ? LIMIT 8",
                 arguments: [account, size, sha1]
             ).map(Self.object)
         }
     }
 
-    public func commitObject(_ object: StoredObject, sessionID: String?) throws {
+    public func objects() throws -> [StoredObject] {
+        try self.database.read { db in
+            try Row.fetchAll(db, sql: "SELECT * FROM object").map(Self.object)
+        }
+    }
+
+    private static func quotaUse(_ db: Database, account: String, excludingKey key: String) throws -> QuotaUse {
+        guard let row = try Row.fetchOne(db, sql: "SELECT * FROM account WHERE name = ?", arguments: [account]) else {
+            throw CatalogError.unknownAccount(account)
+        }
+        let committing =
+            try Int64.fetchOne(
+                db, sql: "SELECT COALESCE(SUM(delta), 0) FROM pending_commit WHERE account = ? AND key != ? AND delta > 0",
+                arguments: [account, key]
+            ) ?? 0
+        let staged =
+            try Int64.fetchOne(
+                db,
+                sql: """
+                    SELECT COALESCE(SUM(COALESCE(declared_size, durable_offset)), 0) FROM session
+                    WHERE account = ? AND key != ? AND key NOT IN (SELECT key FROM pending_commit WHERE account = ?)
+                    """,
+                arguments: [account, key, account]
+            ) ?? 0
+        return QuotaUse(quota: row["quota"], stored: row["used_bytes"], committing: committing, staged: staged)
+    }
+
+    public func quotaUse(account: String, excludingKey key: String) throws -> QuotaUse {
+        try self.database.read { db in try Self.quotaUse(db, account: account, excludingKey: key) }
+    }
+
+    public func beginCommit(_ commit: PendingCommit) throws {
         try self.database.write { db in
-            guard let row = try Row.fetchOne(db, sql: "SELECT * FROM account WHERE name = ?", arguments: [object.account]) else {
-                throw CatalogError.unknownAccount(object.account)
-            }
-            let account = Self.account(row)
-            let previous: Int64 =
+            let use = try Self.quotaUse(db, account: commit.account, excludingKey: commit.key)
+            let previous =
                 try Int64.fetchOne(
-                    db, sql: "SELECT size FROM object WHERE account = ? AND key = ?", arguments: [object.account, object.key]
+                    db, sql: "SELECT size FROM object WHERE account = ? AND key = ?", arguments: [commit.account, commit.key]
                 ) ?? 0
-            let delta = object.size - previous
-            if let quota = account.quota, delta > 0, account.usedBytes + delta > quota {
-                throw CatalogError.quotaExceeded(account: account.name, needed: delta, quota: quota, used: account.usedBytes)
+            let delta = commit.size - previous
+            if let quota = use.quota, delta > 0, use.stored + use.committing + delta > quota {
+                throw CatalogError.quotaExceeded(account: commit.account, needed: delta, quota: quota, used: use.stored + use.committing)
             }
+            try db.execute(
+                sql: "INSERT OR REPLACE INTO pending_commit (account, key, size, sha1, delta, session_id) VALUES (?, ?, ?, ?, ?, ?)",
+                arguments: [commit.account, commit.key, commit.size, commit.sha1, delta, commit.sessionID]
+            )
+        }
+    }
+
+    public func finishCommit(_ commit: PendingCommit, identity: ObjectIdentity) throws {
+        try self.database.write { db in
+            let previous =
+                try Int64.fetchOne(
+                    db, sql: "SELECT size FROM object WHERE account = ? AND key = ?", arguments: [commit.account, commit.key]
+                ) ?? 0
             try db.execute(
                 sql: """
-                    INSERT OR REPLACE INTO object (account, key, size, sha1, committed_at) VALUES (?, ?, ?, ?, ?)
+                    INSERT OR REPLACE INTO object (account, key, size, sha1, committed_at, device, inode, modified)
+                    VALUES (?, ?, ?, ?, ?, ?, ?, ?)
                     """,
-                arguments: [object.account, object.key, object.size, object.sha1, object.committedAt.timeIntervalSince1970]
+                arguments: [
+                    commit.account, commit.key, commit.size, commit.sha1, Date().timeIntervalSince1970,
+                    Int64(bitPattern: identity.device), Int64(bitPattern: identity.inode), identity.modified,
+                ]
             )
             try db.execute(
-                sql: "UPDATE account SET used_bytes = used_bytes + ? WHERE name = ?", arguments: [delta, object.account]
+                sql: "UPDATE account SET used_bytes = used_bytes + ? WHERE name = ?", arguments: [commit.size - previous, commit.account]
             )
-            if let sessionID {
+            try db.execute(sql: "DELETE FROM pending_commit WHERE account = ? AND key = ?", arguments: [commit.account, commit.key])
+            if let sessionID = commit.sessionID {
                 try db.execute(sql: "DELETE FROM session WHERE id = ?", arguments: [sessionID])
             }
+        }
+    }
+
+    public func abandonCommit(account: String, key: String) throws {
+        try self.database.write { db in
+            try db.execute(sql: "DELETE FROM pending_commit WHERE account = ? AND key = ?", arguments: [account, key])
+        }
+    }
+
+    public func pendingCommits() throws -> [PendingCommit] {
+        try self.database.read { db in
+            try Row.fetchAll(db, sql: "SELECT * FROM pending_commit").map { row in
+                PendingCommit(account: row["account"], key: row["key"], size: row["size"], sha1: row["sha1"], sessionID: row["session_id"])
+            }
+        }
+    }
+
+    public func deleteObject(account: String, key: String) throws {
+        try self.database.write { db in
+            guard let size = try Int64.fetchOne(db, sql: "SELECT size FROM object WHERE account = ? AND key = ?", arguments: [account, key])
+            else { return }
+            try db.execute(sql: "DELETE FROM object WHERE account = ? AND key = ?", arguments: [account, key])
+            try db.execute(sql: "UPDATE account SET used_bytes = used_bytes - ? WHERE name = ?", arguments: [size, account])
         }
     }
 }

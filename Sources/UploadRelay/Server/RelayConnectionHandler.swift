@@ -1,11 +1,17 @@
 import Logging
 import NIOCore
 import NIOSSL
+import NIOTLS
 import UploadProtocol
 
 /// Asks a connection to shut down gracefully: GOAWAY, let uploads reach a durable point, close.
 public struct RelayShutdownEvent: Sendable {
     public init() {}
+}
+
+/// The token of `account` was revoked: its connections close (issue 6 finding 6).
+struct RelayAccountRevokedEvent: Sendable {
+    var account: String
 }
 
 /// One agent connection on the relay: decodes frames, feeds the ``RelayConnectionStateMachine``,
@@ -20,10 +26,19 @@ final class RelayConnectionHandler: ChannelInboundHandler {
     private var logger: Logger
     private var account: Account? = nil
     private var uploads: [StreamID: StreamUpload] = [:]
+    /// Streams the agent closed while the relay was still looking their upload up: whether to drop the session.
+    private var closedWhileOpening: [StreamID: Bool] = [:]
     private var context: ChannelHandlerContext? = nil
     private var handshakeTimer: Scheduled<Void>? = nil
+    /// Checks the idle and frame timeouts (SPEC §2.3) at the next deadline.
+    private var livenessTimer: Scheduled<Void>? = nil
+    /// When the last whole frame arrived (or the connection was accepted).
+    private var lastFrameAt = NIODeadline.now()
+    /// When the first byte of the frame now arriving came; nil between frames.
+    private var frameStartedAt: NIODeadline? = nil
+    /// Whether TLS selected the protocol's ALPN id (SPEC §2.1); nothing is read before.
+    private var alpnAccepted = false
     private var graceTimer: Scheduled<Void>? = nil
-    private var shuttingDown = false
     private var closed = false
     private var needsFlush = false
 
@@ -37,6 +52,9 @@ final class RelayConnectionHandler: ChannelInboundHandler {
 
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
+        if self.services.configuration.limits.idleTimeout > .zero {
+            self.scheduleLivenessCheck()
+        }
         if let remote = context.channel.remoteAddress {
             self.logger[metadataKey: "peer"] = "\(remote)"
         }
@@ -54,18 +72,27 @@ final class RelayConnectionHandler: ChannelInboundHandler {
     func channelInactive(context: ChannelHandlerContext) {
         self.closed = true
         self.handshakeTimer?.cancel()
+        self.livenessTimer?.cancel()
         self.graceTimer?.cancel()
         // Durable state stays in the catalog: the agent resumes on its next connection.
         for upload in self.uploads.values {
-            upload.abort(discardSession: false)
+            upload.abort(keepSession: true)
         }
         self.uploads.removeAll()
         context.fireChannelInactive()
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        guard self.alpnAccepted, !self.closed else { return }
         self.reader.append(self.unwrapInboundIn(data))
-        while !self.closed {
+        self.processFrames()
+    }
+
+    /// Decodes and runs the frames held, while the connection can take their answers: a peer that does not read what
+    /// the relay writes is not read either (issue 6 finding 7), so its answers cannot pile up in memory.
+    private func processFrames() {
+        guard let context = self.context else { return }
+        while !self.closed && context.channel.isWritable {
             let frame: Frame?
             do {
                 frame = try self.reader.next()
@@ -77,10 +104,56 @@ final class RelayConnectionHandler: ChannelInboundHandler {
                 return
             }
             guard let frame else { break }
+            self.lastFrameAt = .now()
+            self.frameStartedAt = nil
             self.run(self.machine.receive(frame))
+        }
+        if self.reader.hasPartialFrame {
+            if self.frameStartedAt == nil {
+                self.frameStartedAt = .now()
+                self.livenessTimer?.cancel()
+                self.scheduleLivenessCheck()
+            }
+        } else {
+            self.frameStartedAt = nil
         }
     }
 
+    func channelWritabilityChanged(context: ChannelHandlerContext) {
+        let writable = context.channel.isWritable
+        context.channel.setOption(.autoRead, value: writable).whenFailure { _ in }
+        if writable {
+            self.processFrames()
+            self.flushIfNeeded()
+            context.read()
+        }
+        context.fireChannelWritabilityChanged()
+    }
+
+    /// Closes the connection when no whole frame came for the idle timeout, or one frame has taken longer than the
+    /// frame timeout (SPEC §2.3): a trickled frame does not keep a connection alive (issue 6 finding 15).
+    private func scheduleLivenessCheck() {
+        guard let context = self.context, !self.closed else { return }
+        let limits = self.services.configuration.limits
+        let idle = TimeAmount(limits.idleTimeout)
+        let frame = TimeAmount(limits.frameTimeout)
+        var deadline = self.lastFrameAt + idle
+        if let started = self.frameStartedAt { deadline = min(deadline, started + frame) }
+        self.livenessTimer = context.eventLoop.assumeIsolated().scheduleTask(deadline: deadline) { [weak self] in
+            guard let self, !self.closed else { return }
+            let now = NIODeadline.now()
+            if let started = self.frameStartedAt, now - started >= frame {
+                self.failConnection(.timeout, "one frame took longer than \(limits.frameTimeout) to arrive")
+            } else if now - self.lastFrameAt >= idle && self.machine.isReady {
+                self.failConnection(.timeout, "no frame for \(limits.idleTimeout)")
+            } else {
+                // Before WELCOME the handshake timeout governs.
+                if now - self.lastFrameAt >= idle { self.lastFrameAt = now }
+                self.scheduleLivenessCheck()
+            }
+            self.flushIfNeeded()
+        }
+    }
     func channelReadComplete(context: ChannelHandlerContext) {
         self.flushIfNeeded()
         context.fireChannelReadComplete()
@@ -90,8 +163,19 @@ final class RelayConnectionHandler: ChannelInboundHandler {
         switch event {
         case is RelayShutdownEvent:
             self.beginShutdown()
-        case let idle as IdleStateHandler.IdleStateEvent where idle == .read:
-            self.failConnection(.timeout, "no frame for \(self.services.configuration.limits.idleTimeout)")
+        case let revoked as RelayAccountRevokedEvent where revoked.account == self.account?.name:
+            self.failConnection(.unauthenticated, "the token of account \"\(revoked.account)\" was revoked (ask the relay operator for a new one)")
+        case TLSUserEvent.handshakeCompleted(let negotiated):
+            guard negotiated == RelayServer.alpn else {
+                // SPEC §2.1: only agents that asked for this protocol are served; no frame is read or written.
+                self.logger.info("closing connection: TLS did not select ALPN \(RelayServer.alpn)", metadata: ["alpn": "\(negotiated ?? "none")"])
+                self.closed = true
+                context.close(promise: nil)
+                return
+            }
+            self.alpnAccepted = true
+            self.lastFrameAt = .now()
+            context.fireUserInboundEventTriggered(event)
         default:
             context.fireUserInboundEventTriggered(event)
         }
@@ -119,16 +203,27 @@ final class RelayConnectionHandler: ChannelInboundHandler {
             self.uploads[chunk.streamID]?.enqueue(chunk)
         case .finish(let hash):
             self.uploads[hash.streamID]?.finish(hash)
-        case .abortUpload(let id, let code, let message, let discard):
+        case .abortUpload(let id, let code, let message, let discard, let credit):
             self.logger.debug("agent closed stream", metadata: ["stream.id": "\(id)", "error.code": "\(code.name)", "error.message": "\(message)"])
-            self.uploads.removeValue(forKey: id)?.abort(discardSession: discard)
+            if let credit { self.write(.credit(credit)) }
+            if let upload = self.uploads.removeValue(forKey: id) {
+                upload.abort(keepSession: !discard)
+            } else {
+                self.closedWhileOpening[id] = discard
+            }
             self.closeIfDrained()
         case .send(let frame):
             self.write(frame)
         case .resetStream(let error, let credit):
             self.write(.error(error))
             if let credit { self.write(.credit(credit)) }
-            self.uploads.removeValue(forKey: error.streamID)?.abort(discardSession: false)
+            // SPEC §8.2: a size that does not add up makes the staged bytes worthless; other resets keep them.
+            let keep = error.code != .sizeMismatch && error.code != .hashMismatch
+            if let upload = self.uploads.removeValue(forKey: error.streamID) {
+                upload.abort(keepSession: keep)
+            } else {
+                self.closedWhileOpening[error.streamID] = !keep
+            }
         case .closeConnection(let error):
             self.logger.info("closing connection", metadata: ["error.code": "\(error.code.name)", "error.message": "\(error.message)"])
             self.write(.error(error))
@@ -137,8 +232,9 @@ final class RelayConnectionHandler: ChannelInboundHandler {
             self.logger.info("agent closed the connection", metadata: ["error.code": "\(code.name)", "error.message": "\(message)"])
             self.close()
         case .peerGoingAway:
-            self.closeIfDrained()
+            break
         }
+        self.closeIfDrained()
     }
 
     private func write(_ frame: Frame) {
@@ -149,8 +245,16 @@ final class RelayConnectionHandler: ChannelInboundHandler {
         self.needsFlush = true
     }
 
+    /// Writes frames the state machine produced; an ERROR on stream 0 among them closes the connection.
     private func write(_ frames: [Frame]) {
-        for frame in frames { self.write(frame) }
+        for frame in frames {
+            self.write(frame)
+            if case .error(let error) = frame, error.streamID.isConnection {
+                self.logger.info("closing connection", metadata: ["error.code": "\(error.code.name)", "error.message": "\(error.message)"])
+                self.close()
+                return
+            }
+        }
     }
 
     private func flushIfNeeded() {
@@ -204,53 +308,70 @@ final class RelayConnectionHandler: ChannelInboundHandler {
     }
 
     private func openUpload(_ open: Frame.Open, _ key: ObjectKey) {
-        guard let account = self.account, let context = self.context else { return }
+        guard let account = self.account, let context = self.context, !self.closed else { return }
         let id = open.streamID
-        guard self.services.claim(account: account.name, key: key.value) else {
+        guard self.machine.isOpening(id) else {
+            // Closed while it waited for its key.
+            self.closedWhileOpening[id] = nil
+            return
+        }
+        let claim = KeyClaims.name(account: account.name, key: key.value)
+        let retry = NIOLoopBound(self, eventLoop: context.eventLoop)
+        let loop = context.eventLoop
+        switch self.services.claims.claim(claim, whenFree: { loop.execute { retry.value.openUpload(open, key) } }) {
+        case .busy:
             self.write(self.machine.resetStream(id, .keyBusy, "another upload of \"\(key)\" is in progress; retry when it ends"))
             return
+        case .queued:
+            // The key's last upload is closing: this OPEN goes on once it is released.
+            return
+        case .claimed:
+            break
         }
         let opener = UploadOpener(services: self.services)
         let services = self.services
-        services.threadPool.runIfActive(eventLoop: context.eventLoop) {
-            // Quota and dedup decisions read the account as it is now, not as it was at HELLO.
-            let current = (try? services.catalog.account(named: account.name)) ?? account
-            return (opener.decide(account: current, open: open, key: key), current)
+        services.threadPool.runIfActive(eventLoop: context.eventLoop) { () -> UploadOpener.Decision in
+            // Quota, revocation and dedup decisions read the account as it is now, not as it was at HELLO.
+            guard let current = try services.catalog.account(named: account.name), !current.revoked else {
+                return .refuse(.unauthenticated, "the token of account \"\(account.name)\" was revoked")
+            }
+            return opener.decide(account: current, open: open, key: key)
         }.assumeIsolated().whenComplete { result in
-            defer { self.flushIfNeeded() }
+            defer {
+                self.closeIfDrained()
+                self.flushIfNeeded()
+            }
             let decision: UploadOpener.Decision
-            let current: Account
             switch result {
-            case .success(let (d, a)):
+            case .success(let d):
                 decision = d
-                current = a
             case .failure(let error):
                 decision = .refuse(.internalError, "relay failed to open the upload: \(error)")
-                current = account
             }
             switch decision {
             case .stored(let size):
-                services.release(account: account.name, key: key.value)
+                services.claims.release(claim)
                 if let frame = self.machine.sendOffset(Frame.Offset(streamID: id, disposition: .stored, offset: size)) {
                     self.write(frame)
                 }
             case .refuse(let code, let message):
-                services.release(account: account.name, key: key.value)
+                services.claims.release(claim)
                 self.write(self.machine.resetStream(id, code, message))
-            case .upload(let session, let staging, let sha1, let resumed):
+            case .upload(let session, let staging, let sha1, let resumed, let byteLimit):
                 let offset = Frame.Offset(
                     streamID: id, disposition: resumed ? .resume : .start, offset: UInt64(session.durableOffset),
                     resumeToken: session.resumeToken
                 )
                 let upload = StreamUpload(
-                    id: id, key: key, account: current, open: open, session: session, staging: staging, sha1: sha1,
-                    services: services, eventLoop: context.eventLoop, logger: self.logger
+                    id: id, key: key, account: account, open: open, session: session, staging: staging, sha1: sha1,
+                    byteLimit: byteLimit, services: services, eventLoop: context.eventLoop, logger: self.logger
                 ) { [weak self] event in
                     self?.uploadEvent(id, event)
                 }
-                guard let frame = self.machine.sendOffset(offset), !self.closed else {
+                guard !self.closed, let frame = self.machine.sendOffset(offset) else {
                     // The agent cancelled, or the connection went, while we looked the upload up.
-                    upload.abort(discardSession: false)
+                    let discard = self.closedWhileOpening.removeValue(forKey: id) ?? false
+                    upload.abort(keepSession: !discard)
                     return
                 }
                 self.uploads[id] = upload
@@ -277,14 +398,15 @@ final class RelayConnectionHandler: ChannelInboundHandler {
             self.uploads.removeValue(forKey: id)
             if let frame = self.machine.sendResult(result) {
                 self.write(frame)
+                if let credit = self.machine.flushConnectionCredit() { self.write(credit) }
             }
             self.logger.info(
                 "upload committed",
                 metadata: ["upload.key": "\(result.key)", "upload.size": "\(result.size)", "upload.sha1": "\(result.sha1)"]
             )
             self.closeIfDrained()
-        case .failed(let code, let message, let discard):
-            self.uploads.removeValue(forKey: id)?.abort(discardSession: discard)
+        case .failed(let code, let message):
+            self.uploads.removeValue(forKey: id)
             self.write(self.machine.resetStream(id, code, message))
             self.closeIfDrained()
         }
@@ -293,33 +415,67 @@ final class RelayConnectionHandler: ChannelInboundHandler {
 
     // MARK: Graceful shutdown (SPEC §6.5)
 
+    /// Where a connection is in its graceful shutdown.
+    private enum Drain {
+        /// Not shutting down.
+        case none
+        /// GOAWAY sent: open streams go on (CHUNK, HASH, RESULT) for the drain period; the connection closes as soon as
+        /// none is left open.
+        case draining
+        /// The drain period is over: what was received is made durable and acknowledged, verifying streams get their
+        /// RESULT, then the connection closes.
+        case finishing
+    }
+
+    private var drain = Drain.none
+
     private func beginShutdown() {
-        guard !self.closed, !self.shuttingDown else { return }
-        self.shuttingDown = true
-        // The grace period is this connection's own timer, on its own event loop: nothing crosses loops during shutdown.
-        let grace = self.services.configuration.shutdownGrace
-        self.graceTimer = self.context?.eventLoop.assumeIsolated().scheduleTask(in: TimeAmount(grace)) { [weak self] in
-            guard let self, !self.closed else { return }
-            self.logger.warning("closing connection: uploads not drained within the shutdown grace period", metadata: ["grace": "\(grace)"])
-            self.close()
-        }
+        guard !self.closed, case .none = self.drain else { return }
         guard self.machine.isReady, let goAway = self.machine.sendGoAway(.noError, "relay shutting down; resume on a new connection") else {
             self.close()
             return
         }
+        self.drain = .draining
         self.write(goAway)
-        for upload in self.uploads.values {
-            upload.requestSync()
-        }
         self.flushIfNeeded()
+        // The grace period is this connection's own timer, on its own event loop: nothing crosses loops during shutdown.
+        let grace = self.services.configuration.shutdownGrace
+        self.graceTimer = self.context?.eventLoop.assumeIsolated().scheduleTask(in: TimeAmount(grace)) { [weak self] in
+            self?.finishDrain(after: grace)
+        }
         self.closeIfDrained()
     }
 
-    /// During shutdown: once every upload is durable and acknowledged, close.
-    private func closeIfDrained() {
-        guard self.shuttingDown, !self.closed else { return }
-        if self.uploads.values.allSatisfy(\.isQuiet) {
+    /// The drain period ended: make every upload durable, then close once each is quiet (a hard stop follows).
+    private func finishDrain(after grace: Duration) {
+        guard !self.closed, case .draining = self.drain else { return }
+        self.drain = .finishing
+        self.logger.info("drain period over: acknowledging what arrived, then closing", metadata: ["grace": "\(grace)"])
+        for upload in self.uploads.values {
+            upload.requestSync()
+        }
+        self.graceTimer = self.context?.eventLoop.assumeIsolated().scheduleTask(in: TimeAmount(grace)) { [weak self] in
+            guard let self, !self.closed else { return }
+            self.logger.warning("closing connection: uploads not durable within the shutdown grace period", metadata: ["grace": "\(grace)"])
             self.close()
+        }
+        self.closeIfDrained()
+    }
+
+    /// Closes when the connection has nothing left to do: during the drain, once no stream is open; after it, once every
+    /// upload is durable and acknowledged and none is verifying.
+    private func closeIfDrained() {
+        guard !self.closed else { return }
+        switch self.drain {
+        case .none:
+            // After the agent's GOAWAY the agent closes when it is done (SPEC §4.1); the idle timeout covers one that never does.
+            break
+        case .draining:
+            if self.machine.openStreamCount == 0 { self.close() }
+        case .finishing:
+            if self.machine.openStreamCount == 0 || self.uploads.values.allSatisfy({ $0.isQuiet && !$0.isVerifying }) {
+                self.close()
+            }
         }
     }
 }

@@ -76,7 +76,6 @@ public final class RelayServer: Service, Sendable {
                 return channel.eventLoop.makeCompletedFuture {
                     let sync = channel.pipeline.syncOperations
                     try sync.addHandler(NIOSSLServerHandler(context: tls))
-                    try sync.addHandler(IdleStateHandler(readTimeout: TimeAmount(configuration.limits.idleTimeout)))
                     try sync.addHandler(RelayConnectionHandler(services: services, logger: logger))
                 }
             }
@@ -100,12 +99,61 @@ public final class RelayServer: Service, Sendable {
             for continuation in waiting { continuation.resume(returning: address) }
         }
         logger.info("upload-relay listening", metadata: ["address": "\(address.map { "\($0)" } ?? "?")"])
+        let maintenance = self.startMaintenance()
         try await withGracefulShutdownHandler {
             try await channel.closeFuture.get()
         } onGracefulShutdown: {
             self.shutdown()
         }
+        let stopped = maintenance.loop.makePromise(of: Void.self)
+        maintenance.task.cancel(promise: stopped)
+        try? await stopped.futureResult.get()
         logger.info("upload-relay stopped")
+    }
+
+    /// Every ``RelayConfiguration/maintenanceInterval``: connections of newly revoked accounts close (issue 6 finding 6),
+    /// and sessions past their expiry go (finding 4), except those whose key an upload holds right now.
+    private func startMaintenance() -> (task: RepeatedTask, loop: any EventLoop) {
+        let services = self.services
+        let interval = TimeAmount(services.configuration.maintenanceInterval)
+        let loop = self.group.next()
+        // Starts empty: an account revoked before the first look has its connections closed then too.
+        let revoked = NIOLockedValueBox<Set<String>>([])
+        let lastExpiry = NIOLockedValueBox(NIODeadline.now())
+        let expiryEvery = min(TimeAmount.nanoseconds(TimeAmount(services.configuration.sessionExpiry).nanoseconds / 4), .minutes(10))
+        let task = loop.scheduleRepeatedAsyncTask(initialDelay: interval, delay: interval) { _ in
+            services.threadPool.runIfActive(eventLoop: loop) { () -> Set<String> in
+                let now = Set(try services.catalog.accounts().filter(\.revoked).map(\.name))
+                let due = lastExpiry.withLockedValue { last in
+                    guard NIODeadline.now() - last >= expiryEvery else { return false }
+                    last = .now()
+                    return true
+                }
+                if due {
+                    try RelayRuntime.cleanUp(
+                        catalog: services.catalog, store: services.store, expiry: services.configuration.sessionExpiry,
+                        logger: services.logger, busy: { services.claims.isClaimed(KeyClaims.name(account: $0.account, key: $0.key)) }
+                    )
+                }
+                return now
+            }.map { now in
+                let newly = revoked.withLockedValue { known -> Set<String> in
+                    defer { known = now }
+                    return now.subtracting(known)
+                }
+                guard !newly.isEmpty else { return }
+                let connections = self.state.withLockedValue { Array($0.connections.values) }
+                for account in newly {
+                    services.logger.notice("token revoked: closing its connections", metadata: ["account": "\(account)"])
+                    for connection in connections {
+                        connection.pipeline.fireUserInboundEventTriggered(RelayAccountRevokedEvent(account: account))
+                    }
+                }
+            }.recover { error in
+                services.logger.warning("relay maintenance failed", metadata: ["error": "\(error)"])
+            }
+        }
+        return (task, loop)
     }
 
     private func admit(_ channel: any Channel) -> Bool {

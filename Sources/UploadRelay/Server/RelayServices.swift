@@ -11,7 +11,7 @@ public final class RelayServices: Sendable {
     public let threadPool: NIOThreadPool
     public let logger: Logger
     /// Keys with an upload in progress on any connection: a second one gets KEY_BUSY.
-    private let busyKeys = NIOLockedValueBox<Set<String>>([])
+    let claims = KeyClaims()
 
     public init(configuration: RelayConfiguration, catalog: any Catalog, store: any BlobStore, threadPool: NIOThreadPool, logger: Logger) {
         self.configuration = configuration
@@ -21,12 +21,4 @@ public final class RelayServices: Sendable {
         self.logger = logger
     }
 
-    /// Claims `key` of `account` for one upload; false when another upload holds it.
-    func claim(account: String, key: String) -> Bool {
-        self.busyKeys.withLockedValue { $0.insert(account + "\u{0}" + key).inserted }
-    }
-
-    func release(account: String, key: String) {
-        _ = self.busyKeys.withLockedValue { $0.remove(account + "\u{0}" + key) }
-    }
 }

@@ -3,6 +3,9 @@ import UploadProtocol
 
 /// Where verified blobs end up (ARCHITECTURE "Storage and catalog"): begin → write at offset →
 /// make durable → commit (atomic) or abort. Calls block: run them off the event loop.
+///
+/// Objects are kept per account: no account can see, replace or dedup against another's bytes. For the local
+/// store the object for key K of account A is the file `<store>/A/K`.
 public protocol BlobStore: Sendable {
     /// Opens the staging file `name` and cuts it to `offset` bytes: whatever lies beyond the
     /// durable offset was never acknowledged and is written again. A new upload (`offset` 0)
@@ -11,14 +14,39 @@ public protocol BlobStore: Sendable {
     func openStaging(_ name: String, truncatingTo offset: Int64) throws -> any StagingFile
     /// Deletes a staging file; missing is fine.
     func removeStaging(_ name: String) throws
-    /// Makes the staged bytes the object `key`, atomically: complete or absent, never partial.
-    func commit(_ staging: any StagingFile, as key: ObjectKey) throws
-    /// Places a copy of the existing object `source` under `key` (dedup).
-    func duplicate(_ source: ObjectKey, as key: ObjectKey) throws
-    /// The size of the object `key`, or nil when there is none.
-    func size(of key: ObjectKey) throws -> Int64?
+    /// Whether the staging file `name` exists.
+    func hasStaging(_ name: String) throws -> Bool
+    /// Makes the staged bytes the object `key` of `account`, atomically: complete or absent, never partial.
+    /// Returns what identifies the stored file, for the catalog.
+    func commit(_ staging: any StagingFile, as key: ObjectKey, account: String) throws -> ObjectIdentity
+    /// Places a copy of the account's existing object `source` under `key` (dedup).
+    func duplicate(_ source: ObjectKey, as key: ObjectKey, account: String) throws -> ObjectIdentity
+    /// What identifies the object `key` of `account` now, or nil when there is none.
+    func identity(of key: ObjectKey, account: String) throws -> ObjectIdentity?
+    /// The SHA-1 of the object's bytes, read whole (startup recovery only), or nil when there is none.
+    func contentSHA1(of key: ObjectKey, account: String) throws -> SHA1Digest?
+    /// Why `key` cannot be stored for `account` next to the objects it has (a key that is a folder of other keys,
+    /// or a key whose folder is an object), naming the key in the way; nil when it can.
+    func conflict(for key: ObjectKey, account: String) throws -> String?
     /// Names of staging files, for cleaning up those no session refers to.
     func stagingNames() throws -> [String]
+}
+
+/// What identifies one stored object's bytes: recorded by the catalog at commit, compared before the relay
+/// answers STORED or dedups against it, so that only bytes the relay itself verified are ever vouched for.
+public struct ObjectIdentity: Hashable, Sendable {
+    public var device: UInt64
+    public var inode: UInt64
+    public var size: Int64
+    /// Modification time, nanoseconds since the epoch.
+    public var modified: Int64
+
+    public init(device: UInt64, inode: UInt64, size: Int64, modified: Int64) {
+        self.device = device
+        self.inode = inode
+        self.size = size
+        self.modified = modified
+    }
 }
 
 /// The bytes of one upload before commit.

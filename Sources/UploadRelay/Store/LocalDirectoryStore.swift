@@ -4,9 +4,10 @@ import Glibc
 import Darwin
 #endif
 import NIOCore
+import UploadChecksums
 import UploadProtocol
 
-/// The default store: the object for key K is the plain file `<root>/K` (issue 3).
+/// The default store: the object for key K of account A is the plain file `<root>/A/K`.
 ///
 /// Staged bytes live in `stagingDirectory`, on the same file system as `root`, so that commit is
 /// one `rename(2)`: fsync the file, rename it into place, fsync the directory. No partial object
@@ -52,18 +53,25 @@ public final class LocalDirectoryStore: BlobStore {
         String(cString: strerror(code))
     }
 
+    /// Creates every missing directory of `path`; each new one's name is fsynced into its parent, so that a
+    /// committed object's path survives a crash, not only its leaf.
     static func makeDirectories(_ path: String) throws {
         var current = path.hasPrefix("/") ? "" : "."
         for part in path.split(separator: "/") {
+            let parent = current.isEmpty ? "/" : current
             current += "/" + part
-            if mkdir(current, 0o755) != 0 && errno != EEXIST {
+            if mkdir(current, 0o755) == 0 {
+                try Self.syncDirectory(parent)
+            } else if errno != EEXIST {
                 throw StoreError("cannot create directory \(current): \(reason())", isNoSpace: errno == ENOSPC)
             }
         }
     }
 
     public func openStaging(_ name: String, truncatingTo offset: Int64) throws -> any StagingFile {
-        precondition(!name.contains("/"), "staging names are flat")
+        guard !name.isEmpty, !name.contains("/"), name != ".", name != ".." else {
+            throw StoreError("staging name \"\(name)\" is not a plain file name")
+        }
         let path = self.stagingDirectory + "/" + name
         // A resume never creates: a missing staging file (a crash between commit's rename and
         // its catalog record) must not turn into a file of zeros below the durable offset.
@@ -93,48 +101,65 @@ public final class LocalDirectoryStore: BlobStore {
         }
     }
 
-    /// The object's path, after checking that no symbolic link leads its directory out of the store.
-    private func placeFor(_ key: ObjectKey) throws -> (directory: String, path: String) {
+    /// The account's folder; its name was checked when the account was made, and is checked again here.
+    private func accountDirectory(_ account: String) throws -> String {
+        guard Account.isValidName(account) else {
+            throw StoreError("account name \"\(account)\" cannot be a folder of the store")
+        }
+        return self.root + "/" + account
+    }
+
+    /// The object's path, after checking that no symbolic link leads its directory out of the account's folder.
+    private func placeFor(_ key: ObjectKey, account: String) throws -> (directory: String, path: String) {
+        let base = try self.accountDirectory(account)
         let segments = key.segments
-        let directory = ([self.root] + segments.dropLast().map(String.init)).joined(separator: "/")
+        let directory = ([base] + segments.dropLast()).joined(separator: "/")
         try Self.makeDirectories(directory)
-        guard let realRoot = realpath(self.root, nil), let realDirectory = realpath(directory, nil) else {
+        guard let realBase = realpath(base, nil), let realDirectory = realpath(directory, nil) else {
             throw StoreError("cannot resolve \(directory): \(Self.reason())")
         }
         defer {
-            free(realRoot)
+            free(realBase)
             free(realDirectory)
         }
-        let rootPath = String(cString: realRoot)
+        let basePath = String(cString: realBase)
         let directoryPath = String(cString: realDirectory)
-        guard directoryPath == rootPath || directoryPath.hasPrefix(rootPath == "/" ? "/" : rootPath + "/") else {
-            throw StoreError("key \"\(key)\" leads through a symbolic link out of the store \(self.root)")
+        guard directoryPath == basePath || directoryPath.hasPrefix(basePath + "/") else {
+            throw StoreError("key \"\(key)\" leads through a symbolic link out of the store \(base)")
         }
-        return (directory, directory + "/" + String(segments.last!))
+        return (directory, directory + "/" + (segments.last ?? key.value))
     }
 
-    public func commit(_ staging: any StagingFile, as key: ObjectKey) throws {
+    private func path(of key: ObjectKey, account: String) throws -> String {
+        try self.accountDirectory(account) + "/" + key.value
+    }
+
+    public func commit(_ staging: any StagingFile, as key: ObjectKey, account: String) throws -> ObjectIdentity {
         guard let file = staging as? LocalStagingFile else {
-            preconditionFailure("a LocalDirectoryStore commits only its own staging files")
+            throw StoreError("a local directory store commits only its own staging files")
+        }
+        if let conflict = try self.conflict(for: key, account: account) {
+            throw StoreError(conflict)
         }
         try file.seal()
-        let (directory, path) = try self.placeFor(key)
-        var existing = stat()
-        if lstat(path, &existing) == 0 && (existing.st_mode & S_IFMT) == S_IFDIR {
-            throw StoreError("cannot store \"\(key)\": \(path) is a directory")
-        }
+        let (directory, path) = try self.placeFor(key, account: account)
         guard rename(file.path, path) == 0 else {
-            throw StoreError("cannot rename \(file.path) to \(path): \(Self.reason())")
+            throw StoreError("cannot rename \(file.path) to \(path): \(Self.reason())", isNoSpace: errno == ENOSPC)
         }
         file.close()
         try Self.syncDirectory(directory)
+        return try Self.identity(at: path) ?? { throw StoreError("\(path) vanished right after its commit") }()
     }
 
-    public func duplicate(_ source: ObjectKey, as key: ObjectKey) throws {
-        let from = self.root + "/" + source.value
-        let (directory, path) = try self.placeFor(key)
+    public func duplicate(_ source: ObjectKey, as key: ObjectKey, account: String) throws -> ObjectIdentity {
+        let from = try self.path(of: source, account: account)
+        if let conflict = try self.conflict(for: key, account: account) {
+            throw StoreError(conflict)
+        }
+        let (directory, path) = try self.placeFor(key, account: account)
         let temporary = self.stagingDirectory + "/dup-" + String(UInt64.random(in: 0...UInt64.max), radix: 36)
-        // A hard link shares the bytes; the rename keeps the new name atomic.
+        // A hard link shares the bytes; the rename keeps the new name atomic. Objects are only ever replaced by
+        // rename, never written in place, so the twin's bytes cannot change under the link.
         if link(from, temporary) != 0 {
             try Self.copyFile(from, to: temporary)
         }
@@ -144,6 +169,81 @@ public final class LocalDirectoryStore: BlobStore {
             throw StoreError("cannot place a copy of \"\(source)\" at \(path): \(message)")
         }
         try Self.syncDirectory(directory)
+        return try Self.identity(at: path) ?? { throw StoreError("\(path) vanished right after it was placed") }()
+    }
+
+    public func identity(of key: ObjectKey, account: String) throws -> ObjectIdentity? {
+        try Self.identity(at: self.path(of: key, account: account))
+    }
+
+    static func identity(at path: String) throws -> ObjectIdentity? {
+        var info = stat()
+        guard lstat(path, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG else { return nil }
+        return ObjectIdentity(
+            device: UInt64(info.st_dev), inode: UInt64(info.st_ino), size: Int64(info.st_size),
+            modified: Int64(info.st_mtim.tv_sec) * 1_000_000_000 + Int64(info.st_mtim.tv_nsec)
+        )
+    }
+
+    public func contentSHA1(of key: ObjectKey, account: String) throws -> SHA1Digest? {
+        let path = try self.path(of: key, account: account)
+        guard try Self.identity(at: path) != nil else { return nil }
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { throw StoreError("cannot open \(path): \(Self.reason())") }
+        defer { Glibc.close(fd) }
+        var sha1 = SHA1()
+        var buffer = [UInt8](repeating: 0, count: 1 << 20)
+        while true {
+            let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+            if n < 0 && errno == EINTR { continue }
+            guard n >= 0 else { throw StoreError("cannot read \(path): \(Self.reason())") }
+            if n == 0 { break }
+            buffer.withUnsafeBytes { sha1.update(UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
+        }
+        return SHA1Digest(bytes: sha1.finalize())
+    }
+
+    public func conflict(for key: ObjectKey, account: String) throws -> String? {
+        let base = try self.accountDirectory(account)
+        let segments = key.segments
+        var path = base
+        var info = stat()
+        for (index, segment) in segments.enumerated() {
+            path += "/" + segment
+            guard lstat(path, &info) == 0 else { return nil }
+            let isDirectory = (info.st_mode & S_IFMT) == S_IFDIR
+            let prefix = segments[0...index].joined(separator: "/")
+            if index < segments.count - 1 && !isDirectory {
+                return "key \"\(prefix)\" is an object, so \"\(key)\" cannot be stored under it (a key cannot be both an object and a folder of keys; choose another key)"
+            }
+            if index == segments.count - 1 && isDirectory {
+                return "key \"\(key)\" is a folder of other keys (such as \"\(Self.someKey(under: path, named: key.value))\"), so it cannot be an object too (choose another key)"
+            }
+        }
+        return nil
+    }
+
+    /// One key stored below the folder `path` (named `prefix` as a key), for messages.
+    private static func someKey(under path: String, named prefix: String) -> String {
+        var directory = path
+        var name = prefix
+        for _ in 0..<32 {
+            var child: String? = nil
+            _ = Self.forEachEntry(of: directory) { entry in
+                child = entry
+                return false
+            }
+            guard let child else { break }
+            directory += "/" + child
+            name += "/" + child
+            var info = stat()
+            guard lstat(directory, &info) == 0, (info.st_mode & S_IFMT) == S_IFDIR else { return name }
+        }
+        return name + "/…"
+    }
+
+    public func hasStaging(_ name: String) throws -> Bool {
+        access(self.stagingDirectory + "/" + name, F_OK) == 0
     }
 
     private static func copyFile(_ from: String, to: String) throws {
@@ -177,25 +277,31 @@ public final class LocalDirectoryStore: BlobStore {
         guard fsync(fd) == 0 else { throw StoreError("cannot fsync directory \(directory): \(reason())") }
     }
 
-    public func size(of key: ObjectKey) throws -> Int64? {
-        var info = stat()
-        guard lstat(self.root + "/" + key.value, &info) == 0 else { return nil }
-        guard (info.st_mode & S_IFMT) == S_IFREG else { return nil }
-        return Int64(info.st_size)
-    }
-
     public func stagingNames() throws -> [String] {
-        guard let dir = opendir(self.stagingDirectory) else {
+        var names: [String] = []
+        guard Self.forEachEntry(of: self.stagingDirectory, { names.append($0) }) else {
             throw StoreError("cannot list \(self.stagingDirectory): \(Self.reason())")
         }
+        return names
+    }
+
+    /// Calls `body` with each entry's name but "." and ".." until it returns false; false when the folder cannot be read.
+    private static func forEachEntry(of directory: String, _ body: (String) -> Bool) -> Bool {
+        guard let dir = opendir(directory) else { return false }
         defer { closedir(dir) }
-        var names: [String] = []
         while let entry = readdir(dir) {
             let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
-                String(cString: raw.bindMemory(to: CChar.self).baseAddress!)
+                raw.bindMemory(to: CChar.self).baseAddress.map { String(cString: $0) } ?? ""
             }
-            if name != "." && name != ".." { names.append(name) }
+            if name != "." && name != ".." && !name.isEmpty && !body(name) { break }
         }
-        return names
+        return true
+    }
+
+    private static func forEachEntry(of directory: String, _ body: (String) -> Void) -> Bool {
+        self.forEachEntry(of: directory) { (name: String) -> Bool in
+            body(name)
+            return true
+        }
     }
 }

@@ -24,6 +24,14 @@ final class ChildProcess: @unchecked Sendable {
         try self.process.run()
     }
 
+    deinit {
+        // A test that failed half-way still ends what it started.
+        if self.process.isRunning {
+            Foundation.kill(self.process.processIdentifier, SIGKILL)
+            self.process.waitUntilExit()
+        }
+    }
+
     /// Waits for the ready file (the child is listening) and returns its port.
     func waitUntilReady(timeout: TimeInterval = 30) throws -> Int {
         let deadline = Date().addingTimeInterval(timeout)

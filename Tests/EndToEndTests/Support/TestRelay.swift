@@ -58,8 +58,9 @@ final class TestRelay: @unchecked Sendable {
 
     var storePath: String { self.services.configuration.storePath }
 
-    func stored(_ key: String) -> Data? {
-        FileManager.default.contents(atPath: self.storePath + "/" + key)
+    /// The object `key` of `account` (the dev account by default), as the store holds it: `<store>/ACCOUNT/KEY`.
+    func stored(_ key: String, account: String = "dev") -> Data? {
+        FileManager.default.contents(atPath: self.storePath + "/" + account + "/" + key)
     }
 
     func addAccount(_ name: String, quota: Int64? = nil) throws -> String {

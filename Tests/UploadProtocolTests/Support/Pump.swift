@@ -88,11 +88,11 @@ struct MemoryRelay {
             return self.machine.sendResult(
                 Frame.Result(streamID: hash.streamID, status: .stored, size: hash.size, sha1: actual, key: upload.key)
             ).map { [$0] } ?? []
-        case .abortUpload(let id, _, _, let discard):
+        case .abortUpload(let id, _, _, let discard, let credit):
             if let upload = self.uploads.removeValue(forKey: id), discard {
                 self.sessions[upload.key] = nil
             }
-            return []
+            return credit.map { [.credit($0)] } ?? []
         case .send(let frame):
             return [frame]
         case .resetStream(let error, let credit):
@@ -225,7 +225,7 @@ struct MemoryAgent {
             streamID: id, key: job.key, size: job.announceSize ? UInt64(job.data.count) : nil, sha1: sha1,
             fingerprint: job.fingerprint, resumeToken: job.resumeToken
         )
-        return (id, [self.machine.sendOpen(open)])
+        return (id, [self.machine.sendOpen(open)!])
     }
 
     mutating func receive(_ bytes: inout ByteBuffer) -> [Frame] {
@@ -282,7 +282,7 @@ struct MemoryAgent {
                 let offset = Int(next)
                 if offset == job.data.count {
                     let real = SHA1Digest(bytes: SHA1.hash(job.data))!
-                    out.append(self.machine.sendHash(Frame.Hash(streamID: id, size: next, sha1: job.lie ?? real)))
+                    out.append(self.machine.sendHash(Frame.Hash(streamID: id, size: next, sha1: job.lie ?? real)).frame!)
                     break
                 }
                 let credit = self.machine.sendableBytes(on: id)
@@ -299,7 +299,7 @@ struct MemoryAgent {
                     }
                 }
                 self.sentPayload[id, default: 0] += n
-                out.append(self.machine.sendChunk(chunk))
+                out.append(self.machine.sendChunk(chunk).frame!)
             }
         }
         return out
@@ -356,5 +356,13 @@ struct Pump {
         let (id, frames) = self.agent.start(job)
         self.agentSends(frames)
         return id
+    }
+}
+
+extension AgentSendDecision {
+    /// The frame to write, in tests that expect the agent to send.
+    var frame: Frame? {
+        if case .send(let frame) = self { return frame }
+        return nil
     }
 }

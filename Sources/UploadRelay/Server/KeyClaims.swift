@@ -1,0 +1,67 @@
+import NIOConcurrencyHelpers
+
+/// Which keys have an upload under way, relay-wide: one upload per key of an account at a time.
+///
+/// A claim is *active* while its stream is open and *closing* once the stream has ended on the wire (RESULT,
+/// ERROR or OFFSET STORED sent, CANCEL or ERROR received, connection gone) while its cleanup (closing the staging
+/// file, dropping a session) still runs. An OPEN of an active key is answered KEY_BUSY; an OPEN of a closing key
+/// waits for the cleanup instead, so an agent never sees KEY_BUSY for a stream it already saw end
+/// (SPEC §11, issue 6 finding 16).
+final class KeyClaims: Sendable {
+    /// What ``claim(_:whenFree:)`` did.
+    enum Outcome: Equatable {
+        /// The key is the caller's until ``release(_:)``.
+        case claimed
+        /// Another upload of the key is open: KEY_BUSY.
+        case busy
+        /// The key's last upload is closing: `whenFree` runs once it is released; claim again then.
+        case queued
+    }
+
+    private struct Claim {
+        var closing = false
+        var waiters: [@Sendable () -> Void] = []
+    }
+
+    private let claims = NIOLockedValueBox<[String: Claim]>([:])
+
+    /// How many keys are claimed now.
+    var count: Int { self.claims.withLockedValue { $0.count } }
+
+    /// Whether an upload holds `name` now (its session is live, whatever its age).
+    func isClaimed(_ name: String) -> Bool {
+        self.claims.withLockedValue { $0[name] != nil }
+    }
+
+    static func name(account: String, key: String) -> String {
+        account + "\u{0}" + key
+    }
+
+    func claim(_ name: String, whenFree: @escaping @Sendable () -> Void) -> Outcome {
+        self.claims.withLockedValue { claims in
+            guard var claim = claims[name] else {
+                claims[name] = Claim()
+                return .claimed
+            }
+            guard claim.closing else { return .busy }
+            claim.waiters.append(whenFree)
+            claims[name] = claim
+            return .queued
+        }
+    }
+
+    /// The key's stream has ended on the wire; its cleanup runs.
+    func markClosing(_ name: String) {
+        self.claims.withLockedValue { claims in
+            claims[name]?.closing = true
+        }
+    }
+
+    /// The key is free: every waiter is told (each claims again; one wins).
+    func release(_ name: String) {
+        let waiters = self.claims.withLockedValue { claims in
+            claims.removeValue(forKey: name)?.waiters ?? []
+        }
+        for waiter in waiters { waiter() }
+    }
+}

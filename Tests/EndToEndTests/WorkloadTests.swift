@@ -1,0 +1,230 @@
+import Foundation
+import Testing
+import UploadAgent
+import UploadChecksums
+import UploadProtocol
+@testable import UploadRelay
+
+/// What users and hostile agents do that the first tests did not (issue 6): galleries of big files, several accounts,
+/// files that change under the agent, keys in each other's way, revoked tokens.
+@Suite("End to end: real workloads", .serialized)
+struct WorkloadTests {
+    static func items(_ files: [(String, String)]) -> [UploadItem] {
+        files.map { key, path in UploadItem(key: key, displayPath: path, source: FileSource(path: path)) }
+    }
+
+    @Test(
+        "a gallery of big files and small ones at once: every byte arrives (finding 1: reads planned on one credit)",
+        arguments: [false, true]
+    )
+    func gallery(smallWindows: Bool) async throws {
+        let relay = try await TestRelay {
+            if smallWindows {
+                $0.limits.streamWindow = 64 << 10
+                $0.limits.connectionWindow = 64 << 10
+            }
+        }.start()
+        let source = TestRelay.makeDirectory()
+        var files: [String: Data] = [:]
+        var paths: [(String, String)] = []
+        let big = smallWindows ? (count: 3, size: 1 << 20) : (count: 8, size: 16 << 20)
+        for i in 0..<big.count {
+            let file = makeFile(source, "video-\(i).mov", size: big.size, seed: UInt64(100 + i))
+            files["gallery/video-\(i).mov"] = file.data
+            paths.append(("gallery/video-\(i).mov", file.path))
+        }
+        for i in 0..<200 {
+            let file = makeFile(source, "img-\(i).jpg", size: 1 + i * 97, seed: UInt64(500 + i))
+            files["gallery/img-\(i).jpg"] = file.data
+            paths.append(("gallery/img-\(i).jpg", file.path))
+        }
+        for dedup in [false, true] {
+            let results = try await upload(Self.items(paths), port: relay.port, token: relay.token, ca: relay.caPath) {
+                $0.dedup = dedup
+                $0.overwrite = true
+            }
+            #expect(results.count == paths.count)
+            for result in results {
+                #expect(result.status != .failed, "\(result.key): \(result.error ?? "")")
+                #expect(relay.stored(result.key) == files[result.key], "\(result.key) differs")
+            }
+        }
+        await relay.stop()
+    }
+
+    @Test("two accounts with the same key names: separate objects, no dedup or STORED across accounts (finding 2)")
+    func accountsAreSeparate() async throws {
+        let relay = try await TestRelay().start()
+        let alice = try relay.addAccount("alice")
+        let bob = try relay.addAccount("bob")
+        let source = TestRelay.makeDirectory()
+        let a = makeFile(source, "a.jpg", size: 300_000, seed: 1)
+        let b = makeFile(source, "b.jpg", size: 300_000, seed: 2)
+        let first = try await upload(Self.items([("photos/1.jpg", a.path)]), port: relay.port, token: alice, ca: relay.caPath)
+        #expect(first.first?.status == .stored)
+        // Bob stores other bytes under the same key: his own object; Alice's stays.
+        let second = try await upload(Self.items([("photos/1.jpg", b.path)]), port: relay.port, token: bob, ca: relay.caPath)
+        #expect(second.first?.status == .stored)
+        #expect(relay.stored("photos/1.jpg", account: "alice") == a.data)
+        #expect(relay.stored("photos/1.jpg", account: "bob") == b.data)
+        // Alice's own re-upload is answered STORED from her object.
+        let again = try await upload(Self.items([("photos/1.jpg", a.path)]), port: relay.port, token: alice, ca: relay.caPath)
+        #expect(again.first?.status == .deduplicated)
+        #expect(again.first?.sentBytes == 0)
+        // Bob holding Alice's bytes under another key must send them: no dedup against another account.
+        let copy = try await upload(Self.items([("mine.jpg", a.path)]), port: relay.port, token: bob, ca: relay.caPath)
+        #expect(copy.first?.status == .stored)
+        #expect(copy.first?.sentBytes == 300_000)
+        #expect(relay.stored("mine.jpg", account: "bob") == a.data)
+        #expect(relay.stored("mine.jpg", account: "alice") == nil)
+        await relay.stop()
+    }
+
+    @Test("an object changed on disk behind the relay's back is never vouched for as STORED (finding 2: identity, not size)")
+    func storedChecksIdentity() async throws {
+        let relay = try await TestRelay().start()
+        let source = TestRelay.makeDirectory()
+        let file = makeFile(source, "doc.pdf", size: 100_000, seed: 3)
+        let first = try await upload(Self.items([("doc.pdf", file.path)]), port: relay.port, token: relay.token, ca: relay.caPath)
+        #expect(first.first?.status == .stored)
+        // Same size, other bytes, placed where the object was (a new file: another inode).
+        let impostor = makeFile(source, "impostor", size: 100_000, seed: 4)
+        let objectPath = relay.storePath + "/dev/doc.pdf"
+        try FileManager.default.removeItem(atPath: objectPath)
+        try FileManager.default.copyItem(atPath: impostor.path, toPath: objectPath)
+        let again = try await upload(Self.items([("doc.pdf", file.path)]), port: relay.port, token: relay.token, ca: relay.caPath) {
+            $0.overwrite = true
+        }
+        #expect(again.first?.status == .stored)
+        #expect(again.first?.sentBytes == 100_000)
+        #expect(relay.stored("doc.pdf") == file.data)
+        await relay.stop()
+    }
+
+    @Test("two commits of one account at once never pass its quota, and nothing refused is renamed into place (finding 3)")
+    func quotaCommitsAreAtomic() throws {
+        let directory = TestRelay.makeDirectory()
+        let catalog = try SQLiteCatalog(path: directory + "/catalog.sqlite")
+        try catalog.addAccount(name: "small", tokenHash: [1], quota: 100)
+        let first = PendingCommit(account: "small", key: "k2", size: 60, sha1: "a", sessionID: nil)
+        let second = PendingCommit(account: "small", key: "k1", size: 60, sha1: "b", sessionID: nil)
+        try catalog.beginCommit(first)
+        #expect(throws: CatalogError.self) { try catalog.beginCommit(second) }
+        try catalog.finishCommit(first, identity: ObjectIdentity(device: 1, inode: 2, size: 60, modified: 3))
+        #expect(try catalog.account(named: "small")?.usedBytes == 60)
+        // An abandoned commit gives its reservation back.
+        let third = PendingCommit(account: "small", key: "k3", size: 40, sha1: "c", sessionID: nil)
+        try catalog.beginCommit(third)
+        #expect(try catalog.quotaUse(account: "small", excludingKey: "x").left == 0)
+        try catalog.abandonCommit(account: "small", key: "k3")
+        #expect(try catalog.quotaUse(account: "small", excludingKey: "x").left == 40)
+    }
+
+    @Test("unfinished uploads count against the quota; past it OPEN is refused, naming what holds the quota (finding 4)")
+    func stagedBytesCountAgainstQuota() throws {
+        let directory = TestRelay.makeDirectory()
+        let catalog = try SQLiteCatalog(path: directory + "/catalog.sqlite")
+        try catalog.addAccount(name: "small", tokenHash: [1], quota: 100)
+        for i in 0..<3 {
+            try catalog.putSession(
+                UploadSession(
+                    id: "s\(i)", account: "small", key: "k\(i)", resumeToken: [], fingerprint: [], declaredSize: i == 2 ? nil : 30,
+                    durableOffset: 15, sha1State: [], stagingName: "s\(i)"
+                )
+            )
+        }
+        let use = try catalog.quotaUse(account: "small", excludingKey: "k0")
+        #expect(use.staged == 45)
+        #expect(use.left == 55)
+        #expect(use.refusal(account: "small", needed: 60).contains("held by unfinished uploads"))
+    }
+
+    @Test("a file rewritten while it uploads is never committed as a mix of two versions (finding 8)")
+    func changedDuringUpload() async throws {
+        let relay = try await TestRelay { $0.limits.streamWindow = 64 << 10; $0.limits.connectionWindow = 64 << 10 }.start()
+        let source = TestRelay.makeDirectory()
+        let file = makeFile(source, "growing.mov", size: 8 << 20, seed: 5)
+        let sent = SentCounter()
+        let path = file.path
+        let task = Task {
+            try await upload(Self.items([("growing.mov", path)]), port: relay.port, token: relay.token, ca: relay.caPath) {
+                $0.dedup = false
+                $0.maxAttemptsPerItem = 1
+            } onEvent: { event in
+                if case .sent(_, let bytes) = event { sent.add(bytes) }
+            }
+        }
+        await sent.wait(for: 1 << 20)
+        // The camera rewrites the file in place: same size, new head and tail.
+        let handle = try #require(FileHandle(forWritingAtPath: path))
+        try handle.write(contentsOf: Data(repeating: 0xEE, count: 4096))
+        try handle.seek(toOffset: UInt64(8 << 20) - 4096)
+        try handle.write(contentsOf: Data(repeating: 0xEE, count: 4096))
+        try handle.close()
+        let results = try await task.value
+        #expect(results.first?.status == .failed)
+        #expect(results.first?.error?.contains("modified during the upload") == true, "\(results.first?.error ?? "")")
+        #expect(relay.stored("growing.mov") == nil)
+        await relay.stop()
+    }
+
+    @Test("keys split on bytes: a combining mark right after \"/\" is stored where its key says (finding 9)")
+    func combiningMarkAfterSlash() async throws {
+        let relay = try await TestRelay().start()
+        let source = TestRelay.makeDirectory()
+        let file = makeFile(source, "x", size: 1000, seed: 6)
+        let key = "uni/\u{301}x"
+        let results = try await upload(Self.items([(key, file.path)]), port: relay.port, token: relay.token, ca: relay.caPath)
+        #expect(results.first?.status == .stored, "\(results.first?.error ?? "")")
+        #expect(FileManager.default.contents(atPath: relay.storePath + "/dev/uni/\u{301}x") == file.data)
+        await relay.stop()
+    }
+
+    @Test("a key that is another key's folder, or under another key, is refused at OPEN, naming that key, and not retried (finding 10)")
+    func keyConflicts() async throws {
+        let relay = try await TestRelay().start()
+        let source = TestRelay.makeDirectory()
+        let file = makeFile(source, "f", size: 4 << 20, seed: 7)
+        let first = try await upload(Self.items([("a", file.path), ("c/d", file.path)]), port: relay.port, token: relay.token, ca: relay.caPath)
+        #expect(first.allSatisfy { $0.status == .stored })
+        let other = makeFile(source, "g", size: 4 << 20, seed: 8)
+        for key in ["a/b", "c"] {
+            let results = try await upload(Self.items([(key, other.path)]), port: relay.port, token: relay.token, ca: relay.caPath) {
+                $0.dedup = false
+            }
+            #expect(results.first?.status == .failed)
+            #expect(results.first?.error?.contains("INVALID_KEY") == true, "\(results.first?.error ?? "")")
+            #expect(results.first?.sentBytes == 0)
+        }
+        await relay.stop()
+    }
+
+    @Test("a token revoked while its agent uploads: the connection closes within seconds and nothing more is stored (finding 6)")
+    func revokedWhileUploading() async throws {
+        let relay = try await TestRelay { $0.maintenanceInterval = .milliseconds(100) }.start()
+        let token = try relay.addAccount("stolen")
+        let pipe = Pipe()
+        let sent = SentCounter()
+        let task = Task {
+            try await upload(
+                [UploadItem(key: "exfil.bin", displayPath: "-", source: StreamSource(descriptor: pipe.fileHandleForReading.fileDescriptor))],
+                port: relay.port, token: token, ca: relay.caPath,
+                onEvent: { event in
+                    if case .sent(_, let bytes) = event { sent.add(bytes) }
+                }
+            )
+        }
+        // A source that never ends: 4 MiB, then silence until the test closes it.
+        let writer = Thread { pipe.fileHandleForWriting.write(Data(repeating: 1, count: 4 << 20)) }
+        writer.start()
+        await sent.wait(for: 1 << 20)
+        #expect(try relay.services.catalog.revokeAccount(named: "stolen"))
+        // The agent is told at once (UNAUTHENTICATED is not retried), even though its source never ended.
+        let results = try await task.value
+        try? pipe.fileHandleForWriting.close()
+        #expect(results.first?.status == .failed)
+        #expect(results.first?.error?.contains("revoked") == true, "\(results.first?.error ?? "")")
+        #expect(relay.stored("exfil.bin", account: "stolen") == nil)
+        await relay.stop()
+    }
+}
