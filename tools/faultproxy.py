@@ -9,7 +9,11 @@ Python 3.11+, standard library only. Started as a subprocess by tests:
 It listens, writes "HOST:PORT\\n" (the address actually bound) atomically to
 --ready-file (temporary file, then rename) once it accepts connections, and
 forwards every accepted connection to --target in both directions until it is
-killed. SIGTERM or SIGINT make it drop every connection and exit 0 at once.
+killed. SIGTERM or SIGINT make it drop every connection and exit 0 at once, in
+every state (listening, forwarding, blocked on a peer that does not read, in the
+middle of a cut or a delay); a second signal, or a shutdown that takes longer
+than a second, ends the process at once (os._exit). The proxy writes at most a
+few lines to stderr, so a parent that never reads a stderr pipe cannot block it.
 
 Faults (applied to the FIRST accepted connection only, unless --every):
 
@@ -46,6 +50,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import fcntl
+import logging
 import os
 import random
 import signal
@@ -53,9 +58,12 @@ import socket
 import struct
 import sys
 import termios
+import threading
 import time
 
 READ_SIZE = 256 * 1024
+STOP_GRACE = 1.0   # seconds a signalled proxy may spend dropping connections before os._exit
+STDERR_BUDGET = 4096  # bytes of diagnostics at most: a pipe nobody reads (64 KiB) never fills
 SIOCOUTQ = termios.TIOCOUTQ  # unacknowledged bytes in a TCP socket's send queue (Linux)
 
 
@@ -104,6 +112,95 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if a.max_inflight < READ_SIZE:
         p.error(f"--max-inflight must be >= {READ_SIZE}")
     return a
+
+
+_stderr_used = 0
+
+
+def warn(text: str) -> None:
+    """One diagnostic line on stderr, within STDERR_BUDGET bytes for the whole run.
+
+    A parent that pipes our stderr and reads it only after we exit must never see
+    us block in write(): that is how SIGTERM used to leave the proxy hanging (the
+    asyncio logger reporting failed sends on dropped connections filled the pipe,
+    and the loop, stuck in write(), never ran the signal handler)."""
+    global _stderr_used
+    data = (text.rstrip("\n") + "\n").encode(errors="replace")
+    if _stderr_used + len(data) > STDERR_BUDGET:
+        return
+    _stderr_used += len(data)
+    try:
+        os.write(2, data)
+    except OSError:
+        pass
+
+
+class Stopper:
+    """SIGTERM/SIGINT handling that works in every state of the proxy.
+
+    The Python-level handler (signal.signal, installed before the loop starts)
+    asks the loop to stop and arms a watchdog thread: if the graceful stop has
+    not finished within STOP_GRACE seconds (a wedged loop, a blocked write, a
+    task that swallows cancellation), the process exits 0 with os._exit. A second
+    signal exits at once. Temporary files registered here are removed first."""
+
+    def __init__(self):
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.event: asyncio.Event | None = None
+        self.signalled = False
+        self.temp_files: set[str] = set()
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self.handle)
+
+    def attach(self, loop: asyncio.AbstractEventLoop, event: asyncio.Event) -> None:
+        self.loop, self.event = loop, event
+        # Wake the loop's selector whichever thread the kernel delivers a signal
+        # to, so the handler above runs at once even when no socket is ready.
+        rsock, wsock = socket.socketpair()
+        rsock.setblocking(False)
+        wsock.setblocking(False)
+        self._wakeup = (rsock, wsock)
+        signal.set_wakeup_fd(wsock.fileno(), warn_on_full_buffer=False)
+
+        def drain() -> None:
+            try:
+                while rsock.recv(4096):
+                    pass
+            except OSError:
+                pass
+        loop.add_reader(rsock.fileno(), drain)
+        if self.signalled:  # a signal came before the loop ran
+            loop.call_soon(event.set)
+
+    def handle(self, signum, frame) -> None:
+        if self.signalled:
+            self.hard_exit()
+        self.signalled = True
+        threading.Thread(target=self._watchdog, name="stop-watchdog", daemon=True).start()
+        loop, event = self.loop, self.event
+        if loop is None or event is None:
+            return  # attach() will stop the loop as soon as it starts
+        try:
+            loop.call_soon_threadsafe(event.set)
+        except RuntimeError:  # loop already closed: we are on the way out anyway
+            self.hard_exit()
+
+    def _watchdog(self) -> None:
+        time.sleep(STOP_GRACE)
+        self.hard_exit()
+
+    def hard_exit(self) -> None:
+        for path in list(self.temp_files):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        os._exit(0)
+
+
+STOPPER = Stopper()
 
 
 class Cut(Exception):
@@ -323,6 +420,8 @@ class Proxy:
         self.rng = random.Random(args.cut_random) if args.cut_random is not None else None
         self.count = 0
         self.tasks: set[asyncio.Task] = set()
+        self.conns: set[Connection] = set()
+        self.stopping = False
 
     def log(self, c: Connection) -> None:
         if not self.args.log:
@@ -334,47 +433,74 @@ class Proxy:
             with open(self.args.log, "a") as f:
                 f.write(line)
         except OSError as e:
-            print(f"faultproxy: cannot write log: {e}", file=sys.stderr)
+            warn(f"faultproxy: cannot write log: {e}")
 
     async def handle(self, reader, writer) -> None:
         self.count += 1
         faulted = self.count == 1 or self.args.every
         conn = Connection(self, self.count, reader, writer, faulted)
+        if self.stopping:  # accepted in the last moment before the listener closed
+            Connection.abort(writer)
+            return
         task = asyncio.current_task()
         self.tasks.add(task)
+        self.conns.add(conn)
         try:
             await conn.run()
         except asyncio.CancelledError:
             pass
         finally:
             self.tasks.discard(task)
+            self.conns.discard(conn)
 
     async def main(self) -> int:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+        # Failed sends on dropped connections make asyncio log (unbounded) to stderr;
+        # nothing of that is useful here and it could block on a full pipe.
+        logging.getLogger("asyncio").setLevel(logging.CRITICAL + 1)
+        loop.set_exception_handler(lambda _loop, _context: None)
+        STOPPER.attach(loop, stop)
         host, port = self.args.listen
         server = await asyncio.start_server(self.handle, host, port, limit=READ_SIZE, reuse_address=True)
         bound = server.sockets[0].getsockname()
         ready = f"{bound[0]}:{bound[1]}\n"
         tmp = f"{self.args.ready_file}.tmp.{os.getpid()}"
-        with open(tmp, "w") as f:
-            f.write(ready)
-        os.replace(tmp, self.args.ready_file)
+        STOPPER.temp_files.add(tmp)
+        try:
+            with open(tmp, "w") as f:
+                f.write(ready)
+            os.replace(tmp, self.args.ready_file)
+        finally:
+            STOPPER.temp_files.discard(tmp)
         await stop.wait()
+        # Drop everything now, without waiting on any peer: close the listener,
+        # reset both sides of every connection, then cancel the tasks.
+        self.stopping = True
         server.close()
+        for c in list(self.conns):
+            Connection.abort(c.c_writer)
+            Connection.abort(c.s_writer)
         for t in list(self.tasks):
             t.cancel()
         if self.tasks:
-            await asyncio.wait(list(self.tasks), timeout=2)
+            await asyncio.wait(list(self.tasks), timeout=STOP_GRACE / 2)
         return 0
 
 
 def main(argv: list[str] | None = None) -> int:
+    STOPPER.install()
     args = parse_args(sys.argv[1:] if argv is None else argv)
     return asyncio.run(Proxy(args).main())
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Skip interpreter finalization (garbage-collected transports, warnings):
+    # nothing is left to flush but stdio, and it must not delay the exit.
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    os._exit(code)
