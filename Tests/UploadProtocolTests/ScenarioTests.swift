@@ -38,6 +38,8 @@ struct ScenarioTests {
         #expect(pump.relay.machine.openStreamCount == 0)
         #expect(pump.agent.machine.openStreamCount == 0)
         #expect(pump.relay.machine.bufferedBytes == 0)
+        // SPEC §5.4: once the stream closed, every byte is back in the connection window, the last half-window too.
+        #expect(pump.agent.machine.connectionCredit == Self.smallWindows.connectionWindow)
     }
 
     @Test("empty, one-byte and unknown-length blobs")

@@ -215,7 +215,7 @@ def valid_vectors():
         HELLO(features=1, min_version=1, max_version=3, max_frame_size=16384))
     add("hello-client-cert", "HELLO with auth method 2 (TLS client certificate) and an empty credential (§3.1).",
         HELLO(auth_method=2, credential="", agent_name=""))
-    add("welcome", "WELCOME with the default limits (§3.2, §12).", WELCOME())
+    add("welcome", "WELCOME with 16 MiB connection and 4 MiB stream windows (§3.2; the defaults of §12.1 are 32 MiB and 8 MiB).", WELCOME())
     add("welcome-deflate", "WELCOME putting DEFLATE in force, small windows, no idle timeout (§3.2).",
         WELCOME(features=1, connection_window=65536, stream_window=65536, max_streams=1, idle=0,
                 account="caméra-7"))

@@ -311,7 +311,7 @@ public struct RelayConnectionStateMachine: Sendable {
     public mutating func sendOffset(_ offset: Frame.Offset) -> Frame? {
         guard self.isReady, var stream = self.streams[offset.streamID], stream.isOpening else { return nil }
         if offset.disposition == .stored {
-            _ = self.close(offset.streamID, .finished)
+            self.holdCredit(self.close(offset.streamID, .finished))
         } else {
             stream.sendOffset(offset, window: self.limits.streamWindow)
             self.streams[offset.streamID] = stream
@@ -346,15 +346,26 @@ public struct RelayConnectionStateMachine: Sendable {
     /// The blob is committed: the RESULT to write, which closes the stream. Nil when the stream is gone.
     public mutating func sendResult(_ result: Frame.Result) -> Frame? {
         guard self.isReady, let stream = self.streams[result.streamID], stream.isVerifying else { return nil }
-        _ = self.close(result.streamID, .finished)
+        self.holdCredit(self.close(result.streamID, .finished))
         return .result(result)
     }
 
     /// A stream finished: the CREDIT(0) that returns every byte storage consumed and the connection has not yet got back,
     /// however few (SPEC §5.4: returned at the latest when a stream closes). Nil when there is none.
     public mutating func flushConnectionCredit() -> Frame? {
-        guard self.isReady, let increment = self.connectionWindow.flush() else { return nil }
+        guard self.isReady else { return nil }
+        let increment = self.heldCredit + (self.connectionWindow.flush() ?? 0)
+        self.heldCredit = 0
+        guard increment > 0 else { return nil }
         return .credit(Frame.Credit(streamID: .connection, increment: increment))
+    }
+
+    /// Connection credit freed by a stream that closed with RESULT or OFFSET STORED, sent by ``flushConnectionCredit()``
+    /// right after that frame (those methods return one frame, as the vectors have it).
+    private var heldCredit: UInt32 = 0
+
+    private mutating func holdCredit(_ credit: Frame.Credit?) {
+        if let credit { self.heldCredit += credit.increment }
     }
 
     /// The relay fails one stream (CRC mismatch, storage error, quota, …): the ERROR and any CREDIT to write. A refused
@@ -380,12 +391,14 @@ public struct RelayConnectionStateMachine: Sendable {
 
     // MARK: Helpers
 
-    /// Closes a stream; returns the connection CREDIT for its bytes that storage will now never consume.
+    /// Closes a stream; returns the connection CREDIT for its bytes that storage will now never consume, and for every
+    /// consumed byte not yet returned.
     private mutating func close(_ id: StreamID, _ reason: StreamCloseReason) -> Frame.Credit? {
         guard let stream = self.streams.removeValue(forKey: id) else { return nil }
         self.closedStreams.insert(id, reason)
+        // SPEC §5.4: the stream's unconsumed bytes, and whatever consumed bytes wait below the batching threshold.
         let buffered = stream.buffered
-        guard buffered > 0, let increment = self.connectionWindow.discard(buffered) else { return nil }
+        guard let increment = buffered > 0 ? self.connectionWindow.discard(buffered) : self.connectionWindow.flush() else { return nil }
         return Frame.Credit(streamID: .connection, increment: increment)
     }
 

@@ -353,6 +353,7 @@ final class RelayConnectionHandler: ChannelInboundHandler {
                 services.claims.release(claim)
                 if let frame = self.machine.sendOffset(Frame.Offset(streamID: id, disposition: .stored, offset: size)) {
                     self.write(frame)
+                    if let credit = self.machine.flushConnectionCredit() { self.write(credit) }
                 }
             case .refuse(let code, let message):
                 services.claims.release(claim)

@@ -85,9 +85,10 @@ struct MemoryRelay {
             self.sessions[upload.key] = nil
             upload.bytes = []
             self.uploads[hash.streamID] = nil
-            return self.machine.sendResult(
+            let result = self.machine.sendResult(
                 Frame.Result(streamID: hash.streamID, status: .stored, size: hash.size, sha1: actual, key: upload.key)
-            ).map { [$0] } ?? []
+            )
+            return (result.map { [$0] } ?? []) + (self.machine.flushConnectionCredit().map { [$0] } ?? [])
         case .abortUpload(let id, _, _, let discard, let credit):
             if let upload = self.uploads.removeValue(forKey: id), discard {
                 self.sessions[upload.key] = nil
@@ -112,7 +113,8 @@ struct MemoryRelay {
         if let sha1 = open.sha1, let size = open.size, let stored = self.store[key], UInt64(stored.count) == size,
             SHA1Digest(bytes: SHA1.hash(stored)) == sha1
         {
-            return self.machine.sendOffset(Frame.Offset(streamID: id, disposition: .stored, offset: size)).map { [$0] } ?? []
+            let offset = self.machine.sendOffset(Frame.Offset(streamID: id, disposition: .stored, offset: size))
+            return (offset.map { [$0] } ?? []) + (self.machine.flushConnectionCredit().map { [$0] } ?? [])
         }
         if let session = self.sessions[key],
             (!open.resumeToken.isEmpty && open.resumeToken == session.token)
