@@ -18,10 +18,10 @@ public enum RelayRuntime {
         return try SQLiteCatalog(path: dataDirectory + "/catalog.sqlite")
     }
 
-    /// `--dev`: a CA, a server certificate for localhost, and a token for account "dev" (made once).
-    public static func prepareDev(dataDirectory: String, catalog: any Catalog) throws -> DevSetup {
+    /// `--dev`: a CA, a server certificate for localhost and `names`, and a token for account "dev" (made once).
+    public static func prepareDev(dataDirectory: String, catalog: any Catalog, names: [String] = []) throws -> DevSetup {
         let paths = DevCertificates.Paths(dataDirectory: dataDirectory)
-        try DevCertificates.ensure(paths)
+        try DevCertificates.ensure(paths, names: names)
         if let existing = try? String(contentsOfFile: paths.token, encoding: .utf8),
             let token = existing.split(whereSeparator: \.isNewline).first.map(String.init),
             let account = try catalog.account(tokenHash: Tokens.hash(Array(token.utf8))), !account.revoked

@@ -35,6 +35,12 @@ struct Send: AsyncParsableCommand {
     @Option(name: .long, help: ArgumentHelp("PEM file of the CA that signed the relay's certificate (or UPLOAD_CA; default: system roots).", valueName: "file"))
     var ca: String?
 
+    @Option(
+        name: .long,
+        help: ArgumentHelp("The name the relay's certificate holds, when --relay gives an address it does not (TLS SNI and verification).", valueName: "name")
+    )
+    var serverName: String?
+
     @Option(name: .long, help: ArgumentHelp("Put every key under this prefix.", valueName: "prefix"))
     var prefix: String?
 
@@ -98,6 +104,7 @@ struct Send: AsyncParsableCommand {
             caPath: self.ca ?? Self.environment("UPLOAD_CA")
         )
         configuration.concurrency = self.concurrency
+        configuration.serverName = self.serverName
         configuration.retryFor = try DurationText.parse(self.retryFor, option: "--retry-for")
         configuration.dedup = !self.noDedup
         configuration.deflate = self.deflate

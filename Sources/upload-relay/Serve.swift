@@ -36,6 +36,15 @@ struct Serve: AsyncParsableCommand {
     @Flag(name: .long, help: "First try: make a private CA, a certificate for localhost and a token under <data>/dev/.")
     var dev = false
 
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "With --dev: another name or address agents reach this relay by, put in its certificate (repeatable). The listen address, or this host's name and addresses when listening on all, are in it already.",
+            valueName: "name"
+        )
+    )
+    var devHost: [String] = []
+
     @Option(name: .long, help: ArgumentHelp("Once listening, write host:port to this file (for scripts).", valueName: "file"))
     var readyFile: String?
 
@@ -127,13 +136,17 @@ struct Serve: AsyncParsableCommand {
         let catalog = try RelayRuntime.openCatalog(dataDirectory: self.data)
         var certificate = self.cert
         var privateKey = self.key
+        let everyAddress = ["0.0.0.0", "::", "*"].contains(host)
+        let localNames = everyAddress ? DevCertificates.localNames() : []
+        var devSetup: RelayRuntime.DevSetup? = nil
         if self.dev {
-            let setup = try RelayRuntime.prepareDev(dataDirectory: self.data, catalog: catalog)
+            let names = (everyAddress ? localNames : [host]) + self.devHost
+            let setup = try RelayRuntime.prepareDev(dataDirectory: self.data, catalog: catalog, names: names)
             if certificate == nil {
                 certificate = setup.paths.serverCertificate
                 privateKey = setup.paths.serverKey
             }
-            Self.printDevHelp(setup, port: port)
+            devSetup = setup
         }
         var configuration = RelayConfiguration(
             certificatePath: certificate!, privateKeyPath: privateKey!, dataDirectory: self.data, storePath: self.store
@@ -154,14 +167,20 @@ struct Serve: AsyncParsableCommand {
         let services = try RelayRuntime.makeServices(configuration: configuration, catalog: catalog, logger: logger)
         let group = MultiThreadedEventLoopGroup(numberOfThreads: System.coreCount)
         let server = try RelayServer(services: services, group: group)
-        if let readyFile = self.readyFile {
-            let ready = self.readyFile
+        if self.readyFile != nil || devSetup != nil {
+            let readyFile = self.readyFile
+            // Agents elsewhere reach a relay on every address by this host's first address, not by 127.0.0.1.
+            let shownHost = everyAddress ? (localNames.first(where: { DevCertificates.isIPAddress($0) }) ?? "127.0.0.1") : host
             Task {
-                if let address = try? await server.waitUntilListening(), let port = address.port {
+                guard let address = try? await server.waitUntilListening(), let port = address.port else { return }
+                if let devSetup {
+                    Self.printDevHelp(devSetup, host: shownHost, port: port)
+                }
+                if let readyFile {
                     let text = "\(address.ipAddress ?? host):\(port)\n"
                     let temporary = readyFile + ".tmp"
-                    FileManager.default.createFile(atPath: temporary, contents: Data(text.utf8))
-                    _ = rename(temporary, ready!)
+                    _ = FileManager.default.createFile(atPath: temporary, contents: Data(text.utf8))
+                    _ = rename(temporary, readyFile)
                 }
             }
         }
@@ -173,11 +192,12 @@ struct Serve: AsyncParsableCommand {
         try await group.shutdownGracefully()
     }
 
-    static func printDevHelp(_ setup: RelayRuntime.DevSetup, port: Int) {
-        let shownPort = port == 0 ? "<port>" : String(port)
+    static func printDevHelp(_ setup: RelayRuntime.DevSetup, host: String, port: Int) {
+        let relay = host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)"
         var text = "upload-relay --dev: CA \(setup.paths.caCertificate), token in \(setup.paths.token)"
         text += setup.createdToken ? " (new)\n" : "\n"
-        text += "  upload with: upload-agent send --relay 127.0.0.1:\(shownPort) --ca \(setup.paths.caCertificate) --token \"$(cat \(setup.paths.token))\" FILE...\n"
+        text += "  certificate for: \((try? String(contentsOfFile: setup.paths.serverNames, encoding: .utf8))?.split(separator: "\n").joined(separator: ", ") ?? "localhost")\n"
+        text += "  upload with: upload-agent send --relay \(relay) --ca \(setup.paths.caCertificate) --token \"$(cat \(setup.paths.token))\" FILE...\n"
         FileHandle.standardError.write(Data(text.utf8))
     }
 }

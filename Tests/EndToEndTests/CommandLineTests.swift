@@ -53,6 +53,8 @@ struct CommandLineTests {
             _ = relay.waitForExit()
         }
         let port = try relay.waitUntilReady()
+        // --dev prints the command to use, with the address and port it listens on (issue 6 finding 22).
+        #expect(relay.log.contains("upload with: upload-agent send --relay 127.0.0.1:\(port) --ca \(data)/dev/ca.pem"), "\(relay.log)")
         let source = TestRelay.makeDirectory()
         let file = makeFile(source + "/trip", "day1/IMG_1.jpg", size: 300_000, seed: 31)
         _ = makeFile(source + "/trip", "notes.txt", size: 12, seed: 32)

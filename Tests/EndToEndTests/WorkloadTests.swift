@@ -227,4 +227,36 @@ struct WorkloadTests {
         #expect(relay.stored("exfil.bin", account: "stolen") == nil)
         await relay.stop()
     }
+
+    @Test("a dev relay is reachable by the address it listens on; a certificate that names another host fails at once, saying what to do (finding 22)")
+    func devCertificateNames() async throws {
+        // 127.0.0.2 stands for "another address of the relay's host": loopback, but not in the default certificate.
+        let source = TestRelay.makeDirectory()
+        let plain = try await TestRelay { $0.host = "127.0.0.2" }.start()
+        let started = ContinuousClock.now
+        let refused = try await upload(
+            Self.items([("f", makeFile(source, "f", size: 1000, seed: 9).path)]), host: "127.0.0.2", port: plain.port,
+            token: plain.token, ca: plain.caPath, configure: { $0.retryFor = .seconds(60) }
+        )
+        // Not retried for --retry-for: failed at once, with the fixes in the message.
+        #expect(ContinuousClock.now - started < .seconds(20))
+        #expect(refused.first?.status == .failed)
+        #expect(refused.first?.error?.contains("--dev-host 127.0.0.2") == true, "\(refused.first?.error ?? "")")
+        #expect(refused.first?.error?.contains("--server-name") == true, "\(refused.first?.error ?? "")")
+        // --server-name with a name the certificate holds works whatever address is dialled.
+        let named = try await upload(
+            Self.items([("g", makeFile(source, "g", size: 1000, seed: 10).path)]), host: "127.0.0.2", port: plain.port,
+            token: plain.token, ca: plain.caPath, configure: { $0.serverName = "localhost" }
+        )
+        #expect(named.first?.status == .stored, "\(named.first?.error ?? "")")
+        await plain.stop()
+        // A dev relay made for its address is reachable by it.
+        let relay = try await TestRelay(devNames: ["127.0.0.2"]) { $0.host = "127.0.0.2" }.start()
+        let stored = try await upload(
+            Self.items([("h", makeFile(source, "h", size: 1000, seed: 11).path)]), host: "127.0.0.2", port: relay.port,
+            token: relay.token, ca: relay.caPath
+        )
+        #expect(stored.first?.status == .stored, "\(stored.first?.error ?? "")")
+        await relay.stop()
+    }
 }

@@ -100,6 +100,12 @@ final class AgentConnectionHandler: ChannelInboundHandler {
                 } else {
                     self.outcome.reason = "TLS error: \(tls)"
                 }
+            case let extra as NIOSSLExtraError where extra == .failedToValidateHostname:
+                // Not transient: retrying cannot change what the certificate names (issue 6 finding 22).
+                let asked = self.configuration.serverName ?? self.configuration.relayHost
+                self.outcome.reason =
+                    "TLS: the relay's certificate is not valid for \"\(asked)\" (\(extra)); connect by a name or address it holds, pass --server-name NAME with the name it holds, or, for a --dev relay, restart it with --dev-host \(asked)"
+                self.outcome.fatal = true
             case let io as IOError:
                 self.outcome.reason = "connection lost: \(io)"
             default:

@@ -8,6 +8,9 @@ public struct AgentConfiguration: Sendable {
     public var token: String
     /// PEM file of the CA that signed the relay's certificate; nil uses the system's trust roots.
     public var caPath: String?
+    /// The name the relay's certificate must hold, when it is not ``relayHost`` (an agent that connects by IP address
+    /// to a relay whose certificate names it by DNS name). Also sent as TLS SNI.
+    public var serverName: String? = nil
     /// A name for the relay's logs.
     public var agentName: String = "upload-agent"
 

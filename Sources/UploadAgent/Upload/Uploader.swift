@@ -86,7 +86,7 @@ public final class Uploader: Sendable {
         let configuration = self.configuration
         let logger = self.logger
         let host = configuration.relayHost
-        let serverName = Self.isIPAddress(host) ? nil : host
+        let serverName = configuration.serverName ?? (Self.isIPAddress(host) ? nil : host)
         let promise = self.group.any().makePromise(of: ConnectionOutcome.self)
         let bootstrap = ClientBootstrap(group: self.group)
             .connectTimeout(.seconds(10))

@@ -1,9 +1,13 @@
+#if canImport(Glibc)
+import Glibc
+#endif
 import Crypto
 import Foundation
 import SwiftASN1
 import X509
 
-/// `upload-relay serve --dev`: a private CA and a server certificate for localhost, 127.0.0.1 and ::1.
+/// `upload-relay serve --dev`: a private CA and a server certificate for localhost, 127.0.0.1, ::1 and the names
+/// the relay is reached by (its listen address, or this host's name and addresses, and any `--dev-host`).
 public enum DevCertificates {
     /// The files `--dev` writes under `DIR/dev/`.
     public struct Paths: Sendable {
@@ -11,43 +15,71 @@ public enum DevCertificates {
         public var caCertificate: String { self.directory + "/ca.pem" }
         public var serverCertificate: String { self.directory + "/server.pem" }
         public var serverKey: String { self.directory + "/server-key.pem" }
+        public var caKey: String { self.directory + "/ca-key.pem" }
         public var token: String { self.directory + "/token" }
+        /// The names the server certificate was made for, one a line: a change makes it anew.
+        public var serverNames: String { self.directory + "/server-names" }
 
         public init(dataDirectory: String) {
             self.directory = dataDirectory + "/dev"
         }
     }
 
-    /// Creates the CA and the server certificate unless they exist already. Returns whether it made them.
+    /// Names and addresses for the server certificate: localhost and the loopback addresses always, then `names`
+    /// (IP addresses become IP entries, anything else a DNS name), without repeats.
+    public static func subjectNames(_ names: [String]) -> [String] {
+        var seen = Set<String>()
+        return (["localhost", "127.0.0.1", "::1"] + names).filter { !$0.isEmpty && seen.insert($0.lowercased()).inserted }
+    }
+
+    /// Creates the CA (once) and a server certificate for `names` (see ``subjectNames(_:)``), made anew when the
+    /// names changed. Returns whether it made the server certificate.
     @discardableResult
-    public static func ensure(_ paths: Paths) throws -> Bool {
+    public static func ensure(_ paths: Paths, names: [String] = []) throws -> Bool {
         let files = FileManager.default
-        if files.fileExists(atPath: paths.caCertificate) && files.fileExists(atPath: paths.serverCertificate)
-            && files.fileExists(atPath: paths.serverKey)
+        let wanted = Self.subjectNames(names)
+        let recorded = (try? String(contentsOfFile: paths.serverNames, encoding: .utf8))?.split(separator: "\n").map(String.init)
+        let haveCA = files.fileExists(atPath: paths.caCertificate) && files.fileExists(atPath: paths.caKey)
+        if haveCA && files.fileExists(atPath: paths.serverCertificate) && files.fileExists(atPath: paths.serverKey)
+            && (recorded == wanted || (recorded == nil && names.isEmpty))
         {
             return false
         }
         try files.createDirectory(atPath: paths.directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
         let now = Date()
-        let caKey = P256.Signing.PrivateKey()
         let caName = try DistinguishedName {
             OrganizationName("upload-relay dev")
             CommonName("upload-relay dev CA")
         }
-        let ca = try Certificate(
-            version: .v3, serialNumber: Certificate.SerialNumber(), publicKey: .init(caKey.publicKey),
-            notValidBefore: now.addingTimeInterval(-3600), notValidAfter: now.addingTimeInterval(3650 * 86400),
-            issuer: caName, subject: caName, signatureAlgorithm: .ecdsaWithSHA256,
-            extensions: try Certificate.Extensions {
-                Critical(BasicConstraints.isCertificateAuthority(maxPathLength: 0))
-                Critical(KeyUsage(keyCertSign: true, cRLSign: true))
-            },
-            issuerPrivateKey: .init(caKey)
-        )
+        let caKey: P256.Signing.PrivateKey
+        if haveCA, let pem = try? String(contentsOfFile: paths.caKey, encoding: .utf8), let key = try? P256.Signing.PrivateKey(pemRepresentation: pem) {
+            caKey = key
+        } else {
+            // A new CA: agents must be given the new ca.pem.
+            caKey = P256.Signing.PrivateKey()
+            let ca = try Certificate(
+                version: .v3, serialNumber: Certificate.SerialNumber(), publicKey: .init(caKey.publicKey),
+                notValidBefore: now.addingTimeInterval(-3600), notValidAfter: now.addingTimeInterval(3650 * 86400),
+                issuer: caName, subject: caName, signatureAlgorithm: .ecdsaWithSHA256,
+                extensions: try Certificate.Extensions {
+                    Critical(BasicConstraints.isCertificateAuthority(maxPathLength: 0))
+                    Critical(KeyUsage(keyCertSign: true, cRLSign: true))
+                },
+                issuerPrivateKey: .init(caKey)
+            )
+            try self.write(caKey.pemRepresentation + "\n", to: paths.caKey, mode: 0o600)
+            try self.write(try ca.serializeAsPEM().pemString + "\n", to: paths.caCertificate, mode: 0o644)
+        }
         let serverKey = P256.Signing.PrivateKey()
         let serverName = try DistinguishedName {
             OrganizationName("upload-relay dev")
-            CommonName("localhost")
+            CommonName(wanted.first(where: { !Self.isIPAddress($0) && $0 != "localhost" }) ?? "localhost")
+        }
+        let alternatives = wanted.map { name -> GeneralName in
+            if let bytes = Self.ipAddressBytes(name) {
+                return .ipAddress(ASN1OctetString(contentBytes: ArraySlice(bytes)))
+            }
+            return .dnsName(name)
         }
         let server = try Certificate(
             version: .v3, serialNumber: Certificate.SerialNumber(), publicKey: .init(serverKey.publicKey),
@@ -57,17 +89,59 @@ public enum DevCertificates {
                 Critical(BasicConstraints.notCertificateAuthority)
                 Critical(KeyUsage(digitalSignature: true))
                 try ExtendedKeyUsage([.serverAuth])
-                SubjectAlternativeNames([
-                    .dnsName("localhost"), .ipAddress(ASN1OctetString(contentBytes: [127, 0, 0, 1])),
-                    .ipAddress(ASN1OctetString(contentBytes: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1])),
-                ])
+                SubjectAlternativeNames(alternatives)
             },
             issuerPrivateKey: .init(caKey)
         )
-        try self.write(try ca.serializeAsPEM().pemString + "\n", to: paths.caCertificate, mode: 0o644)
         try self.write(try server.serializeAsPEM().pemString + "\n", to: paths.serverCertificate, mode: 0o644)
         try self.write(serverKey.pemRepresentation + "\n", to: paths.serverKey, mode: 0o600)
+        try self.write(wanted.joined(separator: "\n"), to: paths.serverNames, mode: 0o644)
         return true
+    }
+
+    public static func isIPAddress(_ text: String) -> Bool {
+        self.ipAddressBytes(text) != nil
+    }
+
+    /// The 4 or 16 bytes of an IPv4 or IPv6 address in text, or nil for a name.
+    static func ipAddressBytes(_ text: String) -> [UInt8]? {
+        var v4 = in_addr()
+        if inet_pton(AF_INET, text, &v4) == 1 {
+            return withUnsafeBytes(of: &v4) { Array($0) }
+        }
+        var v6 = in6_addr()
+        if inet_pton(AF_INET6, text, &v6) == 1 {
+            return withUnsafeBytes(of: &v6) { Array($0) }
+        }
+        return nil
+    }
+
+    /// This host's name and the addresses of its interfaces (loopback and link-local left out): what a `--dev` relay
+    /// listening on every address is reached by.
+    public static func localNames() -> [String] {
+        var names: [String] = []
+        var host = [CChar](repeating: 0, count: 256)
+        if gethostname(&host, host.count) == 0 {
+            names.append(String(cString: host))
+        }
+        var list: UnsafeMutablePointer<ifaddrs>? = nil
+        guard getifaddrs(&list) == 0, let first = list else { return names }
+        defer { freeifaddrs(list) }
+        var cursor: UnsafeMutablePointer<ifaddrs>? = first
+        while let entry = cursor {
+            defer { cursor = entry.pointee.ifa_next }
+            guard let address = entry.pointee.ifa_addr else { continue }
+            var text = [CChar](repeating: 0, count: Int(NI_MAXHOST))
+            let family = Int32(address.pointee.sa_family)
+            let length = family == AF_INET ? MemoryLayout<sockaddr_in>.size : family == AF_INET6 ? MemoryLayout<sockaddr_in6>.size : 0
+            guard length > 0, getnameinfo(address, socklen_t(length), &text, socklen_t(text.count), nil, 0, NI_NUMERICHOST) == 0 else {
+                continue
+            }
+            let name = String(cString: text)
+            if name.hasPrefix("127.") || name == "::1" || name.lowercased().hasPrefix("fe80") { continue }
+            names.append(name)
+        }
+        return names
     }
 
     static func write(_ text: String, to path: String, mode: Int) throws {

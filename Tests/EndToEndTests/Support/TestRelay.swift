@@ -22,10 +22,10 @@ final class TestRelay: @unchecked Sendable {
         return path
     }
 
-    init(directory: String? = nil, configure: (inout RelayConfiguration) -> Void = { _ in }) throws {
+    init(directory: String? = nil, devNames: [String] = [], configure: (inout RelayConfiguration) -> Void = { _ in }) throws {
         self.directory = directory ?? Self.makeDirectory()
         let catalog = try RelayRuntime.openCatalog(dataDirectory: self.directory)
-        let dev = try RelayRuntime.prepareDev(dataDirectory: self.directory, catalog: catalog)
+        let dev = try RelayRuntime.prepareDev(dataDirectory: self.directory, catalog: catalog, names: devNames)
         self.token = dev.token
         self.caPath = dev.paths.caCertificate
         var configuration = RelayConfiguration(
@@ -72,10 +72,10 @@ final class TestRelay: @unchecked Sendable {
 
 /// Runs an agent upload in this process against `port`.
 func upload(
-    _ items: [UploadItem], port: Int, token: String, ca: String?, configure: (inout AgentConfiguration) -> Void = { _ in },
-    onEvent: @escaping @Sendable (UploadEvent) -> Void = { _ in }
+    _ items: [UploadItem], host: String = "127.0.0.1", port: Int, token: String, ca: String?,
+    configure: (inout AgentConfiguration) -> Void = { _ in }, onEvent: @escaping @Sendable (UploadEvent) -> Void = { _ in }
 ) async throws -> [UploadResult] {
-    var configuration = AgentConfiguration(relayHost: "127.0.0.1", relayPort: port, token: token, caPath: ca)
+    var configuration = AgentConfiguration(relayHost: host, relayPort: port, token: token, caPath: ca)
     configuration.retryFor = .seconds(20)
     configure(&configuration)
     let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
