@@ -32,6 +32,17 @@ public struct RelayConfiguration: Sendable {
 
     /// The most connections at once; more are closed at accept.
     public var maxConnections: Int = 512
+    /// The most chunk bytes all connections together may make the relay hold (issue 6 finding 24). Each connection's
+    /// window is a share of it: the configured ``ProtocolLimits/connectionWindow`` while the budget lasts, then a
+    /// quarter of what is left, never less than ``minimumConnectionWindow``. Default 256 MiB.
+    public var memoryBudget: Int = 256 << 20
+    /// The smallest connection window a connection is given when the memory budget is spent: agents are slowed, never
+    /// refused. Default 128 KiB.
+    public var minimumConnectionWindow: Int = 128 << 10
+    /// The most uploads open at once relay-wide, each holding a file descriptor for its staging file; past it an OPEN
+    /// is answered REFUSED_STREAM (the agent retries). Nil: derived at start from the descriptor limit (RLIMIT_NOFILE,
+    /// raised to its hard limit) less one per connection and a reserve.
+    public var maxOpenUploads: Int? = nil
     /// Threads for blocking file and catalog work.
     public var ioThreads: Int = 4
     /// How long GOAWAY waits for in-flight uploads to reach a durable point before closing.

@@ -1,3 +1,6 @@
+#if canImport(Glibc)
+import Glibc
+#endif
 import Foundation
 import Logging
 import NIOPosix
@@ -40,42 +43,75 @@ public enum RelayRuntime {
         return DevSetup(paths: paths, token: token, createdToken: true)
     }
 
-    /// Deletes sessions untouched for longer than the expiry, and staging files no session refers to. Keys in
-    /// `busy` have an upload open right now: their sessions are live whatever their age.
+    /// How housekeeping keeps off live uploads: it may touch a key's session or pending commit only while it holds the
+    /// key (``take`` true), and gives it back after. At startup nothing runs, so every key may be taken.
+    public struct KeyGuard: Sendable {
+        public var take: @Sendable (_ account: String, _ key: String) -> Bool
+        public var give: @Sendable (_ account: String, _ key: String) -> Void
+
+        public init(take: @escaping @Sendable (String, String) -> Bool, give: @escaping @Sendable (String, String) -> Void) {
+            self.take = take
+            self.give = give
+        }
+
+        /// At startup: no upload runs.
+        public static let idle = KeyGuard(take: { _, _ in true }, give: { _, _ in })
+
+        func holding<T>(_ account: String, _ key: String, _ body: () throws -> T) rethrows -> T? {
+            guard self.take(account, key) else { return nil }
+            defer { self.give(account, key) }
+            return try body()
+        }
+    }
+
+    /// Deletes sessions untouched for longer than the expiry, and staging files no session refers to that are older than
+    /// `orphansBefore` (every one at startup). Sessions of keys that an upload holds are live whatever their age.
     public static func cleanUp(
-        catalog: any Catalog, store: any BlobStore, expiry: Duration, logger: Logger, busy: (UploadSession) -> Bool = { _ in false }
+        catalog: any Catalog, store: any BlobStore, expiry: Duration, logger: Logger, keys: KeyGuard = .idle, orphansBefore: Date? = nil
     ) throws {
         let cutoff = Date().addingTimeInterval(-Double(expiry.components.seconds))
         let pending = Set(try catalog.pendingCommits().compactMap(\.sessionID))
-        for session in try catalog.sessions(updatedBefore: cutoff) where !busy(session) && !pending.contains(session.id) {
-            try store.removeStaging(session.stagingName)
-            try catalog.deleteSession(id: session.id)
-            logger.info("expired upload session", metadata: ["upload.key": "\(session.key)", "account": "\(session.account)"])
+        for session in try catalog.sessions(updatedBefore: cutoff) where !pending.contains(session.id) {
+            try keys.holding(session.account, session.key) {
+                // Looked at again under the key: an upload may have resumed it since the list was read.
+                guard let current = try catalog.session(account: session.account, key: session.key), current.id == session.id,
+                    current.updatedAt < cutoff
+                else { return }
+                try store.removeStaging(session.stagingName)
+                try catalog.deleteSession(id: session.id)
+                logger.info("expired upload session", metadata: ["upload.key": "\(session.key)", "account": "\(session.account)"])
+            }
         }
+        // A staging file is made before its session is recorded: only files older than that window are orphans.
         let live = Set(try catalog.sessions(updatedBefore: .distantFuture).map(\.stagingName))
-        for name in try store.stagingNames() where !live.contains(name) && !name.hasPrefix("dup-") {
+        for (name, modified) in try store.stagingFiles() where !live.contains(name) {
+            if let orphansBefore, modified >= orphansBefore { continue }
             try store.removeStaging(name)
         }
     }
 
     /// Settles what a crash interrupted (issue 6 finding 12): a commit between its quota reservation and its record is
-    /// recorded when the store holds its verified bytes, and given up otherwise; a recorded object whose file is gone is
-    /// forgotten, and its bytes given back to the quota.
-    public static func recover(catalog: any Catalog, store: any BlobStore, logger: Logger) throws {
+    /// recorded when the store holds its verified bytes, and given up otherwise. At startup (`objects`), a recorded
+    /// object whose file is gone is also forgotten, and its bytes given back to the quota. While the relay runs it
+    /// settles commits left pending by a failure, under their key.
+    public static func recover(catalog: any Catalog, store: any BlobStore, logger: Logger, keys: KeyGuard = .idle, objects: Bool = true) throws {
         for commit in try catalog.pendingCommits() {
-            guard let key = try? ObjectKey(validating: commit.key) else {
-                try catalog.abandonCommit(account: commit.account, key: commit.key)
-                continue
-            }
-            if let identity = try store.identity(of: key, account: commit.account), identity.size == commit.size,
-                try store.contentSHA1(of: key, account: commit.account)?.hex == commit.sha1
-            {
-                try catalog.finishCommit(commit, identity: identity)
-                logger.notice("recovered a commit the relay had not recorded", metadata: ["upload.key": "\(commit.key)", "account": "\(commit.account)"])
-            } else {
-                try catalog.abandonCommit(account: commit.account, key: commit.key)
+            try keys.holding(commit.account, commit.key) {
+                guard let key = try? ObjectKey(validating: commit.key) else {
+                    try catalog.abandonCommit(account: commit.account, key: commit.key)
+                    return
+                }
+                if let identity = try store.identity(of: key, account: commit.account), identity.size == commit.size,
+                    try store.contentSHA1(of: key, account: commit.account)?.hex == commit.sha1
+                {
+                    try catalog.finishCommit(commit, identity: identity)
+                    logger.notice("recovered a commit the relay had not recorded", metadata: ["upload.key": "\(commit.key)", "account": "\(commit.account)"])
+                } else {
+                    try catalog.abandonCommit(account: commit.account, key: commit.key)
+                }
             }
         }
+        guard objects else { return }
         for object in try catalog.objects() {
             guard let key = try? ObjectKey(validating: object.key) else { continue }
             if try store.identity(of: key, account: object.account) == nil {
@@ -96,6 +132,32 @@ public enum RelayRuntime {
         try Self.cleanUp(catalog: catalog, store: store, expiry: configuration.sessionExpiry, logger: logger)
         let pool = NIOThreadPool(numberOfThreads: configuration.ioThreads)
         pool.start()
+        var configuration = configuration
+        if configuration.maxOpenUploads == nil {
+            let descriptors = Self.raiseDescriptorLimit()
+            // One descriptor per connection, a reserve for the catalog, the listener and the libraries, the rest for uploads.
+            let slots = max(16, descriptors - configuration.maxConnections - 128)
+            configuration.maxOpenUploads = slots
+            logger.info("descriptor budget", metadata: ["descriptors": "\(descriptors)", "uploads.max": "\(slots)"])
+            if descriptors < configuration.maxConnections + 128 + 16 {
+                logger.warning(
+                    "the descriptor limit is low for --max-connections: raise it (ulimit -n) or lower --max-connections",
+                    metadata: ["descriptors": "\(descriptors)", "connections.max": "\(configuration.maxConnections)"]
+                )
+            }
+        }
         return RelayServices(configuration: configuration, catalog: catalog, store: store, threadPool: pool, logger: logger)
+    }
+
+    /// Raises the soft limit of open descriptors to the hard limit; returns the limit in force.
+    static func raiseDescriptorLimit() -> Int {
+        var limit = rlimit()
+        guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0 else { return 1024 }
+        if limit.rlim_cur < limit.rlim_max {
+            var raised = limit
+            raised.rlim_cur = limit.rlim_max
+            if setrlimit(Int32(RLIMIT_NOFILE.rawValue), &raised) == 0 { limit = raised }
+        }
+        return Int(clamping: limit.rlim_cur)
     }
 }

@@ -78,6 +78,15 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .long, help: "Connections at once.")
     var maxConnections: Int = 512
 
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "Most chunk bytes all connections together may make the relay hold; each connection's window is a share of it.",
+            valueName: "bytes"
+        )
+    )
+    var memoryBudget: String = "256M"
+
     @Option(name: .long, help: ArgumentHelp("Close a connection that sends no whole frame for this long (SPEC §2.3).", valueName: "duration"))
     var idleTimeout: String = "120s"
 
@@ -115,6 +124,9 @@ struct Serve: AsyncParsableCommand {
             guard try DurationText.parse(value, option: option) > .zero else {
                 throw ValidationError("\(option) must be more than 0")
             }
+        }
+        guard try ByteCount.parse(self.memoryBudget, option: "--memory-budget") >= 1 << 20 else {
+            throw ValidationError("--memory-budget must be at least 1M")
         }
         guard self.maxStreams >= 1, self.maxConnections >= 1 else {
             throw ValidationError("--max-streams and --max-connections must be at least 1")
@@ -160,6 +172,7 @@ struct Serve: AsyncParsableCommand {
         configuration.limits.connectionWindow = Int(try ByteCount.parse(self.connectionWindow, option: "--connection-window"))
         configuration.limits.maxConcurrentStreams = self.maxStreams
         configuration.maxConnections = self.maxConnections
+        configuration.memoryBudget = Int(try ByteCount.parse(self.memoryBudget, option: "--memory-budget"))
         configuration.limits.idleTimeout = try DurationText.parse(self.idleTimeout, option: "--idle-timeout")
         configuration.limits.frameTimeout = try DurationText.parse(self.frameTimeout, option: "--frame-timeout")
         configuration.limits.handshakeTimeout = try DurationText.parse(self.handshakeTimeout, option: "--handshake-timeout")

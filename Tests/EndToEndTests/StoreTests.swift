@@ -20,7 +20,7 @@ struct StoreTests {
         #expect(!FileManager.default.fileExists(atPath: root + "/store/a1/a/b/c.txt"))
         _ = try store.commit(staging, as: key, account: "a1")
         #expect(FileManager.default.contents(atPath: root + "/store/a1/a/b/c.txt") == Data("hello world".utf8))
-        #expect(try store.stagingNames().isEmpty)
+        #expect(try store.stagingFiles().isEmpty)
         #expect(try store.identity(of: key, account: "a1")?.size == 11)
         #expect(try store.identity(of: key, account: "a2") == nil)
     }

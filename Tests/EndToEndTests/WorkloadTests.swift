@@ -259,4 +259,56 @@ struct WorkloadTests {
         #expect(stored.first?.status == .stored, "\(stored.first?.error ?? "")")
         await relay.stop()
     }
+
+    @Test("many agents at once share the relay's memory budget and an upload limit: windows shrink, OPENs wait, nothing fails (findings 19, 24)")
+    func sharedBudgets() async throws {
+        let relay = try await TestRelay {
+            $0.memoryBudget = 1 << 20
+            $0.limits.connectionWindow = 512 << 10
+            $0.minimumConnectionWindow = 64 << 10
+            $0.maxOpenUploads = 2
+        }.start()
+        let source = TestRelay.makeDirectory()
+        let windows = WindowLog()
+        let results = try await withThrowingTaskGroup(of: [UploadResult].self) { group in
+            for agent in 0..<10 {
+                let files = (0..<3).map { makeFile(source + "/a\(agent)", "f\($0)", size: 700_000, seed: UInt64(1000 + 10 * agent + $0)) }
+                group.addTask {
+                    try await upload(
+                        files.enumerated().map { UploadItem(key: "a\(agent)/f\($0.offset)", displayPath: $0.element.path, source: FileSource(path: $0.element.path)) },
+                        port: relay.port, token: relay.token, ca: relay.caPath, configure: { $0.concurrency = 3 },
+                        onEvent: { event in
+                            if case .connected = event { windows.record(relay.services.memory.inUse) }
+                        }
+                    )
+                }
+            }
+            var all: [UploadResult] = []
+            for try await results in group { all += results }
+            return all
+        }
+        #expect(results.count == 30)
+        #expect(results.allSatisfy { $0.status == .stored }, "\(results.filter { $0.status != .stored }.map { $0.error ?? "" })")
+        // Granted windows stay within the budget plus at most one minimum window per connection.
+        #expect(windows.maximum <= (1 << 20) + 10 * (64 << 10))
+        await relay.stop()
+        // Every window and upload slot is given back once the connections are gone.
+        #expect(relay.services.memory.inUse == 0)
+        #expect(relay.services.uploadSlots.inUse == 0)
+    }
+}
+
+final class WindowLog: @unchecked Sendable {
+    private let lock = NSLock()
+    private var peak = 0
+    func record(_ value: Int) {
+        self.lock.lock()
+        self.peak = max(self.peak, value)
+        self.lock.unlock()
+    }
+    var maximum: Int {
+        self.lock.lock()
+        defer { self.lock.unlock() }
+        return self.peak
+    }
 }

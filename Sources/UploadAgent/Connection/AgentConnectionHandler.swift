@@ -221,6 +221,8 @@ final class AgentConnectionHandler: ChannelInboundHandler {
             self.senders[offset.streamID] = nil
             self.complete(job, job.finish(.deduplicated, sha1: job.knownSHA1?.hex ?? ""))
         case .start, .resume:
+            job.busySince = nil
+            job.busyRetries = 0
             job.acknowledge(offset.offset)
             self.onEvent(.started(key: job.key, size: job.info?.size, offset: offset.offset))
             sender.start(at: offset.offset)
@@ -232,24 +234,36 @@ final class AgentConnectionHandler: ChannelInboundHandler {
         sender.stop()
         let job = sender.job
         job.lastError = "\(code.name): \(message)"
-        job.attempts += 1
-        if code.isRetryable && job.attempts < self.configuration.maxAttemptsPerItem {
-            self.logger.info("retrying", metadata: ["upload.key": "\(job.key)", "error": "\(job.lastError!)"])
-            if code == .keyBusy || code == .refusedStream, let eventLoop = self.context?.eventLoop {
-                // The relay is still closing an earlier upload of this key, or is full: wait a little.
-                let id = ObjectIdentifier(job)
-                self.delayed[id] = job
-                eventLoop.assumeIsolated().scheduleTask(in: .milliseconds(100 * Int64(job.attempts))) {
-                    guard let job = self.delayed.removeValue(forKey: id) else { return }
-                    self.queue.requeue(job)
-                    self.openMore()
-                    self.flush()
-                }
-            } else {
+        // KEY_BUSY and REFUSED_STREAM say "not now" (SPEC §11): they are retried for --retry-for, not counted as attempts.
+        let busy = code == .keyBusy || code == .refusedStream
+        let now = ContinuousClock.now
+        if busy {
+            job.busySince = job.busySince ?? now
+        } else {
+            job.attempts += 1
+        }
+        let retry = busy
+            ? now - (job.busySince ?? now) < self.configuration.retryFor
+            : code.isRetryable && job.attempts < self.configuration.maxAttemptsPerItem
+        guard retry else {
+            self.complete(job, job.finish(.failed, sha1: job.knownSHA1?.hex ?? "", error: "relay refused \"\(job.key)\": \(code.name): \(message)"))
+            self.openMore()
+            return
+        }
+        self.logger.info("retrying", metadata: ["upload.key": "\(job.key)", "error": "\(job.lastError!)"])
+        if busy, let eventLoop = self.context?.eventLoop {
+            // The relay is closing an earlier upload of this key, or is full: wait a little, longer each time.
+            job.busyRetries += 1
+            let id = ObjectIdentifier(job)
+            self.delayed[id] = job
+            eventLoop.assumeIsolated().scheduleTask(in: .milliseconds(min(2_000, 50 * Int64(job.busyRetries)))) {
+                guard let job = self.delayed.removeValue(forKey: id) else { return }
                 self.queue.requeue(job)
+                self.openMore()
+                self.flush()
             }
         } else {
-            self.complete(job, job.finish(.failed, sha1: job.knownSHA1?.hex ?? "", error: "relay refused \"\(job.key)\": \(code.name): \(message)"))
+            self.queue.requeue(job)
         }
         self.openMore()
     }

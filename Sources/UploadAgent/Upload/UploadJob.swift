@@ -23,6 +23,10 @@ final class UploadJob: @unchecked Sendable {
     var snapshots: [UInt64: SHA1] = [:]
     /// Stream errors so far that allow a retry.
     var attempts = 0
+    /// Since when the relay has answered "not now" (KEY_BUSY, REFUSED_STREAM) without starting the upload.
+    var busySince: ContinuousClock.Instant? = nil
+    /// How many "not now" answers in a row: the wait before the next try grows with it.
+    var busyRetries = 0
     var lastError: String? = nil
     var result: UploadResult? = nil
 

@@ -281,18 +281,20 @@ public struct RelayConnectionStateMachine: Sendable {
 
     // MARK: Sending
 
-    /// The credential is good: the WELCOME to write. The decoder may now accept ``ProtocolLimits/maxFrameSize``.
-    public mutating func acceptHello(account: String) -> Frame {
-        guard case .authenticating(let hello) = self.phase else {
-            preconditionFailure("acceptHello outside authentication")
-        }
+    /// The credential is good: the WELCOME to write, or nil when the connection is no longer authenticating (it
+    /// failed meanwhile). The decoder may now accept ``ProtocolLimits/maxFrameSize``. `connectionWindow`, when given,
+    /// replaces the configured connection window for this connection (a share of the relay's memory budget).
+    public mutating func acceptHello(account: String, connectionWindow: Int? = nil) -> Frame? {
+        guard case .authenticating(let hello) = self.phase else { return nil }
+        let window = min(max(1, connectionWindow ?? self.limits.connectionWindow), ProtocolLimits.maxWindow)
+        self.connectionWindow = InboundWindow(target: window)
         self.phase = .ready
         self.features = hello.features.intersection(self.supportedFeatures)
         return .welcome(
             Frame.Welcome(
                 version: ProtocolLimits.supportedVersions.upperBound, maxFrameSize: UInt32(self.limits.maxFrameSize),
                 features: self.features, maxStreams: UInt32(self.limits.maxConcurrentStreams),
-                connectionWindow: UInt32(self.limits.connectionWindow), streamWindow: UInt32(self.limits.streamWindow),
+                connectionWindow: UInt32(window), streamWindow: UInt32(self.limits.streamWindow),
                 maxKeyLength: UInt16(self.limits.maxKeyLength),
                 idleTimeoutMillis: UInt32(clamping: self.limits.idleTimeout.components.seconds * 1000),
                 account: account

@@ -156,12 +156,15 @@ public enum CatalogError: Error, Hashable, Sendable, CustomStringConvertible {
     case accountExists(String)
     case unknownAccount(String)
     case invalidAccountName(String)
+    case unknownSession(String)
     case quotaExceeded(account: String, needed: Int64, quota: Int64, used: Int64)
 
     public var description: String {
         switch self {
         case .accountExists(let name):
             return "account \"\(name)\" already exists (revoke it first, or pick another name)"
+        case .unknownSession(let id):
+            return "upload session \(id) is gone (expired or replaced); upload again"
         case .invalidAccountName(let name):
             return "\"\(name)\" cannot name an account: use 1 to \(Account.maxNameLength) letters, digits, \".\", \"_\" or \"-\", not starting with \".\" or \"-\" (it names the account's folder in the store)"
         case .unknownAccount(let name):

@@ -167,6 +167,8 @@ public final class SQLiteCatalog: Catalog {
                 sql: "UPDATE session SET durable_offset = ?, sha1_state = ?, updated_at = ? WHERE id = ?",
                 arguments: [offset, Data(sha1State), Date().timeIntervalSince1970, sessionID]
             )
+            // A session that is gone cannot vouch for durable bytes: never acknowledge them.
+            guard db.changesCount > 0 else { throw CatalogError.unknownSession(sessionID) }
         }
     }
 

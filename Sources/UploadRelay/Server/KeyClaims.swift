@@ -28,10 +28,6 @@ final class KeyClaims: Sendable {
     /// How many keys are claimed now.
     var count: Int { self.claims.withLockedValue { $0.count } }
 
-    /// Whether an upload holds `name` now (its session is live, whatever its age).
-    func isClaimed(_ name: String) -> Bool {
-        self.claims.withLockedValue { $0[name] != nil }
-    }
 
     static func name(account: String, key: String) -> String {
         account + "\u{0}" + key
@@ -47,6 +43,15 @@ final class KeyClaims: Sendable {
             claim.waiters.append(whenFree)
             claims[name] = claim
             return .queued
+        }
+    }
+
+    /// Claims `name` only if nobody holds it, without waiting (housekeeping, which must never touch a live upload).
+    func tryClaim(_ name: String) -> Bool {
+        self.claims.withLockedValue { claims in
+            guard claims[name] == nil else { return false }
+            claims[name] = Claim()
+            return true
         }
     }
 

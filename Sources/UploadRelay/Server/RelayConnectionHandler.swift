@@ -26,7 +26,11 @@ final class RelayConnectionHandler: ChannelInboundHandler {
     private var logger: Logger
     private var account: Account? = nil
     private var uploads: [StreamID: StreamUpload] = [:]
-    /// Streams the agent closed while the relay was still looking their upload up: whether to drop the session.
+    /// This connection's window, taken from the relay's memory budget at WELCOME and given back at close.
+    private var grantedWindow = 0
+    /// Keys claimed by streams whose upload the relay is still looking up (the opener runs on the thread pool).
+    private var openingClaims: [StreamID: String] = [:]
+    /// Of those, streams that closed meanwhile: whether to drop the session when the lookup returns.
     private var closedWhileOpening: [StreamID: Bool] = [:]
     private var context: ChannelHandlerContext? = nil
     private var handshakeTimer: Scheduled<Void>? = nil
@@ -71,12 +75,17 @@ final class RelayConnectionHandler: ChannelInboundHandler {
 
     func channelInactive(context: ChannelHandlerContext) {
         self.closed = true
+        self.services.memory.give(self.grantedWindow)
+        self.grantedWindow = 0
         self.handshakeTimer?.cancel()
         self.livenessTimer?.cancel()
         self.graceTimer?.cancel()
         // Durable state stays in the catalog: the agent resumes on its next connection.
         for upload in self.uploads.values {
             upload.abort(keepSession: true)
+        }
+        for id in self.openingClaims.keys {
+            self.streamClosedWhileOpening(id, discard: false)
         }
         self.uploads.removeAll()
         context.fireChannelInactive()
@@ -209,7 +218,7 @@ final class RelayConnectionHandler: ChannelInboundHandler {
             if let upload = self.uploads.removeValue(forKey: id) {
                 upload.abort(keepSession: !discard)
             } else {
-                self.closedWhileOpening[id] = discard
+                self.streamClosedWhileOpening(id, discard: discard)
             }
             self.closeIfDrained()
         case .send(let frame):
@@ -222,7 +231,7 @@ final class RelayConnectionHandler: ChannelInboundHandler {
             if let upload = self.uploads.removeValue(forKey: error.streamID) {
                 upload.abort(keepSession: keep)
             } else {
-                self.closedWhileOpening[error.streamID] = !keep
+                self.streamClosedWhileOpening(error.streamID, discard: !keep)
             }
         case .closeConnection(let error):
             self.logger.info("closing connection", metadata: ["error.code": "\(error.code.name)", "error.message": "\(error.message)"])
@@ -284,7 +293,8 @@ final class RelayConnectionHandler: ChannelInboundHandler {
         let catalog = self.services.catalog
         let hash = Tokens.hash(hello.credential)
         self.logger[metadataKey: "agent"] = "\(hello.agentName)"
-        self.services.threadPool.runIfActive(eventLoop: self.context!.eventLoop) {
+        guard let context = self.context else { return }
+        self.services.threadPool.runIfActive(eventLoop: context.eventLoop) {
             try catalog.account(tokenHash: hash)
         }.assumeIsolated().whenComplete { result in
             guard !self.closed else { return }
@@ -293,7 +303,15 @@ final class RelayConnectionHandler: ChannelInboundHandler {
                 self.account = account
                 self.logger[metadataKey: "account"] = "\(account.name)"
                 self.handshakeTimer?.cancel()
-                self.write(self.machine.acceptHello(account: account.name))
+                // The connection window is this connection's share of the relay's memory budget (finding 24).
+                let configuration = self.services.configuration
+                self.grantedWindow = self.services.memory.share(
+                    preferred: configuration.limits.connectionWindow,
+                    floor: min(configuration.limits.connectionWindow, configuration.minimumConnectionWindow)
+                )
+                if let welcome = self.machine.acceptHello(account: account.name, connectionWindow: self.grantedWindow) {
+                    self.write(welcome)
+                }
                 self.reader.maxFrameSize = self.services.configuration.limits.maxFrameSize
                 self.logger.debug("agent authenticated")
             case .success(let account?):
@@ -310,11 +328,8 @@ final class RelayConnectionHandler: ChannelInboundHandler {
     private func openUpload(_ open: Frame.Open, _ key: ObjectKey) {
         guard let account = self.account, let context = self.context, !self.closed else { return }
         let id = open.streamID
-        guard self.machine.isOpening(id) else {
-            // Closed while it waited for its key.
-            self.closedWhileOpening[id] = nil
-            return
-        }
+        // Closed while it waited for its key: nothing was claimed for it.
+        guard self.machine.isOpening(id) else { return }
         let claim = KeyClaims.name(account: account.name, key: key.value)
         let retry = NIOLoopBound(self, eventLoop: context.eventLoop)
         let loop = context.eventLoop
@@ -328,6 +343,18 @@ final class RelayConnectionHandler: ChannelInboundHandler {
         case .claimed:
             break
         }
+        // Each open upload holds a descriptor for its staging file: past the budget, refuse before opening one (finding 19).
+        guard self.services.uploadSlots.take(1) else {
+            self.services.claims.release(claim)
+            self.write(
+                self.machine.resetStream(
+                    id, .refusedStream,
+                    "the relay has \(self.services.uploadSlots.total) uploads open, its limit (file descriptors); retry shortly"
+                )
+            )
+            return
+        }
+        self.openingClaims[id] = claim
         let opener = UploadOpener(services: self.services)
         let services = self.services
         services.threadPool.runIfActive(eventLoop: context.eventLoop) { () -> UploadOpener.Decision in
@@ -337,6 +364,8 @@ final class RelayConnectionHandler: ChannelInboundHandler {
             }
             return opener.decide(account: current, open: open, key: key)
         }.assumeIsolated().whenComplete { result in
+            self.openingClaims[id] = nil
+            let closedMeanwhile = self.closedWhileOpening.removeValue(forKey: id)
             defer {
                 self.closeIfDrained()
                 self.flushIfNeeded()
@@ -350,12 +379,14 @@ final class RelayConnectionHandler: ChannelInboundHandler {
             }
             switch decision {
             case .stored(let size):
+                services.uploadSlots.give(1)
                 services.claims.release(claim)
                 if let frame = self.machine.sendOffset(Frame.Offset(streamID: id, disposition: .stored, offset: size)) {
                     self.write(frame)
                     if let credit = self.machine.flushConnectionCredit() { self.write(credit) }
                 }
             case .refuse(let code, let message):
+                services.uploadSlots.give(1)
                 services.claims.release(claim)
                 self.write(self.machine.resetStream(id, code, message))
             case .upload(let session, let staging, let sha1, let resumed, let byteLimit):
@@ -371,8 +402,7 @@ final class RelayConnectionHandler: ChannelInboundHandler {
                 }
                 guard !self.closed, let frame = self.machine.sendOffset(offset) else {
                     // The agent cancelled, or the connection went, while we looked the upload up.
-                    let discard = self.closedWhileOpening.removeValue(forKey: id) ?? false
-                    upload.abort(keepSession: !discard)
+                    upload.abort(keepSession: !(closedMeanwhile ?? false))
                     return
                 }
                 self.uploads[id] = upload
@@ -383,6 +413,14 @@ final class RelayConnectionHandler: ChannelInboundHandler {
                 )
             }
         }
+    }
+
+    /// A stream closed while its upload is looked up: its key is closing now (an OPEN of it waits, not KEY_BUSY), and the
+    /// lookup's result is dropped when it returns.
+    private func streamClosedWhileOpening(_ id: StreamID, discard: Bool) {
+        guard let claim = self.openingClaims[id] else { return }
+        self.services.claims.markClosing(claim)
+        self.closedWhileOpening[id] = discard
     }
 
     private func uploadEvent(_ id: StreamID, _ event: StreamUpload.Event) {

@@ -129,10 +129,17 @@ public final class RelayServer: Service, Sendable {
                     last = .now()
                     return true
                 }
+                let keys = RelayRuntime.KeyGuard(
+                    take: { services.claims.tryClaim(KeyClaims.name(account: $0, key: $1)) },
+                    give: { services.claims.release(KeyClaims.name(account: $0, key: $1)) }
+                )
+                // Commits a failure left pending are settled under their key (review: they held quota until a restart).
+                try RelayRuntime.recover(catalog: services.catalog, store: services.store, logger: services.logger, keys: keys, objects: false)
                 if due {
+                    let expiry = services.configuration.sessionExpiry
                     try RelayRuntime.cleanUp(
-                        catalog: services.catalog, store: services.store, expiry: services.configuration.sessionExpiry,
-                        logger: services.logger, busy: { services.claims.isClaimed(KeyClaims.name(account: $0.account, key: $0.key)) }
+                        catalog: services.catalog, store: services.store, expiry: expiry, logger: services.logger, keys: keys,
+                        orphansBefore: Date().addingTimeInterval(-Double(expiry.components.seconds))
                     )
                 }
                 return now

@@ -12,6 +12,10 @@ public final class RelayServices: Sendable {
     public let logger: Logger
     /// Keys with an upload in progress on any connection: a second one gets KEY_BUSY.
     let claims = KeyClaims()
+    /// Chunk bytes the connections' windows may make the relay hold, all together.
+    let memory: ResourceBudget
+    /// Uploads open at once (each holds its staging file's descriptor).
+    let uploadSlots: ResourceBudget
 
     public init(configuration: RelayConfiguration, catalog: any Catalog, store: any BlobStore, threadPool: NIOThreadPool, logger: Logger) {
         self.configuration = configuration
@@ -19,6 +23,8 @@ public final class RelayServices: Sendable {
         self.store = store
         self.threadPool = threadPool
         self.logger = logger
+        self.memory = ResourceBudget(total: configuration.memoryBudget)
+        self.uploadSlots = ResourceBudget(total: configuration.maxOpenUploads ?? Int.max)
     }
 
 }

@@ -326,6 +326,7 @@ final class StreamUpload {
                 // The key is closing before RESULT goes out: an OPEN after RESULT waits for it, never KEY_BUSY.
                 self.end(keep: false)
                 self.phase = .released
+                services.uploadSlots.give(1)
                 services.claims.release(self.claimName)
                 self.onEvent(.committed(Frame.Result(streamID: self.id, status: status, size: hash.size, sha1: actual, key: key.value)))
             case .failure(let refusal as CommitRefusal):
@@ -370,6 +371,9 @@ final class StreamUpload {
         let identity: ObjectIdentity
         do {
             identity = try store.commit(staging, as: key, account: account)
+        } catch let error as StoreError where error.madeVisible {
+            // Visible but unrecorded: the pending commit stays for recovery to settle.
+            throw error
         } catch {
             try? catalog.abandonCommit(account: account, key: key.value)
             throw error
@@ -414,6 +418,7 @@ final class StreamUpload {
                 try services.store.removeStaging(staging.name)
             }
         }.whenComplete { result in
+            services.uploadSlots.give(1)
             services.claims.release(claim)
             if case .failure(let error) = result {
                 logger.warning("cleanup failed", metadata: ["upload.key": "\(key)", "error": "\(error)"])

@@ -56,16 +56,22 @@ struct UploadOpener {
             }
             // Dedup within the account: the bytes are here already, verified by this relay.
             for twin in try catalog.object(account: name, size: size, sha1: sha1.hex) where twin.key != key.value {
-                guard let twinKey = try? ObjectKey(validating: twin.key), try Self.verifiedObject(twin, services: self.services) != nil else {
+                guard let twinKey = try? ObjectKey(validating: twin.key), let expected = twin.identity,
+                    try Self.verifiedObject(twin, services: self.services) != nil
+                else {
                     continue
                 }
                 let commit = PendingCommit(account: name, key: key.value, size: size, sha1: sha1.hex, sessionID: nil)
                 try catalog.beginCommit(commit)
                 let identity: ObjectIdentity
                 do {
-                    identity = try store.duplicate(twinKey, as: key, account: name)
+                    // The twin is not claimed: the store links it only if it is still the file verified above.
+                    identity = try store.duplicate(twinKey, expected: expected, as: key, account: name)
+                } catch let error as StoreError where error.madeVisible {
+                    throw error
                 } catch {
                     try? catalog.abandonCommit(account: name, key: key.value)
+                    if error is StoreError { continue }
                     throw error
                 }
                 try catalog.finishCommit(commit, identity: identity)

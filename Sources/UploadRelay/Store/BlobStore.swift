@@ -1,3 +1,4 @@
+import Foundation
 import NIOCore
 import UploadProtocol
 
@@ -19,8 +20,9 @@ public protocol BlobStore: Sendable {
     /// Makes the staged bytes the object `key` of `account`, atomically: complete or absent, never partial.
     /// Returns what identifies the stored file, for the catalog.
     func commit(_ staging: any StagingFile, as key: ObjectKey, account: String) throws -> ObjectIdentity
-    /// Places a copy of the account's existing object `source` under `key` (dedup).
-    func duplicate(_ source: ObjectKey, as key: ObjectKey, account: String) throws -> ObjectIdentity
+    /// Places a copy of the account's existing object `source` under `key` (dedup), provided `source` is still the file
+    /// `expected` (it may have been replaced since it was looked up); throws ``StoreError`` otherwise, placing nothing.
+    func duplicate(_ source: ObjectKey, expected: ObjectIdentity, as key: ObjectKey, account: String) throws -> ObjectIdentity
     /// What identifies the object `key` of `account` now, or nil when there is none.
     func identity(of key: ObjectKey, account: String) throws -> ObjectIdentity?
     /// The SHA-1 of the object's bytes, read whole (startup recovery only), or nil when there is none.
@@ -28,8 +30,8 @@ public protocol BlobStore: Sendable {
     /// Why `key` cannot be stored for `account` next to the objects it has (a key that is a folder of other keys,
     /// or a key whose folder is an object), naming the key in the way; nil when it can.
     func conflict(for key: ObjectKey, account: String) throws -> String?
-    /// Names of staging files, for cleaning up those no session refers to.
-    func stagingNames() throws -> [String]
+    /// Staging files and when each was last written, for cleaning up those no session refers to.
+    func stagingFiles() throws -> [(name: String, modified: Date)]
 }
 
 /// What identifies one stored object's bytes: recorded by the catalog at commit, compared before the relay
@@ -64,9 +66,13 @@ public struct StoreError: Error, Hashable, Sendable, CustomStringConvertible {
     public var description: String
     /// True when the disk is full (ENOSPC, EDQUOT).
     public var isNoSpace: Bool
+    /// True when the object was made visible before the failure (its directory could not be synced, say): the commit
+    /// is left for startup recovery to settle, not given up.
+    public var madeVisible: Bool
 
-    public init(_ description: String, isNoSpace: Bool = false) {
+    public init(_ description: String, isNoSpace: Bool = false, madeVisible: Bool = false) {
         self.description = description
         self.isNoSpace = isNoSpace
+        self.madeVisible = madeVisible
     }
 }

@@ -3,6 +3,7 @@ import Glibc
 #elseif canImport(Darwin)
 import Darwin
 #endif
+import Foundation
 import NIOCore
 import UploadChecksums
 import UploadProtocol
@@ -147,11 +148,21 @@ public final class LocalDirectoryStore: BlobStore {
             throw StoreError("cannot rename \(file.path) to \(path): \(Self.reason())", isNoSpace: errno == ENOSPC)
         }
         file.close()
-        try Self.syncDirectory(directory)
-        return try Self.identity(at: path) ?? { throw StoreError("\(path) vanished right after its commit") }()
+        return try Self.afterRename(directory: directory, path: path)
     }
 
-    public func duplicate(_ source: ObjectKey, as key: ObjectKey, account: String) throws -> ObjectIdentity {
+    /// Syncs the directory an object was renamed into and reads its identity; a failure here leaves a visible object.
+    private static func afterRename(directory: String, path: String) throws -> ObjectIdentity {
+        do {
+            try Self.syncDirectory(directory)
+            guard let identity = try Self.identity(at: path) else { throw StoreError("\(path) vanished right after its commit") }
+            return identity
+        } catch let error as StoreError {
+            throw StoreError(error.description, isNoSpace: error.isNoSpace, madeVisible: true)
+        }
+    }
+
+    public func duplicate(_ source: ObjectKey, expected: ObjectIdentity, as key: ObjectKey, account: String) throws -> ObjectIdentity {
         let from = try self.path(of: source, account: account)
         if let conflict = try self.conflict(for: key, account: account) {
             throw StoreError(conflict)
@@ -159,17 +170,25 @@ public final class LocalDirectoryStore: BlobStore {
         let (directory, path) = try self.placeFor(key, account: account)
         let temporary = self.stagingDirectory + "/dup-" + String(UInt64.random(in: 0...UInt64.max), radix: 36)
         // A hard link shares the bytes; the rename keeps the new name atomic. Objects are only ever replaced by
-        // rename, never written in place, so the twin's bytes cannot change under the link.
-        if link(from, temporary) != 0 {
-            try Self.copyFile(from, to: temporary)
+        // rename, never written in place, so a link to the expected inode holds the expected bytes for good.
+        do {
+            if link(from, temporary) == 0 {
+                guard try Self.identity(at: temporary) == expected else {
+                    throw StoreError("\"\(source)\" was replaced while it was being copied")
+                }
+            } else {
+                try Self.copyFile(from, to: temporary, expected: expected)
+            }
+        } catch {
+            unlink(temporary)
+            throw error
         }
         guard rename(temporary, path) == 0 else {
             let message = Self.reason()
             unlink(temporary)
             throw StoreError("cannot place a copy of \"\(source)\" at \(path): \(message)")
         }
-        try Self.syncDirectory(directory)
-        return try Self.identity(at: path) ?? { throw StoreError("\(path) vanished right after it was placed") }()
+        return try Self.afterRename(directory: directory, path: path)
     }
 
     public func identity(of key: ObjectKey, account: String) throws -> ObjectIdentity? {
@@ -246,10 +265,16 @@ public final class LocalDirectoryStore: BlobStore {
         access(self.stagingDirectory + "/" + name, F_OK) == 0
     }
 
-    private static func copyFile(_ from: String, to: String) throws {
+    private static func copyFile(_ from: String, to: String, expected: ObjectIdentity) throws {
         let input = open(from, O_RDONLY | O_CLOEXEC)
         guard input >= 0 else { throw StoreError("cannot open \(from): \(reason())") }
         defer { Glibc.close(input) }
+        var info = stat()
+        guard fstat(input, &info) == 0, UInt64(info.st_ino) == expected.inode, UInt64(info.st_dev) == expected.device,
+            Int64(info.st_size) == expected.size
+        else {
+            throw StoreError("\(from) was replaced while it was being copied")
+        }
         let output = open(to, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
         guard output >= 0 else { throw StoreError("cannot create \(to): \(reason())", isNoSpace: errno == ENOSPC) }
         defer { Glibc.close(output) }
@@ -277,12 +302,17 @@ public final class LocalDirectoryStore: BlobStore {
         guard fsync(fd) == 0 else { throw StoreError("cannot fsync directory \(directory): \(reason())") }
     }
 
-    public func stagingNames() throws -> [String] {
-        var names: [String] = []
-        guard Self.forEachEntry(of: self.stagingDirectory, { names.append($0) }) else {
+    public func stagingFiles() throws -> [(name: String, modified: Date)] {
+        var files: [(name: String, modified: Date)] = []
+        let directory = self.stagingDirectory
+        guard Self.forEachEntry(of: directory, { name in
+            var info = stat()
+            guard lstat(directory + "/" + name, &info) == 0 else { return }
+            files.append((name, Date(timeIntervalSince1970: Double(info.st_mtim.tv_sec) + Double(info.st_mtim.tv_nsec) / 1e9)))
+        }) else {
             throw StoreError("cannot list \(self.stagingDirectory): \(Self.reason())")
         }
-        return names
+        return files
     }
 
     /// Calls `body` with each entry's name but "." and ".." until it returns false; false when the folder cannot be read.

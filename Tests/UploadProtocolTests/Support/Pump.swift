@@ -68,7 +68,7 @@ struct MemoryRelay {
                 return [self.machine.failConnection(.unauthenticated, "unknown token")]
             }
             self.decoder.maxFrameSize = ProtocolLimits().maxFrameSize
-            return [self.machine.acceptHello(account: account)]
+            return self.machine.acceptHello(account: account).map { [$0] } ?? []
         case .openUpload(let open, let key):
             return self.open(open, key.value)
         case .write(let chunk):
