@@ -90,6 +90,44 @@ struct CommandLineTests {
         #expect(refused.stderr.contains("unknown token"))
     }
 
+    @Test(
+        "kill -9 of the agent mid-upload, then the same command again: it resumes, re-sending at most what was not durable plus a window and a sync batch (finding 23)",
+        arguments: [true, false]
+    )
+    func agentKilledThenRerun(dedup: Bool) async throws {
+        let relay = try await TestRelay().start()
+        let source = TestRelay.makeDirectory()
+        let size = 96 << 20
+        let file = makeFile(source, "big.bin", size: size, seed: dedup ? 41 : 42)
+        let arguments =
+            ["send", "--json", "--quiet", "--relay", "127.0.0.1:\(relay.port)", "--token", relay.token, "--ca", relay.caPath]
+            + (dedup ? [] : ["--no-dedup"]) + [file.path]
+        let agent = try ChildProcess(try Self.agentBinary(), arguments, readyFile: source + "/never", logFile: source + "/agent.log")
+        // Kill it once the relay has staged a good part of the file (observed on disk, with a deadline).
+        let staging = relay.services.configuration.stagingDirectory
+        let deadline = Date().addingTimeInterval(60)
+        var staged = 0
+        while staged < size * 2 / 5 && Date() < deadline && agent.process.isRunning {
+            staged = ((try? FileManager.default.contentsOfDirectory(atPath: staging)) ?? []).compactMap {
+                (try? FileManager.default.attributesOfItem(atPath: staging + "/" + $0)[.size] as? Int) ?? nil
+            }.max() ?? 0
+            usleep(10_000)
+        }
+        agent.kill(SIGKILL)
+        _ = agent.waitForExit()
+        #expect(staged >= size * 2 / 5, "the agent did not get far enough: \(agent.log)")
+        let durable = try relay.services.catalog.session(account: "dev", key: "big.bin")?.durableOffset ?? 0
+        #expect(durable > 0)
+        let rerun = try Self.run(try Self.agentBinary(), arguments)
+        #expect(rerun.status == 0, "\(rerun.stderr)")
+        let result = try #require(try JSONSerialization.jsonObject(with: Data(rerun.stdout.utf8)) as? [String: Any])
+        let sent = try #require(result["sent_bytes"] as? Int)
+        let limits = relay.services.configuration
+        #expect(sent <= size - Int(durable) + limits.limits.streamWindow + limits.syncBytes, "sent \(sent) after \(durable) durable of \(size)")
+        #expect(relay.stored("big.bin") == file.data)
+        await relay.stop()
+    }
+
     @Test("usage errors exit 2 and say what is missing")
     func usageErrors() throws {
         let agent = try Self.agentBinary()

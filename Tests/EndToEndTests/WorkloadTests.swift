@@ -228,6 +228,32 @@ struct WorkloadTests {
         await relay.stop()
     }
 
+    @Test("GOAWAY drains: a stream open when shutdown starts goes on, gets its RESULT on the same connection, and only then does the relay close (findings 11, 17)")
+    func goAwayDrains() async throws {
+        let relay = try await TestRelay { $0.shutdownGrace = .seconds(30) }.start()
+        let source = TestRelay.makeDirectory()
+        let file = makeFile(source, "clip.mov", size: 48 << 20, seed: 12)
+        let sent = SentCounter()
+        let connections = Counter()
+        let path = file.path
+        let task = Task {
+            try await upload(Self.items([("clip.mov", path)]), port: relay.port, token: relay.token, ca: relay.caPath) {
+                $0.dedup = false
+                $0.retryFor = .seconds(5)
+            } onEvent: { event in
+                if case .sent(_, let bytes) = event { sent.add(bytes) }
+                if case .connected = event { connections.increment() }
+            }
+        }
+        await sent.wait(for: 16 << 20)
+        relay.server.shutdown()
+        let results = try await task.value
+        #expect(results.first?.status == .stored, "\(results.first?.error ?? "")")
+        #expect(connections.value == 1)
+        #expect(relay.stored("clip.mov") == file.data)
+        await relay.stop()
+    }
+
     @Test("a dev relay is reachable by the address it listens on; a certificate that names another host fails at once, saying what to do (finding 22)")
     func devCertificateNames() async throws {
         // 127.0.0.2 stands for "another address of the relay's host": loopback, but not in the default certificate.
