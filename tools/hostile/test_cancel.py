@@ -183,3 +183,28 @@ def test_connection_credit_returned_exactly(relay):
     got = c.wait_credit0(len(d), 5.0)
     c.roundtrip()
     assert c.credit0 == len(d), f"CREDIT(0) total {c.credit0} != {len(d)} bytes sent"
+
+
+def test_hash_and_cancel_over_stored_key_not_stuck(relay):
+    """Issue 6 finding 5: a commit that fails (ALREADY_EXISTS) after the stream was cancelled must still give the key
+    back and drop the session: the next OPEN of the key is answered, never KEY_BUSY, and starts at 0."""
+    c = relay.session()
+    k = key("stuck")
+    first = pattern(3000, 21)
+    c.upload_honest(k, first)
+    other = uniq(pattern(3000, 22))
+    # size known, no SHA-1, no OVERWRITE: the relay only learns at commit that the key holds other content
+    s1 = c.sid()
+    c.open(s1, k, size=len(other), flags=SIZE_KNOWN)
+    o = c.expect_offset(s1)
+    assert o["disposition"] == "START", o
+    c.chunk(s1, 0, other)
+    assert c.wait_ack(s1, len(other)) == len(other)
+    c.send(hash_frame(s1, len(other), sha1(other)) + cancel_frame(s1))
+    c.roundtrip()
+    for sid in (c.sid(), c.sid()):
+        c.open(sid, k, size=len(other), flags=SIZE_KNOWN)
+        f = c._expect_on_stream(sid, 5.0)
+        assert f["type"] == "OFFSET" and f["disposition"] == "START" and f["offset"] == 0, f"expected OFFSET START 0, got {f}"
+        c.cancel(sid)
+        c.roundtrip()
