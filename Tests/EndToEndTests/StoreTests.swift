@@ -1,8 +1,10 @@
 import CUploadSystem
 import Foundation
+import Logging
 import NIOCore
 import Testing
 import UploadAgent
+import UploadChecksums
 import UploadProtocol
 @testable import UploadRelay
 
@@ -23,6 +25,38 @@ struct StoreTests {
         #expect(try store.stagingFiles().isEmpty)
         #expect(try store.identity(of: key, account: "a1")?.size == 11)
         #expect(try store.identity(of: key, account: "a2") == nil)
+    }
+
+    @Test("startup recovery: a commit renamed but not recorded is recorded; one not renamed is given up; an object whose file is gone is forgotten (finding 12)")
+    func recovery() throws {
+        let root = TestRelay.makeDirectory()
+        let store = try LocalDirectoryStore(root: root + "/store", stagingDirectory: root + "/staging")
+        let catalog = try SQLiteCatalog(path: root + "/catalog.sqlite")
+        try catalog.addAccount(name: "cam", tokenHash: [1], quota: 1000)
+        // 1. Crash between the rename and the record.
+        let renamed = try store.openStaging("s1", truncatingTo: 0)
+        try renamed.write(ByteBuffer(string: "hello"), at: 0)
+        let hello = SHA1Digest(bytes: SHA1.hash(Array("hello".utf8)))!.hex
+        let first = PendingCommit(account: "cam", key: "a.txt", size: 5, sha1: hello, sessionID: nil)
+        try catalog.beginCommit(first)
+        _ = try store.commit(renamed, as: ObjectKey(validating: "a.txt"), account: "cam")
+        // 2. Crash before the rename: the reservation must not outlive it.
+        let second = PendingCommit(account: "cam", key: "b.txt", size: 900, sha1: hello, sessionID: nil)
+        try catalog.beginCommit(second)
+        // 3. An object whose file went away.
+        let gone = PendingCommit(account: "cam", key: "c.txt", size: 7, sha1: hello, sessionID: nil)
+        try catalog.beginCommit(gone)
+        try catalog.finishCommit(gone, identity: ObjectIdentity(device: 0, inode: 0, size: 7, modified: 0))
+        var quiet = Logger(label: "test")
+        quiet.logLevel = .critical
+        try RelayRuntime.recover(catalog: catalog, store: store, logger: quiet)
+        let a = try #require(try catalog.object(account: "cam", key: "a.txt"))
+        #expect(a.identity == (try store.identity(of: ObjectKey(validating: "a.txt"), account: "cam")))
+        #expect(try catalog.object(account: "cam", key: "b.txt") == nil)
+        #expect(try catalog.object(account: "cam", key: "c.txt") == nil)
+        #expect(try catalog.pendingCommits().isEmpty)
+        #expect(try catalog.account(named: "cam")?.usedBytes == 5)
+        #expect(try catalog.quotaUse(account: "cam", excludingKey: "x").left == 995)
     }
 
     @Test("a resume needs its staging file with at least the durable bytes; a missing one is never recreated as zeros")

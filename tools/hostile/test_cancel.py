@@ -208,3 +208,49 @@ def test_hash_and_cancel_over_stored_key_not_stuck(relay):
         assert f["type"] == "OFFSET" and f["disposition"] == "START" and f["offset"] == 0, f"expected OFFSET START 0, got {f}"
         c.cancel(sid)
         c.roundtrip()
+
+
+def _durable_session(c, k, d, done=20000):
+    """A session of key k with `done` durable bytes, its stream stopped with ERROR(N) (which keeps it)."""
+    sid = c.sid()
+    o = start(c, sid, k, d)
+    tok = bytes.fromhex(o["resume_token"])
+    c.chunk(sid, 0, d[:done])
+    assert c.wait_ack(sid, done) == done
+    c.send(error_frame(sid, 0x12, b"pause"))
+    c.roundtrip()
+    return tok
+
+
+def test_cancel_while_opening_discards_session(relay):
+    """Issue 6 finding 12, SPEC §3.11: CANCEL means abandon, even while the relay still looks the upload up."""
+    c = relay.session()
+    d = uniq(pattern(40000, 23))
+    k = key("opening-discard")
+    tok = _durable_session(c, k, d)
+    sid = c.sid()
+    c.send(open_frame(sid, k, len(d), sha1(d), token=tok) + cancel_frame(sid))
+    c.roundtrip()
+    sid = c.sid()
+    c.open(sid, k, d, token=tok)
+    o = c.expect_offset(sid)
+    assert o["disposition"] == "START" and o["offset"] == 0, f"expected START 0 after CANCEL, got {o}"
+
+
+def test_size_mismatch_discards_session(relay):
+    """Issue 6 finding 12, SPEC §8.2: after SIZE_MISMATCH the session is discarded and the agent restarts from 0."""
+    c = relay.session()
+    d = uniq(pattern(40000, 24))
+    k = key("size-discard")
+    sid = c.sid()
+    o = start(c, sid, k, d)
+    tok = bytes.fromhex(o["resume_token"])
+    c.chunk(sid, 0, d[:20000])
+    assert c.wait_ack(sid, 20000) == 20000
+    c.hash(sid, 20000, sha1(d[:20000]))
+    c.expect_stream_error(sid, "SIZE_MISMATCH")
+    c.roundtrip()
+    sid = c.sid()
+    c.open(sid, k, d, token=tok)
+    o = c.expect_offset(sid)
+    assert o["disposition"] == "START" and o["offset"] == 0, f"expected START 0 after SIZE_MISMATCH, got {o}"

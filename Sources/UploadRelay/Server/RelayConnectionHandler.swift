@@ -32,6 +32,8 @@ final class RelayConnectionHandler: ChannelInboundHandler {
     private var openingClaims: [StreamID: String] = [:]
     /// Of those, streams that closed meanwhile: whether to drop the session when the lookup returns.
     private var closedWhileOpening: [StreamID: Bool] = [:]
+    /// Streams whose OPEN waits for its key (the key's last upload is closing), and whether CANCEL came meanwhile.
+    private var waitingForKey: [StreamID: Bool] = [:]
     private var context: ChannelHandlerContext? = nil
     private var handshakeTimer: Scheduled<Void>? = nil
     /// Checks the idle and frame timeouts (SPEC §2.3) at the next deadline.
@@ -328,8 +330,13 @@ final class RelayConnectionHandler: ChannelInboundHandler {
     private func openUpload(_ open: Frame.Open, _ key: ObjectKey) {
         guard let account = self.account, let context = self.context, !self.closed else { return }
         let id = open.streamID
-        // Closed while it waited for its key: nothing was claimed for it.
-        guard self.machine.isOpening(id) else { return }
+        let cancelledWhileWaiting = self.waitingForKey.removeValue(forKey: id) ?? false
+        guard self.machine.isOpening(id) else {
+            // Closed while it waited for its key: nothing was claimed for it, but a CANCEL still abandons the session
+            // the OPEN named (SPEC §3.11).
+            if cancelledWhileWaiting { self.discardSession(named: open, key: key, account: account) }
+            return
+        }
         let claim = KeyClaims.name(account: account.name, key: key.value)
         let retry = NIOLoopBound(self, eventLoop: context.eventLoop)
         let loop = context.eventLoop
@@ -339,6 +346,7 @@ final class RelayConnectionHandler: ChannelInboundHandler {
             return
         case .queued:
             // The key's last upload is closing: this OPEN goes on once it is released.
+            self.waitingForKey[id] = false
             return
         case .claimed:
             break
@@ -418,9 +426,31 @@ final class RelayConnectionHandler: ChannelInboundHandler {
     /// A stream closed while its upload is looked up: its key is closing now (an OPEN of it waits, not KEY_BUSY), and the
     /// lookup's result is dropped when it returns.
     private func streamClosedWhileOpening(_ id: StreamID, discard: Bool) {
+        if self.waitingForKey[id] != nil {
+            self.waitingForKey[id] = discard
+            return
+        }
         guard let claim = self.openingClaims[id] else { return }
         self.services.claims.markClosing(claim)
         self.closedWhileOpening[id] = discard
+    }
+
+    /// Drops the session `open` would have resumed (same resume token or fingerprint), under the key's claim.
+    private func discardSession(named open: Frame.Open, key: ObjectKey, account: Account) {
+        let claim = KeyClaims.name(account: account.name, key: key.value)
+        let services = self.services
+        guard services.claims.tryClaim(claim) else { return }
+        // Closing from the start: an OPEN of the key meanwhile waits for the discard, never KEY_BUSY.
+        services.claims.markClosing(claim)
+        services.threadPool.submit { state in
+            defer { services.claims.release(claim) }
+            guard state == .active, let session = try? services.catalog.session(account: account.name, key: key.value) else { return }
+            let byToken = !open.resumeToken.isEmpty && open.resumeToken == session.resumeToken
+            let byFingerprint = !open.fingerprint.isEmpty && open.fingerprint == session.fingerprint
+            guard byToken || byFingerprint else { return }
+            try? services.store.removeStaging(session.stagingName)
+            try? services.catalog.deleteSession(id: session.id)
+        }
     }
 
     private func uploadEvent(_ id: StreamID, _ event: StreamUpload.Event) {
