@@ -242,8 +242,11 @@ final class AgentConnectionHandler: ChannelInboundHandler {
         } else {
             job.attempts += 1
         }
+        // Another upload of the same key (the same files sent twice at once) may take long: KEY_BUSY waits ten times
+        // --retry-for; a full relay (REFUSED_STREAM) waits --retry-for.
+        let patience = code == .keyBusy ? self.configuration.retryFor * 10 : self.configuration.retryFor
         let retry = busy
-            ? now - (job.busySince ?? now) < self.configuration.retryFor
+            ? now - (job.busySince ?? now) < patience
             : code.isRetryable && job.attempts < self.configuration.maxAttemptsPerItem
         guard retry else {
             self.complete(job, job.finish(.failed, sha1: job.knownSHA1?.hex ?? "", error: "relay refused \"\(job.key)\": \(code.name): \(message)"))
