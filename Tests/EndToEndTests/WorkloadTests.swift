@@ -1,4 +1,5 @@
 import Foundation
+import NIOCore
 import Testing
 import UploadAgent
 import UploadChecksums
@@ -137,6 +138,32 @@ struct WorkloadTests {
         #expect(use.staged == 45)
         #expect(use.left == 55)
         #expect(use.refusal(account: "small", needed: 60).contains("held by unfinished uploads"))
+    }
+
+    @Test("abandoned sessions expire while the relay runs, staged bytes and all (finding 4)")
+    func sessionsExpireWhileRunning() async throws {
+        let relay = try await TestRelay {
+            $0.sessionExpiry = .seconds(1)
+            $0.maintenanceInterval = .milliseconds(100)
+        }.start()
+        let staging = try relay.services.store.openStaging("abandoned", truncatingTo: 0)
+        try staging.write(ByteBuffer(string: "half an upload"), at: 0)
+        staging.close()
+        try relay.services.catalog.putSession(
+            UploadSession(
+                id: "abandoned", account: "dev", key: "old.bin", resumeToken: [1], fingerprint: [], declaredSize: 100,
+                durableOffset: 14, sha1State: [], stagingName: "abandoned", updatedAt: Date().addingTimeInterval(-5)
+            )
+        )
+        // The relay's own housekeeping, observed with a deadline.
+        let deadline = ContinuousClock.now + .seconds(20)
+        while ContinuousClock.now < deadline, try relay.services.catalog.session(account: "dev", key: "old.bin") != nil {
+            try await Task.sleep(for: .milliseconds(50))
+        }
+        #expect(try relay.services.catalog.session(account: "dev", key: "old.bin") == nil)
+        #expect(try !relay.services.store.hasStaging("abandoned"))
+        #expect(try relay.services.catalog.quotaUse(account: "dev", excludingKey: "x").staged == 0)
+        await relay.stop()
     }
 
     @Test("a file rewritten while it uploads is never committed as a mix of two versions (finding 8)")
