@@ -14,7 +14,7 @@ bin=${BIN_DIR:-.build/debug}
 work=$(mktemp -d "${TMPDIR:-/tmp}/upload-many.XXXXXX")
 relay_pid=
 cleanup() {
-    [ -n "$relay_pid" ] && kill -9 "$relay_pid" 2>/dev/null || true
+    [ -n "$relay_pid" ] && { kill -9 "$relay_pid" 2>/dev/null; wait "$relay_pid" 2>/dev/null; } || true
     pkill -KILL -f -- "$work" 2>/dev/null || true
     rm -rf -- "$work"
 }
