@@ -240,12 +240,12 @@ bench_ours() {
         t1=$(now)
         rss=$(tail -1 "$DIR/agent-$run.rss")
         say "agent output: $(head -c 2000 "$DIR/agent-$run.json")"
-        if ! cmp "$FILE" "$DIR/relay/store/$key"; then
-            say "stored object $DIR/relay/store/$key differs from the source"
+        if ! cmp "$FILE" "$DIR/relay/store/dev/$key"; then
+            say "stored object $DIR/relay/store/dev/$key differs from the source"
             return 1
         fi
-        say "verified $DIR/relay/store/$key"
-        rm -f "$DIR/relay/store/$key"
+        say "verified $DIR/relay/store/dev/$key"
+        rm -f "$DIR/relay/store/dev/$key"
         echo "$name|$(secs "$t0" "$t1")|$rss" >>"$DIR/ours.partial"
     done
     hwm=$(vmhwm_kib "$relay_pid")
