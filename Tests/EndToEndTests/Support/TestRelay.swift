@@ -19,6 +19,7 @@ final class TestRelay: @unchecked Sendable {
     static func makeDirectory() -> String {
         let path = NSTemporaryDirectory() + "upload-e2e-" + UUID().uuidString
         try! FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+        TemporaryDirectories.removeAtExit(path)
         return path
     }
 
