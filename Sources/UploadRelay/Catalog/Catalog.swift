@@ -50,7 +50,7 @@ public struct QuotaUse: Hashable, Sendable {
     public var stored: Int64
     /// Growth that commits under way have reserved.
     public var committing: Int64
-    /// Bytes that the account's other unfinished uploads hold or announced (their declared size, else their durable bytes).
+    /// Bytes that the account's other unfinished uploads hold (durable bytes), or, for uploads open now, announced.
     public var staged: Int64
 
     public init(quota: Int64?, stored: Int64, committing: Int64, staged: Int64) {
@@ -195,8 +195,10 @@ public protocol Catalog: Sendable {
     func object(account: String, key: String) throws -> StoredObject?
     func object(account: String, size: Int64, sha1: String) throws -> [StoredObject]
 
-    /// The account's quota and what takes it, not counting the session of `key` (the upload asking).
-    func quotaUse(account: String, excludingKey key: String) throws -> QuotaUse
+    /// The account's quota and what takes it, not counting the session of `key` (the upload asking). Unfinished
+    /// sessions count the bytes they hold; those whose key is in `activeKeys` (an upload is open on it now) count the
+    /// size they announced, which they are about to hold.
+    func quotaUse(account: String, excludingKey key: String, activeKeys: Set<String>) throws -> QuotaUse
 
     /// Reserves the quota a commit needs and records it as under way, in one transaction, so that two commits of
     /// one account can never both pass the check (issue 6 finding 3). Throws
@@ -213,4 +215,11 @@ public protocol Catalog: Sendable {
     func objects() throws -> [StoredObject]
     /// Forgets an object whose file is gone, giving its bytes back to the quota.
     func deleteObject(account: String, key: String) throws
+}
+
+extension Catalog {
+    /// ``quotaUse(account:excludingKey:activeKeys:)`` when no other upload of the account is open.
+    public func quotaUse(account: String, excludingKey key: String) throws -> QuotaUse {
+        try self.quotaUse(account: account, excludingKey: key, activeKeys: [])
+    }
 }

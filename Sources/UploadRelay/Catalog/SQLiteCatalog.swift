@@ -220,7 +220,7 @@ public final class SQLiteCatalog: Catalog {
         }
     }
 
-    private static func quotaUse(_ db: Database, account: String, excludingKey key: String) throws -> QuotaUse {
+    private static func quotaUse(_ db: Database, account: String, excludingKey key: String, activeKeys: Set<String> = []) throws -> QuotaUse {
         guard let row = try Row.fetchOne(db, sql: "SELECT * FROM account WHERE name = ?", arguments: [account]) else {
             throw CatalogError.unknownAccount(account)
         }
@@ -229,20 +229,28 @@ public final class SQLiteCatalog: Catalog {
                 db, sql: "SELECT COALESCE(SUM(delta), 0) FROM pending_commit WHERE account = ? AND key != ? AND delta > 0",
                 arguments: [account, key]
             ) ?? 0
-        let staged =
-            try Int64.fetchOne(
-                db,
-                sql: """
-                    SELECT COALESCE(SUM(COALESCE(declared_size, durable_offset)), 0) FROM session
-                    WHERE account = ? AND key != ? AND key NOT IN (SELECT key FROM pending_commit WHERE account = ?)
-                    """,
-                arguments: [account, key, account]
-            ) ?? 0
+        // A session left behind (the agent stopped or was killed) holds its durable bytes; one whose upload is open now
+        // will hold what it announced. Counting left-behind sessions by what they announced would let a killed run's
+        // sessions refuse its own re-run (soak seed 327).
+        var staged: Int64 = 0
+        for row in try Row.fetchAll(
+            db,
+            sql: """
+                SELECT key, declared_size, durable_offset FROM session
+                WHERE account = ? AND key != ? AND key NOT IN (SELECT key FROM pending_commit WHERE account = ?)
+                """,
+            arguments: [account, key, account]
+        ) {
+            let durable: Int64 = row["durable_offset"]
+            let declared: Int64? = row["declared_size"]
+            let held = activeKeys.contains(row["key"]) ? max(declared ?? durable, durable) : durable
+            staged = staged.addingReportingOverflow(held).overflow ? .max : staged + held
+        }
         return QuotaUse(quota: row["quota"], stored: row["used_bytes"], committing: committing, staged: staged)
     }
 
-    public func quotaUse(account: String, excludingKey key: String) throws -> QuotaUse {
-        try self.database.read { db in try Self.quotaUse(db, account: account, excludingKey: key) }
+    public func quotaUse(account: String, excludingKey key: String, activeKeys: Set<String>) throws -> QuotaUse {
+        try self.database.read { db in try Self.quotaUse(db, account: account, excludingKey: key, activeKeys: activeKeys) }
     }
 
     public func beginCommit(_ commit: PendingCommit) throws {

@@ -55,6 +55,16 @@ final class KeyClaims: Sendable {
         }
     }
 
+    /// The keys of `account` with an upload open now (claimed and not closing).
+    func activeKeys(of account: String) -> Set<String> {
+        let prefix = account + "\u{0}"
+        return self.claims.withLockedValue { claims in
+            Set(claims.compactMap { name, claim in
+                !claim.closing && name.hasPrefix(prefix) ? String(name.dropFirst(prefix.count)) : nil
+            })
+        }
+    }
+
     /// The key's stream has ended on the wire; its cleanup runs.
     func markClosing(_ name: String) {
         self.claims.withLockedValue { claims in

@@ -82,7 +82,7 @@ struct UploadOpener {
                 return .stored(size: UInt64(size))
             }
         }
-        let use = try catalog.quotaUse(account: name, excludingKey: key.value)
+        let use = try catalog.quotaUse(account: name, excludingKey: key.value, activeKeys: self.services.claims.activeKeys(of: name))
         let growth = (size ?? 0) - (existing?.size ?? 0)
         if growth > use.left {
             return .refuse(.quotaExceeded, use.refusal(account: name, needed: growth))
