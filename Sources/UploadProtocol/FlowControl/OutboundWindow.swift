@@ -23,11 +23,12 @@ public struct OutboundWindow: Hashable, Sendable {
         return claimed
     }
 
-    /// Spends `count` reserved bytes on a CHUNK; false (and nothing spent) when the reservation is smaller.
-    public mutating func spend(_ count: Int) -> Bool {
-        guard count >= 0, count <= self.reserved else { return false }
-        self.reserved -= count
-        return true
+    /// Spends `count` bytes on a CHUNK: the reservation first, then unclaimed credit. The caller checked that
+    /// `count <= reserved + available`.
+    public mutating func take(_ count: Int) {
+        let fromReservation = min(count, self.reserved)
+        self.reserved -= fromReservation
+        self.available -= min(count - fromReservation, self.available)
     }
 
     /// Gives `count` reserved bytes back (the read used fewer, or its stream closed).

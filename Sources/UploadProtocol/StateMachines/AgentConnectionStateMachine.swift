@@ -131,9 +131,7 @@ public struct AgentConnectionStateMachine: Sendable {
                 "CHUNK of \(chunk.payloadLength) bytes on stream \(chunk.streamID) with \(fromReservation + self.connectionWindow.available) bytes of connection credit"
             )
         }
-        _ = self.connectionWindow.spend(fromReservation)
-        _ = self.connectionWindow.reserve(upTo: rest)
-        _ = self.connectionWindow.spend(rest)
+        self.connectionWindow.take(chunk.payloadLength)
         stream.sendChunk(chunk)
         self.streams[chunk.streamID] = stream
         return .send(.chunk(chunk))

@@ -130,11 +130,7 @@ struct AgentStreamStateMachine: Sendable {
 
     /// Sends a CHUNK that ``refusal(of:)`` allowed: spends the reservation first, then unclaimed credit.
     mutating func sendChunk(_ chunk: Frame.Chunk) {
-        let fromReservation = min(chunk.payloadLength, self.window!.reserved)
-        _ = self.window!.spend(fromReservation)
-        let rest = chunk.payloadLength - fromReservation
-        _ = self.window!.reserve(upTo: rest)
-        _ = self.window!.spend(rest)
+        self.window?.take(chunk.payloadLength)
         self.nextOffset += UInt64(chunk.payloadLength)
     }
 
