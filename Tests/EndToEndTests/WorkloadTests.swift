@@ -142,6 +142,31 @@ struct WorkloadTests {
         #expect(use.refusal(account: "small", needed: 60).contains("held by unfinished uploads"))
     }
 
+    @Test("an upload that will replace an object counts only what it adds to it (soak seed 424242 round 21)")
+    func replacingUploadCountsItsGrowth() throws {
+        let directory = TestRelay.makeDirectory()
+        let catalog = try SQLiteCatalog(path: directory + "/catalog.sqlite")
+        try catalog.addAccount(name: "small", tokenHash: [1], quota: 100)
+        let stored = PendingCommit(account: "small", key: "big", size: 80, sha1: "a", sessionID: nil)
+        try catalog.beginCommit(stored)
+        try catalog.finishCommit(stored, identity: ObjectIdentity(device: 1, inode: 2, size: 80, modified: 3))
+        // The same key sent again from stdin (size unknown), 70 bytes in: the commit will charge nothing.
+        try catalog.putSession(
+            UploadSession(
+                id: "again", account: "small", key: "big", resumeToken: [], fingerprint: [], declaredSize: nil,
+                durableOffset: 70, sha1State: [], stagingName: "again"
+            )
+        )
+        var use = try catalog.quotaUse(account: "small", excludingKey: "photo", activeKeys: ["big"])
+        #expect(use.staged == 0)
+        #expect(use.left == 20)
+        // Past the old object's size, the session holds its growth.
+        try catalog.updateDurable(sessionID: "again", offset: 90, sha1State: [])
+        use = try catalog.quotaUse(account: "small", excludingKey: "photo", activeKeys: ["big"])
+        #expect(use.staged == 10)
+        #expect(use.left == 10)
+    }
+
     @Test("abandoned sessions expire while the relay runs, staged bytes and all (finding 4)")
     func sessionsExpireWhileRunning() async throws {
         let relay = try await TestRelay {

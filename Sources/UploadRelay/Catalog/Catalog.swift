@@ -197,7 +197,8 @@ public protocol Catalog: Sendable {
 
     /// The account's quota and what takes it, not counting the session of `key` (the upload asking). Unfinished
     /// sessions count the bytes they hold; those whose key is in `activeKeys` (an upload is open on it now) count the
-    /// size they announced, which they are about to hold.
+    /// size they announced, which they are about to hold. A session of a key that holds an object counts only what
+    /// it holds beyond that object's size: its commit replaces the object.
     func quotaUse(account: String, excludingKey key: String, activeKeys: Set<String>) throws -> QuotaUse
 
     /// Reserves the quota a commit needs and records it as under way, in one transaction, so that two commits of

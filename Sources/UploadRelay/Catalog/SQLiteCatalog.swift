@@ -231,19 +231,23 @@ public final class SQLiteCatalog: Catalog {
             ) ?? 0
         // A session left behind (the agent stopped or was killed) holds its durable bytes; one whose upload is open now
         // will hold what it announced. Counting left-behind sessions by what they announced would let a killed run's
-        // sessions refuse its own re-run (soak seed 327).
+        // sessions refuse its own re-run (soak seed 327). A session that will replace an object counts only what it
+        // adds to it, as its commit will: counting a re-sent 17 MB stdin whole refused small files that fitted
+        // (soak seed 424242 round 21).
         var staged: Int64 = 0
         for row in try Row.fetchAll(
             db,
             sql: """
-                SELECT key, declared_size, durable_offset FROM session
-                WHERE account = ? AND key != ? AND key NOT IN (SELECT key FROM pending_commit WHERE account = ?)
+                SELECT s.key, s.declared_size, s.durable_offset, COALESCE(o.size, 0) AS replaced
+                FROM session s LEFT JOIN object o ON o.account = s.account AND o.key = s.key
+                WHERE s.account = ? AND s.key != ? AND s.key NOT IN (SELECT key FROM pending_commit WHERE account = ?)
                 """,
             arguments: [account, key, account]
         ) {
             let durable: Int64 = row["durable_offset"]
             let declared: Int64? = row["declared_size"]
-            let held = activeKeys.contains(row["key"]) ? max(declared ?? durable, durable) : durable
+            let replaced: Int64 = row["replaced"]
+            let held = max(0, (activeKeys.contains(row["key"]) ? max(declared ?? durable, durable) : durable) - replaced)
             staged = staged.addingReportingOverflow(held).overflow ? .max : staged + held
         }
         return QuotaUse(quota: row["quota"], stored: row["used_bytes"], committing: committing, staged: staged)
