@@ -7,6 +7,7 @@ let package = Package(
     products: [
         .library(name: "UploadProtocol", targets: ["UploadProtocol"]),
         .library(name: "UploadChecksums", targets: ["UploadChecksums"]),
+        .library(name: "UploadPayload", targets: ["UploadPayload"]),
         .library(name: "UploadAgent", targets: ["UploadAgent"]),
         .library(name: "UploadRelay", targets: ["UploadRelay"]),
         .executable(name: "upload-agent", targets: ["upload-agent"]),
@@ -39,10 +40,15 @@ let package = Package(
             name: "UploadChecksums",
             dependencies: ["CUploadZlib", "CUploadCrypto"]
         ),
+        // A CHUNK's payload (CRC-32, deflate), sealed by the agent and opened by the relay: one type below both roles.
+        .target(
+            name: "UploadPayload",
+            dependencies: ["UploadProtocol", "UploadChecksums", .product(name: "NIOCore", package: "swift-nio")]
+        ),
         .target(
             name: "UploadAgent",
             dependencies: [
-                "UploadProtocol", "UploadChecksums",
+                "UploadProtocol", "UploadChecksums", "UploadPayload",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
@@ -53,7 +59,7 @@ let package = Package(
         .target(
             name: "UploadRelay",
             dependencies: [
-                "UploadProtocol", "UploadChecksums", "CUploadSystem",
+                "UploadProtocol", "UploadChecksums", "UploadPayload", "CUploadSystem",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
@@ -64,7 +70,8 @@ let package = Package(
                 .product(name: "SwiftASN1", package: "swift-asn1"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
-            ]
+            ],
+            exclude: ["README.md"]
         ),
         // Values both command-line programs parse (byte counts, durations, host:port).
         .target(
@@ -100,17 +107,19 @@ let package = Package(
             ],
             path: "tools/codec-benchmark"
         ),
+        // What the test targets share: the seeded generator.
+        .target(name: "UploadTestSupport", path: "Tests/UploadTestSupport"),
         .testTarget(
             name: "UploadProtocolTests",
             dependencies: [
-                "UploadProtocol", "UploadChecksums", "UploadRelay",
+                "UploadProtocol", "UploadChecksums", "UploadPayload", "UploadTestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
             ]
         ),
         .testTarget(
             name: "EndToEndTests",
             dependencies: [
-                "UploadAgent", "UploadRelay", "UploadProtocol", "UploadChecksums", "CUploadSystem",
+                "UploadTestSupport", "UploadAgent", "UploadRelay", "UploadProtocol", "UploadChecksums", "CUploadSystem",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
@@ -120,7 +129,14 @@ let package = Package(
         ),
         .testTarget(
             name: "UploadChecksumsTests",
-            dependencies: ["UploadChecksums"]
+            dependencies: ["UploadChecksums", "UploadTestSupport"]
+        ),
+        .testTarget(
+            name: "UploadRelayTests",
+            dependencies: [
+                "UploadRelay", "UploadProtocol", "UploadTestSupport",
+                .product(name: "NIOCore", package: "swift-nio"),
+            ]
         ),
     ],
     swiftLanguageModes: [.v6]

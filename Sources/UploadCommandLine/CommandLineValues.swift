@@ -1,4 +1,5 @@
 import ArgumentParser
+import Foundation
 
 // Values both command-line programs read, parsed in one place.
 
@@ -48,5 +49,26 @@ public enum DurationText {
         }
         if let seconds = Int64(text), seconds >= 0 { return .seconds(seconds) }
         throw ValidationError("\(option) \"\(text)\" is not a duration (for example 90s, 5m or 24h)")
+    }
+}
+
+extension AsyncParsableCommand {
+    /// Parses and runs the command, as ArgumentParser's `main()` does, except that a usage error exits 2, as scripts
+    /// expect (ArgumentParser's own default is 64). Both programs' `main` call this.
+    public static func mainExitingTwoOnUsageError() async {
+        do {
+            var command = try Self.parseAsRoot()
+            if var asyncCommand = command as? any AsyncParsableCommand {
+                try await asyncCommand.run()
+            } else {
+                try command.run()
+            }
+        } catch {
+            if Self.exitCode(for: error) == .validationFailure {
+                FileHandle.standardError.write(Data((Self.fullMessage(for: error) + "\n").utf8))
+                Foundation.exit(2)
+            }
+            Self.exit(withError: error)
+        }
     }
 }

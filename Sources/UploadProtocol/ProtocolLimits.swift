@@ -66,6 +66,8 @@ public struct ProtocolLimits: Hashable, Sendable {
     public static let maxWindow = Int(Int32.max)
     /// The largest size or offset a frame may carry (SPEC §3): 2^62.
     public static let maxBlobSize: UInt64 = 1 << 62
+    /// The TLS ALPN protocol id both sides offer and the relay requires (SPEC §2.1).
+    public static let alpn = "upload/1"
     /// The protocol versions this implementation speaks (SPEC §2.2).
     public static let supportedVersions: ClosedRange<UInt16> = 1...1
 

@@ -12,7 +12,7 @@ public struct RelayConfiguration: Sendable {
 
     /// The directory the relay owns: `catalog.sqlite`, `staging/`, `dev/`, and `store/` unless ``storePath`` says otherwise.
     public var dataDirectory: String
-    /// The directory objects are committed to; the object for key K is the file `<store>/K`.
+    /// The directory objects are committed to; the object for key K of account A is the file `<store>/A/K`.
     public var storePath: String
 
     /// Wire limits announced in WELCOME and enforced by the codec (SPEC §12).

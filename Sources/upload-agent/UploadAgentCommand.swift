@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import UploadCommandLine
 
 @main
 struct UploadAgentCommand: AsyncParsableCommand {
@@ -17,20 +18,6 @@ struct UploadAgentCommand: AsyncParsableCommand {
 
     /// Usage errors exit 2, as scripts expect (ArgumentParser's own default is 64).
     static func main() async {
-        do {
-            var command = try Self.parseAsRoot()
-            if var asyncCommand = command as? any AsyncParsableCommand {
-                try await asyncCommand.run()
-            } else {
-                try command.run()
-            }
-        } catch {
-            let code = Self.exitCode(for: error)
-            if code == .validationFailure {
-                FileHandle.standardError.write(Data((Self.fullMessage(for: error) + "\n").utf8))
-                Foundation.exit(2)
-            }
-            Self.exit(withError: error)
-        }
+        await Self.mainExitingTwoOnUsageError()
     }
 }

@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import UploadCommandLine
 
 @main
 struct UploadRelayCommand: AsyncParsableCommand {
@@ -22,19 +23,6 @@ struct UploadRelayCommand: AsyncParsableCommand {
 
     /// Usage errors exit 2, as scripts expect (ArgumentParser's own default is 64).
     static func main() async {
-        do {
-            var command = try Self.parseAsRoot()
-            if var asyncCommand = command as? any AsyncParsableCommand {
-                try await asyncCommand.run()
-            } else {
-                try command.run()
-            }
-        } catch {
-            if Self.exitCode(for: error) == .validationFailure {
-                FileHandle.standardError.write(Data((Self.fullMessage(for: error) + "\n").utf8))
-                Foundation.exit(2)
-            }
-            Self.exit(withError: error)
-        }
+        await Self.mainExitingTwoOnUsageError()
     }
 }

@@ -1,6 +1,6 @@
 import Foundation
 import Testing
-import UploadAgent
+@_spi(Testing) import UploadAgent
 import UploadProtocol
 import UploadRelay
 
@@ -88,7 +88,7 @@ struct RefusalTests {
         let (item, data) = self.oneFile(size: 3 << 20)
         let results = try await upload([item], port: relay.port, token: relay.token, ca: relay.caPath) {
             $0.dedup = false
-            $0.lieAboutSHA1 = SHA1Digest.empty
+            $0.faults.lieAboutSHA1 = SHA1Digest.empty
         }
         #expect(results.first?.status == .failed)
         #expect(results.first?.error?.contains("HASH_MISMATCH") == true)
@@ -121,7 +121,7 @@ struct RefusalTests {
         let (item, data) = self.oneFile(size: 5 << 20)
         let events = EventLog()
         let results = try await upload([item], port: relay.port, token: relay.token, ca: relay.caPath, configure: {
-            $0.corruptChunkAtOffset = 2 << 20
+            $0.faults.corruptChunkAtOffset = 2 << 20
             $0.dedup = false
             $0.maxAttemptsPerItem = 1
         }) { events.append($0) }

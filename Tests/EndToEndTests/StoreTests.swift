@@ -7,6 +7,7 @@ import UploadAgent
 import UploadChecksums
 import UploadProtocol
 @testable import UploadRelay
+import UploadTestSupport
 
 /// The local store and the relay's housekeeping, against a real file system.
 @Suite("Local store")
@@ -118,7 +119,7 @@ struct StoreTests {
 @Suite("Staging with direct I/O")
 struct DirectStagingTests {
     /// Writes `data` in random pieces with random syncs, through a store with a small direct buffer.
-    func stage(_ data: [UInt8], from start: Int = 0, into staging: any StagingFile, rng: inout SplitMix) throws {
+    func stage(_ data: [UInt8], from start: Int = 0, into staging: any StagingFile, rng: inout SeededGenerator) throws {
         var offset = start
         while offset < data.count {
             let n = min(data.count - offset, Int(rng.next() % 20_000) + 1)
@@ -144,13 +145,13 @@ struct DirectStagingTests {
         return true
     }
 
-    func randomBytes(_ count: Int, _ rng: inout SplitMix) -> [UInt8] {
+    func randomBytes(_ count: Int, _ rng: inout SeededGenerator) -> [UInt8] {
         (0..<count).map { _ in UInt8(truncatingIfNeeded: rng.next()) }
     }
 
     @Test("random pieces and syncs, then commit: the object is exactly the bytes, and the writes went direct", arguments: [1, 2, 3])
     func randomPieces(seed: UInt64) throws {
-        var rng = SplitMix(seed: seed)
+        var rng = SeededGenerator(seed: seed)
         let (root, store) = try Self.makeStore(directBuffer: 64 << 10)
         let data = self.randomBytes(300_000 + Int(rng.next() % 10_000), &rng)
         let staging = try store.openStaging("s", truncatingTo: 0)
@@ -163,7 +164,7 @@ struct DirectStagingTests {
 
     @Test("a resume inside a block keeps the durable bytes before it and the object is whole", arguments: [4, 5, 6])
     func resumeInsideBlock(seed: UInt64) throws {
-        var rng = SplitMix(seed: seed)
+        var rng = SeededGenerator(seed: seed)
         let (root, store) = try Self.makeStore(directBuffer: 64 << 10)
         let data = self.randomBytes(200_000, &rng)
         let durable = 4096 * 17 + 1 + Int(rng.next() % 4000)
@@ -177,7 +178,7 @@ struct DirectStagingTests {
     }
 
     /// Reopens staging file "s" at `durable`, writes the rest of `data` and commits: the object must be `data`.
-    func resumeAndCommit(_ store: LocalDirectoryStore, root: String, _ data: [UInt8], durable: Int, rng: inout SplitMix) throws {
+    func resumeAndCommit(_ store: LocalDirectoryStore, root: String, _ data: [UInt8], durable: Int, rng: inout SeededGenerator) throws {
         // The resume cuts back to the durable offset and goes on from there.
         let resumed = try store.openStaging("s", truncatingTo: Int64(durable))
         #expect((resumed as? LocalStagingFile)?.isDirect == Self.supportsDirectIO(root))
@@ -206,7 +207,7 @@ struct DirectStagingTests {
 
     @Test("a crash after a sync leaves a padded file; the resume cuts it to the durable offset and the object is whole")
     func crashAfterSync() throws {
-        var rng = SplitMix(seed: 11)
+        var rng = SeededGenerator(seed: 11)
         let (root, store) = try Self.makeStore(directBuffer: 64 << 10)
         let data = self.randomBytes(150_000, &rng)
         let durable = 4096 * 9 + 1234
@@ -257,7 +258,7 @@ struct DirectStagingTests {
 struct FileSourceTests {
     @Test("reads at random offsets and lengths return the file's bytes", arguments: [7, 8])
     func randomReads(seed: UInt64) throws {
-        var rng = SplitMix(seed: seed)
+        var rng = SeededGenerator(seed: seed)
         let directory = TestRelay.makeDirectory()
         let file = makeFile(directory, "f.bin", size: 1_000_003, seed: seed)
         let source = FileSource(path: file.path, blockSize: 64 << 10)

@@ -1,5 +1,6 @@
 import Testing
 import UploadChecksums
+import UploadTestSupport
 
 @Suite("CRC32 and deflate from zlib")
 struct CRC32AndDeflateTests {
@@ -12,7 +13,7 @@ struct CRC32AndDeflateTests {
 
     @Test("incremental CRC equals one-shot")
     func incremental() {
-        var rng = SplitMix64(seed: 3)
+        var rng = SeededGenerator(seed: 3)
         let data = (0..<5000).map { _ in UInt8.random(in: 0...255, using: &rng) }
         var crc = CRC32()
         var index = 0
@@ -46,7 +47,7 @@ struct CRC32AndDeflateTests {
 
     @Test("incompressible data is left raw")
     func incompressible() {
-        var rng = SplitMix64(seed: 5)
+        var rng = SeededGenerator(seed: 5)
         let noise = (0..<4096).map { _ in UInt8.random(in: 0...255, using: &rng) }
         #expect(Self.compress(noise) == nil)
     }

@@ -1,5 +1,6 @@
 import Testing
 import UploadChecksums
+import UploadTestSupport
 
 @Suite("SHA-1 from libcrypto")
 struct SHA1Tests {
@@ -32,7 +33,7 @@ struct SHA1Tests {
 
     @Test("random splits give the one-shot digest")
     func randomSplits() {
-        var rng = SplitMix64(seed: 7)
+        var rng = SeededGenerator(seed: 7)
         let data = (0..<10_000).map { _ in UInt8.random(in: 0...255, using: &rng) }
         let expected = SHA1.hash(data)
         for _ in 0..<50 {
@@ -49,7 +50,7 @@ struct SHA1Tests {
 
     @Test("hash half, export, import in a fresh value, finish == one-shot, at every offset of a few blocks")
     func exportImportRoundTrip() throws {
-        var rng = SplitMix64(seed: 11)
+        var rng = SeededGenerator(seed: 11)
         let data = (0..<300).map { _ in UInt8.random(in: 0...255, using: &rng) }
         let expected = SHA1.hash(data)
         for split in 0...data.count {
@@ -85,15 +86,3 @@ struct SHA1Tests {
     }
 }
 
-/// A small deterministic generator so failures reproduce.
-struct SplitMix64: RandomNumberGenerator {
-    var state: UInt64
-    init(seed: UInt64) { self.state = seed }
-    mutating func next() -> UInt64 {
-        self.state &+= 0x9E37_79B9_7F4A_7C15
-        var z = self.state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-}

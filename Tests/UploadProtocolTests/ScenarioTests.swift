@@ -2,6 +2,7 @@ import NIOCore
 import Testing
 import UploadChecksums
 @testable import UploadProtocol
+import UploadTestSupport
 
 /// The agent and relay state machines pumped against each other through the real codec, no sockets.
 @Suite("Agent against relay, in memory")

@@ -1,6 +1,7 @@
 import NIOCore
 import Testing
 @testable import UploadProtocol
+import UploadTestSupport
 
 @Suite("State machines, one at a time")
 struct StateMachineTests {

@@ -3,7 +3,7 @@ import NIOCore
 import Testing
 import UploadChecksums
 @testable import UploadProtocol
-import UploadRelay
+import UploadPayload
 
 /// Loads every vector of protocol/vectors/ (SPEC appendix A): the spec's own bytes, written
 /// by an implementation that never saw this Swift code.
@@ -209,7 +209,7 @@ struct VectorReplay {
                 case .closeConnection(let e): return .connectionError(e)
                 case .resetStream(let e, _): return .streamError(e)
                 case .write(let chunk):
-                    switch ChunkVerifier.rawBytes(of: chunk) {
+                    switch ChunkPayload.open(chunk) {
                     case .success(let raw):
                         raw.withUnsafeReadableBytes { self.hashes[chunk.streamID, default: SHA1()].update($0) }
                         last = "write"

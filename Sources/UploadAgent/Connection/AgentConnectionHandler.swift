@@ -64,7 +64,6 @@ final class AgentConnectionHandler: ChannelInboundHandler {
             credential: Array(self.configuration.token.utf8), agentName: self.configuration.agentName
         )
         self.write(self.machine.sendHello(hello))
-        self.reader.maxFrameSize = self.configuration.limits.maxFrameSize
         self.flush()
         context.fireChannelActive()
     }
@@ -137,6 +136,7 @@ final class AgentConnectionHandler: ChannelInboundHandler {
         self.reader.append(self.unwrapInboundIn(data))
         while !self.closed {
             let frame: Frame?
+            self.reader.maxFrameSize = self.machine.inboundFrameLimit
             do {
                 frame = try self.reader.next()
             } catch let error as ProtocolError {

@@ -1,6 +1,7 @@
 import NIOCore
 import NIOPosix
 import UploadChecksums
+import UploadPayload
 import UploadProtocol
 
 /// Sends one item's bytes on one stream: reads the source only while credit is held, computes
@@ -126,7 +127,7 @@ final class StreamSender {
         let startSHA1 = self.sha1
         let keepSnapshots = self.job.knownSHA1 == nil
         let deflate = self.deflate
-        let corruptAt = self.configuration.corruptChunkAtOffset
+        let corruptAt = self.configuration.faults.corruptChunkAtOffset
         self.pool.runIfActive(eventLoop: self.eventLoop) { () -> Batch in
             var batch = Batch(sha1: startSHA1, nextOffset: offset)
             let allocator = ByteBufferAllocator()
@@ -146,14 +147,10 @@ final class StreamSender {
                     }
                     break
                 }
-                let crc = data.withUnsafeReadableBytes { CRC32.checksum($0) }
                 if batch.sha1 != nil {
                     data.withUnsafeReadableBytes { batch.sha1!.update($0) }
                 }
-                var chunk = Frame.Chunk(streamID: id, offset: batch.nextOffset, crc32: crc, data: data)
-                if deflate {
-                    chunk = Self.deflated(chunk, allocator: allocator)
-                }
+                var chunk = ChunkPayload.seal(data, streamID: id, offset: batch.nextOffset, deflate: deflate, allocator: allocator)
                 if let corruptAt, corruptAt >= batch.nextOffset, corruptAt < batch.nextOffset + UInt64(data.readableBytes) {
                     chunk = Self.corrupted(chunk, allocator: allocator)
                 }
@@ -200,21 +197,7 @@ final class StreamSender {
         guard let digest = self.job.knownSHA1 ?? self.sha1.map({ SHA1Digest(bytes: $0.finalize())! }) else { return }
         self.hashSent = true
         self.job.bytesRead = size
-        self.hooks.sendHash(Frame.Hash(streamID: self.id, size: size, sha1: self.configuration.lieAboutSHA1 ?? digest))
-    }
-
-    /// Per-chunk zlib (SPEC §9), kept only when it shrinks the chunk.
-    private static func deflated(_ chunk: Frame.Chunk, allocator: ByteBufferAllocator) -> Frame.Chunk {
-        let rawLength = chunk.data.readableBytes
-        var packed = allocator.buffer(capacity: Deflate.bound(rawLength))
-        let length = packed.writeWithUnsafeMutableBytes(minimumWritableBytes: Deflate.bound(rawLength)) { out in
-            chunk.data.withUnsafeReadableBytes { Deflate.compress($0, into: out) } ?? 0
-        }
-        guard length > 0 else { return chunk }
-        var result = chunk
-        result.rawLength = UInt32(rawLength)
-        result.data = packed
-        return result
+        self.hooks.sendHash(Frame.Hash(streamID: self.id, size: size, sha1: self.configuration.faults.lieAboutSHA1 ?? digest))
     }
 
     private static func corrupted(_ chunk: Frame.Chunk, allocator: ByteBufferAllocator) -> Frame.Chunk {

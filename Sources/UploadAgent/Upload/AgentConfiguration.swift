@@ -37,10 +37,8 @@ public struct AgentConfiguration: Sendable {
     public var limits = ProtocolLimits()
     /// Threads for reading and hashing sources.
     public var ioThreads = 2
-    /// Test hook: corrupt every chunk that holds this offset, after its CRC was computed (the relay must refuse it).
-    public var corruptChunkAtOffset: UInt64? = nil
-    /// Test hook: claim this SHA-1 in every HASH instead of the real one.
-    public var lieAboutSHA1: SHA1Digest? = nil
+    /// Faults the agent injects on purpose, for tests of the relay's checks; none by default.
+    @_spi(Testing) public var faults = AgentFaults()
 
     public init(relayHost: String, relayPort: Int, token: String, caPath: String?) {
         self.relayHost = relayHost
@@ -48,4 +46,14 @@ public struct AgentConfiguration: Sendable {
         self.token = token
         self.caPath = caPath
     }
+}
+
+/// Ways a test makes the agent misbehave, to see the relay refuse it. Not part of the public configuration.
+@_spi(Testing) public struct AgentFaults: Sendable {
+    /// Corrupt every chunk that holds this offset, after its CRC was computed (the relay must refuse it).
+    public var corruptChunkAtOffset: UInt64? = nil
+    /// Claim this SHA-1 in every HASH instead of the real one.
+    public var lieAboutSHA1: SHA1Digest? = nil
+
+    public init() {}
 }

@@ -12,7 +12,7 @@ public final class Uploader: Sendable {
     private let logger: Logger
 
     /// The ALPN name of protocol v1 (SPEC §2.1).
-    public static let alpn = "upload/1"
+    public static let alpn = ProtocolLimits.alpn
 
     public init(configuration: AgentConfiguration, group: any EventLoopGroup, logger: Logger) {
         self.configuration = configuration

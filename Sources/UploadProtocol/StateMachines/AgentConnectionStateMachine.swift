@@ -19,6 +19,8 @@ public struct AgentConnectionStateMachine: Sendable {
     }
 
     private var phase: Phase = .idle
+    /// The largest frame the agent announced in HELLO.
+    private var announcedFrameSize: Int? = nil
     private let limits: ProtocolLimits
     private var welcome: Frame.Welcome? = nil
     private var streams: [StreamID: AgentStreamStateMachine] = [:]
@@ -61,10 +63,15 @@ public struct AgentConnectionStateMachine: Sendable {
 
     // MARK: Sending
 
+    /// The largest frame the agent accepts now (SPEC §1.3): its announced maximum once HELLO went out (it sends HELLO
+    /// before it receives anything), the initial maximum before. Decoders read it before each frame.
+    public var inboundFrameLimit: Int { self.announcedFrameSize ?? ProtocolLimits.initialMaxFrameSize }
+
     /// The first frame of the connection.
     public mutating func sendHello(_ hello: Frame.Hello) -> Frame {
         precondition(self.phase == .idle, "HELLO sent twice")
         self.phase = .helloSent(hello)
+        self.announcedFrameSize = Int(hello.maxFrameSize)
         return .hello(hello)
     }
 

@@ -20,6 +20,7 @@ public struct RelayConnectionStateMachine: Sendable {
     }
 
     private var phase: Phase = .awaitingHello
+    private var welcomeSent = false
     private let limits: ProtocolLimits
     private let supportedFeatures: Frame.Features
     private var features: Frame.Features = []
@@ -58,6 +59,10 @@ public struct RelayConnectionStateMachine: Sendable {
 
     /// Whether the connection has closed with an error.
     public var isClosed: Bool { self.phase == .closed }
+
+    /// The largest frame the relay accepts now (SPEC §1.3): the initial maximum until WELCOME went out, then the
+    /// relay's announced maximum. Decoders read it before each frame.
+    public var inboundFrameLimit: Int { self.welcomeSent ? self.limits.maxFrameSize : ProtocolLimits.initialMaxFrameSize }
 
     /// How many streams are open.
     public var openStreamCount: Int { self.streams.count }
@@ -289,6 +294,7 @@ public struct RelayConnectionStateMachine: Sendable {
         let window = min(max(1, connectionWindow ?? self.limits.connectionWindow), ProtocolLimits.maxWindow)
         self.connectionWindow = InboundWindow(target: window)
         self.phase = .ready
+        self.welcomeSent = true
         self.features = hello.features.intersection(self.supportedFeatures)
         return .welcome(
             Frame.Welcome(

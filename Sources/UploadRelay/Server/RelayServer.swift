@@ -26,7 +26,7 @@ public final class RelayServer: Service, Sendable {
     }
 
     /// The ALPN protocol name (SPEC §2.1).
-    public static let alpn = "upload/1"
+    public static let alpn = ProtocolLimits.alpn
 
     public init(services: RelayServices, group: any EventLoopGroup) throws {
         self.services = services
@@ -76,7 +76,7 @@ public final class RelayServer: Service, Sendable {
                 return channel.eventLoop.makeCompletedFuture {
                     let sync = channel.pipeline.syncOperations
                     try sync.addHandler(NIOSSLServerHandler(context: tls))
-                    try sync.addHandler(RelayConnectionHandler(services: services, logger: logger))
+                    try sync.addHandler(RelayConnectionHandler(services: services, logger: logger, eventLoop: channel.eventLoop))
                 }
             }
             .bind(host: configuration.host, port: configuration.port)

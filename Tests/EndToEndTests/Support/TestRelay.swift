@@ -4,6 +4,7 @@ import NIOCore
 import NIOPosix
 import UploadAgent
 import UploadRelay
+import UploadTestSupport
 
 /// A real relay in this process, on 127.0.0.1 with a fresh data directory, dev certificates and a token.
 final class TestRelay: @unchecked Sendable {
@@ -95,7 +96,7 @@ func upload(
 
 /// Random bytes in a file under `directory`.
 func makeFile(_ directory: String, _ name: String, size: Int, seed: UInt64 = 1) -> (path: String, data: Data) {
-    var rng = SplitMix(seed: seed)
+    var rng = SeededGenerator(seed: seed)
     var bytes = [UInt8](repeating: 0, count: size)
     var i = 0
     while i < size {
@@ -111,18 +112,6 @@ func makeFile(_ directory: String, _ name: String, size: Int, seed: UInt64 = 1) 
     let data = Data(bytes)
     FileManager.default.createFile(atPath: path, contents: data)
     return (path, data)
-}
-
-struct SplitMix: RandomNumberGenerator {
-    var state: UInt64
-    init(seed: UInt64) { self.state = seed }
-    mutating func next() -> UInt64 {
-        self.state &+= 0x9E37_79B9_7F4A_7C15
-        var z = self.state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
 }
 
 /// Counts payload bytes the agent reported sent, to act "midway" on an event rather than a timer.

@@ -1,6 +1,6 @@
 import NIOCore
 import UploadChecksums
-import UploadRelay
+import UploadPayload
 @testable import UploadProtocol
 
 /// The relay's half of the in-memory pump: the state machine plus the least relay logic that
@@ -43,6 +43,7 @@ struct MemoryRelay {
         while !self.closed {
             let action: RelayAction
             do {
+                self.decoder.maxFrameSize = self.machine.inboundFrameLimit
                 guard let frame = try self.decoder.decodeFrame(from: &bytes) else { break }
                 self.received.append(frame)
                 action = self.machine.receive(frame)
@@ -67,7 +68,6 @@ struct MemoryRelay {
                 self.closed = true
                 return [self.machine.failConnection(.unauthenticated, "unknown token")]
             }
-            self.decoder.maxFrameSize = ProtocolLimits().maxFrameSize
             return self.machine.acceptHello(account: account).map { [$0] } ?? []
         case .openUpload(let open, let key):
             return self.open(open, key.value)
@@ -137,7 +137,7 @@ struct MemoryRelay {
     private mutating func write(_ chunk: Frame.Chunk) -> [Frame] {
         let id = chunk.streamID
         let raw: [UInt8]
-        switch ChunkVerifier.rawBytes(of: chunk) {
+        switch ChunkPayload.open(chunk) {
         case .success(let bytes):
             raw = Array(bytes.readableBytesView)
         case .failure(let error):
@@ -208,7 +208,6 @@ struct MemoryAgent {
     }
 
     mutating func hello(features: Frame.Features = []) -> [Frame] {
-        self.decoder.maxFrameSize = ProtocolLimits().maxFrameSize
         return [
             self.machine.sendHello(
                 Frame.Hello(
@@ -235,6 +234,7 @@ struct MemoryAgent {
         while !self.closed {
             let action: AgentAction
             do {
+                self.decoder.maxFrameSize = self.machine.inboundFrameLimit
                 guard let frame = try self.decoder.decodeFrame(from: &bytes) else { break }
                 action = self.machine.receive(frame)
             } catch let error as ProtocolError {
@@ -291,15 +291,7 @@ struct MemoryAgent {
                 guard credit > 0 else { break }
                 let n = min(credit, self.chunkSize, job.data.count - offset)
                 let raw = Array(job.data[offset..<offset + n])
-                var chunk = Frame.Chunk(streamID: id, offset: next, crc32: CRC32.checksum(raw), data: ByteBuffer(bytes: raw))
-                if job.deflate {
-                    var packed = [UInt8](repeating: 0, count: Deflate.bound(n))
-                    let length = raw.withUnsafeBytes { i in packed.withUnsafeMutableBytes { Deflate.compress(i, into: $0) } }
-                    if let length {
-                        chunk.rawLength = UInt32(n)
-                        chunk.data = ByteBuffer(bytes: packed[0..<length])
-                    }
-                }
+                let chunk = ChunkPayload.seal(ByteBuffer(bytes: raw), streamID: id, offset: next, deflate: job.deflate)
                 self.sentPayload[id, default: 0] += n
                 out.append(self.machine.sendChunk(chunk).frame!)
             }

@@ -32,6 +32,7 @@ struct RelaySession {
         self.reader.append(bytes)
         while !self.closed {
             let frame: Frame?
+            self.reader.maxFrameSize = self.machine.inboundFrameLimit
             do {
                 frame = try self.reader.next()
             } catch let error as ProtocolError {
@@ -66,7 +67,6 @@ struct RelaySession {
         switch action {
         case .authenticate:
             _ = self.machine.acceptHello(account: "fuzz")
-            self.reader.maxFrameSize = ProtocolLimits().maxFrameSize
         case .openUpload(let open, _):
             _ = self.machine.sendOffset(Frame.Offset(streamID: open.streamID, disposition: .start, offset: 0))
         case .write(let chunk):

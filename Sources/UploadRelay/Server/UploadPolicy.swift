@@ -2,10 +2,11 @@ import Foundation
 import UploadChecksums
 import UploadProtocol
 
-/// The relay's answer to OPEN (SPEC §6, §7): resume, dedup, quota, overwrite and key-conflict rules, decided
-/// against the catalog and the store. Blocking: runs on the I/O thread pool.
-struct UploadOpener {
-    enum Decision {
+/// The relay's rules for OPEN and for commit (SPEC §6, §7, §8.3): revocation, resume, dedup, quota, overwrite and
+/// key conflicts, decided against the catalog and the store; and the one place where store and catalog errors
+/// become wire codes. Blocking: runs on the I/O thread pool.
+struct UploadPolicy {
+    enum OpenDecision {
         /// Nothing to send: the key holds these bytes (or now a copy of them).
         case stored(size: UInt64)
         /// Send from the session's durable offset; the upload is staged in `staging` with SHA-1 state `sha1` there.
@@ -14,17 +15,44 @@ struct UploadOpener {
         case refuse(WireErrorCode, String)
     }
 
+    /// Why a stream ends in error, and whether the bytes the relay holds are still worth a resume.
+    struct Refusal: Error, Hashable {
+        var code: WireErrorCode
+        var message: String
+        /// Keep the session (and its durable bytes) for a resume: the failure was the relay's, not the bytes'.
+        var keepSession: Bool
+    }
+
     let services: RelayServices
 
-    func decide(account: Account, open: Frame.Open, key: ObjectKey) -> Decision {
+    /// The answer to OPEN of `key` by `account` (as it was at HELLO; read again here).
+    func open(account: Account, open: Frame.Open, key: ObjectKey) -> OpenDecision {
         do {
-            return try self.decideThrowing(account: account, open: open, key: key)
-        } catch let error as StoreError {
-            return .refuse(.storageError, error.description)
-        } catch let error as CatalogError {
-            return .refuse(.quotaExceeded, error.description)
+            // Quota, revocation and dedup decisions read the account as it is now, not as it was at HELLO.
+            guard let current = try self.services.catalog.account(named: account.name), !current.revoked else {
+                return .refuse(.unauthenticated, "the token of account \"\(account.name)\" was revoked")
+            }
+            return try self.openThrowing(account: current, open: open, key: key)
         } catch {
-            return .refuse(.internalError, "relay failed to open the upload: \(error)")
+            let refusal = Self.refusal(for: error, doing: "open the upload")
+            return .refuse(refusal.code, refusal.message)
+        }
+    }
+
+    /// The one mapping of store and catalog failures to wire codes (SPEC §10).
+    static func refusal(for error: any Error, doing what: String) -> Refusal {
+        switch error {
+        case let refusal as Refusal:
+            return refusal
+        case let error as StoreError:
+            return Refusal(code: .storageError, message: error.description, keepSession: true)
+        case let error as CatalogError:
+            if case .unknownSession = error {
+                return Refusal(code: .storageError, message: error.description, keepSession: false)
+            }
+            return Refusal(code: .quotaExceeded, message: error.description, keepSession: false)
+        default:
+            return Refusal(code: .internalError, message: "relay failed to \(what): \(error)", keepSession: true)
         }
     }
 
@@ -35,7 +63,7 @@ struct UploadOpener {
         return try services.store.identity(of: key, account: object.account) == identity ? object : nil
     }
 
-    private func decideThrowing(account: Account, open: Frame.Open, key: ObjectKey) throws -> Decision {
+    private func openThrowing(account: Account, open: Frame.Open, key: ObjectKey) throws -> OpenDecision {
         let catalog = self.services.catalog
         let store = self.services.store
         let name = account.name
@@ -115,6 +143,70 @@ struct UploadOpener {
         let staging = try store.openStaging(session.stagingName, truncatingTo: 0)
         try catalog.putSession(session)
         return .upload(session, staging, SHA1(), resumed: false, byteLimit: byteLimit)
+    }
+
+    /// Verified bytes become the object (SPEC §8.3): quota reserved in the catalog first, then the store's atomic
+    /// rename, then the record. Nothing that will be refused is ever renamed into place. Throws ``Refusal`` or the
+    /// store's and catalog's errors (see ``refusal(for:doing:)``).
+    func commit(
+        _ staging: any StagingFile, key: ObjectKey, account: String, sessionID: String, size: Int64, sha1: SHA1Digest,
+        overwrite: Bool
+    ) throws -> Frame.Result.Status {
+        let catalog = self.services.catalog
+        let store = self.services.store
+        guard let current = try catalog.account(named: account), !current.revoked else {
+            throw Refusal(
+                code: .unauthenticated, message: "the token of account \"\(account)\" was revoked: nothing was stored",
+                keepSession: false
+            )
+        }
+        let existing = try catalog.object(account: account, key: key.value)
+        if let verified = try Self.verifiedObject(existing, services: self.services), verified.sha1 == sha1.hex, verified.size == size {
+            try catalog.deleteSession(id: sessionID)
+            try store.removeStaging(staging.name)
+            staging.close()
+            return .unchanged
+        }
+        if existing != nil && !overwrite {
+            throw Refusal(code: .alreadyExists, message: Self.alreadyExists(key), keepSession: false)
+        }
+        if let conflict = try store.conflict(for: key, account: account) {
+            throw Refusal(code: .invalidKey, message: conflict, keepSession: false)
+        }
+        let pending = PendingCommit(account: account, key: key.value, size: size, sha1: sha1.hex, sessionID: sessionID)
+        try catalog.beginCommit(pending)
+        let identity: ObjectIdentity
+        do {
+            identity = try store.commit(staging, as: key, account: account)
+        } catch let error as StoreError where error.madeVisible {
+            // Visible but unrecorded: the pending commit stays for recovery to settle.
+            throw error
+        } catch {
+            try? catalog.abandonCommit(account: account, key: key.value)
+            throw error
+        }
+        // Should this record fail, startup recovery finds the pending commit and the object, and settles it.
+        try catalog.finishCommit(pending, identity: identity)
+        return .stored
+    }
+
+    /// Drops the unfinished session `open` would have resumed (same resume token or fingerprint), under the key's
+    /// claim, in the background: the OPEN was cancelled while it waited for its key (SPEC §3.11).
+    func discardSession(named open: Frame.Open, key: ObjectKey, account: String) {
+        let services = self.services
+        let claim = KeyClaims.name(account: account, key: key.value)
+        guard services.claims.tryClaim(claim) else { return }
+        // Closing from the start: an OPEN of the key meanwhile waits for the discard, never KEY_BUSY.
+        services.claims.markClosing(claim)
+        services.threadPool.submit { state in
+            defer { services.claims.release(claim) }
+            guard state == .active, let session = try? services.catalog.session(account: account, key: key.value) else { return }
+            let byToken = !open.resumeToken.isEmpty && open.resumeToken == session.resumeToken
+            let byFingerprint = !open.fingerprint.isEmpty && open.fingerprint == session.fingerprint
+            guard byToken || byFingerprint else { return }
+            try? services.store.removeStaging(session.stagingName)
+            try? services.catalog.deleteSession(id: session.id)
+        }
     }
 
     static func alreadyExists(_ key: ObjectKey) -> String {

@@ -1,0 +1,155 @@
+import NIOCore
+import UploadProtocol
+
+/// The connection's lifecycle: TLS, reading, timers, authentication, liveness.
+extension RelaySession {
+    // MARK: Connection lifecycle
+
+    /// The connection was accepted: the handshake and liveness clocks start.
+    mutating func started(now: NIODeadline) -> [Action] {
+        self.lastFrameAt = now
+        return self.scheduleLiveness(now: now) + [.schedule(.handshake, in: TimeAmount(self.limits.handshakeTimeout))]
+    }
+
+    /// TLS is up: only agents that asked for this protocol are served (SPEC §2.1); no frame is read or written otherwise.
+    mutating func tlsHandshakeCompleted(alpn: String?, now: NIODeadline) -> [Action] {
+        guard alpn == ProtocolLimits.alpn else {
+            let log = Action.log(.info, "closing connection: TLS did not select ALPN \(ProtocolLimits.alpn)", ["alpn": "\(alpn ?? "none")"])
+            return [log] + self.close()
+        }
+        self.alpnAccepted = true
+        self.lastFrameAt = now
+        return []
+    }
+
+    /// Bytes from the network, decoded by ``nextFrame(now:)``.
+    mutating func received(_ bytes: ByteBuffer) {
+        guard self.alpnAccepted, !self.closed else { return }
+        self.reader.append(bytes)
+    }
+
+    /// Decodes and handles the next whole frame held; nil when there is none (or the connection is closed). The handler
+    /// calls it only while the connection can take the answers: a peer that does not read what the relay writes is not
+    /// read either (issue 6 finding 7).
+    mutating func nextFrame(now: NIODeadline) -> [Action]? {
+        guard self.alpnAccepted, !self.closed else { return nil }
+        let frame: Frame?
+        self.reader.maxFrameSize = self.machine.inboundFrameLimit
+        do {
+            frame = try self.reader.next()
+        } catch let error as ProtocolError {
+            return self.run(self.machine.decodingFailed(error))
+        } catch {
+            return self.run(self.machine.decodingFailed(.connection(.internalError, "\(error)")))
+        }
+        guard let frame else { return nil }
+        self.lastFrameAt = now
+        self.frameStartedAt = nil
+        return self.run(self.machine.receive(frame, now: now))
+    }
+
+    /// Reading paused (no whole frame left, or the connection is not writable): a frame left half-received starts the
+    /// frame timeout, so a trickled frame does not keep a connection alive (issue 6 finding 15).
+    mutating func readingPaused(now: NIODeadline) -> [Action] {
+        guard self.reader.hasPartialFrame else {
+            self.frameStartedAt = nil
+            return []
+        }
+        guard self.frameStartedAt == nil, !self.closed else { return [] }
+        self.frameStartedAt = now
+        return self.scheduleLiveness(now: now)
+    }
+
+    mutating func timerFired(_ timer: Timer, now: NIODeadline) -> [Action] {
+        switch timer {
+        case .handshake:
+            guard !self.machine.isReady, !self.closed else { return [] }
+            return self.failConnection(.timeout, "no HELLO and authentication within \(self.limits.handshakeTimeout)")
+        case .liveness:
+            return self.checkLiveness(now: now)
+        case .grace:
+            return self.graceEnded()
+        case .sync(let id):
+            guard var pipeline = self.pipelines[id] else { return [] }
+            let steps = pipeline.syncTimerFired()
+            self.pipelines[id] = pipeline
+            return self.run(steps, of: id)
+        }
+    }
+
+    /// The account's token was revoked: its connections close (issue 6 finding 6).
+    mutating func accountRevoked(_ name: String) -> [Action] {
+        guard name == self.account?.name else { return [] }
+        return self.failConnection(.unauthenticated, "the token of account \"\(name)\" was revoked (ask the relay operator for a new one)")
+    }
+
+    /// The channel is gone. Durable state stays in the catalog: the agent resumes on its next connection.
+    mutating func connectionClosed() -> [Action] {
+        self.closed = true
+        self.resources.memory.give(self.grantedWindow)
+        self.grantedWindow = 0
+        var actions: [Action] = [.cancel(.handshake), .cancel(.liveness), .cancel(.grace)]
+        for id in self.pipelines.keys.sorted() {
+            actions += self.abortUpload(id, keepSession: true)
+        }
+        for id in self.opening.keys.sorted() {
+            self.streamClosedWhileOpening(id, discard: false)
+        }
+        return actions
+    }
+
+    // MARK: Authentication
+
+    /// The catalog's answer for the HELLO's credential.
+    mutating func authenticated(_ result: Result<Account?, any Error>) -> [Action] {
+        guard !self.closed else { return [] }
+        switch result {
+        case .success(let account?) where !account.revoked:
+            self.account = account
+            // The connection window is this connection's share of the relay's memory budget (finding 24).
+            let configuration = self.resources.configuration
+            self.grantedWindow = self.resources.memory.share(
+                preferred: configuration.limits.connectionWindow,
+                floor: min(configuration.limits.connectionWindow, configuration.minimumConnectionWindow)
+            )
+            var actions: [Action] = [.cancel(.handshake)]
+            if let welcome = self.machine.acceptHello(account: account.name, connectionWindow: self.grantedWindow) {
+                actions += self.write(welcome)
+            }
+            return actions + [.log(.debug, "agent authenticated", [:])]
+        case .success(let account?):
+            return self.failConnection(.unauthenticated, "the token of account \"\(account.name)\" was revoked (ask the relay operator for a new one)")
+        case .success(nil):
+            return self.failConnection(.unauthenticated, "unknown token (check --token or UPLOAD_TOKEN)")
+        case .failure(let error):
+            return self.failConnection(.internalError, "relay catalog failed: \(error)")
+        }
+    }
+
+    // MARK: Liveness (SPEC §2.3)
+
+    /// Arms the liveness check at the next deadline: the idle timeout since the last whole frame, or the frame timeout
+    /// since the first byte of a frame still arriving.
+    func scheduleLiveness(now: NIODeadline) -> [Action] {
+        guard !self.closed, self.limits.idleTimeout > .zero else { return [] }
+        var deadline = self.lastFrameAt + TimeAmount(self.limits.idleTimeout)
+        if let started = self.frameStartedAt, self.limits.frameTimeout > .zero {
+            deadline = min(deadline, started + TimeAmount(self.limits.frameTimeout))
+        }
+        return [.schedule(.liveness, in: max(.zero, deadline - now))]
+    }
+
+    mutating func checkLiveness(now: NIODeadline) -> [Action] {
+        guard !self.closed else { return [] }
+        let idle = TimeAmount(self.limits.idleTimeout)
+        if let started = self.frameStartedAt, self.limits.frameTimeout > .zero, now - started >= TimeAmount(self.limits.frameTimeout) {
+            return self.failConnection(.timeout, "one frame took longer than \(self.limits.frameTimeout) to arrive")
+        }
+        if now - self.lastFrameAt >= idle && self.machine.isReady {
+            return self.failConnection(.timeout, "no frame for \(self.limits.idleTimeout)")
+        }
+        // Before WELCOME the handshake timeout governs.
+        if now - self.lastFrameAt >= idle { self.lastFrameAt = now }
+        return self.scheduleLiveness(now: now)
+    }
+}

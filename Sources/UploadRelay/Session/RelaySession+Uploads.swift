@@ -1,0 +1,225 @@
+import Logging
+import NIOCore
+import UploadProtocol
+
+/// Opening uploads, running their pipelines, and the GOAWAY drain.
+extension RelaySession {
+    // MARK: Opening (SPEC §4.2, §11)
+
+    /// OPEN passed the state machine: claim the key, take an upload slot, look the upload up. Also called again for an
+    /// OPEN that waited for its key.
+    mutating func openUpload(_ open: Frame.Open, _ key: ObjectKey) -> [Action] {
+        guard let account = self.account, !self.closed else { return [] }
+        let id = open.streamID
+        let cancelledWhileWaiting = self.waitingForKey.removeValue(forKey: id) ?? false
+        guard self.machine.isOpening(id) else {
+            // Closed while it waited for its key: nothing was claimed for it, but a CANCEL still abandons the session
+            // the OPEN named (SPEC §3.11).
+            return cancelledWhileWaiting ? [.discardSession(open, key, account)] : []
+        }
+        let claim = KeyClaims.name(account: account.name, key: key.value)
+        let keyFreed = self.keyFreed
+        switch self.resources.claims.claim(claim, whenFree: { keyFreed(open, key) }) {
+        case .busy:
+            return self.write(self.machine.resetStream(id, .keyBusy, "another upload of \"\(key)\" is in progress; retry when it ends"))
+        case .queued:
+            // The key's last upload is closing: this OPEN goes on once it is released.
+            self.waitingForKey[id] = false
+            return []
+        case .claimed:
+            break
+        }
+        // Each open upload holds a descriptor for its staging file: past the budget, refuse before opening one (finding 19).
+        guard self.resources.uploadSlots.take(1) else {
+            self.resources.claims.release(claim)
+            let message = "the relay has \(self.resources.uploadSlots.total) uploads open, its limit (file descriptors); retry shortly"
+            return self.write(self.machine.resetStream(id, .refusedStream, message))
+        }
+        self.opening[id] = (claim, nil)
+        return [.lookUp(open, key, account)]
+    }
+
+    /// The lookup of stream `id`'s OPEN returned.
+    mutating func uploadLookedUp(_ id: StreamID, _ decision: LookUp, key: ObjectKey) -> [Action] {
+        guard let (claim, closedMeanwhile) = self.opening.removeValue(forKey: id) else { return [] }
+        var actions: [Action] = []
+        switch decision {
+        case .stored(let size):
+            self.resources.uploadSlots.give(1)
+            self.resources.claims.release(claim)
+            if !self.closed, let frame = self.machine.sendOffset(Frame.Offset(streamID: id, disposition: .stored, offset: size)) {
+                actions += self.write(frame)
+                if let credit = self.machine.flushConnectionCredit() { actions += self.write(credit) }
+            }
+        case .refuse(let code, let message):
+            self.resources.uploadSlots.give(1)
+            self.resources.claims.release(claim)
+            if !self.closed { actions += self.write(self.machine.resetStream(id, code, message)) }
+        case .upload(let durableOffset, let resumeToken, let resumed, let byteLimit):
+            let configuration = self.resources.configuration
+            self.pipelines[id] = UploadPipeline(
+                settings: UploadPipeline.Settings(
+                    streamID: id, key: key.value, account: self.account?.name ?? "", byteLimit: byteLimit,
+                    maxBlobSize: configuration.maxBlobSize, syncBytes: Int64(configuration.syncBytes)
+                ),
+                durableOffset: durableOffset
+            )
+            self.uploadClaims[id] = claim
+            let offset = Frame.Offset(
+                streamID: id, disposition: resumed ? .resume : .start, offset: UInt64(durableOffset), resumeToken: resumeToken
+            )
+            guard !self.closed, let frame = self.machine.sendOffset(offset) else {
+                // The agent cancelled, or the connection went, while the relay looked the upload up.
+                return self.abortUpload(id, keepSession: !(closedMeanwhile ?? false)) + self.closeIfDrained()
+            }
+            actions += self.write(frame)
+            actions.append(.log(.debug, "upload open", ["stream.id": "\(id)", "upload.key": "\(key)", "upload.offset": "\(durableOffset)"]))
+        }
+        return actions + self.closeIfDrained()
+    }
+
+    /// A stream closed while its upload is looked up (or its OPEN waits for the key): its key is closing now (an OPEN
+    /// of it waits, not KEY_BUSY), and the lookup's result is dropped when it returns.
+    mutating func streamClosedWhileOpening(_ id: StreamID, discard: Bool) {
+        if self.waitingForKey[id] != nil {
+            self.waitingForKey[id] = discard
+            return
+        }
+        guard let (claim, _) = self.opening[id] else { return }
+        self.resources.claims.markClosing(claim)
+        self.opening[id] = (claim, discard)
+    }
+
+    // MARK: Pipelines
+
+    /// Feeds one input to stream `id`'s pipeline, if it has one, and runs what it decides.
+    mutating func step(_ id: StreamID, _ input: (inout UploadPipeline) -> [UploadPipeline.Action]) -> [Action] {
+        guard var pipeline = self.pipelines[id] else { return [] }
+        let steps = input(&pipeline)
+        self.pipelines[id] = pipeline
+        return self.run(steps, of: id)
+    }
+
+    mutating func abortUpload(_ id: StreamID, keepSession: Bool) -> [Action] {
+        self.step(id) { $0.abort(keepSession: keepSession) }
+    }
+
+    /// A storage step of stream `id` finished.
+    mutating func storageFinished(_ id: StreamID, _ completion: StorageCompletion) -> [Action] {
+        let actions = self.step(id) { pipeline in
+            switch completion {
+            case .wrote(let consumed, let error): return pipeline.writeFinished(consumed: consumed, error: error)
+            case .synced(let result): return pipeline.syncFinished(result)
+            case .committed(let result): return pipeline.commitFinished(result)
+            }
+        }
+        return actions + self.closeIfDrained()
+    }
+
+    /// How a storage step ended.
+    enum StorageCompletion {
+        case wrote(consumed: [Int], error: (WireErrorCode, String)?)
+        case synced(Result<Int64, UploadPipeline.SyncFailure>)
+        case committed(Result<Frame.Result.Status, UploadPolicy.Refusal>)
+    }
+
+    /// Turns a pipeline's decisions into the connection's: reports become frames, claims and slots are given back,
+    /// storage steps go to the handler.
+    mutating func run(_ steps: [UploadPipeline.Action], of id: StreamID) -> [Action] {
+        var actions: [Action] = []
+        for step in steps {
+            switch step {
+            case .write, .sync, .commit:
+                actions.append(.storage(id, step))
+            case .armSyncTimer:
+                actions.append(.schedule(.sync(id), in: TimeAmount(self.resources.configuration.syncInterval)))
+            case .cancelSyncTimer:
+                actions.append(.cancel(.sync(id)))
+            case .markClosing:
+                if let claim = self.uploadClaims[id] { self.resources.claims.markClosing(claim) }
+            case .releaseCommitted:
+                self.pipelines[id] = nil
+                self.resources.uploadSlots.give(1)
+                if let claim = self.uploadClaims.removeValue(forKey: id) { self.resources.claims.release(claim) }
+            case .release:
+                // The handler closes the staging file (and drops the session), then gives the slot and the key back.
+                self.pipelines[id] = nil
+                self.uploadClaims[id] = nil
+                actions.append(.storage(id, step))
+            case .report(let event):
+                actions += self.report(event, of: id)
+            }
+        }
+        return actions
+    }
+
+    private mutating func report(_ event: UploadPipeline.Event, of id: StreamID) -> [Action] {
+        guard !self.closed else { return [] }
+        switch event {
+        case .consumed(let bytes):
+            return self.write(self.machine.storageConsumed(id, bytes: bytes))
+        case .durable(let offset):
+            return self.machine.sendAck(id, offset: offset).map { self.write($0) } ?? []
+        case .committed(let result):
+            var actions: [Action] = []
+            if let frame = self.machine.sendResult(result) {
+                actions += self.write(frame)
+                if let credit = self.machine.flushConnectionCredit() { actions += self.write(credit) }
+            }
+            let metadata: [String: Logger.MetadataValue] = ["upload.key": "\(result.key)", "upload.size": "\(result.size)", "upload.sha1": "\(result.sha1)"]
+            return actions + [.log(.info, "upload committed", metadata)]
+        case .failed(let code, let message):
+            let metadata: [String: Logger.MetadataValue] = ["stream.id": "\(id)", "error.code": "\(code.name)", "error.message": "\(message)"]
+            return [.log(.info, "upload failed", metadata)] + self.write(self.machine.resetStream(id, code, message))
+        }
+    }
+
+    // MARK: Graceful shutdown (SPEC §6.5)
+
+    /// Shutdown began: GOAWAY, then the drain period.
+    mutating func shutdown() -> [Action] {
+        guard !self.closed, case .none = self.drain else { return [] }
+        guard self.machine.isReady, let goAway = self.machine.sendGoAway(.noError, "relay shutting down; resume on a new connection") else {
+            return self.close()
+        }
+        self.drain = .draining
+        return self.write(goAway) + [.schedule(.grace, in: TimeAmount(self.resources.configuration.shutdownGrace))] + self.closeIfDrained()
+    }
+
+    /// The drain period ended: make every upload durable, then close once each is quiet; after a second grace period,
+    /// close anyway.
+    mutating func graceEnded() -> [Action] {
+        guard !self.closed else { return [] }
+        let grace = self.resources.configuration.shutdownGrace
+        switch self.drain {
+        case .none:
+            return []
+        case .draining:
+            self.drain = .finishing
+            var actions: [Action] = [.log(.info, "drain period over: acknowledging what arrived, then closing", ["grace": "\(grace)"])]
+            for id in self.pipelines.keys.sorted() {
+                actions += self.step(id) { $0.requestSync() }
+            }
+            return actions + [.schedule(.grace, in: TimeAmount(grace))] + self.closeIfDrained()
+        case .finishing:
+            let log = Action.log(.warning, "closing connection: uploads not durable within the shutdown grace period", ["grace": "\(grace)"])
+            return [log] + self.close()
+        }
+    }
+
+    /// Closes when the connection has nothing left to do: during the drain, once no stream is open; after it, once every
+    /// open upload is durable and acknowledged and none is verifying.
+    mutating func closeIfDrained() -> [Action] {
+        guard !self.closed else { return [] }
+        switch self.drain {
+        case .none:
+            // After the agent's GOAWAY the agent closes when it is done (SPEC §4.1); the idle timeout covers one that never does.
+            return []
+        case .draining:
+            return self.machine.openStreamCount == 0 ? self.close() : []
+        case .finishing:
+            let open = self.pipelines.values.filter(\.isOpen)
+            return self.machine.openStreamCount == 0 || open.allSatisfy({ $0.isQuiet && !$0.isVerifying }) ? self.close() : []
+        }
+    }
+}

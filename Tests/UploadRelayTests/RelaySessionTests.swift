@@ -1,0 +1,307 @@
+import NIOConcurrencyHelpers
+import NIOCore
+import Testing
+import UploadProtocol
+import UploadTestSupport
+
+@testable import UploadRelay
+
+/// A relay session driven by hand: frames in as bytes, actions out, time passed in. No socket, no thread, no store.
+struct SessionHarness {
+    var session: RelaySession
+    let resources: RelaySessionResources
+    var now = NIODeadline.uptimeNanoseconds(1_000_000_000)
+    /// OPENs the key claims woke up.
+    let woken = NIOLockedValueBox<[Frame.Open]>([])
+    /// Every action so far.
+    var log: [RelaySession.Action] = []
+
+    init(configure: (inout RelayConfiguration) -> Void = { _ in }, claims: KeyClaims = KeyClaims(), memory: ResourceBudget? = nil, slots: Int = 100) {
+        var configuration = RelayConfiguration(certificatePath: "-", privateKeyPath: "-", dataDirectory: "/nonexistent")
+        configure(&configuration)
+        self.resources = RelaySessionResources(
+            configuration: configuration, claims: claims, memory: memory ?? ResourceBudget(total: configuration.memoryBudget),
+            uploadSlots: ResourceBudget(total: slots)
+        )
+        let woken = self.woken
+        self.session = RelaySession(resources: self.resources, now: self.now) { open, _ in woken.withLockedValue { $0.append(open) } }
+    }
+
+    mutating func take(_ actions: [RelaySession.Action]) -> [RelaySession.Action] {
+        self.log += actions
+        return actions
+    }
+
+    /// Sends frames as bytes, decodes and runs them all.
+    @discardableResult
+    mutating func send(_ frames: Frame...) -> [RelaySession.Action] {
+        var bytes = ByteBuffer()
+        for frame in frames { bytes.writeImmutableBuffer(FrameEncoder.encodeToBuffer(frame)) }
+        self.session.received(bytes)
+        var actions: [RelaySession.Action] = []
+        while let more = self.session.nextFrame(now: self.now) { actions += more }
+        actions += self.session.readingPaused(now: self.now)
+        return self.take(actions)
+    }
+
+    /// TLS up, HELLO, catalog says `account`: the connection is ready.
+    mutating func handshake(account: String = "a") {
+        _ = self.take(self.session.started(now: self.now))
+        _ = self.take(self.session.tlsHandshakeCompleted(alpn: ProtocolLimits.alpn, now: self.now))
+        self.send(.hello(Frame.Hello(maxFrameSize: 65_536, features: [], credential: [1], agentName: "t")))
+        _ = self.take(self.session.authenticated(.success(Account(name: account, quota: nil))))
+    }
+
+    static func frames(_ actions: [RelaySession.Action]) -> [Frame] {
+        actions.compactMap { if case .write(let frame) = $0 { return frame } else { return nil } }
+    }
+
+    static func steps(_ actions: [RelaySession.Action]) -> [(StreamID, UploadPipeline.Action)] {
+        actions.compactMap { if case .storage(let id, let step) = $0 { return (id, step) } else { return nil } }
+    }
+
+    static func closes(_ actions: [RelaySession.Action]) -> Bool {
+        actions.contains { if case .close = $0 { return true } else { return false } }
+    }
+
+    static func errors(_ actions: [RelaySession.Action]) -> [Frame.Error] {
+        Self.frames(actions).compactMap { if case .error(let e) = $0 { return e } else { return nil } }
+    }
+}
+
+@Suite("Relay session: connection decisions without sockets")
+struct RelaySessionTests {
+    static let s1 = StreamID(rawValue: 1)
+    static let s3 = StreamID(rawValue: 3)
+
+    static func open(_ id: StreamID, _ key: String, size: UInt64? = 10) -> Frame {
+        .open(Frame.Open(streamID: id, key: key, size: size))
+    }
+
+    static func chunk(_ id: StreamID, at offset: UInt64, _ count: Int) -> Frame {
+        .chunk(Frame.Chunk(streamID: id, offset: offset, crc32: 0, data: ByteBuffer(bytes: [UInt8](repeating: 1, count: count))))
+    }
+
+    @Test("nothing is read before TLS selects the protocol; a connection without it closes unanswered")
+    func alpnGate() {
+        var h = SessionHarness()
+        let started = h.take(h.session.started(now: h.now))
+        #expect(started.contains { if case .schedule(.handshake, _) = $0 { return true } else { return false } })
+        #expect(h.send(.hello(Frame.Hello(maxFrameSize: 65_536, features: [], credential: [1], agentName: "t"))).isEmpty)
+        let refused = h.take(h.session.tlsHandshakeCompleted(alpn: "h2", now: h.now))
+        #expect(SessionHarness.closes(refused))
+        #expect(SessionHarness.frames(refused).isEmpty)
+    }
+
+    @Test("HELLO is authenticated, WELCOME takes a share of the memory budget, and the frame limit rises only then")
+    func handshake() {
+        let memory = ResourceBudget(total: 1 << 30)
+        var h = SessionHarness(memory: memory)
+        _ = h.take(h.session.started(now: h.now))
+        _ = h.take(h.session.tlsHandshakeCompleted(alpn: ProtocolLimits.alpn, now: h.now))
+        let hello = h.send(.hello(Frame.Hello(maxFrameSize: 65_536, features: [], credential: [1], agentName: "t")))
+        #expect(hello.contains { if case .authenticate = $0 { return true } else { return false } })
+        #expect(h.session.machine.inboundFrameLimit == ProtocolLimits.initialMaxFrameSize)
+        let welcome = h.take(h.session.authenticated(.success(Account(name: "a", quota: nil))))
+        #expect(SessionHarness.frames(welcome).contains { $0.type == .welcome })
+        #expect(welcome.contains { if case .cancel(.handshake) = $0 { return true } else { return false } })
+        #expect(h.session.machine.inboundFrameLimit == h.resources.configuration.limits.maxFrameSize)
+        #expect(memory.inUse == h.resources.configuration.limits.connectionWindow)
+        _ = h.take(h.session.connectionClosed())
+        #expect(memory.inUse == 0)
+    }
+
+    @Test("an unknown token, a revoked one, and a handshake that takes too long each close with their own error")
+    func handshakeFailures() {
+        for outcome in 0..<3 {
+            var h = SessionHarness()
+            _ = h.take(h.session.started(now: h.now))
+            _ = h.take(h.session.tlsHandshakeCompleted(alpn: ProtocolLimits.alpn, now: h.now))
+            h.send(.hello(Frame.Hello(maxFrameSize: 65_536, features: [], credential: [1], agentName: "t")))
+            let actions: [RelaySession.Action]
+            switch outcome {
+            case 0: actions = h.session.authenticated(.success(nil))
+            case 1: actions = h.session.authenticated(.success(Account(name: "a", quota: nil, revoked: true)))
+            default: actions = h.session.timerFired(.handshake, now: h.now + .seconds(30))
+            }
+            let error = SessionHarness.errors(actions).first
+            #expect(error?.code == (outcome == 2 ? .timeout : .unauthenticated))
+            #expect(error?.streamID == .connection)
+            #expect(SessionHarness.closes(actions))
+        }
+    }
+
+    @Test("an upload end to end: key claimed, slot taken, OFFSET, storage steps, credit, ACK, RESULT; all given back")
+    func uploadFlow() {
+        var h = SessionHarness()
+        h.handshake()
+        let opened = h.send(Self.open(Self.s1, "k"))
+        #expect(opened.contains { if case .lookUp = $0 { return true } else { return false } })
+        #expect(h.resources.claims.count == 1 && h.resources.uploadSlots.inUse == 1)
+        let offset = h.take(h.session.uploadLookedUp(Self.s1, .upload(durableOffset: 0, resumeToken: [9], resumed: false, byteLimit: nil), key: try! ObjectKey(validating: "k")))
+        #expect(SessionHarness.frames(offset).first?.type == .offset)
+        let write = SessionHarness.steps(h.send(Self.chunk(Self.s1, at: 0, 10)))
+        #expect(write.count == 1)
+        let wrote = h.take(h.session.storageFinished(Self.s1, .wrote(consumed: [10], error: nil)))
+        #expect(wrote.contains { if case .schedule(.sync(Self.s1), _) = $0 { return true } else { return false } })
+        let hashed = SessionHarness.steps(h.send(.hash(Frame.Hash(streamID: Self.s1, size: 10, sha1: SHA1Digest.empty))))
+        #expect(hashed.map(\.1) == [.sync(through: 10)])
+        let synced = h.take(h.session.storageFinished(Self.s1, .synced(.success(10))))
+        #expect(SessionHarness.frames(synced).contains { $0.type == .ack })
+        #expect(SessionHarness.steps(synced).map(\.1).contains { if case .commit = $0 { return true } else { return false } })
+        let committed = h.take(h.session.storageFinished(Self.s1, .committed(.success(.stored))))
+        #expect(SessionHarness.frames(committed).contains { $0.type == .result })
+        #expect(h.resources.claims.count == 0 && h.resources.uploadSlots.inUse == 0)
+        #expect(h.session.pipelines.isEmpty)
+    }
+
+    @Test("a second OPEN of an open key is KEY_BUSY; of a closing key it waits and is woken when the key is free")
+    func keyClaims() throws {
+        let claims = KeyClaims()
+        var first = SessionHarness(claims: claims)
+        var second = SessionHarness(claims: claims)
+        first.handshake()
+        second.handshake()
+        first.send(Self.open(Self.s1, "k"))
+        let busy = SessionHarness.errors(second.send(Self.open(Self.s1, "k")))
+        #expect(busy.map(\.code) == [.keyBusy])
+        // The first stream ends on the wire while it is looked up: its key is closing.
+        first.send(.cancel(Frame.Cancel(streamID: Self.s1, message: "stop")))
+        #expect(second.send(Self.open(Self.s3, "k")).isEmpty, "waits, no KEY_BUSY")
+        let looked = first.take(first.session.uploadLookedUp(Self.s1, .upload(durableOffset: 0, resumeToken: [], resumed: false, byteLimit: nil), key: try ObjectKey(validating: "k")))
+        #expect(SessionHarness.steps(looked).map(\.1) == [.release(discardSession: true)], "CANCEL drops the session")
+        #expect(SessionHarness.frames(looked).isEmpty)
+        // The handler's release step gives the key back; the waiting OPEN is woken.
+        first.resources.uploadSlots.give(1)
+        claims.release(KeyClaims.name(account: "a", key: "k"))
+        #expect(second.woken.withLockedValue { $0.map(\.streamID) } == [Self.s3])
+    }
+
+    @Test("a frame trickled byte by byte is cut off by the frame timeout, though bytes keep coming")
+    func frameTimeout() {
+        var h = SessionHarness { $0.limits.frameTimeout = .seconds(5) }
+        h.handshake()
+        var bytes = FrameEncoder.encodeToBuffer(Self.open(Self.s1, "k"))
+        h.session.received(bytes.readSlice(length: 3)!)
+        #expect(h.session.nextFrame(now: h.now) == nil)
+        let paused = h.take(h.session.readingPaused(now: h.now))
+        #expect(paused.contains { if case .schedule(.liveness, let delay) = $0 { return delay <= .seconds(5) } else { return false } })
+        let fired = h.take(h.session.timerFired(.liveness, now: h.now + .seconds(5)))
+        #expect(SessionHarness.errors(fired).map(\.code) == [.timeout])
+        #expect(SessionHarness.closes(fired))
+    }
+
+    @Test("GOAWAY drains: open uploads go on; after the drain period they are made durable, then the connection closes")
+    func shutdownDrain() throws {
+        var h = SessionHarness()
+        h.handshake()
+        h.send(Self.open(Self.s1, "k"))
+        _ = h.take(h.session.uploadLookedUp(Self.s1, .upload(durableOffset: 0, resumeToken: [], resumed: false, byteLimit: nil), key: try ObjectKey(validating: "k")))
+        h.send(Self.chunk(Self.s1, at: 0, 4))
+        _ = h.take(h.session.storageFinished(Self.s1, .wrote(consumed: [4], error: nil)))
+        let goAway = h.take(h.session.shutdown())
+        #expect(SessionHarness.frames(goAway).map(\.type) == [.goAway])
+        #expect(!SessionHarness.closes(goAway))
+        let finishing = h.take(h.session.timerFired(.grace, now: h.now + .seconds(10)))
+        #expect(SessionHarness.steps(finishing).map(\.1) == [.sync(through: 4)])
+        #expect(!SessionHarness.closes(finishing))
+        let synced = h.take(h.session.storageFinished(Self.s1, .synced(.success(4))))
+        #expect(SessionHarness.frames(synced).map(\.type) == [.ack])
+        #expect(SessionHarness.closes(synced), "every open upload is durable: close")
+    }
+
+    @Test("a revoked account's connection closes with UNAUTHENTICATED; other accounts' do not")
+    func revocation() {
+        var h = SessionHarness()
+        h.handshake(account: "a")
+        #expect(h.session.accountRevoked("b").isEmpty)
+        let closed = h.session.accountRevoked("a")
+        #expect(SessionHarness.errors(closed).map(\.code) == [.unauthenticated])
+    }
+
+    /// Seeded: streams opened, fed, cancelled and completed in random orders, the link cut at a random point; at the
+    /// end every key claim, upload slot and byte of the memory budget is back.
+    @Test("random orders of frames and completions leave no claim, slot or memory behind", arguments: 0..<30)
+    func randomOrders(round: Int) throws {
+        let seed = UInt64(0xC1A1_0000) + UInt64(round)
+        var rng = SeededGenerator(seed: seed)
+        let claims = KeyClaims()
+        let memory = ResourceBudget(total: 1 << 30)
+        var h = SessionHarness(configure: { $0.syncBytes = Int.random(in: 1...64, using: &rng) }, claims: claims, memory: memory, slots: Int.random(in: 1...4, using: &rng))
+        h.handshake()
+        var nextID: UInt32 = 1
+        var sent: [StreamID: UInt64] = [:]
+        var lookups: [StreamID] = []
+        var work: [StreamID: UploadPipeline.Action] = [:]
+        var released: [StreamID] = []
+        var keys: [StreamID: String] = [:]
+        func absorb(_ actions: [RelaySession.Action]) {
+            for case .lookUp(let open, _, _) in actions { lookups.append(open.streamID) }
+            for (id, step) in SessionHarness.steps(actions) {
+                if case .release = step {
+                    released.append(id)
+                } else {
+                    #expect(work[id] == nil, "seed \(seed): two storage steps at once on \(id)")
+                    work[id] = step
+                }
+            }
+        }
+        for _ in 0..<150 where !h.session.closed {
+            switch Int.random(in: 0..<9, using: &rng) {
+            case 0:
+                let id = StreamID(rawValue: nextID)
+                nextID += 2
+                keys[id] = "k\(Int.random(in: 0..<3, using: &rng))"
+                absorb(h.send(Self.open(id, keys[id]!, size: nil)))
+            case 1 where !lookups.isEmpty:
+                let id = lookups.remove(at: Int.random(in: 0..<lookups.count, using: &rng))
+                let decision: RelaySession.LookUp = Bool.random(using: &rng) ? .upload(durableOffset: 0, resumeToken: [], resumed: false, byteLimit: nil) : .stored(size: 0)
+                absorb(h.take(h.session.uploadLookedUp(id, decision, key: try ObjectKey(validating: "k"))))
+            case 2, 3:
+                guard let id = h.session.pipelines.keys.filter({ h.session.pipelines[$0]!.isOpen }).randomElement(using: &rng) else { continue }
+                let n = Int.random(in: 1...20, using: &rng)
+                absorb(h.send(Self.chunk(id, at: sent[id, default: 0], n)))
+                sent[id, default: 0] += UInt64(n)
+            case 4 where Int.random(in: 0..<3, using: &rng) == 0:
+                guard let id = h.session.pipelines.keys.randomElement(using: &rng) else { continue }
+                absorb(h.send(.hash(Frame.Hash(streamID: id, size: sent[id, default: 0], sha1: SHA1Digest.empty))))
+            case 5 where Int.random(in: 0..<4, using: &rng) == 0:
+                guard let id = keys.keys.randomElement(using: &rng) else { continue }
+                absorb(h.send(.cancel(Frame.Cancel(streamID: id, message: "x"))))
+            default:
+                guard let (id, step) = work.randomElement(using: &rng) else { continue }
+                work[id] = nil
+                let completion: RelaySession.StorageCompletion
+                switch step {
+                case .write(let chunks, _): completion = .wrote(consumed: chunks.map(\.payloadLength), error: nil)
+                case .sync(let offset): completion = .synced(.success(offset))
+                default: completion = .committed(Bool.random(using: &rng) ? .success(.stored) : .failure(UploadPolicy.Refusal(code: .alreadyExists, message: "x", keepSession: false)))
+                }
+                absorb(h.take(h.session.storageFinished(id, completion)))
+            }
+        }
+        // The link goes; lookups return and storage finishes.
+        absorb(h.take(h.session.connectionClosed()))
+        for id in lookups {
+            absorb(h.take(h.session.uploadLookedUp(id, .upload(durableOffset: 0, resumeToken: [], resumed: false, byteLimit: nil), key: try ObjectKey(validating: "k"))))
+        }
+        while let (id, step) = work.first {
+            work[id] = nil
+            switch step {
+            case .write(let chunks, _): absorb(h.take(h.session.storageFinished(id, .wrote(consumed: chunks.map(\.payloadLength), error: nil))))
+            case .sync(let offset): absorb(h.take(h.session.storageFinished(id, .synced(.success(offset)))))
+            default: absorb(h.take(h.session.storageFinished(id, .committed(.success(.stored)))))
+            }
+        }
+        // The handler's release steps give each slot and key back.
+        for id in released {
+            h.resources.uploadSlots.give(1)
+            claims.release(KeyClaims.name(account: "a", key: keys[id] ?? ""))
+        }
+        #expect(h.session.pipelines.isEmpty, "seed \(seed): pipelines left: \(h.session.pipelines.keys.sorted())")
+        #expect(h.resources.uploadSlots.inUse == 0, "seed \(seed): \(h.resources.uploadSlots.inUse) upload slots not given back")
+        #expect(memory.inUse == 0, "seed \(seed): memory budget not given back")
+        #expect(Set(released).count == released.count, "seed \(seed): a stream released twice")
+        #expect(claims.count == 0, "seed \(seed): \(claims.count) key claims not given back")
+    }
+}
