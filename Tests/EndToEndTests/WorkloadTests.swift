@@ -371,6 +371,13 @@ struct WorkloadTests {
         #expect(results.allSatisfy { $0.status == .stored }, "\(results.filter { $0.status != .stored }.map { $0.error ?? "" })")
         // Granted windows stay within the budget plus at most one minimum window per connection.
         #expect(windows.maximum <= (1 << 20) + 10 * (64 << 10))
+        // The agents have gone: every connection's handler, session and upload executors are freed (no retain cycle
+        // through an executor of a committed upload: review of issue 7).
+        let deadline = ContinuousClock.now + .seconds(10)
+        while ContinuousClock.now < deadline, relay.services.liveHandlers.withLockedValue({ $0 }) > 0 {
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        #expect(relay.services.liveHandlers.withLockedValue { $0 } == 0)
         await relay.stop()
         // Every window and upload slot is given back once the connections are gone.
         #expect(relay.services.memory.inUse == 0)

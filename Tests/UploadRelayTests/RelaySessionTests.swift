@@ -151,6 +151,7 @@ struct RelaySessionTests {
         #expect(SessionHarness.steps(synced).map(\.1).contains { if case .commit = $0 { return true } else { return false } })
         let committed = h.take(h.session.storageFinished(Self.s1, .committed(.success(.stored))))
         #expect(SessionHarness.frames(committed).contains { $0.type == .result })
+        #expect(SessionHarness.steps(committed).map(\.1).contains(.releaseCommitted), "the handler lets go of the executor")
         #expect(h.resources.claims.count == 0 && h.resources.uploadSlots.inUse == 0)
         #expect(h.session.pipelines.isEmpty)
     }
@@ -177,9 +178,12 @@ struct RelaySessionTests {
         #expect(second.woken.withLockedValue { $0.map(\.streamID) } == [Self.s3])
     }
 
-    @Test("a frame trickled byte by byte is cut off by the frame timeout, though bytes keep coming")
-    func frameTimeout() {
-        var h = SessionHarness { $0.limits.frameTimeout = .seconds(5) }
+    @Test("a frame trickled byte by byte is cut off by the frame timeout, also with the idle timeout off", arguments: [Duration.seconds(120), .zero])
+    func frameTimeout(idle: Duration) {
+        var h = SessionHarness {
+            $0.limits.frameTimeout = .seconds(5)
+            $0.limits.idleTimeout = idle
+        }
         h.handshake()
         var bytes = FrameEncoder.encodeToBuffer(Self.open(Self.s1, "k"))
         h.session.received(bytes.readSlice(length: 3)!)

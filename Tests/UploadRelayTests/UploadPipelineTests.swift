@@ -78,7 +78,7 @@ struct UploadPipelineTests {
         let afterWrite = p.writeFinished(consumed: [10], error: nil)
         #expect(afterWrite.last == .sync(through: 10))
         let afterSync = p.syncFinished(.success(10))
-        #expect(afterSync.last == .commit(hash))
+        #expect(afterSync.last == .commit(hash, written: 10))
         let done = p.commitFinished(.success(.stored))
         let result = Frame.Result(streamID: Self.id, status: .stored, size: 10, sha1: SHA1Digest.empty, key: "k")
         #expect(done.first == .markClosing)

@@ -44,6 +44,11 @@ final class RelayConnectionHandler: ChannelInboundHandler {
             eventLoop.execute { bound.value.handler?.act(on: { $0.openUpload(open, key) }) }
         }
         handler.handler = self
+        services.liveHandlers.withLockedValue { $0 += 1 }
+    }
+
+    deinit {
+        self.services.liveHandlers.withLockedValue { $0 -= 1 }
     }
 
     private final class WeakHandler {
@@ -150,7 +155,10 @@ final class RelayConnectionHandler: ChannelInboundHandler {
                 self.lookUp(open, key, account)
             case .storage(let id, let step):
                 self.executors[id]?.run(step)
-                if case .release = step { self.executors[id] = nil }
+                switch step {
+                case .release, .releaseCommitted: self.executors[id] = nil
+                default: break
+                }
             case .discardSession(let open, let key, let account):
                 UploadPolicy(services: self.services).discardSession(named: open, key: key, account: account.name)
             case .log(let level, let message, let metadata):

@@ -16,6 +16,8 @@ public final class RelayServices: Sendable {
     let memory: ResourceBudget
     /// Uploads open at once (each holds its staging file's descriptor).
     let uploadSlots: ResourceBudget
+    /// Connection handlers alive now: one per connection, freed once its channel closed and its storage let go.
+    let liveHandlers = NIOLockedValueBox(0)
 
     public init(configuration: RelayConfiguration, catalog: any Catalog, store: any BlobStore, threadPool: NIOThreadPool, logger: Logger) {
         self.configuration = configuration

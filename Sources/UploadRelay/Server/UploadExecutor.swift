@@ -47,9 +47,12 @@ final class UploadExecutor {
         switch step {
         case .write(let chunks, let offset): self.write(chunks, at: offset)
         case .sync(let offset): self.sync(through: offset)
-        case .commit(let hash): self.commit(hash)
+        case .commit(let hash, let written): self.commit(hash, written: written)
         case .release(let discardSession): self.release(discardSession: discardSession)
-        case .armSyncTimer, .cancelSyncTimer, .markClosing, .releaseCommitted, .report: break
+        case .releaseCommitted:
+            // The commit closed the staging file and forgot the session; the session gave the slot and key back.
+            self.onCompletion = { _ in }
+        case .armSyncTimer, .cancelSyncTimer, .markClosing, .report: break
         }
     }
 
@@ -104,10 +107,10 @@ final class UploadExecutor {
     }
 
     /// Checks the SHA-1 of the bytes written against HASH, then commits by the relay's rules.
-    private func commit(_ hash: Frame.Hash) {
+    private func commit(_ hash: Frame.Hash, written: Int64) {
         let actual = SHA1Digest(bytes: self.sha1.finalize())!
         guard actual == hash.sha1 else {
-            let message = "SHA-1 of the \(hash.size) bytes received is \(actual); HASH says \(hash.sha1)"
+            let message = "SHA-1 of the \(written) bytes received is \(actual); HASH says \(hash.sha1)"
             self.onCompletion(.committed(.failure(UploadPolicy.Refusal(code: .hashMismatch, message: message, keepSession: false))))
             return
         }
@@ -126,6 +129,7 @@ final class UploadExecutor {
     /// The key stays claimed until the session is gone, so a new OPEN of the same key (waiting meanwhile) can never
     /// resume a session this upload just discarded.
     private func release(discardSession: Bool) {
+        self.onCompletion = { _ in }
         let (staging, services, sessionID, claim, key, logger) = (self.staging, self.services, self.session.id, self.claim, self.key, self.logger)
         services.threadPool.runIfActive(eventLoop: self.eventLoop) {
             staging.close()

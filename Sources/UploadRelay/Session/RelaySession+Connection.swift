@@ -129,27 +129,34 @@ extension RelaySession {
     // MARK: Liveness (SPEC §2.3)
 
     /// Arms the liveness check at the next deadline: the idle timeout since the last whole frame, or the frame timeout
-    /// since the first byte of a frame still arriving.
+    /// since the first byte of a frame still arriving. A timeout of zero is off.
     func scheduleLiveness(now: NIODeadline) -> [Action] {
-        guard !self.closed, self.limits.idleTimeout > .zero else { return [] }
-        var deadline = self.lastFrameAt + TimeAmount(self.limits.idleTimeout)
-        if let started = self.frameStartedAt, self.limits.frameTimeout > .zero {
-            deadline = min(deadline, started + TimeAmount(self.limits.frameTimeout))
+        guard !self.closed else { return [] }
+        var deadline: NIODeadline? = nil
+        if self.limits.idleTimeout > .zero {
+            deadline = self.lastFrameAt + TimeAmount(self.limits.idleTimeout)
         }
+        if let started = self.frameStartedAt, self.limits.frameTimeout > .zero {
+            let frameDeadline = started + TimeAmount(self.limits.frameTimeout)
+            deadline = min(deadline ?? frameDeadline, frameDeadline)
+        }
+        guard let deadline else { return [] }
         return [.schedule(.liveness, in: max(.zero, deadline - now))]
     }
 
     mutating func checkLiveness(now: NIODeadline) -> [Action] {
         guard !self.closed else { return [] }
-        let idle = TimeAmount(self.limits.idleTimeout)
         if let started = self.frameStartedAt, self.limits.frameTimeout > .zero, now - started >= TimeAmount(self.limits.frameTimeout) {
             return self.failConnection(.timeout, "one frame took longer than \(self.limits.frameTimeout) to arrive")
         }
-        if now - self.lastFrameAt >= idle && self.machine.isReady {
-            return self.failConnection(.timeout, "no frame for \(self.limits.idleTimeout)")
+        let idle = TimeAmount(self.limits.idleTimeout)
+        if self.limits.idleTimeout > .zero && now - self.lastFrameAt >= idle {
+            guard !self.machine.isReady else {
+                return self.failConnection(.timeout, "no frame for \(self.limits.idleTimeout)")
+            }
+            // Before WELCOME the handshake timeout governs.
+            self.lastFrameAt = now
         }
-        // Before WELCOME the handshake timeout governs.
-        if now - self.lastFrameAt >= idle { self.lastFrameAt = now }
         return self.scheduleLiveness(now: now)
     }
 }

@@ -141,6 +141,8 @@ extension RelaySession {
                 self.pipelines[id] = nil
                 self.resources.uploadSlots.give(1)
                 if let claim = self.uploadClaims.removeValue(forKey: id) { self.resources.claims.release(claim) }
+                // The handler lets go of the stream's executor.
+                actions.append(.storage(id, step))
             case .release:
                 // The handler closes the staging file (and drops the session), then gives the slot and the key back.
                 self.pipelines[id] = nil

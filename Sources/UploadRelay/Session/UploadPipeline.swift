@@ -26,8 +26,8 @@ struct UploadPipeline {
         /// Sync the staging file and record the offset `through` with the SHA-1 state there; then call
         /// ``syncFinished(_:)``.
         case sync(through: Int64)
-        /// Check the SHA-1 of the bytes received against `hash`, then commit; then call ``commitFinished(_:)``.
-        case commit(Frame.Hash)
+        /// Check the SHA-1 of the `written` bytes received against `hash`, then commit; then call ``commitFinished(_:)``.
+        case commit(Frame.Hash, written: Int64)
         /// Call ``syncTimerFired()`` after the sync interval.
         case armSyncTimer
         case cancelSyncTimer
@@ -239,7 +239,7 @@ struct UploadPipeline {
                 return self.sync()
             } else if let hash = self.pendingHash {
                 self.busy = true
-                return [.commit(hash)]
+                return [.commit(hash, written: self.written)]
             }
             return []
         case .ending(let keep):
