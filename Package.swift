@@ -132,6 +132,13 @@ let package = Package(
             dependencies: ["UploadChecksums", "UploadTestSupport"]
         ),
         .testTarget(
+            name: "UploadAgentTests",
+            dependencies: [
+                "UploadAgent", "UploadProtocol", "UploadTestSupport",
+                .product(name: "NIOCore", package: "swift-nio"),
+            ]
+        ),
+        .testTarget(
             name: "UploadRelayTests",
             dependencies: [
                 "UploadRelay", "UploadProtocol", "UploadTestSupport",

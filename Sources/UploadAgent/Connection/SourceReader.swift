@@ -1,0 +1,118 @@
+import NIOCore
+import UploadChecksums
+import UploadPayload
+import UploadProtocol
+
+/// Reading a source, as plain functions run on the thread pool: no connection state, no credit. The
+/// ``AgentSession`` decides what to read (offset and budget, already reserved against credit); these only read.
+enum SourceReader {
+    /// What one read asks for.
+    struct Request: Sendable {
+        var streamID: StreamID
+        var source: any BlobSource
+        /// The source's size, when known.
+        var size: UInt64?
+        var offset: UInt64
+        /// Credit reserved for this read: the most payload bytes it may produce (0 only to detect the end).
+        var budget: Int
+        var chunkSize: Int
+        var deflate: Bool
+        /// The SHA-1 of the bytes before `offset`, when the agent computes it while sending.
+        var sha1: SHA1?
+        var keepSnapshots: Bool
+        /// Test-only fault: corrupt the chunk holding this offset after its CRC was computed.
+        var corruptAt: UInt64?
+    }
+
+    /// What one read produced.
+    struct Batch: Sendable {
+        var chunks: [Frame.Chunk] = []
+        /// SHA-1 states at chunk ends, for resumes at any ACK.
+        var snapshots: [(UInt64, SHA1)] = []
+        var sha1: SHA1?
+        /// The source ended at `nextOffset`.
+        var ended = false
+        var nextOffset: UInt64
+    }
+
+    /// The most bytes read (and hashed) in one trip to the thread pool.
+    static let batchBytes = 2 << 20
+
+    static func read(_ request: Request) throws -> Batch {
+        var batch = Batch(sha1: request.sha1, nextOffset: request.offset)
+        let allocator = ByteBufferAllocator()
+        let source = request.source
+        var used = 0
+        while used < request.budget || request.budget == 0 {
+            if let size = request.size, batch.nextOffset >= size {
+                batch.ended = true
+                break
+            }
+            var limit = min(request.chunkSize, request.budget - used)
+            if let size = request.size { limit = Int(clamping: min(UInt64(limit), size - batch.nextOffset)) }
+            let data = try source.read(at: batch.nextOffset, maxLength: limit, allocator: allocator)
+            if data.readableBytes == 0 {
+                batch.ended = source.isEnd(at: batch.nextOffset)
+                if let size = request.size, batch.ended, batch.nextOffset < size {
+                    throw SourceError("\(source.displayName) ended at \(batch.nextOffset) bytes but was \(size) when opened: it changed during the upload")
+                }
+                break
+            }
+            if var sha1 = batch.sha1 {
+                data.withUnsafeReadableBytes { sha1.update($0) }
+                batch.sha1 = sha1
+            }
+            var chunk = ChunkPayload.seal(data, streamID: request.streamID, offset: batch.nextOffset, deflate: request.deflate, allocator: allocator)
+            if let corruptAt = request.corruptAt, corruptAt >= batch.nextOffset, corruptAt < batch.nextOffset + UInt64(data.readableBytes) {
+                chunk = Self.corrupted(chunk, allocator: allocator)
+            }
+            batch.chunks.append(chunk)
+            batch.nextOffset += UInt64(data.readableBytes)
+            used += data.readableBytes
+            if request.keepSnapshots, let sha1 = batch.sha1 {
+                batch.snapshots.append((batch.nextOffset, sha1))
+            }
+        }
+        if batch.ended, let change = source.changeSinceOpen() {
+            // Never commit a mix of two versions (issue 6, finding 8): the relay discards what it staged.
+            throw SourceError(change)
+        }
+        return batch
+    }
+
+    /// The SHA-1 of the first `offset` bytes: the relay knows a prefix this run never sent (the agent restarted), so
+    /// it is hashed locally, with no network.
+    static func hashPrefix(of source: any BlobSource, upTo offset: UInt64, whenShort: String? = nil) throws -> SHA1 {
+        var sha1 = SHA1()
+        var position: UInt64 = 0
+        let allocator = ByteBufferAllocator()
+        while position < offset {
+            let piece = try source.read(at: position, maxLength: Int(min(4 << 20, offset - position)), allocator: allocator)
+            guard piece.readableBytes > 0 else {
+                throw SourceError(whenShort ?? "\(source.displayName) is shorter than the relay's \(offset) bytes")
+            }
+            piece.withUnsafeReadableBytes { sha1.update($0) }
+            position += UInt64(piece.readableBytes)
+        }
+        return sha1
+    }
+
+    /// Opens the source and, for dedup, hashes it whole before OPEN (seekable sources of known size only).
+    static func prepare(_ source: any BlobSource, info known: SourceInfo?, knownSHA1: SHA1Digest?, dedup: Bool) throws -> (SourceInfo, SHA1Digest?) {
+        let info = try known ?? source.open()
+        if let knownSHA1 { return (info, knownSHA1) }
+        guard dedup, source.isSeekable, let size = info.size else { return (info, nil) }
+        let sha1 = try Self.hashPrefix(of: source, upTo: size, whenShort: "\(source.displayName) shrank while it was hashed")
+        return (info, SHA1Digest(bytes: sha1.finalize()))
+    }
+
+    private static func corrupted(_ chunk: Frame.Chunk, allocator: ByteBufferAllocator) -> Frame.Chunk {
+        var copy = allocator.buffer(capacity: chunk.data.readableBytes)
+        copy.writeImmutableBuffer(chunk.data)
+        let index = copy.readerIndex + copy.readableBytes / 2
+        if let byte = copy.getInteger(at: index, as: UInt8.self) { copy.setInteger(byte ^ 0x01, at: index) }
+        var result = chunk
+        result.data = copy
+        return result
+    }
+}

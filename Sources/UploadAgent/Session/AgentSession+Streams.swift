@@ -1,0 +1,240 @@
+import Logging
+import NIOCore
+import UploadChecksums
+import UploadProtocol
+
+/// Jobs on streams: preparing, opening, reading within credit, HASH, retries.
+extension AgentSession {
+    // MARK: Opening
+
+    /// Opens streams while the relay allows more and jobs wait.
+    mutating func openMore() -> [Action] {
+        guard !self.closed else { return [] }
+        var actions: [Action] = []
+        while self.machine.canOpenStream, self.senders.count + self.preparing < self.configuration.concurrency, let job = self.queue.next() {
+            self.preparing += 1
+            actions.append(.prepare(job, dedup: self.configuration.dedup))
+        }
+        return actions
+    }
+
+    /// The job's source is open (and hashed, for dedup): OPEN, or the job failed.
+    mutating func prepared(_ job: UploadJob, _ result: Result<(SourceInfo, SHA1Digest?), any Error>) -> [Action] {
+        self.preparing -= 1
+        switch result {
+        case .success(let (info, sha1)):
+            job.info = info
+            job.knownSHA1 = sha1
+            guard !self.closed, self.machine.canOpenStream else {
+                self.queue.requeue(job)
+                return []
+            }
+            let id = self.machine.nextStreamID
+            let open = Frame.Open(
+                streamID: id, key: job.key, size: info.size, sha1: sha1, overwrite: self.configuration.overwrite,
+                fingerprint: info.fingerprint, resumeToken: job.resumeToken
+            )
+            guard let frame = self.machine.sendOpen(open) else {
+                self.queue.requeue(job)
+                return []
+            }
+            self.senders[id] = Sender(job: job)
+            return self.write(frame)
+        case .failure(let error):
+            return self.complete(job.finish(.failed, sha1: "", error: "\(error)"))
+        }
+    }
+
+    /// OFFSET: STORED ends the job; START and RESUME begin sending at the relay's offset.
+    mutating func receivedOffset(_ offset: Frame.Offset) -> [Action] {
+        let id = offset.streamID
+        guard var sender = self.senders[id] else { return [] }
+        let job = sender.job
+        job.resumeToken = offset.resumeToken
+        if offset.disposition == .stored {
+            self.senders[id] = nil
+            return self.complete(job.finish(.deduplicated, sha1: job.knownSHA1?.hex ?? ""))
+        }
+        job.busySince = nil
+        job.busyRetries = 0
+        job.acknowledge(offset.offset)
+        let started = Action.event(.started(key: job.key, size: job.info?.size, offset: offset.offset))
+        if job.knownSHA1 == nil {
+            if offset.offset == 0 {
+                sender.sha1 = SHA1()
+            } else if let snapshot = job.snapshots[offset.offset] {
+                sender.sha1 = snapshot
+            } else if job.item.source.isSeekable {
+                // The relay knows a prefix this run never sent (the agent restarted): hash it locally, no network.
+                sender.reading = true
+                self.senders[id] = sender
+                return [started, .hashPrefix(id, job.item.source, upTo: offset.offset)]
+            } else {
+                return [started] + self.failStream(id, "\(job.item.source.displayName) cannot resume at \(offset.offset): those bytes are no longer held")
+            }
+        }
+        sender.started = true
+        self.senders[id] = sender
+        return [started] + self.pump(id)
+    }
+
+    mutating func prefixHashed(_ id: StreamID, _ result: Result<SHA1, any Error>) -> [Action] {
+        guard var sender = self.senders[id] else { return [] }
+        sender.reading = false
+        switch result {
+        case .success(let sha1):
+            sender.sha1 = sha1
+            sender.started = true
+            self.senders[id] = sender
+            return self.pump(id)
+        case .failure(let error):
+            self.senders[id] = sender
+            return self.failStream(id, "\(error)")
+        }
+    }
+
+    // MARK: Sending
+
+    /// Reads as much as credit allows, then HASH at the end. Each read first reserves its credit in the state machine,
+    /// so reads of several streams planned at once never count on the same bytes (issue 6, finding 1).
+    mutating func pump(_ id: StreamID) -> [Action] {
+        guard !self.closed, var sender = self.senders[id], sender.started, !sender.reading, !sender.hashSent,
+            let offset = self.machine.nextOffset(on: id)
+        else { return [] }
+        let job = sender.job
+        let size = job.info?.size
+        let atEnd = size.map { offset >= $0 } ?? false
+        // Small batches keep reading here overlapped with the relay's work on the previous batch.
+        let wanted = size.map { Int(clamping: min(UInt64(SourceReader.batchBytes), $0 - min(offset, $0))) } ?? SourceReader.batchBytes
+        let budget = atEnd ? 0 : self.machine.reserveCredit(on: id, upTo: wanted)
+        guard budget > 0 || atEnd else { return [] }
+        sender.reading = true
+        self.senders[id] = sender
+        let request = SourceReader.Request(
+            streamID: id, source: job.item.source, size: size, offset: offset, budget: budget,
+            chunkSize: max(1, min(self.configuration.chunkSize, self.machine.maxChunkPayload)), deflate: self.deflate,
+            sha1: sender.sha1, keepSnapshots: job.knownSHA1 == nil, corruptAt: self.configuration.faults.corruptChunkAtOffset
+        )
+        return [.read(request)]
+    }
+
+    /// A read finished: its chunks go out within the reservation, the rest of which is given back; HASH at the end.
+    mutating func readFinished(_ id: StreamID, _ result: Result<SourceReader.Batch, any Error>) -> [Action] {
+        guard var sender = self.senders[id], !self.closed else { return [] }
+        sender.reading = false
+        let job = sender.job
+        switch result {
+        case .success(let batch):
+            sender.sha1 = batch.sha1
+            self.senders[id] = sender
+            for (offset, sha1) in batch.snapshots {
+                job.snapshots[offset] = sha1
+            }
+            var actions: [Action] = []
+            for chunk in batch.chunks {
+                switch self.machine.sendChunk(chunk) {
+                case .send(let frame):
+                    job.sentBytes += UInt64(chunk.payloadLength)
+                    actions += self.write(frame)
+                    actions.append(.event(.sent(key: job.key, bytes: chunk.payloadLength)))
+                case .streamGone:
+                    self.machine.releaseReservation(on: id)
+                    return actions
+                case .refused(let reason):
+                    self.machine.releaseReservation(on: id)
+                    return actions + self.failStream(id, "agent bug, upload stopped: \(reason)")
+                }
+            }
+            // What the read did not use goes back before the next read reserves again.
+            self.machine.releaseReservation(on: id)
+            if batch.ended {
+                return actions + self.sendHash(id, size: batch.nextOffset)
+            }
+            // An empty batch that did not end: a stream source waits for ACKs to free room; they pump again.
+            return batch.chunks.isEmpty ? actions : actions + self.pump(id)
+        case .failure(let error):
+            self.senders[id] = sender
+            return self.failStream(id, "\(error)")
+        }
+    }
+
+    private mutating func sendHash(_ id: StreamID, size: UInt64) -> [Action] {
+        guard var sender = self.senders[id], let digest = sender.job.knownSHA1 ?? sender.sha1.flatMap({ SHA1Digest(bytes: $0.finalize()) }) else {
+            return []
+        }
+        sender.hashSent = true
+        self.senders[id] = sender
+        sender.job.bytesRead = size
+        switch self.machine.sendHash(Frame.Hash(streamID: id, size: size, sha1: self.configuration.faults.lieAboutSHA1 ?? digest)) {
+        case .send(let frame):
+            return self.write(frame)
+        case .streamGone:
+            return []
+        case .refused(let reason):
+            return self.failStream(id, "agent bug, upload stopped: \(reason)")
+        }
+    }
+
+    // MARK: Ending
+
+    /// Gives up on one upload for a reason of the agent's own (its source failed or changed): CANCEL, and report it.
+    mutating func failStream(_ id: StreamID, _ message: String) -> [Action] {
+        var actions: [Action] = []
+        if let cancel = self.machine.sendCancel(id, .cancelled, message) {
+            actions += self.write(cancel)
+        }
+        if let sender = self.senders.removeValue(forKey: id) {
+            actions += self.complete(sender.job.finish(.failed, sha1: "", error: message))
+        }
+        return actions
+    }
+
+    /// The relay ended a stream with an error: retry (at once, or after a backoff for "not now"), or give the job up.
+    mutating func streamFailed(_ id: StreamID, _ code: WireErrorCode, _ message: String, now: ContinuousClock.Instant) -> [Action] {
+        guard let sender = self.senders.removeValue(forKey: id) else { return [] }
+        let job = sender.job
+        job.lastError = "\(code.name): \(message)"
+        // KEY_BUSY and REFUSED_STREAM say "not now" (SPEC §11): they are retried for --retry-for, not counted as attempts.
+        let busy = code == .keyBusy || code == .refusedStream
+        if busy {
+            job.busySince = job.busySince ?? now
+        } else {
+            job.attempts += 1
+        }
+        // Another upload of the same key (the same files sent twice at once) may take long: KEY_BUSY waits ten times
+        // --retry-for; a full relay (REFUSED_STREAM) waits --retry-for.
+        let patience = code == .keyBusy ? self.configuration.retryFor * 10 : self.configuration.retryFor
+        let retry = busy
+            ? now - (job.busySince ?? now) < patience
+            : code.isRetryable && job.attempts < self.configuration.maxAttemptsPerItem
+        guard retry else {
+            let result = job.finish(.failed, sha1: job.knownSHA1?.hex ?? "", error: "relay refused \"\(job.key)\": \(code.name): \(message)")
+            return self.complete(result)
+        }
+        var actions: [Action] = [.log(.info, "retrying", ["upload.key": "\(job.key)", "error": "\(job.lastError ?? "")"])]
+        if busy {
+            // The relay is closing an earlier upload of this key, or is full: wait a little, longer each time.
+            job.busyRetries += 1
+            self.delayed[ObjectIdentifier(job)] = job
+            actions.append(.schedule(.backoff(ObjectIdentifier(job)), in: .milliseconds(min(2_000, 50 * Int64(job.busyRetries)))))
+        } else {
+            self.queue.requeue(job)
+        }
+        return actions + self.openMore()
+    }
+
+    mutating func timerFired(_ timer: Timer) -> [Action] {
+        switch timer {
+        case .backoff(let id):
+            guard let job = self.delayed.removeValue(forKey: id) else { return [] }
+            self.queue.requeue(job)
+            return self.openMore() + self.closeIfIdle()
+        }
+    }
+
+    mutating func complete(_ result: UploadResult) -> [Action] {
+        self.outcome.madeProgress = true
+        self.queue.finished(result)
+        return [.event(.finished(result))] + self.openMore() + self.closeIfIdle()
+    }
+}

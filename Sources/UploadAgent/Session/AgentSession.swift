@@ -1,0 +1,243 @@
+import Logging
+import NIOCore
+import UploadChecksums
+import UploadProtocol
+
+/// How one connection ended, for the uploader to decide what next.
+struct ConnectionOutcome: Sendable {
+    /// Why it ended, for people; nil when every job finished.
+    var reason: String?
+    /// True when retrying cannot help (bad token, wrong CA, unsupported version).
+    var fatal: Bool
+    /// True when some item finished or some bytes were acknowledged: the relay is alive.
+    var madeProgress: Bool
+}
+
+/// Why the transport failed, as the handler saw it (the session words it and decides whether retrying can help).
+enum TransportFailure: Hashable, Sendable {
+    /// The TLS handshake failed; `untrustedCertificate` when the relay's certificate did not verify against the CA.
+    case handshake(String, untrustedCertificate: Bool)
+    /// The relay's certificate does not name the host asked for.
+    case hostnameMismatch(String)
+    case tls(String)
+    case io(String)
+    case other(String)
+}
+
+/// Everything one agent connection decides (SPEC §2 to §6), with no channel, no thread and no clock of its own.
+///
+/// Inputs are decoded frames, keepalive ticks, the completions of source work and backoff timers, with the time passed
+/// in. Outputs are ``Action``s for ``AgentConnectionHandler`` to run. The session owns the connection's state machine
+/// (credit reservations included), the frame reader, which jobs stream where, retries and backoff, keepalive, and the
+/// connection's outcome. The offset of each stream lives in the state machine alone.
+struct AgentSession {
+    enum Timer: Hashable {
+        /// A job waits out a "not now" (KEY_BUSY, REFUSED_STREAM) before it is opened again.
+        case backoff(ObjectIdentifier)
+    }
+
+    enum Action {
+        case write(Frame)
+        /// Flush and close the connection.
+        case close
+        case schedule(Timer, in: TimeAmount)
+        /// Open the job's source and, for dedup, hash it (``SourceReader/prepare(_:info:knownSHA1:dedup:)``); then
+        /// call ``prepared(_:_:)``.
+        case prepare(UploadJob, dedup: Bool)
+        /// Read a batch (credit already reserved); then call ``readFinished(_:_:)``.
+        case read(SourceReader.Request)
+        /// Hash the first `upTo` bytes of the stream's source; then call ``prefixHashed(_:_:)``.
+        case hashPrefix(StreamID, any BlobSource, upTo: UInt64)
+        case event(UploadEvent)
+        case log(Logger.Level, String, Logger.Metadata)
+        /// The connection is over: report the outcome to the uploader.
+        case finished(ConnectionOutcome)
+    }
+
+    /// A job streaming on this connection.
+    struct Sender {
+        var job: UploadJob
+        /// The running SHA-1 of the bytes sent, nil when the job knows its SHA-1 already.
+        var sha1: SHA1? = nil
+        var started = false
+        var reading = false
+        var hashSent = false
+    }
+
+    var machine: AgentConnectionStateMachine
+    var reader = FrameReader()
+    let configuration: AgentConfiguration
+    let queue: JobQueue
+    var senders: [StreamID: Sender] = [:]
+    /// Jobs whose source is being opened (and hashed) before OPEN.
+    var preparing = 0
+    /// Jobs waiting out a backoff before they are opened again.
+    var delayed: [ObjectIdentifier: UploadJob] = [:]
+    var outcome = ConnectionOutcome(reason: nil, fatal: false, madeProgress: false)
+    var closed = false
+    var deflate = false
+    var goingAway = false
+    /// Keepalive periods in a row with nothing received (SPEC §2.3).
+    var silentPeriods = 0
+
+    init(configuration: AgentConfiguration, queue: JobQueue) {
+        self.configuration = configuration
+        self.queue = queue
+        self.machine = AgentConnectionStateMachine(limits: configuration.limits)
+    }
+
+    // MARK: Connection lifecycle
+
+    /// TCP and TLS are up: HELLO.
+    mutating func connected() -> [Action] {
+        let hello = Frame.Hello(
+            maxFrameSize: UInt32(self.configuration.limits.maxFrameSize), features: self.configuration.deflate ? .deflate : [],
+            credential: Array(self.configuration.token.utf8), agentName: self.configuration.agentName
+        )
+        return self.write(self.machine.sendHello(hello))
+    }
+
+    /// Bytes from the relay, decoded by ``nextFrame(now:)``; any bytes prove the link alive.
+    mutating func received(_ bytes: ByteBuffer) {
+        self.silentPeriods = 0
+        self.reader.append(bytes)
+    }
+
+    /// Decodes and handles the next whole frame held; nil when there is none (or the connection is closed).
+    mutating func nextFrame(now: ContinuousClock.Instant) -> [Action]? {
+        guard !self.closed else { return nil }
+        let frame: Frame?
+        self.reader.maxFrameSize = self.machine.inboundFrameLimit
+        do {
+            frame = try self.reader.next()
+        } catch let error as ProtocolError {
+            return self.run(self.machine.decodingFailed(error), now: now)
+        } catch {
+            return self.run(self.machine.decodingFailed(.connection(.internalError, "\(error)")), now: now)
+        }
+        guard let frame else { return nil }
+        return self.run(self.machine.receive(frame), now: now)
+    }
+
+    /// A keepalive period passed with nothing received (SPEC §2.3): PING once, then take the link for dead.
+    mutating func silentPeriod() -> [Action] {
+        guard !self.closed else { return [] }
+        self.silentPeriods += 1
+        if self.silentPeriods >= 2 {
+            // Nothing for two periods, even after a PING (or during the TLS handshake): the link is gone.
+            self.outcome.reason = "no answer from the relay for \(self.configuration.keepaliveInterval * 2): the link is dead"
+            return self.close()
+        }
+        guard self.machine.terms != nil else { return [] }
+        return self.write(.ping(Frame.Ping(data: UInt64.random(in: 0...UInt64.max))))
+    }
+
+    /// The transport failed; the first reason is the one reported.
+    mutating func transportFailed(_ failure: TransportFailure) -> [Action] {
+        if self.outcome.reason == nil {
+            switch failure {
+            case .handshake(let text, let untrusted):
+                self.outcome.reason = untrusted
+                    ? "TLS: the relay's certificate does not verify against the CA given (CERTIFICATE_VERIFY_FAILED); pass the CA that signed it with --ca or UPLOAD_CA"
+                    : "TLS handshake with the relay failed: \(text)"
+                self.outcome.fatal = !self.machine.isClosed && self.machine.terms == nil
+            case .hostnameMismatch(let text):
+                // Not transient: retrying cannot change what the certificate names (issue 6 finding 22).
+                let asked = self.configuration.serverName ?? self.configuration.relayHost
+                self.outcome.reason =
+                    "TLS: the relay's certificate is not valid for \"\(asked)\" (\(text)); connect by a name or address it holds, pass --server-name NAME with the name it holds, or, for a --dev relay, restart it with --dev-host \(asked)"
+                self.outcome.fatal = true
+            case .tls(let text):
+                self.outcome.reason = "TLS error: \(text)"
+            case .io(let text):
+                self.outcome.reason = "connection lost: \(text)"
+            case .other(let text):
+                self.outcome.reason = "connection error: \(text)"
+            }
+        }
+        self.closed = true
+        return [.close]
+    }
+
+    /// The channel is gone: every job in flight goes back to the queue for the next connection.
+    mutating func connectionClosed() -> [Action] {
+        self.closed = true
+        for id in self.senders.keys.sorted() {
+            if let sender = self.senders.removeValue(forKey: id) { self.queue.requeue(sender.job) }
+        }
+        for job in self.delayed.values {
+            self.queue.requeue(job)
+        }
+        self.delayed.removeAll()
+        if self.outcome.reason == nil && !self.queue.isDone {
+            self.outcome.reason = "the relay closed the connection"
+        }
+        return [.finished(self.outcome)]
+    }
+
+    // MARK: The state machine's actions
+
+    mutating func run(_ action: AgentAction, now: ContinuousClock.Instant) -> [Action] {
+        switch action {
+        case .none:
+            return []
+        case .connected(let welcome):
+            self.deflate = welcome.features.contains(.deflate)
+            let relay = "\(self.configuration.relayHost):\(self.configuration.relayPort)"
+            return [.event(.connected(relay: relay, account: welcome.account))] + self.openMore()
+        case .offset(let offset):
+            return self.receivedOffset(offset)
+        case .acknowledged(let id, let offset):
+            guard let sender = self.senders[id] else { return [] }
+            sender.job.acknowledge(offset)
+            self.outcome.madeProgress = true
+            return self.pump(id)
+        case .creditGranted(let id):
+            if id.isConnection {
+                return self.senders.keys.sorted().flatMap { self.pump($0) }
+            }
+            return self.pump(id)
+        case .completed(let result):
+            guard let sender = self.senders.removeValue(forKey: result.streamID) else { return [] }
+            return self.complete(sender.job.finish(.stored, sha1: result.sha1.hex))
+        case .streamFailed(let id, let code, let message):
+            return self.streamFailed(id, code, message, now: now)
+        case .send(let frame):
+            return self.write(frame)
+        case .resetStream(let error):
+            return self.write(.error(error)) + self.streamFailed(error.streamID, error.code, "agent reset the stream: \(error.message)", now: now)
+        case .closeConnection(let error):
+            self.outcome.reason = "the relay broke the protocol: \(error.message)"
+            return self.write(.error(error)) + self.close()
+        case .peerClosed(let code, let message):
+            self.outcome.reason = "relay closed the connection: \(code.name): \(message)"
+            self.outcome.fatal = code == .unauthenticated || code == .unsupportedVersion
+            return self.close()
+        case .goingAway(let goAway):
+            self.outcome.reason = "the relay is going away: \(goAway.message)"
+            self.goingAway = true
+            for id in self.senders.keys.sorted() where id > goAway.lastStreamID {
+                if let sender = self.senders.removeValue(forKey: id) { self.queue.requeue(sender.job) }
+            }
+            return self.closeIfIdle()
+        }
+    }
+
+    // MARK: Writing and closing
+
+    mutating func write(_ frame: Frame) -> [Action] {
+        self.closed ? [] : [.write(frame)]
+    }
+
+    mutating func close() -> [Action] {
+        guard !self.closed else { return [] }
+        self.closed = true
+        return [.close]
+    }
+
+    /// Closes once nothing is in flight and nothing more will go out on this connection.
+    mutating func closeIfIdle() -> [Action] {
+        guard self.senders.isEmpty, self.preparing == 0, self.delayed.isEmpty else { return [] }
+        return self.queue.isDone || self.goingAway ? self.close() : []
+    }
+}

@@ -1,0 +1,200 @@
+import NIOCore
+import Testing
+import UploadProtocol
+import UploadTestSupport
+
+@testable import UploadAgent
+
+/// An agent session driven by hand: frames from a scripted relay in, actions out. No socket, no thread, no file read.
+struct AgentHarness {
+    var session: AgentSession
+    let queue: JobQueue
+    var now = ContinuousClock.now
+    let jobs: [UploadJob]
+
+    init(files: Int, size: UInt64 = 4 << 20, seekable: Bool = true, configure: (inout AgentConfiguration) -> Void = { _ in }) {
+        var configuration = AgentConfiguration(relayHost: "relay", relayPort: 1, token: "t", caPath: nil)
+        configuration.dedup = false
+        configure(&configuration)
+        self.jobs = (0..<files).map { i in
+            let source: any BlobSource = seekable ? FileSource(path: "/nonexistent/\(i)") : StreamSource(descriptor: -1)
+            let job = UploadJob(item: UploadItem(key: "k\(i)", displayPath: "f\(i)", source: source))
+            job.info = SourceInfo(size: size, fingerprint: [UInt8(i)])
+            return job
+        }
+        self.queue = JobQueue(self.jobs)
+        self.session = AgentSession(configuration: configuration, queue: self.queue)
+    }
+
+    @discardableResult
+    mutating func receive(_ frames: Frame...) -> [AgentSession.Action] {
+        var bytes = ByteBuffer()
+        for frame in frames { bytes.writeImmutableBuffer(FrameEncoder.encodeToBuffer(frame)) }
+        self.session.received(bytes)
+        var actions: [AgentSession.Action] = []
+        while let more = self.session.nextFrame(now: self.now) { actions += more }
+        return actions
+    }
+
+    /// HELLO, then WELCOME with these windows; every job prepared and opened. Returns the OPENs' stream ids.
+    mutating func connect(connectionWindow: UInt32, streamWindow: UInt32) -> [StreamID] {
+        _ = self.session.connected()
+        let welcome = self.receive(
+            .welcome(
+                Frame.Welcome(
+                    version: 1, maxFrameSize: 1 << 20, features: [], maxStreams: 64, connectionWindow: connectionWindow,
+                    streamWindow: streamWindow, maxKeyLength: 1024, idleTimeoutMillis: 120_000, account: "a"
+                )
+            )
+        )
+        var ids: [StreamID] = []
+        for case .prepare(let job, _) in welcome {
+            let opened = self.session.prepared(job, .success((job.info!, nil)))
+            for frame in Self.frames(opened) { if case .open(let open) = frame { ids.append(open.streamID) } }
+        }
+        return ids
+    }
+
+    static func frames(_ actions: [AgentSession.Action]) -> [Frame] {
+        actions.compactMap { if case .write(let frame) = $0 { return frame } else { return nil } }
+    }
+
+    static func reads(_ actions: [AgentSession.Action]) -> [SourceReader.Request] {
+        actions.compactMap { if case .read(let request) = $0 { return request } else { return nil } }
+    }
+
+    /// The batch a read of `request` would produce, `bytes` long (at most its budget).
+    static func batch(_ request: SourceReader.Request, bytes: Int, ended: Bool = false) -> SourceReader.Batch {
+        let chunk = Frame.Chunk(
+            streamID: request.streamID, offset: request.offset, crc32: 0, data: ByteBuffer(bytes: [UInt8](repeating: 1, count: bytes))
+        )
+        return SourceReader.Batch(chunks: bytes > 0 ? [chunk] : [], sha1: request.sha1, ended: ended, nextOffset: request.offset + UInt64(bytes))
+    }
+}
+
+@Suite("Agent session: connection decisions without sockets")
+struct AgentSessionTests {
+    @Test("reads of several streams reserve credit before they start: together never more than the connection window")
+    func readsReserveCredit() {
+        var h = AgentHarness(files: 3)
+        let ids = h.connect(connectionWindow: 3 << 20, streamWindow: 2 << 20)
+        #expect(ids.count == 3)
+        var requests: [SourceReader.Request] = []
+        for id in ids {
+            requests += AgentHarness.reads(h.receive(.offset(Frame.Offset(streamID: id, disposition: .start, offset: 0))))
+        }
+        #expect(requests.map(\.budget).reduce(0, +) <= 3 << 20, "budgets \(requests.map(\.budget))")
+        #expect(requests.count == 2, "the third stream waits for credit")
+        // The first read used half its budget: the rest goes back, and a next read reserves again.
+        let first = requests[0]
+        let after = h.session.readFinished(first.streamID, .success(AgentHarness.batch(first, bytes: first.budget / 2)))
+        #expect(AgentHarness.frames(after).contains { $0.type == .chunk })
+        let next = AgentHarness.reads(after)
+        #expect(next.allSatisfy { $0.offset == UInt64(first.budget / 2) || $0.streamID != first.streamID })
+        #expect(h.session.machine.connectionCredit >= 0)
+    }
+
+    @Test("the offset of a stream lives in the state machine: a read starts where the relay's OFFSET said")
+    func resumeOffset() {
+        var h = AgentHarness(files: 1)
+        let id = h.connect(connectionWindow: 8 << 20, streamWindow: 8 << 20)[0]
+        // A resume at an offset this run never sent, from a seekable source: the prefix is hashed locally first.
+        let resumed = h.receive(.offset(Frame.Offset(streamID: id, disposition: .resume, offset: 1000)))
+        #expect(resumed.contains { if case .hashPrefix(id, _, upTo: 1000) = $0 { return true } else { return false } })
+        let reads = AgentHarness.reads(h.session.prefixHashed(id, .success(.init())))
+        #expect(reads.map(\.offset) == [1000])
+    }
+
+    @Test("a stream source cannot resume at bytes it no longer holds: CANCEL, and the item fails saying why")
+    func streamSourceCannotResume() {
+        var h = AgentHarness(files: 1, seekable: false)
+        let id = h.connect(connectionWindow: 8 << 20, streamWindow: 8 << 20)[0]
+        let actions = h.receive(.offset(Frame.Offset(streamID: id, disposition: .resume, offset: 1000)))
+        #expect(AgentHarness.frames(actions).contains { $0.type == .cancel })
+        #expect(h.queue.results.first?.error?.contains("cannot resume at 1000") == true)
+    }
+
+    @Test("KEY_BUSY waits out a backoff, then the job is prepared again; it is not counted as an attempt")
+    func keyBusyBacksOff() {
+        var h = AgentHarness(files: 1)
+        let id = h.connect(connectionWindow: 8 << 20, streamWindow: 8 << 20)[0]
+        let busy = h.receive(.error(Frame.Error(streamID: id, code: .keyBusy, message: "busy")))
+        guard case .schedule(let timer, let delay)? = busy.first(where: { if case .schedule = $0 { return true } else { return false } }) else {
+            Issue.record("no backoff scheduled: \(busy)")
+            return
+        }
+        #expect(delay <= .seconds(2))
+        #expect(h.jobs[0].attempts == 0)
+        let again = h.session.timerFired(timer)
+        #expect(again.contains { if case .prepare = $0 { return true } else { return false } })
+    }
+
+    @Test("GOAWAY: streams above its last id go back to the queue; the connection closes once nothing is in flight")
+    func goAwayRequeues() {
+        var h = AgentHarness(files: 2)
+        let ids = h.connect(connectionWindow: 8 << 20, streamWindow: 8 << 20)
+        let away = h.receive(.goAway(Frame.GoAway(lastStreamID: ids[0], code: .noError, message: "bye")))
+        #expect(h.session.senders.keys.sorted() == [ids[0]])
+        #expect(!away.contains { if case .close = $0 { return true } else { return false } })
+        let stored = h.receive(.offset(Frame.Offset(streamID: ids[0], disposition: .stored, offset: 4 << 20)))
+        #expect(stored.contains { if case .close = $0 { return true } else { return false } })
+        #expect(h.queue.next()?.key == "k1", "the requeued job waits for the next connection")
+    }
+
+    @Test("keepalive: one silent period sends PING, the second takes the link for dead")
+    func keepalive() {
+        var h = AgentHarness(files: 1)
+        _ = h.connect(connectionWindow: 8 << 20, streamWindow: 8 << 20)
+        #expect(AgentHarness.frames(h.session.silentPeriod()).map(\.type) == [.ping])
+        let dead = h.session.silentPeriod()
+        #expect(dead.contains { if case .close = $0 { return true } else { return false } })
+        let closed = h.session.connectionClosed()
+        guard case .finished(let outcome)? = closed.last else {
+            Issue.record("no outcome")
+            return
+        }
+        #expect(outcome.reason?.contains("the link is dead") == true)
+        #expect(h.queue.next() != nil, "the job in flight went back to the queue")
+    }
+
+    /// Seeded: reads finish in random orders and sizes while the relay grants credit in random amounts; no CHUNK is
+    /// ever refused for credit (the reservation covers it), and every stream's chunks are contiguous.
+    @Test("random read completions and credit never overrun a window", arguments: 0..<30)
+    func randomCredit(round: Int) {
+        let seed = UInt64(0xA6E7_0000) + UInt64(round)
+        var rng = SeededGenerator(seed: seed)
+        var h = AgentHarness(files: Int.random(in: 1...5, using: &rng), size: UInt64.random(in: 1...(3 << 20), using: &rng))
+        let window = UInt32.random(in: 1...(4 << 20), using: &rng)
+        let ids = h.connect(connectionWindow: window, streamWindow: UInt32.random(in: 1...(4 << 20), using: &rng))
+        var pending: [SourceReader.Request] = []
+        var next: [StreamID: UInt64] = [:]
+        func absorb(_ actions: [AgentSession.Action]) {
+            pending += AgentHarness.reads(actions)
+            for frame in AgentHarness.frames(actions) {
+                if case .chunk(let chunk) = frame {
+                    #expect(chunk.offset == next[chunk.streamID, default: 0], "seed \(seed): chunks of \(chunk.streamID) not contiguous")
+                    next[chunk.streamID] = chunk.offset + UInt64(chunk.payloadLength)
+                }
+            }
+            for action in actions {
+                if case .event(.finished(let result)) = action {
+                    #expect(result.status != .failed, "seed \(seed): \(result.error ?? "")")
+                }
+            }
+        }
+        for id in ids {
+            absorb(h.receive(.offset(Frame.Offset(streamID: id, disposition: .start, offset: 0))))
+        }
+        for _ in 0..<300 {
+            if Bool.random(using: &rng), !pending.isEmpty {
+                let request = pending.remove(at: Int.random(in: 0..<pending.count, using: &rng))
+                let remaining = Int(clamping: (h.jobs[0].info?.size ?? 0) - request.offset)
+                let bytes = min(request.budget, Int.random(in: 0...request.budget, using: &rng), remaining)
+                absorb(h.session.readFinished(request.streamID, .success(AgentHarness.batch(request, bytes: bytes, ended: bytes == remaining))))
+            } else if let id = ids.randomElement(using: &rng) {
+                let grant = UInt32.random(in: 1...(1 << 20), using: &rng)
+                absorb(h.receive(.credit(Frame.Credit(streamID: Bool.random(using: &rng) ? .connection : id, increment: grant))))
+            }
+        }
+    }
+}
