@@ -54,7 +54,8 @@ let package = Package(
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "NIOTLS", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
-            ]
+            ],
+            exclude: ["README.md"]
         ),
         .target(
             name: "UploadRelay",

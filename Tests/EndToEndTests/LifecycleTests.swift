@@ -9,6 +9,20 @@ import UploadRelay
 /// Starting and stopping the relay in-process: the path every other test ends on.
 @Suite("Relay lifecycle")
 struct LifecycleTests {
+    @Test("a relay that cannot bind says why to whoever waits for it to listen, instead of leaving them waiting", .timeLimit(.minutes(1)))
+    func bindFailureReachesWaiters() async throws {
+        let first = try await TestRelay().start()
+        let second = try TestRelay { $0.port = first.port }
+        let server = second.server
+        let waiter = Task { try await server.waitUntilListening() }
+        await #expect(throws: (any Error).self) { try await second.server.run() }
+        await #expect(throws: (any Error).self) { _ = try await waiter.value }
+        // Asked after the failure, too.
+        await #expect(throws: (any Error).self) { _ = try await second.server.waitUntilListening() }
+        await second.stop()
+        await first.stop()
+    }
+
     @Test(
         "stop ends run(), closes every connection and frees the port: idle, or with a peer silent after TLS",
         .timeLimit(.minutes(2))

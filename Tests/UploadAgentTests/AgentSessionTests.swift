@@ -1,3 +1,4 @@
+import NIOConcurrencyHelpers
 import NIOCore
 import Testing
 import UploadProtocol
@@ -139,6 +140,35 @@ struct AgentSessionTests {
         let stored = h.receive(.offset(Frame.Offset(streamID: ids[0], disposition: .stored, offset: 4 << 20)))
         #expect(stored.contains { if case .close = $0 { return true } else { return false } })
         #expect(h.queue.next()?.key == "k1", "the requeued job waits for the next connection")
+    }
+
+    @Test("a job whose preparation ends after its connection closed wakes the next connection (else it idles forever)")
+    func latePreparationWakesNextConnection() {
+        let welcome = Frame.welcome(
+            Frame.Welcome(
+                version: 1, maxFrameSize: 1 << 20, features: [], maxStreams: 64, connectionWindow: 1 << 20,
+                streamWindow: 1 << 20, maxKeyLength: 1024, idleTimeoutMillis: 120_000, account: "a"
+            )
+        )
+        var old = AgentHarness(files: 1)
+        _ = old.session.connected()
+        guard case .prepare(let job, _)? = old.receive(welcome).first(where: { if case .prepare = $0 { return true } else { return false } }) else {
+            Issue.record("no prepare")
+            return
+        }
+        _ = old.session.connectionClosed()
+        // The next connection is up with nothing to do (the job is still being prepared); then the preparation ends.
+        var next = AgentSession(configuration: old.session.configuration, queue: old.queue)
+        _ = next.connected()
+        next.received(FrameEncoder.encodeToBuffer(welcome))
+        var opened: [AgentSession.Action] = []
+        while let more = next.nextFrame(now: .now) { opened += more }
+        #expect(!opened.contains { if case .prepare = $0 { return true } else { return false } })
+        let woken = NIOLockedValueBox(0)
+        old.queue.setListener { woken.withLockedValue { $0 += 1 } }
+        #expect(old.session.prepared(job, .success((job.info!, nil))).isEmpty)
+        #expect(woken.withLockedValue { $0 } == 1, "the queue tells the running connection")
+        #expect(next.jobsChanged().contains { if case .prepare = $0 { return true } else { return false } })
     }
 
     @Test("keepalive: one silent period sends PING, the second takes the link for dead")

@@ -41,13 +41,24 @@ final class AgentConnectionHandler: ChannelInboundHandler {
     }
 
     func channelActive(context: ChannelHandlerContext) {
+        // Jobs that come back to the queue from elsewhere (a late preparation of an earlier connection) wake this one,
+        // always through the event loop, never from inside an action.
+        let handler = NIOLoopBound(WeakHandler(self), eventLoop: context.eventLoop)
+        let loop = context.eventLoop
+        self.session.queue.setListener { loop.execute { handler.value.handler?.act { $0.jobsChanged() } } }
         self.act { $0.connected() }
         context.fireChannelActive()
     }
 
     func channelInactive(context: ChannelHandlerContext) {
+        self.session.queue.setListener(nil)
         self.act { $0.connectionClosed() }
         context.fireChannelInactive()
+    }
+
+    private final class WeakHandler {
+        weak var handler: AgentConnectionHandler?
+        init(_ handler: AgentConnectionHandler) { self.handler = handler }
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
@@ -130,7 +141,11 @@ final class AgentConnectionHandler: ChannelInboundHandler {
     private func onPool<T: Sendable>(
         _ work: @escaping @Sendable () throws -> T, then input: @escaping (inout AgentSession, Result<T, any Error>) -> [AgentSession.Action]
     ) {
-        guard let context = self.context else { return }
+        guard let context = self.context else {
+            // Never today (actions start after handlerAdded); should it happen, the session still hears of it.
+            self.act { input(&$0, .failure(SourceError("the connection's handler was removed before its source work began"))) }
+            return
+        }
         self.pool.runIfActive(eventLoop: context.eventLoop, work).assumeIsolated().whenComplete { result in
             self.act { input(&$0, result) }
         }

@@ -27,7 +27,7 @@ extension AgentSession {
             job.knownSHA1 = sha1
             guard !self.closed, self.machine.canOpenStream else {
                 self.queue.requeue(job)
-                return []
+                return self.closeIfIdle()
             }
             let id = self.machine.nextStreamID
             let open = Frame.Open(
@@ -220,7 +220,7 @@ extension AgentSession {
         } else {
             self.queue.requeue(job)
         }
-        return actions + self.openMore()
+        return actions + self.openMore() + self.closeIfIdle()
     }
 
     mutating func timerFired(_ timer: Timer) -> [Action] {

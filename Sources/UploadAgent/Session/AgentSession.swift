@@ -159,6 +159,12 @@ struct AgentSession {
         return [.close]
     }
 
+    /// A job went back to the queue or finished, perhaps on an earlier connection: open what waits, or close if done.
+    mutating func jobsChanged() -> [Action] {
+        guard !self.closed else { return [] }
+        return self.openMore() + self.closeIfIdle()
+    }
+
     /// The channel is gone: every job in flight goes back to the queue for the next connection.
     mutating func connectionClosed() -> [Action] {
         self.closed = true

@@ -12,6 +12,15 @@ final class JobQueue: Sendable {
 
     private let state: NIOLockedValueBox<State>
     let total: Int
+    /// Told whenever a job goes back to wait or finishes: the connection now running, which may have nothing else to
+    /// wake it (a job's preparation on an earlier connection can end after that connection closed).
+    private let listener = NIOLockedValueBox<(@Sendable () -> Void)?>(nil)
+
+    /// Sets (or clears) what is told when a job goes back to wait or finishes. It must not call back into the queue's
+    /// caller synchronously: hop to the listener's event loop.
+    func setListener(_ listener: (@Sendable () -> Void)?) {
+        self.listener.withLockedValue { $0 = listener }
+    }
 
     init(_ jobs: [UploadJob]) {
         self.state = NIOLockedValueBox(State(waiting: jobs))
@@ -33,6 +42,7 @@ final class JobQueue: Sendable {
             state.active -= 1
             state.waiting.insert(job, at: 0)
         }
+        self.listener.withLockedValue { $0 }?()
     }
 
     func finished(_ result: UploadResult) {
@@ -40,6 +50,7 @@ final class JobQueue: Sendable {
             state.active -= 1
             state.finished.append(result)
         }
+        self.listener.withLockedValue { $0 }?()
     }
 
     var isDone: Bool { self.state.withLockedValue { $0.waiting.isEmpty && $0.active == 0 } }

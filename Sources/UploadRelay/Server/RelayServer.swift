@@ -15,14 +15,25 @@ public final class RelayServer: Service, Sendable {
     public let services: RelayServices
     private let group: any EventLoopGroup
     private let tls: NIOSSLContext
-    private let state = NIOLockedValueBox<State>(State())
-    private let bound = NIOLockedValueBox<[CheckedContinuation<SocketAddress, any Error>]>([])
+    private let state = NIOLockedValueBox<State>(.starting(waiting: [], stopRequested: false))
 
-    private struct State {
-        var channel: (any Channel)? = nil
-        var address: SocketAddress? = nil
-        var connections: [ObjectIdentifier: any Channel] = [:]
-        var shuttingDown = false
+    /// Where the server is in its life (in the way of Hummingbird's `Server`).
+    private enum State {
+        /// Not listening yet: callers of ``waitUntilListening()`` wait; `stopRequested` when ``shutdown()`` came first.
+        case starting(waiting: [CheckedContinuation<SocketAddress, any Error>], stopRequested: Bool)
+        /// Listening and admitting connections.
+        case running(listener: any Channel, address: SocketAddress?, connections: [ObjectIdentifier: any Channel])
+        /// GOAWAY sent to every connection; the listener closes when the last one has.
+        case draining(listener: any Channel, address: SocketAddress?, connections: [ObjectIdentifier: any Channel])
+        /// ``run()`` has returned.
+        case stopped(address: SocketAddress?)
+
+        var address: SocketAddress? {
+            switch self {
+            case .starting: return nil
+            case .running(_, let address, _), .draining(_, let address, _), .stopped(let address): return address
+            }
+        }
     }
 
     /// The ALPN protocol name (SPEC §2.1).
@@ -47,14 +58,19 @@ public final class RelayServer: Service, Sendable {
 
     /// Waits until the relay listens, and returns where.
     public func waitUntilListening() async throws -> SocketAddress {
-        if let address = self.localAddress { return address }
-        return try await withCheckedThrowingContinuation { continuation in
-            let ready: SocketAddress? = self.state.withLockedValue { state in
-                if let address = state.address { return address }
-                self.bound.withLockedValue { $0.append(continuation) }
-                return nil
+        try await withCheckedThrowingContinuation { continuation in
+            let ready = self.state.withLockedValue { state -> Result<SocketAddress, any Error>? in
+                switch state {
+                case .starting(var waiting, let stopRequested):
+                    waiting.append(continuation)
+                    state = .starting(waiting: waiting, stopRequested: stopRequested)
+                    return nil
+                case .running, .draining, .stopped:
+                    guard let address = state.address else { return .failure(RelayServerError.noAddress) }
+                    return .success(address)
+                }
             }
-            if let ready { continuation.resume(returning: ready) }
+            if let ready { continuation.resume(with: ready) }
         }
     }
 
@@ -63,40 +79,54 @@ public final class RelayServer: Service, Sendable {
         let tls = self.tls
         let services = self.services
         let logger = self.services.logger
-        let channel = try await ServerBootstrap(group: self.group)
-            .serverChannelOption(.backlog, value: 256)
-            .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
-            .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
-            .childChannelOption(.maxMessagesPerRead, value: 16)
-            .childChannelInitializer { [weak self] channel in
-                guard let self, self.admit(channel) else {
-                    logger.warning("refusing connection: too many connections or shutting down")
-                    return channel.close()
+        let channel: any Channel
+        do {
+            channel = try await ServerBootstrap(group: self.group)
+                .serverChannelOption(.backlog, value: 256)
+                .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+                .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
+                .childChannelOption(.maxMessagesPerRead, value: 16)
+                .childChannelInitializer { [weak self] channel in
+                    guard let self, self.admit(channel) else {
+                        logger.warning("refusing connection: too many connections or shutting down")
+                        return channel.close()
+                    }
+                    return channel.eventLoop.makeCompletedFuture {
+                        let sync = channel.pipeline.syncOperations
+                        try sync.addHandler(NIOSSLServerHandler(context: tls))
+                        try sync.addHandler(RelayConnectionHandler(services: services, logger: logger, eventLoop: channel.eventLoop))
+                    }
                 }
-                return channel.eventLoop.makeCompletedFuture {
-                    let sync = channel.pipeline.syncOperations
-                    try sync.addHandler(NIOSSLServerHandler(context: tls))
-                    try sync.addHandler(RelayConnectionHandler(services: services, logger: logger, eventLoop: channel.eventLoop))
-                }
+                .bind(host: configuration.host, port: configuration.port)
+                .get()
+        } catch {
+            // Nothing listens: whoever waits to hear where learns why.
+            let waiting = self.state.withLockedValue { state -> [CheckedContinuation<SocketAddress, any Error>] in
+                defer { state = .stopped(address: nil) }
+                if case .starting(let waiting, _) = state { return waiting }
+                return []
             }
-            .bind(host: configuration.host, port: configuration.port)
-            .get()
+            for continuation in waiting { continuation.resume(throwing: error) }
+            throw error
+        }
         let address = channel.localAddress
-        let (waiting, stopAtOnce) = self.state.withLockedValue { state -> ([CheckedContinuation<SocketAddress, any Error>], Bool) in
-            state.channel = channel
-            state.address = address
-            let waiting = self.bound.withLockedValue { list in
-                defer { list.removeAll() }
-                return list
+        let waiting = self.state.withLockedValue { state -> [CheckedContinuation<SocketAddress, any Error>] in
+            guard case .starting(let waiting, let stopRequested) = state else { return [] }
+            if stopRequested {
+                // shutdown() came while binding: no connection was admitted; stop at once.
+                state = .draining(listener: channel, address: address, connections: [:])
+                channel.close(promise: nil)
+            } else {
+                state = .running(listener: channel, address: address, connections: [:])
             }
-            return (waiting, state.shuttingDown && state.connections.isEmpty)
+            return waiting
         }
-        if stopAtOnce {
-            // shutdown() came while binding.
-            channel.close(promise: nil)
-        }
-        if let address {
-            for continuation in waiting { continuation.resume(returning: address) }
+        for continuation in waiting {
+            if let address {
+                continuation.resume(returning: address)
+            } else {
+                continuation.resume(throwing: RelayServerError.noAddress)
+            }
         }
         logger.info("upload-relay listening", metadata: ["address": "\(address.map { "\($0)" } ?? "?")"])
         let maintenance = self.startMaintenance()
@@ -108,6 +138,7 @@ public final class RelayServer: Service, Sendable {
         let stopped = maintenance.loop.makePromise(of: Void.self)
         maintenance.task.cancel(promise: stopped)
         try? await stopped.futureResult.get()
+        self.state.withLockedValue { state in state = .stopped(address: state.address) }
         logger.info("upload-relay stopped")
     }
 
@@ -149,7 +180,12 @@ public final class RelayServer: Service, Sendable {
                     return now.subtracting(known)
                 }
                 guard !newly.isEmpty else { return }
-                let connections = self.state.withLockedValue { Array($0.connections.values) }
+                let connections = self.state.withLockedValue { state -> [any Channel] in
+                    switch state {
+                    case .running(_, _, let connections), .draining(_, _, let connections): return Array(connections.values)
+                    case .starting, .stopped: return []
+                    }
+                }
                 for account in newly {
                     services.logger.notice("token revoked: closing its connections", metadata: ["account": "\(account)"])
                     for connection in connections {
@@ -166,15 +202,28 @@ public final class RelayServer: Service, Sendable {
     private func admit(_ channel: any Channel) -> Bool {
         let id = ObjectIdentifier(channel)
         let admitted = self.state.withLockedValue { state -> Bool in
-            guard !state.shuttingDown, state.connections.count < self.services.configuration.maxConnections else { return false }
-            state.connections[id] = channel
+            guard case .running(let listener, let address, var connections) = state,
+                connections.count < self.services.configuration.maxConnections
+            else { return false }
+            connections[id] = channel
+            state = .running(listener: listener, address: address, connections: connections)
             return true
         }
         if admitted {
             channel.closeFuture.whenComplete { _ in
                 let listener = self.state.withLockedValue { state -> (any Channel)? in
-                    state.connections.removeValue(forKey: id)
-                    return state.shuttingDown && state.connections.isEmpty ? state.channel : nil
+                    switch state {
+                    case .running(let listener, let address, var connections):
+                        connections.removeValue(forKey: id)
+                        state = .running(listener: listener, address: address, connections: connections)
+                        return nil
+                    case .draining(let listener, let address, var connections):
+                        connections.removeValue(forKey: id)
+                        state = .draining(listener: listener, address: address, connections: connections)
+                        return connections.isEmpty ? listener : nil
+                    case .starting, .stopped:
+                        return nil
+                    }
                 }
                 listener?.close(promise: nil)
             }
@@ -187,18 +236,31 @@ public final class RelayServer: Service, Sendable {
     /// Each connection drains on its own event loop and closes itself after ``RelayConfiguration/shutdownGrace`` at the
     /// latest; the last one to close closes the listener, which ends ``run()``. Calling this again does nothing.
     public func shutdown() {
-        let snapshot = self.state.withLockedValue { state -> (listener: (any Channel)?, connections: [any Channel])? in
-            guard !state.shuttingDown else { return nil }
-            state.shuttingDown = true
-            return (state.channel, Array(state.connections.values))
+        let draining = self.state.withLockedValue { state -> (listener: any Channel, connections: [any Channel])? in
+            switch state {
+            case .starting(let waiting, _):
+                state = .starting(waiting: waiting, stopRequested: true)
+                return nil
+            case .running(let listener, let address, let connections):
+                state = .draining(listener: listener, address: address, connections: connections)
+                return (listener, Array(connections.values))
+            case .draining, .stopped:
+                return nil
+            }
         }
-        guard let (listener, connections) = snapshot else { return }
+        guard let (listener, connections) = draining else { return }
         self.services.logger.info("shutting down", metadata: ["connections": "\(connections.count)"])
         for connection in connections {
             connection.pipeline.fireUserInboundEventTriggered(RelayShutdownEvent())
         }
         if connections.isEmpty {
-            listener?.close(promise: nil)
+            listener.close(promise: nil)
         }
     }
+}
+
+/// Why the relay could not say where it listens.
+public enum RelayServerError: Error, Hashable, Sendable {
+    /// The listener has no local address (it failed to bind, or closed at once).
+    case noAddress
 }
