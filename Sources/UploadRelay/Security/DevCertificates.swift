@@ -116,13 +116,18 @@ public enum DevCertificates {
         return nil
     }
 
+    /// A NUL-terminated C string held in an array.
+    private static func string(_ chars: [CChar]) -> String {
+        String(decoding: chars.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    }
+
     /// This host's name and the addresses of its interfaces (loopback and link-local left out): what a `--dev` relay
     /// listening on every address is reached by.
     public static func localNames() -> [String] {
         var names: [String] = []
         var host = [CChar](repeating: 0, count: 256)
         if gethostname(&host, host.count) == 0 {
-            names.append(String(cString: host))
+            names.append(Self.string(host))
         }
         var list: UnsafeMutablePointer<ifaddrs>? = nil
         guard getifaddrs(&list) == 0, let first = list else { return names }
@@ -137,7 +142,7 @@ public enum DevCertificates {
             guard length > 0, getnameinfo(address, socklen_t(length), &text, socklen_t(text.count), nil, 0, NI_NUMERICHOST) == 0 else {
                 continue
             }
-            let name = String(cString: text)
+            let name = Self.string(text)
             if name.hasPrefix("127.") || name == "::1" || name.lowercased().hasPrefix("fe80") { continue }
             names.append(name)
         }
