@@ -109,7 +109,11 @@ let package = Package(
             path: "tools/codec-benchmark"
         ),
         // What the test targets share: the seeded generator.
-        .target(name: "UploadTestSupport", path: "Tests/UploadTestSupport"),
+        .target(
+            name: "UploadTestSupport",
+            dependencies: [.product(name: "NIOConcurrencyHelpers", package: "swift-nio")],
+            path: "Tests/UploadTestSupport"
+        ),
         .testTarget(
             name: "UploadProtocolTests",
             dependencies: [
@@ -142,8 +146,9 @@ let package = Package(
         .testTarget(
             name: "UploadRelayTests",
             dependencies: [
-                "UploadRelay", "UploadProtocol", "UploadTestSupport",
+                "UploadRelay", "UploadProtocol", "UploadChecksums", "UploadTestSupport", "CUploadSystem",
                 .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
             ]
         ),
     ],

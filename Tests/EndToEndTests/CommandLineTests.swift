@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import UploadTestSupport
 
 /// The programs as a user runs them: exit codes, --json, --help.
 @Suite("End to end: the command-line programs", .serialized)

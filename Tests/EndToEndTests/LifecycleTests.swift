@@ -9,6 +9,32 @@ import UploadRelay
 /// Starting and stopping the relay in-process: the path every other test ends on.
 @Suite("Relay lifecycle")
 struct LifecycleTests {
+    @Test("a connection that never says HELLO is closed after the handshake timeout")
+    func handshakeTimeout() async throws {
+        let relay = try await TestRelay { $0.limits.handshakeTimeout = .milliseconds(300) }.start()
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        #expect(fd >= 0)
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = in_port_t(UInt16(relay.port).bigEndian)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        let connected = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+        #expect(connected == 0)
+        var timeout = timeval(tv_sec: 10, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        // Silent client: the relay must hang up on its own (read returns 0 or a reset, not a timeout).
+        var byte: UInt8 = 0
+        let started = Date()
+        var n = 0
+        repeat { n = read(fd, &byte, 1) } while n > 0
+        #expect(n == 0 || errno == ECONNRESET, "read ended with errno \(errno)")
+        #expect(Date().timeIntervalSince(started) < 9)
+        close(fd)
+        await relay.stop()
+    }
+
     @Test("a relay that cannot bind says why to whoever waits for it to listen, instead of leaving them waiting", .timeLimit(.minutes(1)))
     func bindFailureReachesWaiters() async throws {
         let first = try await TestRelay().start()

@@ -3,6 +3,7 @@ import Testing
 @_spi(Testing) import UploadAgent
 import UploadProtocol
 import UploadRelay
+import UploadTestSupport
 
 /// What the relay refuses, and how clearly.
 @Suite("End to end: refusals", .serialized)

@@ -3,6 +3,7 @@ import Testing
 import UploadAgent
 import UploadProtocol
 import UploadRelay
+import UploadTestSupport
 
 /// Breaks in the link or the relay, and the resume that follows.
 @Suite("End to end: resume after breaks", .serialized)

@@ -4,6 +4,7 @@ import UploadAgent
 import UploadChecksums
 import UploadProtocol
 import UploadRelay
+import UploadTestSupport
 
 /// Uploads over real TLS on 127.0.0.1: agent library against a relay server in this process.
 @Suite("End to end: transfers", .serialized)

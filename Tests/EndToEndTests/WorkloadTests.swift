@@ -5,6 +5,7 @@ import UploadAgent
 import UploadChecksums
 import UploadProtocol
 @testable import UploadRelay
+import UploadTestSupport
 
 /// What users and hostile agents do that the first tests did not (issue 6): galleries of big files, several accounts,
 /// files that change under the agent, keys in each other's way, revoked tokens.

@@ -18,10 +18,7 @@ final class TestRelay: @unchecked Sendable {
     private(set) var port: Int = 0
 
     static func makeDirectory() -> String {
-        let path = NSTemporaryDirectory() + "upload-e2e-" + UUID().uuidString
-        try! FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
-        TemporaryDirectories.removeAtExit(path)
-        return path
+        TemporaryDirectories.make(prefix: "upload-e2e-")
     }
 
     init(directory: String? = nil, devNames: [String] = [], configure: (inout RelayConfiguration) -> Void = { _ in }) throws {
@@ -94,25 +91,6 @@ func upload(
     }
 }
 
-/// Random bytes in a file under `directory`.
-func makeFile(_ directory: String, _ name: String, size: Int, seed: UInt64 = 1) -> (path: String, data: Data) {
-    var rng = SeededGenerator(seed: seed)
-    var bytes = [UInt8](repeating: 0, count: size)
-    var i = 0
-    while i < size {
-        var word = rng.next()
-        for _ in 0..<8 where i < size {
-            bytes[i] = UInt8(truncatingIfNeeded: word)
-            word >>= 8
-            i += 1
-        }
-    }
-    let path = directory + "/" + name
-    try! FileManager.default.createDirectory(atPath: (path as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
-    let data = Data(bytes)
-    FileManager.default.createFile(atPath: path, contents: data)
-    return (path, data)
-}
 
 /// Counts payload bytes the agent reported sent, to act "midway" on an event rather than a timer.
 final class SentCounter: @unchecked Sendable {

@@ -3,7 +3,6 @@ import Foundation
 import Logging
 import NIOCore
 import Testing
-import UploadAgent
 import UploadChecksums
 import UploadProtocol
 @testable import UploadRelay
@@ -14,7 +13,7 @@ import UploadTestSupport
 struct StoreTests {
     @Test("commit makes the object appear whole under its key; staging is gone")
     func commit() throws {
-        let root = TestRelay.makeDirectory()
+        let root = TemporaryDirectories.make()
         let store = try LocalDirectoryStore(root: root + "/store", stagingDirectory: root + "/staging")
         let staging = try store.openStaging("s1", truncatingTo: 0)
         try staging.write(ByteBuffer(string: "hello "), at: 0)
@@ -30,7 +29,7 @@ struct StoreTests {
 
     @Test("startup recovery: a commit renamed but not recorded is recorded; one not renamed is given up; an object whose file is gone is forgotten (finding 12)")
     func recovery() throws {
-        let root = TestRelay.makeDirectory()
+        let root = TemporaryDirectories.make()
         let store = try LocalDirectoryStore(root: root + "/store", stagingDirectory: root + "/staging")
         let catalog = try SQLiteCatalog(path: root + "/catalog.sqlite")
         try catalog.addAccount(name: "cam", tokenHash: [1], quota: 1000)
@@ -62,7 +61,7 @@ struct StoreTests {
 
     @Test("a resume needs its staging file with at least the durable bytes; a missing one is never recreated as zeros")
     func resumeNeedsStaging() throws {
-        let root = TestRelay.makeDirectory()
+        let root = TemporaryDirectories.make()
         let store = try LocalDirectoryStore(root: root + "/store", stagingDirectory: root + "/staging")
         #expect(throws: StoreError.self) { try store.openStaging("gone", truncatingTo: 4096) }
         #expect(!FileManager.default.fileExists(atPath: root + "/staging/gone"))
@@ -77,8 +76,8 @@ struct StoreTests {
 
     @Test("a symbolic link inside the store cannot lead a key outside it")
     func symlinkEscape() throws {
-        let root = TestRelay.makeDirectory()
-        let outside = TestRelay.makeDirectory()
+        let root = TemporaryDirectories.make()
+        let outside = TemporaryDirectories.make()
         let store = try LocalDirectoryStore(root: root + "/store", stagingDirectory: root + "/staging")
         try FileManager.default.createDirectory(atPath: root + "/store/a1", withIntermediateDirectories: true)
         try FileManager.default.createSymbolicLink(atPath: root + "/store/a1/evil", withDestinationPath: outside)
@@ -86,32 +85,6 @@ struct StoreTests {
         try staging.write(ByteBuffer(string: "x"), at: 0)
         #expect(throws: StoreError.self) { try store.commit(staging, as: try ObjectKey(validating: "evil/file"), account: "a1") }
         #expect(!FileManager.default.fileExists(atPath: outside + "/file"))
-    }
-
-    @Test("a connection that never says HELLO is closed after the handshake timeout")
-    func handshakeTimeout() async throws {
-        let relay = try await TestRelay { $0.limits.handshakeTimeout = .milliseconds(300) }.start()
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        #expect(fd >= 0)
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = in_port_t(UInt16(relay.port).bigEndian)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        let connected = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-        }
-        #expect(connected == 0)
-        var timeout = timeval(tv_sec: 10, tv_usec: 0)
-        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
-        // Silent client: the relay must hang up on its own (read returns 0 or a reset, not a timeout).
-        var byte: UInt8 = 0
-        let started = Date()
-        var n = 0
-        repeat { n = read(fd, &byte, 1) } while n > 0
-        #expect(n == 0 || errno == ECONNRESET, "read ended with errno \(errno)")
-        #expect(Date().timeIntervalSince(started) < 9)
-        close(fd)
-        await relay.stop()
     }
 }
 
@@ -131,7 +104,7 @@ struct DirectStagingTests {
 
     /// A store in a fresh directory: `root/store`, staging in `root/staging`.
     static func makeStore(directBuffer: Int = LocalDirectoryStore.defaultDirectBuffer) throws -> (String, LocalDirectoryStore) {
-        let root = TestRelay.makeDirectory()
+        let root = TemporaryDirectories.make()
         return (root, try LocalDirectoryStore(root: root + "/store", stagingDirectory: root + "/staging", directBuffer: directBuffer))
     }
 
@@ -250,45 +223,5 @@ struct DirectStagingTests {
         expected.replaceSubrange(50..<150, with: repeatElement(0x62, count: 100))
         expected.replaceSubrange(10_000..<10_005, with: repeatElement(0x63, count: 5))
         #expect(FileManager.default.contents(atPath: root + "/store/a1/o.bin") == Data(expected))
-    }
-}
-
-/// The agent's file source: any offset and length reads the file's bytes, and no byte past the size at open.
-@Suite("File source")
-struct FileSourceTests {
-    @Test("reads at random offsets and lengths return the file's bytes", arguments: [7, 8])
-    func randomReads(seed: UInt64) throws {
-        var rng = SeededGenerator(seed: seed)
-        let directory = TestRelay.makeDirectory()
-        let file = makeFile(directory, "f.bin", size: 1_000_003, seed: seed)
-        let source = FileSource(path: file.path, blockSize: 64 << 10)
-        let info = try source.open()
-        defer { source.close() }
-        #expect(info.size == UInt64(file.data.count))
-        let bytes = [UInt8](file.data)
-        for _ in 0..<200 {
-            let offset = Int(rng.next() % UInt64(bytes.count + 10))
-            let length = Int(rng.next() % 100_000) + 1
-            let read = try source.read(at: UInt64(offset), maxLength: length, allocator: ByteBufferAllocator())
-            let expected = offset < bytes.count ? Array(bytes[offset..<min(bytes.count, offset + length)]) : []
-            // A read may return fewer bytes than asked (the rest of its block), never others.
-            #expect(read.readableBytes <= expected.count && read.readableBytes > 0 || expected.isEmpty)
-            #expect(Array(read.readableBytesView) == Array(expected.prefix(read.readableBytes)), "at \(offset)")
-        }
-    }
-
-    @Test("a file that grows after open is read only up to its size at open")
-    func grownFile() throws {
-        let directory = TestRelay.makeDirectory()
-        let file = makeFile(directory, "g.bin", size: 5000, seed: 9)
-        let source = FileSource(path: file.path)
-        _ = try source.open()
-        defer { source.close() }
-        let handle = FileHandle(forWritingAtPath: file.path)!
-        handle.seekToEndOfFile()
-        handle.write(Data(repeating: 0xEE, count: 10_000))
-        handle.closeFile()
-        let read = try source.read(at: 4000, maxLength: 1 << 20, allocator: ByteBufferAllocator())
-        #expect(Array(read.readableBytesView) == Array(file.data[4000...]))
     }
 }

@@ -1,0 +1,45 @@
+import Foundation
+import NIOCore
+import Testing
+import UploadAgent
+import UploadTestSupport
+
+/// The agent's file source: any offset and length reads the file's bytes, and no byte past the size at open.
+@Suite("File source")
+struct FileSourceTests {
+    @Test("reads at random offsets and lengths return the file's bytes", arguments: [7, 8])
+    func randomReads(seed: UInt64) throws {
+        var rng = SeededGenerator(seed: seed)
+        let directory = TemporaryDirectories.make()
+        let file = makeFile(directory, "f.bin", size: 1_000_003, seed: seed)
+        let source = FileSource(path: file.path, blockSize: 64 << 10)
+        let info = try source.open()
+        defer { source.close() }
+        #expect(info.size == UInt64(file.data.count))
+        let bytes = [UInt8](file.data)
+        for _ in 0..<200 {
+            let offset = Int(rng.next() % UInt64(bytes.count + 10))
+            let length = Int(rng.next() % 100_000) + 1
+            let read = try source.read(at: UInt64(offset), maxLength: length, allocator: ByteBufferAllocator())
+            let expected = offset < bytes.count ? Array(bytes[offset..<min(bytes.count, offset + length)]) : []
+            // A read may return fewer bytes than asked (the rest of its block), never others.
+            #expect(read.readableBytes <= expected.count && read.readableBytes > 0 || expected.isEmpty)
+            #expect(Array(read.readableBytesView) == Array(expected.prefix(read.readableBytes)), "at \(offset)")
+        }
+    }
+
+    @Test("a file that grows after open is read only up to its size at open")
+    func grownFile() throws {
+        let directory = TemporaryDirectories.make()
+        let file = makeFile(directory, "g.bin", size: 5000, seed: 9)
+        let source = FileSource(path: file.path)
+        _ = try source.open()
+        defer { source.close() }
+        let handle = FileHandle(forWritingAtPath: file.path)!
+        handle.seekToEndOfFile()
+        handle.write(Data(repeating: 0xEE, count: 10_000))
+        handle.closeFile()
+        let read = try source.read(at: 4000, maxLength: 1 << 20, allocator: ByteBufferAllocator())
+        #expect(Array(read.readableBytesView) == Array(file.data[4000...]))
+    }
+}
