@@ -1,19 +1,7 @@
 import Logging
 import NIOCore
-import NIOSSL
 import NIOTLS
-import UploadChecksums
 import UploadProtocol
-
-/// Asks a connection to shut down gracefully: GOAWAY, let uploads reach a durable point, close.
-public struct RelayShutdownEvent: Sendable {
-    public init() {}
-}
-
-/// The token of `account` was revoked: its connections close (issue 6 finding 6).
-struct RelayAccountRevokedEvent: Sendable {
-    var account: String
-}
 
 /// One agent connection on the relay: turns channel events into ``RelaySession`` inputs and runs the actions the
 /// session returns (write, close, timers, catalog and storage work). It decides nothing itself.
@@ -23,6 +11,7 @@ final class RelayConnectionHandler: ChannelInboundHandler {
 
     private var session: RelaySession
     private let services: RelayServices
+    private let work: RelayWork
     private var logger: Logger
     private var context: ChannelHandlerContext? = nil
     private var timers: [RelaySession.Timer: Scheduled<Void>] = [:]
@@ -32,6 +21,7 @@ final class RelayConnectionHandler: ChannelInboundHandler {
 
     init(services: RelayServices, logger: Logger, eventLoop: any EventLoop) {
         self.services = services
+        self.work = RelayWork(services: services, eventLoop: eventLoop)
         self.logger = logger
         // An OPEN that waited for its key runs again on this connection's loop once the key is free. The session holds
         // the handler weakly: the handler owns the session.
@@ -150,9 +140,21 @@ final class RelayConnectionHandler: ChannelInboundHandler {
             case .cancel(let timer):
                 self.timers.removeValue(forKey: timer)?.cancel()
             case .authenticate(let hello):
-                self.authenticate(hello)
+                self.logger[metadataKey: "agent"] = "\(hello.agentName)"
+                self.work.authenticate(hello) { result in
+                    if case .success(let account?) = result { self.logger[metadataKey: "account"] = "\(account.name)" }
+                    self.act { $0.authenticated(result) }
+                }
             case .lookUp(let open, let key, let account):
-                self.lookUp(open, key, account)
+                let id = open.streamID
+                self.work.lookUp(open, key, account, logger: self.logger) { decision, executor in
+                    if let executor {
+                        // Held until its release step: storage finishes even after the connection has gone.
+                        executor.onCompletion = { completion in self.act { $0.storageFinished(id, completion) } }
+                        self.executors[id] = executor
+                    }
+                    self.act { $0.uploadLookedUp(id, decision, key: key) }
+                }
             case .storage(let id, let step):
                 self.executors[id]?.run(step)
                 switch step {
@@ -171,47 +173,6 @@ final class RelayConnectionHandler: ChannelInboundHandler {
         if self.needsFlush, let context = self.context {
             self.needsFlush = false
             context.flush()
-        }
-    }
-
-    private func authenticate(_ hello: Frame.Hello) {
-        guard let context = self.context else { return }
-        self.logger[metadataKey: "agent"] = "\(hello.agentName)"
-        let (catalog, hash) = (self.services.catalog, Tokens.hash(hello.credential))
-        self.services.threadPool.runIfActive(eventLoop: context.eventLoop) {
-            try catalog.account(tokenHash: hash)
-        }.assumeIsolated().whenComplete { result in
-            if case .success(let account?) = result { self.logger[metadataKey: "account"] = "\(account.name)" }
-            self.act { $0.authenticated(result) }
-        }
-    }
-
-    private func lookUp(_ open: Frame.Open, _ key: ObjectKey, _ account: Account) {
-        guard let context = self.context else { return }
-        let policy = UploadPolicy(services: self.services)
-        self.services.threadPool.runIfActive(eventLoop: context.eventLoop) {
-            policy.open(account: account, open: open, key: key)
-        }.assumeIsolated().whenComplete { result in
-            let id = open.streamID
-            let decision: RelaySession.LookUp
-            switch result {
-            case .success(.stored(let size)):
-                decision = .stored(size: size)
-            case .success(.refuse(let code, let message)):
-                decision = .refuse(code, message)
-            case .success(.upload(let session, let staging, let sha1, let resumed, let byteLimit)):
-                let executor = UploadExecutor(
-                    id: id, key: key, account: account.name, overwrite: open.overwrite, session: session, staging: staging,
-                    sha1: sha1, services: self.services, eventLoop: context.eventLoop, logger: self.logger
-                )
-                // Held until its release step: storage finishes even after the connection has gone.
-                executor.onCompletion = { completion in self.act { $0.storageFinished(id, completion) } }
-                self.executors[id] = executor
-                decision = .upload(durableOffset: session.durableOffset, resumeToken: session.resumeToken, resumed: resumed, byteLimit: byteLimit)
-            case .failure(let error):
-                decision = .refuse(.internalError, "relay failed to open the upload: \(error)")
-            }
-            self.act { $0.uploadLookedUp(id, decision, key: key) }
         }
     }
 }

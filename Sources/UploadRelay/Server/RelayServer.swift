@@ -264,3 +264,13 @@ public enum RelayServerError: Error, Hashable, Sendable {
     /// The listener has no local address (it failed to bind, or closed at once).
     case noAddress
 }
+
+/// Asks a connection to shut down gracefully: GOAWAY, let uploads reach a durable point, close.
+public struct RelayShutdownEvent: Sendable {
+    public init() {}
+}
+
+/// The token of `account` was revoked: its connections close (issue 6 finding 6).
+struct RelayAccountRevokedEvent: Sendable {
+    var account: String
+}
