@@ -171,6 +171,21 @@ struct AgentSessionTests {
         #expect(next.jobsChanged().contains { if case .prepare = $0 { return true } else { return false } })
     }
 
+    @Test("the queue's listener survives any number of jobs coming back (soak seed 5511 round 16: the agent crashed at exit)")
+    func queueListenerDoesNotGrow() {
+        let job = UploadJob(item: UploadItem(key: "k", displayPath: "k", source: FileSource(path: "/nonexistent")))
+        let queue = JobQueue([job])
+        let told = NIOLockedValueBox(0)
+        queue.setListener { told.withLockedValue { $0 += 1 } }
+        for _ in 0..<300_000 {
+            guard let next = queue.next() else { break }
+            queue.requeue(next)
+        }
+        // Releasing the listener released a chain of conversion thunks one per access, recursively, past the stack.
+        queue.setListener(nil)
+        #expect(told.withLockedValue { $0 } == 300_000)
+    }
+
     @Test("keepalive: one silent period sends PING, the second takes the link for dead")
     func keepalive() {
         var h = AgentHarness(files: 1)
