@@ -231,7 +231,7 @@ struct AgentSession {
 
     // MARK: Writing and closing
 
-    mutating func write(_ frame: Frame) -> [Action] {
+    func write(_ frame: Frame) -> [Action] {
         self.closed ? [] : [.write(frame)]
     }
 

@@ -15,7 +15,7 @@ final class UploadJob: @unchecked Sendable {
     var resumeToken: [UInt8] = []
     /// Payload bytes sent over every connection of this run.
     var sentBytes: UInt64 = 0
-    /// Bytes read from the source so far (the size once it ended).
+    /// The size the source turned out to have, set when HASH goes out (the result's size for sources of unknown size).
     var bytesRead: UInt64 = 0
     /// The relay's durable offset.
     var acked: UInt64 = 0

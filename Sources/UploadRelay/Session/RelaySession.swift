@@ -156,7 +156,7 @@ struct RelaySession {
     // MARK: Writing and closing
 
     /// A frame to write; nothing once the connection is closed, except the ERROR that closes it.
-    mutating func write(_ frame: Frame) -> [Action] {
+    func write(_ frame: Frame) -> [Action] {
         guard !self.closed || frame.type == .error else { return [] }
         return [.write(frame)]
     }
