@@ -1,7 +1,6 @@
 import Logging
 import NIOCore
 import NIOPosix
-import NIOSSL
 import UploadChecksums
 import UploadProtocol
 
@@ -62,23 +61,7 @@ final class AgentConnectionHandler: ChannelInboundHandler {
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
-        let failure: TransportFailure
-        switch error {
-        case let tls as NIOSSLError:
-            if case .handshakeFailed = tls {
-                let text = "\(tls)"
-                failure = .handshake(text, untrustedCertificate: text.contains("CERTIFICATE_VERIFY_FAILED"))
-            } else {
-                failure = .tls("\(tls)")
-            }
-        case let extra as NIOSSLExtraError where extra == .failedToValidateHostname:
-            failure = .hostnameMismatch("\(extra)")
-        case let io as IOError:
-            failure = .io("\(io)")
-        default:
-            failure = .other("\(error)")
-        }
-        self.act { $0.transportFailed(failure) }
+        self.act { $0.transportFailed(TransportFailure(error)) }
         context.close(promise: nil)
     }
 

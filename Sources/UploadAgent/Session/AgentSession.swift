@@ -13,17 +13,6 @@ struct ConnectionOutcome: Sendable {
     var madeProgress: Bool
 }
 
-/// Why the transport failed, as the handler saw it (the session words it and decides whether retrying can help).
-enum TransportFailure: Hashable, Sendable {
-    /// The TLS handshake failed; `untrustedCertificate` when the relay's certificate did not verify against the CA.
-    case handshake(String, untrustedCertificate: Bool)
-    /// The relay's certificate does not name the host asked for.
-    case hostnameMismatch(String)
-    case tls(String)
-    case io(String)
-    case other(String)
-}
-
 /// Everything one agent connection decides (SPEC §2 to §6), with no channel, no thread and no clock of its own.
 ///
 /// Inputs are decoded frames, keepalive ticks, the completions of source work and backoff timers, with the time passed

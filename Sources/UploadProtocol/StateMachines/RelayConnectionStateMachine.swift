@@ -6,7 +6,7 @@ import NIOCore
 /// Tell it what the relay decided with the `send…` methods: each returns the frames to write
 /// (or none, when the stream has gone away meanwhile). It never traps on input from the network.
 public struct RelayConnectionStateMachine: Sendable {
-    private enum Phase: Hashable, Sendable {
+    enum Phase: Hashable, Sendable {
         /// The connection is new: the first frame must be HELLO.
         case awaitingHello
         /// HELLO arrived; the relay checks the credential. The agent may send nothing until WELCOME.
@@ -19,22 +19,25 @@ public struct RelayConnectionStateMachine: Sendable {
         case closed
     }
 
-    private var phase: Phase = .awaitingHello
-    private var welcomeSent = false
-    private let limits: ProtocolLimits
-    private let supportedFeatures: Frame.Features
-    private var features: Frame.Features = []
-    private var streams: [StreamID: RelayStreamStateMachine] = [:]
-    private var closedStreams: ClosedStreams
-    private var highestStreamID = StreamID.connection
-    private var connectionWindow: InboundWindow
+    var phase: Phase = .awaitingHello
+    var welcomeSent = false
+    let limits: ProtocolLimits
+    let supportedFeatures: Frame.Features
+    var features: Frame.Features = []
+    var streams: [StreamID: RelayStreamStateMachine] = [:]
+    var closedStreams: ClosedStreams
+    var highestStreamID = StreamID.connection
+    var connectionWindow: InboundWindow
     /// The last stream id of the agent's GOAWAY, once it sent one: it opens no more streams.
-    private var agentGoAway: StreamID? = nil
+    var agentGoAway: StreamID? = nil
     /// When the last PINGs arrived, oldest first: more than ``maxPingsPerSecond`` in a second is a flood (SPEC §2.3).
-    private var pingTimes: [NIODeadline] = []
+    var pingTimes: [NIODeadline] = []
     /// When the last refusals of OPEN happened, oldest first: more than ``ProtocolLimits/maxRefusalsPerSecond`` in a
     /// second is a flood (SPEC §12.3).
-    private var refusalTimes: [NIODeadline] = []
+    var refusalTimes: [NIODeadline] = []
+    /// Connection credit freed by a stream that closed with RESULT or OFFSET STORED, sent by ``flushConnectionCredit()``
+    /// right after that frame (those methods return one frame, as the vectors have it).
+    var heldCredit: UInt32 = 0
 
     /// The most PINGs an agent may send in any one second (SPEC §2.3).
     public static let maxPingsPerSecond = 10
@@ -105,7 +108,7 @@ public struct RelayConnectionStateMachine: Sendable {
 
     /// Records a refused OPEN; the connection error to send instead when they come faster than the limit
     /// (a sliding second, like PINGs).
-    private mutating func countRefusal(_ id: StreamID, now: NIODeadline) -> RelayAction? {
+    mutating func countRefusal(_ id: StreamID, now: NIODeadline) -> RelayAction? {
         let limit = max(1, self.limits.maxRefusalsPerSecond)
         if self.refusalTimes.count == limit {
             if now - self.refusalTimes.removeFirst() < .seconds(1) {
@@ -116,7 +119,7 @@ public struct RelayConnectionStateMachine: Sendable {
         return nil
     }
 
-    private mutating func receiveFrame(_ frame: Frame) -> RelayAction {
+    mutating func receiveFrame(_ frame: Frame) -> RelayAction {
         if case .error(let error) = frame, error.streamID.isConnection {
             guard self.phase != .closed else { return .none }
             self.phase = .closed
@@ -156,7 +159,7 @@ public struct RelayConnectionStateMachine: Sendable {
         }
     }
 
-    private mutating func receiveWhenReady(_ frame: Frame) -> RelayAction {
+    mutating func receiveWhenReady(_ frame: Frame) -> RelayAction {
         switch frame {
         case .hello:
             return self.fail(.protocolError, "second HELLO")
@@ -185,223 +188,11 @@ public struct RelayConnectionStateMachine: Sendable {
         }
     }
 
-    private mutating func receiveOpen(_ open: Frame.Open) -> RelayAction {
-        let id = open.streamID
-        guard id > self.highestStreamID else {
-            return self.fail(.protocolError, "OPEN on stream \(id), not above the last stream \(self.highestStreamID)")
-        }
-        if self.agentGoAway != nil {
-            return self.fail(.protocolError, "OPEN on stream \(id) after the agent's own GOAWAY")
-        }
-        self.highestStreamID = id
-        if case .goingAway(let last) = self.phase, id > last {
-            return self.refuse(id, .refusedStream, "the relay is going away; open stream \(id) on a new connection")
-        }
-        guard self.streams.count < self.limits.maxConcurrentStreams else {
-            return self.refuse(
-                id, .refusedStream, "\(self.streams.count) streams are open; the limit is \(self.limits.maxConcurrentStreams)"
-            )
-        }
-        let key: ObjectKey
-        do {
-            key = try ObjectKey(
-                validating: open.rawKey, maxLength: self.limits.maxKeyLength,
-                maxSegmentLength: self.limits.maxKeySegmentLength
-            )
-        } catch {
-            return self.refuse(id, .invalidKey, error.reason)
-        }
-        self.streams[id] = RelayStreamStateMachine(open: open)
-        return .openUpload(open, key)
-    }
-
-    private mutating func receiveChunk(_ chunk: Frame.Chunk) -> RelayAction {
-        let id = chunk.streamID
-        let length = chunk.payloadLength
-        if chunk.isDeflated && !self.features.contains(.deflate) {
-            return self.fail(.protocolError, "DEFLATED CHUNK on stream \(id), but deflate was not negotiated")
-        }
-        // SPEC §5.2: the connection window first; bytes on a stream we reset still count.
-        guard self.connectionWindow.receive(length) else {
-            return self.fail(
-                .flowControlError,
-                "CHUNK of \(length) bytes overruns the connection credit of \(self.connectionWindow.available) bytes"
-            )
-        }
-        guard var stream = self.streams[id] else {
-            if let action = self.lateFrame(id, .chunk) {
-                return action
-            }
-            return self.connectionWindow.discard(length).map { .send(.credit(Frame.Credit(streamID: .connection, increment: $0))) } ?? .none
-        }
-        if let error = stream.receiveChunk(chunk) {
-            if case .stream = error.scope {
-                return self.reset(error, discarding: length)
-            }
-            return self.closeConnection(error)
-        }
-        self.streams[id] = stream
-        return .write(chunk)
-    }
-
-    private mutating func receiveHash(_ hash: Frame.Hash) -> RelayAction {
-        guard var stream = self.streams[hash.streamID] else {
-            return self.lateFrame(hash.streamID, .hash) ?? .none
-        }
-        if let error = stream.receiveHash(hash) {
-            if case .stream = error.scope {
-                return self.reset(error, discarding: 0)
-            }
-            return self.closeConnection(error)
-        }
-        self.streams[hash.streamID] = stream
-        return .finish(hash)
-    }
-
-    private mutating func receiveClose(
-        _ id: StreamID, _ code: WireErrorCode, _ message: String, discard: Bool, type: FrameType
-    ) -> RelayAction {
-        guard self.streams[id] != nil else {
-            return self.lateFrame(id, type) ?? .none
-        }
-        let credit = self.close(id, .abandoned)
-        return .abortUpload(id, code, message, discardSession: discard, connectionCredit: credit)
-    }
-
-    /// A frame for a stream that is not open (SPEC §4.4): nil means "discard it".
-    private mutating func lateFrame(_ id: StreamID, _ type: FrameType) -> RelayAction? {
-        guard id <= self.highestStreamID else {
-            return self.fail(.protocolError, "\(type.name) on stream \(id), which was never opened")
-        }
-        switch self.closedStreams.reason(id) {
-        case .finished where type == .cancel || type == .error:
-            // It crossed our RESULT or OFFSET STORED (SPEC §4.7).
-            return nil
-        case .finished, .abandoned:
-            return self.fail(.streamClosed, "\(type.name) on stream \(id), which is closed")
-        case .resetLocally, nil:
-            return nil
-        }
-    }
-
-    // MARK: Sending
-
-    /// The credential is good: the WELCOME to write, or nil when the connection is no longer authenticating (it
-    /// failed meanwhile). The decoder may now accept ``ProtocolLimits/maxFrameSize``. `connectionWindow`, when given,
-    /// replaces the configured connection window for this connection (a share of the relay's memory budget).
-    public mutating func acceptHello(account: String, connectionWindow: Int? = nil) -> Frame? {
-        guard case .authenticating(let hello) = self.phase else { return nil }
-        let window = min(max(1, connectionWindow ?? self.limits.connectionWindow), ProtocolLimits.maxWindow)
-        self.connectionWindow = InboundWindow(target: window)
-        self.phase = .ready
-        self.welcomeSent = true
-        self.features = hello.features.intersection(self.supportedFeatures)
-        return .welcome(
-            Frame.Welcome(
-                version: ProtocolLimits.supportedVersions.upperBound, maxFrameSize: UInt32(self.limits.maxFrameSize),
-                features: self.features, maxStreams: UInt32(self.limits.maxConcurrentStreams),
-                connectionWindow: UInt32(window), streamWindow: UInt32(self.limits.streamWindow),
-                maxKeyLength: UInt16(self.limits.maxKeyLength),
-                idleTimeoutMillis: UInt32(clamping: self.limits.idleTimeout.components.seconds * 1000),
-                account: account
-            )
-        )
-    }
-
-    /// The relay gives up on the connection (bad credential, timeout, shutdown): the ERROR to write before closing.
-    public mutating func failConnection(_ code: WireErrorCode, _ message: String) -> Frame {
-        self.phase = .closed
-        self.streams.removeAll()
-        return .error(Frame.Error(streamID: .connection, code: code, message: message))
-    }
-
-    /// The relay's answer to OPEN. Nil when the stream closed meanwhile (the agent cancelled).
-    public mutating func sendOffset(_ offset: Frame.Offset) -> Frame? {
-        guard self.isReady, var stream = self.streams[offset.streamID], stream.isOpening else { return nil }
-        if offset.disposition == .stored {
-            self.holdCredit(self.close(offset.streamID, .finished))
-        } else {
-            stream.sendOffset(offset, window: self.limits.streamWindow)
-            self.streams[offset.streamID] = stream
-        }
-        return .offset(offset)
-    }
-
-    /// Storage has consumed `bytes` of a stream's chunks: the CREDIT frames to write, if any (SPEC §5.3).
-    public mutating func storageConsumed(_ id: StreamID, bytes: Int) -> [Frame] {
-        guard self.isReady, var stream = self.streams[id] else {
-            // The stream was reset; its buffered bytes were returned then.
-            return []
-        }
-        var frames: [Frame] = []
-        if let increment = stream.consume(bytes) {
-            frames.append(.credit(Frame.Credit(streamID: id, increment: increment)))
-        }
-        self.streams[id] = stream
-        if let increment = self.connectionWindow.consume(bytes) {
-            frames.append(.credit(Frame.Credit(streamID: .connection, increment: increment)))
-        }
-        return frames
-    }
-
-    /// Bytes below `offset` are durable: the ACK to write, or nil when there is nothing new to say.
-    public mutating func sendAck(_ id: StreamID, offset: UInt64) -> Frame? {
-        guard self.isReady, var stream = self.streams[id], stream.sendAck(offset) else { return nil }
-        self.streams[id] = stream
-        return .ack(Frame.Ack(streamID: id, offset: offset))
-    }
-
-    /// The blob is committed: the RESULT to write, which closes the stream. Nil when the stream is gone.
-    public mutating func sendResult(_ result: Frame.Result) -> Frame? {
-        guard self.isReady, let stream = self.streams[result.streamID], stream.isVerifying else { return nil }
-        self.holdCredit(self.close(result.streamID, .finished))
-        return .result(result)
-    }
-
-    /// A stream finished: the CREDIT(0) that returns every byte storage consumed and the connection has not yet got back,
-    /// however few (SPEC §5.4: returned at the latest when a stream closes). Nil when there is none.
-    public mutating func flushConnectionCredit() -> Frame? {
-        guard self.isReady else { return nil }
-        let increment = self.heldCredit + (self.connectionWindow.flush() ?? 0)
-        self.heldCredit = 0
-        guard increment > 0 else { return nil }
-        return .credit(Frame.Credit(streamID: .connection, increment: increment))
-    }
-
-    /// Connection credit freed by a stream that closed with RESULT or OFFSET STORED, sent by ``flushConnectionCredit()``
-    /// right after that frame (those methods return one frame, as the vectors have it).
-    private var heldCredit: UInt32 = 0
-
-    private mutating func holdCredit(_ credit: Frame.Credit?) {
-        if let credit { self.heldCredit += credit.increment }
-    }
-
-    /// The relay fails one stream (CRC mismatch, storage error, quota, …): the ERROR and any CREDIT to write. A refused
-    /// OPEN counts against ``ProtocolLimits/maxRefusalsPerSecond``: past it, the frames close the connection instead.
-    public mutating func resetStream(_ id: StreamID, _ code: WireErrorCode, _ message: String, now: NIODeadline = .now()) -> [Frame] {
-        guard self.isReady, let stream = self.streams[id] else { return [] }
-        if stream.isOpening, case .closeConnection(let error) = self.countRefusal(id, now: now) {
-            return [.error(error)]
-        }
-        var frames: [Frame] = [.error(Frame.Error(streamID: id, code: code, message: message))]
-        if let credit = self.close(id, .resetLocally) {
-            frames.append(.credit(credit))
-        }
-        return frames
-    }
-
-    /// Graceful shutdown (SPEC §6.4): the GOAWAY to write. Open streams go on; new ones are refused.
-    public mutating func sendGoAway(_ code: WireErrorCode = .noError, _ message: String) -> Frame? {
-        guard self.isReady else { return nil }
-        self.phase = .goingAway(lastStreamID: self.highestStreamID)
-        return .goAway(Frame.GoAway(lastStreamID: self.highestStreamID, code: code, message: message))
-    }
-
     // MARK: Helpers
 
     /// Closes a stream; returns the connection CREDIT for its bytes that storage will now never consume, and for every
     /// consumed byte not yet returned.
-    private mutating func close(_ id: StreamID, _ reason: StreamCloseReason) -> Frame.Credit? {
+    mutating func close(_ id: StreamID, _ reason: StreamCloseReason) -> Frame.Credit? {
         guard let stream = self.streams.removeValue(forKey: id) else { return nil }
         self.closedStreams.insert(id, reason)
         // SPEC §5.4: the stream's unconsumed bytes, and whatever consumed bytes wait below the batching threshold.
@@ -410,7 +201,7 @@ public struct RelayConnectionStateMachine: Sendable {
         return Frame.Credit(streamID: .connection, increment: increment)
     }
 
-    private mutating func reset(_ error: ProtocolError, discarding length: Int) -> RelayAction {
+    mutating func reset(_ error: ProtocolError, discarding length: Int) -> RelayAction {
         guard case .stream(let id) = error.scope else { preconditionFailure("reset of a connection error") }
         var credit = self.close(id, .resetLocally)
         if length > 0, let increment = self.connectionWindow.discard(length) {
@@ -420,16 +211,16 @@ public struct RelayConnectionStateMachine: Sendable {
     }
 
     /// Refuses a stream at OPEN: it never held bytes.
-    private mutating func refuse(_ id: StreamID, _ code: WireErrorCode, _ message: String) -> RelayAction {
+    mutating func refuse(_ id: StreamID, _ code: WireErrorCode, _ message: String) -> RelayAction {
         self.closedStreams.insert(id, .resetLocally)
         return .resetStream(Frame.Error(streamID: id, code: code, message: message), connectionCredit: nil)
     }
 
-    private mutating func fail(_ code: WireErrorCode, _ message: String) -> RelayAction {
+    mutating func fail(_ code: WireErrorCode, _ message: String) -> RelayAction {
         self.closeConnection(.connection(code, message))
     }
 
-    private mutating func closeConnection(_ error: ProtocolError) -> RelayAction {
+    mutating func closeConnection(_ error: ProtocolError) -> RelayAction {
         self.phase = .closed
         self.streams.removeAll()
         return .closeConnection(Frame.Error(streamID: .connection, code: error.code, message: error.message))

@@ -14,7 +14,7 @@ final class RelayConnectionHandler: ChannelInboundHandler {
     private let work: RelayWork
     private var logger: Logger
     private var context: ChannelHandlerContext? = nil
-    private var timers: [RelaySession.Timer: Scheduled<Void>] = [:]
+    private var timers = HandlerTimers<RelaySession.Timer>()
     /// The storage work of each upload, from its lookup until it lets go.
     private var executors: [StreamID: UploadExecutor] = [:]
     private var needsFlush = false
@@ -25,24 +25,16 @@ final class RelayConnectionHandler: ChannelInboundHandler {
         self.logger = logger
         // An OPEN that waited for its key runs again on this connection's loop once the key is free. The session holds
         // the handler weakly: the handler owns the session.
-        let handler = WeakHandler()
-        let bound = NIOLoopBound(handler, eventLoop: eventLoop)
-        let resources = RelaySessionResources(
-            configuration: services.configuration, claims: services.claims, memory: services.memory, uploadSlots: services.uploadSlots
-        )
-        self.session = RelaySession(resources: resources, now: .now()) { open, key in
-            eventLoop.execute { bound.value.handler?.act(on: { $0.openUpload(open, key) }) }
+        let handler = NIOLoopBound(WeakBox<RelayConnectionHandler>(), eventLoop: eventLoop)
+        self.session = RelaySession(resources: RelaySessionResources(services: services), now: .now()) { open, key in
+            eventLoop.execute { handler.value.value?.act(on: { $0.openUpload(open, key) }) }
         }
-        handler.handler = self
+        handler.value.value = self
         services.liveHandlers.withLockedValue { $0 += 1 }
     }
 
     deinit {
         self.services.liveHandlers.withLockedValue { $0 -= 1 }
-    }
-
-    private final class WeakHandler {
-        weak var handler: RelayConnectionHandler?
     }
 
     /// Feeds one input to the session and runs what it decides.
@@ -132,13 +124,9 @@ final class RelayConnectionHandler: ChannelInboundHandler {
                 self.flushIfNeeded()
                 self.context?.close(promise: nil)
             case .schedule(let timer, let delay):
-                self.timers[timer]?.cancel()
-                self.timers[timer] = self.context?.eventLoop.assumeIsolated().scheduleTask(in: delay) { [weak self] in
-                    self?.timers[timer] = nil
-                    self?.act { $0.timerFired(timer, now: .now()) }
-                }
+                self.timers.schedule(timer, in: delay, on: self.context?.eventLoop) { [weak self] in self?.act { $0.timerFired(timer, now: .now()) } }
             case .cancel(let timer):
-                self.timers.removeValue(forKey: timer)?.cancel()
+                self.timers.cancel(timer)
             case .authenticate(let hello):
                 self.logger[metadataKey: "agent"] = "\(hello.agentName)"
                 self.work.authenticate(hello) { result in
@@ -146,21 +134,15 @@ final class RelayConnectionHandler: ChannelInboundHandler {
                     self.act { $0.authenticated(result) }
                 }
             case .lookUp(let open, let key, let account):
-                let id = open.streamID
                 self.work.lookUp(open, key, account, logger: self.logger) { decision, executor in
-                    if let executor {
-                        // Held until its release step: storage finishes even after the connection has gone.
-                        executor.onCompletion = { completion in self.act { $0.storageFinished(id, completion) } }
-                        self.executors[id] = executor
-                    }
-                    self.act { $0.uploadLookedUp(id, decision, key: key) }
+                    // Held until its release step: storage finishes even after the connection has gone.
+                    executor?.onCompletion = { completion in self.act { $0.storageFinished(open.streamID, completion) } }
+                    self.executors[open.streamID] = executor
+                    self.act { $0.uploadLookedUp(open.streamID, decision, key: key) }
                 }
             case .storage(let id, let step):
                 self.executors[id]?.run(step)
-                switch step {
-                case .release, .releaseCommitted: self.executors[id] = nil
-                default: break
-                }
+                if step.endsUpload { self.executors[id] = nil }
             case .discardSession(let open, let key, let account):
                 UploadPolicy(services: self.services).discardSession(named: open, key: key, account: account.name)
             case .log(let level, let message, let metadata):

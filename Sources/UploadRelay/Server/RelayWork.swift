@@ -23,27 +23,36 @@ struct RelayWork {
         then answer: @escaping (RelaySession.LookUp, UploadExecutor?) -> Void
     ) {
         let (services, eventLoop) = (self.services, self.eventLoop)
-        let policy = UploadPolicy(services: services)
         services.threadPool.runIfActive(eventLoop: eventLoop) {
-            policy.open(account: account, open: open, key: key)
+            Self.lookUp(open, key, account, services: services, logger: logger)
         }.assumeIsolated().whenComplete { result in
             switch result {
-            case .success(.stored(let size)):
-                answer(.stored(size: size), nil)
-            case .success(.refuse(let code, let message)):
-                answer(.refuse(code, message), nil)
-            case .success(.upload(let session, let staging, let sha1, let resumed, let byteLimit)):
-                let executor = UploadExecutor(
-                    id: open.streamID, key: key, account: account.name, overwrite: open.overwrite, session: session,
-                    staging: staging, sha1: sha1, services: services, eventLoop: eventLoop, logger: logger
-                )
-                let decision = RelaySession.LookUp.upload(
-                    durableOffset: session.durableOffset, resumeToken: session.resumeToken, resumed: resumed, byteLimit: byteLimit
-                )
-                answer(decision, executor)
+            case .success(let (decision, storage)):
+                answer(decision, storage.map { UploadExecutor(storage: $0, pool: services.threadPool, eventLoop: eventLoop) })
             case .failure(let error):
                 answer(.refuse(.internalError, "relay failed to open the upload: \(error)"), nil)
             }
+        }
+    }
+
+    /// The lookup itself, blocking: the session's answer and, for an upload, its storage.
+    static func lookUp(
+        _ open: Frame.Open, _ key: ObjectKey, _ account: Account, services: RelayServices, logger: Logger
+    ) -> (RelaySession.LookUp, UploadStorage?) {
+        switch UploadPolicy(services: services).open(account: account, open: open, key: key) {
+        case .stored(let size):
+            return (.stored(size: size), nil)
+        case .refuse(let code, let message):
+            return (.refuse(code, message), nil)
+        case .upload(let session, let staging, let sha1, let resumed, let byteLimit):
+            let storage = UploadStorage(
+                key: key, account: account.name, overwrite: open.overwrite, session: session, staging: staging, sha1: sha1,
+                services: services, logger: logger
+            )
+            let decision = RelaySession.LookUp.upload(
+                durableOffset: session.durableOffset, resumeToken: session.resumeToken, resumed: resumed, byteLimit: byteLimit
+            )
+            return (decision, storage)
         }
     }
 }

@@ -13,6 +13,12 @@ struct RelaySessionResources: Sendable {
     var uploadSlots: ResourceBudget
 }
 
+extension RelaySessionResources {
+    init(services: RelayServices) {
+        self.init(configuration: services.configuration, claims: services.claims, memory: services.memory, uploadSlots: services.uploadSlots)
+    }
+}
+
 /// Everything one relay connection decides (SPEC §2 to §6), with no channel, no thread and no clock of its own.
 ///
 /// Inputs are TLS and decoded frames, the completions of catalog and storage work, and timer ticks, each with the

@@ -1,45 +1,12 @@
 import UploadProtocol
 
 /// The decisions of one upload's storage work, with no I/O (SPEC §4.4, §6.1, §8.3): what to write, when to make it
-/// durable, when to commit, when to let go, and what to tell the connection. ``StreamUpload`` runs the actions it
+/// durable, when to commit, when to let go, and what to tell the connection. ``UploadExecutor`` runs the actions it
 /// returns on the I/O thread pool and feeds their completions back.
 ///
 /// Work runs one piece at a time, in order. Durability comes before more writes, so what is consumed (and its credit
 /// returned) never runs ahead of what is durable by more than the sync batch plus one write batch (issue 6 finding 23).
 struct UploadPipeline {
-    /// What the upload reports to its connection, only while its stream is open.
-    enum Event: Hashable {
-        /// Storage consumed `bytes` of chunks: return credit.
-        case consumed(Int)
-        /// Bytes below `offset` are durable: acknowledge.
-        case durable(UInt64)
-        /// The blob is committed.
-        case committed(Frame.Result)
-        /// The upload failed on this stream (the pipeline has ended itself; write the ERROR).
-        case failed(WireErrorCode, String)
-    }
-
-    enum Action: Hashable {
-        /// Verify these chunks and write their raw bytes to the staging file from `offset` on; then call
-        /// ``writeFinished(consumed:error:)``.
-        case write([Frame.Chunk], at: Int64)
-        /// Sync the staging file and record the offset `through` with the SHA-1 state there; then call
-        /// ``syncFinished(_:)``.
-        case sync(through: Int64)
-        /// Check the SHA-1 of the `written` bytes received against `hash`, then commit; then call ``commitFinished(_:)``.
-        case commit(Frame.Hash, written: Int64)
-        /// Call ``syncTimerFired()`` after the sync interval.
-        case armSyncTimer
-        case cancelSyncTimer
-        /// The stream has ended on the wire: a new OPEN of the key waits for this upload instead of KEY_BUSY.
-        case markClosing
-        /// Give the upload slot and the key back at once (the commit already forgot the session).
-        case releaseCommitted
-        /// Close the staging file (dropping the session and its bytes when asked), then give the slot and key back.
-        case release(discardSession: Bool)
-        case report(Event)
-    }
-
     private enum Phase: Hashable {
         /// The stream is open: events flow to the connection.
         case open
@@ -49,26 +16,6 @@ struct UploadPipeline {
         case ending(keep: Bool)
         /// Staging file closed, key given back (or being given back).
         case released
-    }
-
-    /// Why a sync failed, for people.
-    struct SyncFailure: Error, Hashable {
-        var description: String
-    }
-
-    /// Limits and names the pipeline decides with.
-    struct Settings: Hashable {
-        var streamID: StreamID
-        var key: String
-        var account: String
-        /// The most bytes this upload may hold, when its size was not announced (quota left, largest blob).
-        var byteLimit: Int64?
-        /// The relay's largest blob: a byte limit below it is the account's quota.
-        var maxBlobSize: Int64
-        /// Bytes written but not durable that make a sync due at once.
-        var syncBytes: Int64
-        /// The most chunk bytes written in one trip to the thread pool.
-        var batchBytes: Int = 2 << 20
     }
 
     private let settings: Settings

@@ -44,7 +44,7 @@ public final class LocalDirectoryStore: BlobStore {
         }
     }
 
-    private static func trimmed(_ path: String) -> String {
+    static func trimmed(_ path: String) -> String {
         var p = path
         while p.count > 1 && p.hasSuffix("/") { p.removeLast() }
         return p
@@ -103,7 +103,7 @@ public final class LocalDirectoryStore: BlobStore {
     }
 
     /// The account's folder; its name was checked when the account was made, and is checked again here.
-    private func accountDirectory(_ account: String) throws -> String {
+    func accountDirectory(_ account: String) throws -> String {
         guard Account.isValidName(account) else {
             throw StoreError("account name \"\(account)\" cannot be a folder of the store")
         }
@@ -111,7 +111,7 @@ public final class LocalDirectoryStore: BlobStore {
     }
 
     /// The object's path, after checking that no symbolic link leads its directory out of the account's folder.
-    private func placeFor(_ key: ObjectKey, account: String) throws -> (directory: String, path: String) {
+    func placeFor(_ key: ObjectKey, account: String) throws -> (directory: String, path: String) {
         let base = try self.accountDirectory(account)
         let segments = key.segments
         let directory = ([base] + segments.dropLast()).joined(separator: "/")
@@ -131,7 +131,7 @@ public final class LocalDirectoryStore: BlobStore {
         return (directory, directory + "/" + (segments.last ?? key.value))
     }
 
-    private func path(of key: ObjectKey, account: String) throws -> String {
+    func path(of key: ObjectKey, account: String) throws -> String {
         try self.accountDirectory(account) + "/" + key.value
     }
 
@@ -152,7 +152,7 @@ public final class LocalDirectoryStore: BlobStore {
     }
 
     /// Syncs the directory an object was renamed into and reads its identity; a failure here leaves a visible object.
-    private static func afterRename(directory: String, path: String) throws -> ObjectIdentity {
+    static func afterRename(directory: String, path: String) throws -> ObjectIdentity {
         do {
             try Self.syncDirectory(directory)
             guard let identity = try Self.identity(at: path) else { throw StoreError("\(path) vanished right after its commit") }
@@ -191,81 +191,7 @@ public final class LocalDirectoryStore: BlobStore {
         return try Self.afterRename(directory: directory, path: path)
     }
 
-    public func identity(of key: ObjectKey, account: String) throws -> ObjectIdentity? {
-        try Self.identity(at: self.path(of: key, account: account))
-    }
-
-    static func identity(at path: String) throws -> ObjectIdentity? {
-        var info = stat()
-        guard lstat(path, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG else { return nil }
-        return ObjectIdentity(
-            device: UInt64(info.st_dev), inode: UInt64(info.st_ino), size: Int64(info.st_size),
-            modified: Int64(info.st_mtim.tv_sec) * 1_000_000_000 + Int64(info.st_mtim.tv_nsec)
-        )
-    }
-
-    public func contentSHA1(of key: ObjectKey, account: String) throws -> SHA1Digest? {
-        let path = try self.path(of: key, account: account)
-        guard try Self.identity(at: path) != nil else { return nil }
-        let fd = open(path, O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { throw StoreError("cannot open \(path): \(Self.reason())") }
-        defer { Glibc.close(fd) }
-        var sha1 = SHA1()
-        var buffer = [UInt8](repeating: 0, count: 1 << 20)
-        while true {
-            let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-            if n < 0 && errno == EINTR { continue }
-            guard n >= 0 else { throw StoreError("cannot read \(path): \(Self.reason())") }
-            if n == 0 { break }
-            buffer.withUnsafeBytes { sha1.update(UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
-        }
-        return SHA1Digest(bytes: sha1.finalize())
-    }
-
-    public func conflict(for key: ObjectKey, account: String) throws -> String? {
-        let base = try self.accountDirectory(account)
-        let segments = key.segments
-        var path = base
-        var info = stat()
-        for (index, segment) in segments.enumerated() {
-            path += "/" + segment
-            guard lstat(path, &info) == 0 else { return nil }
-            let isDirectory = (info.st_mode & S_IFMT) == S_IFDIR
-            let prefix = segments[0...index].joined(separator: "/")
-            if index < segments.count - 1 && !isDirectory {
-                return "key \"\(prefix)\" is an object, so \"\(key)\" cannot be stored under it (a key cannot be both an object and a folder of keys; choose another key)"
-            }
-            if index == segments.count - 1 && isDirectory {
-                return "key \"\(key)\" is a folder of other keys (such as \"\(Self.someKey(under: path, named: key.value))\"), so it cannot be an object too (choose another key)"
-            }
-        }
-        return nil
-    }
-
-    /// One key stored below the folder `path` (named `prefix` as a key), for messages.
-    private static func someKey(under path: String, named prefix: String) -> String {
-        var directory = path
-        var name = prefix
-        for _ in 0..<32 {
-            var child: String? = nil
-            _ = Self.forEachEntry(of: directory) { entry in
-                child = entry
-                return false
-            }
-            guard let child else { break }
-            directory += "/" + child
-            name += "/" + child
-            var info = stat()
-            guard lstat(directory, &info) == 0, (info.st_mode & S_IFMT) == S_IFDIR else { return name }
-        }
-        return name + "/…"
-    }
-
-    public func hasStaging(_ name: String) throws -> Bool {
-        access(self.stagingDirectory + "/" + name, F_OK) == 0
-    }
-
-    private static func copyFile(_ from: String, to: String, expected: ObjectIdentity) throws {
+    static func copyFile(_ from: String, to: String, expected: ObjectIdentity) throws {
         let input = open(from, O_RDONLY | O_CLOEXEC)
         guard input >= 0 else { throw StoreError("cannot open \(from): \(reason())") }
         defer { Glibc.close(input) }
@@ -316,7 +242,7 @@ public final class LocalDirectoryStore: BlobStore {
     }
 
     /// Calls `body` with each entry's name but "." and ".." until it returns false; false when the folder cannot be read.
-    private static func forEachEntry(of directory: String, _ body: (String) -> Bool) -> Bool {
+    static func forEachEntry(of directory: String, _ body: (String) -> Bool) -> Bool {
         guard let dir = opendir(directory) else { return false }
         defer { closedir(dir) }
         while let entry = readdir(dir) {
@@ -328,7 +254,7 @@ public final class LocalDirectoryStore: BlobStore {
         return true
     }
 
-    private static func forEachEntry(of directory: String, _ body: (String) -> Void) -> Bool {
+    static func forEachEntry(of directory: String, _ body: (String) -> Void) -> Bool {
         self.forEachEntry(of: directory) { (name: String) -> Bool in
             body(name)
             return true

@@ -1,0 +1,138 @@
+import NIOCore
+
+/// The payloads with many fields, each read field by field and judged after its layout (SPEC §3).
+extension FrameDecoder {
+    func parseHello(_ payload: inout ByteBuffer) throws -> Frame.Hello {
+        let type = FrameType.hello
+        guard let magic = payload.readBytes(length: 4) else {
+            throw ProtocolError.connection(.frameSizeError, "HELLO payload ends inside magic")
+        }
+        let minVersion = try payload.readField(UInt16.self, "min version", of: type)
+        let maxVersion = try payload.readField(UInt16.self, "max version", of: type)
+        let maxFrameSize = try payload.readField(UInt32.self, "max frame size", of: type)
+        let features = Frame.Features(rawValue: try payload.readField(UInt32.self, "features", of: type))
+        let method = Frame.Hello.AuthMethod(rawValue: try payload.readField(UInt8.self, "auth method", of: type))
+        let credential = try payload.readBytes(lengthPrefix: 2, "credential", of: type)
+        let name = try payload.readBytes(lengthPrefix: 2, "agent name", of: type)
+        try Self.expectEnd(payload, type)
+        guard magic == Frame.magic else {
+            throw ProtocolError.connection(.protocolError, "HELLO does not begin with \"UPLD\": the peer does not speak this protocol")
+        }
+        guard minVersion <= maxVersion else {
+            throw ProtocolError.connection(.protocolError, "HELLO min version \(minVersion) is above max version \(maxVersion)")
+        }
+        try Self.checkFrameSizeLimit(maxFrameSize, type)
+        return Frame.Hello(
+            minVersion: minVersion, maxVersion: maxVersion, maxFrameSize: maxFrameSize, features: features,
+            authMethod: method,
+            credential: try FieldRules.length(credential, max: self.limits.maxCredentialLength, "credential", of: type),
+            agentName: try FieldRules.string(name, max: self.limits.maxNameLength, "agent name", of: type)
+        )
+    }
+
+    func parseWelcome(_ payload: inout ByteBuffer) throws -> Frame.Welcome {
+        let type = FrameType.welcome
+        let version = try payload.readField(UInt16.self, "version", of: type)
+        let maxFrameSize = try payload.readField(UInt32.self, "max frame size", of: type)
+        let features = Frame.Features(rawValue: try payload.readField(UInt32.self, "features", of: type))
+        let maxStreams = try payload.readField(UInt32.self, "max streams", of: type)
+        let connectionWindow = try payload.readField(UInt32.self, "connection window", of: type)
+        let streamWindow = try payload.readField(UInt32.self, "stream window", of: type)
+        let maxKeyLength = try payload.readField(UInt16.self, "max key length", of: type)
+        let idle = try payload.readField(UInt32.self, "idle timeout", of: type)
+        let account = try payload.readBytes(lengthPrefix: 2, "account", of: type)
+        try Self.expectEnd(payload, type)
+        try Self.checkFrameSizeLimit(maxFrameSize, type)
+        guard maxStreams >= 1 else {
+            throw ProtocolError.connection(.protocolError, "WELCOME allows no streams")
+        }
+        for (name, window) in [("connection", connectionWindow), ("stream", streamWindow)] {
+            guard window >= 1 && window <= UInt32(ProtocolLimits.maxWindow) else {
+                throw ProtocolError.connection(.protocolError, "WELCOME \(name) window \(window) is outside 1...2^31-1")
+            }
+        }
+        guard maxKeyLength >= 1 else {
+            throw ProtocolError.connection(.protocolError, "WELCOME max key length is 0")
+        }
+        return Frame.Welcome(
+            version: version, maxFrameSize: maxFrameSize, features: features, maxStreams: maxStreams,
+            connectionWindow: connectionWindow, streamWindow: streamWindow, maxKeyLength: maxKeyLength,
+            idleTimeoutMillis: idle, account: try FieldRules.string(account, max: self.limits.maxNameLength, "account", of: type)
+        )
+    }
+
+    func parseOpen(_ payload: inout ByteBuffer, stream: StreamID, flags: UInt8) throws -> Frame.Open {
+        let type = FrameType.open
+        // The key's rules, UTF-8 included, are the relay's to check: a bad key closes one stream (SPEC §12.2).
+        let key = try payload.readBytes(lengthPrefix: 2, "key", of: type)
+        let size = try payload.readField(UInt64.self, "size", of: type)
+        let sha1 = try payload.readDigestBytes("sha1", of: type)
+        let fingerprint = try payload.readBytes(lengthPrefix: 1, "fingerprint", of: type)
+        let token = try payload.readBytes(lengthPrefix: 1, "resume token", of: type)
+        try Self.expectEnd(payload, type)
+        let sizeKnown = flags & Frame.Open.sizeKnownFlag != 0
+        let sha1Known = flags & Frame.Open.sha1KnownFlag != 0
+        guard sizeKnown || size == 0 else {
+            throw ProtocolError.connection(.protocolError, "OPEN size is \(size) but SIZE_KNOWN is not set")
+        }
+        guard sha1Known || sha1.allSatisfy({ $0 == 0 }) else {
+            throw ProtocolError.connection(.protocolError, "OPEN sha1 is not zero but SHA1_KNOWN is not set")
+        }
+        return Frame.Open(
+            streamID: stream, rawKey: key, size: sizeKnown ? try FieldRules.size(size, "size", of: type) : nil,
+            sha1: sha1Known ? SHA1Digest(bytes: sha1)! : nil, overwrite: flags & Frame.Open.overwriteFlag != 0,
+            fingerprint: try FieldRules.length(fingerprint, max: self.limits.maxTokenLength, "fingerprint", of: type),
+            resumeToken: try FieldRules.length(token, max: self.limits.maxTokenLength, "resume token", of: type)
+        )
+    }
+
+    func parseOffset(_ payload: inout ByteBuffer, stream: StreamID) throws -> Frame.Offset {
+        let type = FrameType.offset
+        let raw = try payload.readField(UInt8.self, "disposition", of: type)
+        let rawOffset = try payload.readField(UInt64.self, "offset", of: type)
+        let rawToken = try payload.readBytes(lengthPrefix: 1, "resume token", of: type)
+        try Self.expectEnd(payload, type)
+        guard let disposition = Frame.Offset.Disposition(rawValue: raw) else {
+            throw ProtocolError.connection(.protocolError, "OFFSET disposition \(raw) is not defined")
+        }
+        let offset = try FieldRules.size(rawOffset, "offset", of: type)
+        let token = try FieldRules.length(rawToken, max: self.limits.maxTokenLength, "resume token", of: type)
+        switch disposition {
+        case .start where offset != 0:
+            throw ProtocolError.connection(.protocolError, "OFFSET START carries offset \(offset), not 0")
+        case .resume where offset == 0:
+            throw ProtocolError.connection(.protocolError, "OFFSET RESUME carries offset 0")
+        case .stored where !token.isEmpty:
+            throw ProtocolError.connection(.protocolError, "OFFSET STORED carries a resume token")
+        default:
+            return Frame.Offset(streamID: stream, disposition: disposition, offset: offset, resumeToken: token)
+        }
+    }
+
+    func parseChunk(_ payload: inout ByteBuffer, stream: StreamID, flags: UInt8) throws -> Frame.Chunk {
+        let type = FrameType.chunk
+        let rawOffset = try payload.readField(UInt64.self, "offset", of: type)
+        let crc = try payload.readField(UInt32.self, "crc32", of: type)
+        var rawLength: UInt32? = nil
+        if flags & Frame.Chunk.deflatedFlag != 0 {
+            rawLength = try payload.readField(UInt32.self, "raw length", of: type)
+        }
+        let data = payload.readSlice(length: payload.readableBytes)!
+        let offset = try FieldRules.size(rawOffset, "offset", of: type)
+        if let raw = rawLength {
+            guard raw >= 1 && raw <= self.maxFrameSize else {
+                throw ProtocolError.connection(
+                    .protocolError, "CHUNK raw length \(raw) is outside 1...\(self.maxFrameSize)"
+                )
+            }
+        }
+        guard data.readableBytes > 0 else {
+            throw ProtocolError.connection(.protocolError, "CHUNK carries no data")
+        }
+        let length = UInt64(rawLength.map(Int.init) ?? data.readableBytes)
+        guard offset + length <= ProtocolLimits.maxBlobSize else {
+            throw ProtocolError.connection(.protocolError, "CHUNK ends beyond 2^62")
+        }
+        return Frame.Chunk(streamID: stream, offset: offset, crc32: crc, rawLength: rawLength, data: data)
+    }
+}

@@ -1,0 +1,109 @@
+import Foundation
+import GRDB
+
+/// Quota use and the commit protocol: reserve (pending_commit), finish, abandon, recover (SPEC §7, §8.3).
+extension SQLiteCatalog {
+    static func quotaUse(_ db: Database, account: String, excludingKey key: String, activeKeys: Set<String> = []) throws -> QuotaUse {
+        guard let row = try Row.fetchOne(db, sql: "SELECT * FROM account WHERE name = ?", arguments: [account]) else {
+            throw CatalogError.unknownAccount(account)
+        }
+        let committing =
+            try Int64.fetchOne(
+                db, sql: "SELECT COALESCE(SUM(delta), 0) FROM pending_commit WHERE account = ? AND key != ? AND delta > 0",
+                arguments: [account, key]
+            ) ?? 0
+        // A session left behind (the agent stopped or was killed) holds its durable bytes; one whose upload is open now
+        // will hold what it announced. Counting left-behind sessions by what they announced would let a killed run's
+        // sessions refuse its own re-run (soak seed 327). A session that will replace an object counts only what it
+        // adds to it, as its commit will: counting a re-sent 17 MB stdin whole refused small files that fitted
+        // (soak seed 424242 round 21).
+        var staged: Int64 = 0
+        for row in try Row.fetchAll(
+            db,
+            sql: """
+                SELECT s.key, s.declared_size, s.durable_offset, COALESCE(o.size, 0) AS replaced
+                FROM session s LEFT JOIN object o ON o.account = s.account AND o.key = s.key
+                WHERE s.account = ? AND s.key != ? AND s.key NOT IN (SELECT key FROM pending_commit WHERE account = ?)
+                """,
+            arguments: [account, key, account]
+        ) {
+            let durable: Int64 = row["durable_offset"]
+            let declared: Int64? = row["declared_size"]
+            let replaced: Int64 = row["replaced"]
+            let held = max(0, (activeKeys.contains(row["key"]) ? max(declared ?? durable, durable) : durable) - replaced)
+            staged = staged.addingReportingOverflow(held).overflow ? .max : staged + held
+        }
+        return QuotaUse(quota: row["quota"], stored: row["used_bytes"], committing: committing, staged: staged)
+    }
+
+    public func quotaUse(account: String, excludingKey key: String, activeKeys: Set<String>) throws -> QuotaUse {
+        try self.database.read { db in try Self.quotaUse(db, account: account, excludingKey: key, activeKeys: activeKeys) }
+    }
+
+    public func beginCommit(_ commit: PendingCommit) throws {
+        try self.database.write { db in
+            let use = try Self.quotaUse(db, account: commit.account, excludingKey: commit.key)
+            let previous =
+                try Int64.fetchOne(
+                    db, sql: "SELECT size FROM object WHERE account = ? AND key = ?", arguments: [commit.account, commit.key]
+                ) ?? 0
+            let delta = commit.size - previous
+            if let quota = use.quota, delta > 0, use.stored + use.committing + delta > quota {
+                throw CatalogError.quotaExceeded(account: commit.account, needed: delta, quota: quota, used: use.stored + use.committing)
+            }
+            try db.execute(
+                sql: "INSERT OR REPLACE INTO pending_commit (account, key, size, sha1, delta, session_id) VALUES (?, ?, ?, ?, ?, ?)",
+                arguments: [commit.account, commit.key, commit.size, commit.sha1, delta, commit.sessionID]
+            )
+        }
+    }
+
+    public func finishCommit(_ commit: PendingCommit, identity: ObjectIdentity) throws {
+        try self.database.write { db in
+            let previous =
+                try Int64.fetchOne(
+                    db, sql: "SELECT size FROM object WHERE account = ? AND key = ?", arguments: [commit.account, commit.key]
+                ) ?? 0
+            try db.execute(
+                sql: """
+                    INSERT OR REPLACE INTO object (account, key, size, sha1, committed_at, device, inode, modified)
+                    VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+                    """,
+                arguments: [
+                    commit.account, commit.key, commit.size, commit.sha1, Date().timeIntervalSince1970,
+                    Int64(bitPattern: identity.device), Int64(bitPattern: identity.inode), identity.modified,
+                ]
+            )
+            try db.execute(
+                sql: "UPDATE account SET used_bytes = used_bytes + ? WHERE name = ?", arguments: [commit.size - previous, commit.account]
+            )
+            try db.execute(sql: "DELETE FROM pending_commit WHERE account = ? AND key = ?", arguments: [commit.account, commit.key])
+            if let sessionID = commit.sessionID {
+                try db.execute(sql: "DELETE FROM session WHERE id = ?", arguments: [sessionID])
+            }
+        }
+    }
+
+    public func abandonCommit(account: String, key: String) throws {
+        try self.database.write { db in
+            try db.execute(sql: "DELETE FROM pending_commit WHERE account = ? AND key = ?", arguments: [account, key])
+        }
+    }
+
+    public func pendingCommits() throws -> [PendingCommit] {
+        try self.database.read { db in
+            try Row.fetchAll(db, sql: "SELECT * FROM pending_commit").map { row in
+                PendingCommit(account: row["account"], key: row["key"], size: row["size"], sha1: row["sha1"], sessionID: row["session_id"])
+            }
+        }
+    }
+
+    public func deleteObject(account: String, key: String) throws {
+        try self.database.write { db in
+            guard let size = try Int64.fetchOne(db, sql: "SELECT size FROM object WHERE account = ? AND key = ?", arguments: [account, key])
+            else { return }
+            try db.execute(sql: "DELETE FROM object WHERE account = ? AND key = ?", arguments: [account, key])
+            try db.execute(sql: "UPDATE account SET used_bytes = used_bytes - ? WHERE name = ?", arguments: [size, account])
+        }
+    }
+}

@@ -1,0 +1,139 @@
+import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+import UploadChecksums
+import UploadPayload
+import UploadProtocol
+
+/// The blocking storage work of one upload, each step a plain function of the step: open and write chunks, sync and
+/// record, verify and commit, release. No thread and no event loop of its own: ``UploadExecutor`` runs ``perform(_:)``
+/// on the I/O thread pool, the in-memory test relay runs it in line. It decides nothing: the steps come from the
+/// upload's ``UploadPipeline``.
+///
+/// The pipeline starts one step at a time, so the SHA-1 state and the staging file are never touched by two threads at
+/// once; the lock only makes that visible to the compiler.
+final class UploadStorage: Sendable {
+    let key: ObjectKey
+    let account: String
+    private let overwrite: Bool
+    private let session: UploadSession
+    private let staging: any StagingFile
+    private let services: RelayServices
+    private let logger: Logger
+    /// The SHA-1 of the bytes written so far.
+    private let sha1: NIOLockedValueBox<SHA1>
+
+    init(key: ObjectKey, account: String, overwrite: Bool, session: UploadSession, staging: any StagingFile, sha1: SHA1, services: RelayServices, logger: Logger) {
+        self.key = key
+        self.account = account
+        self.overwrite = overwrite
+        self.session = session
+        self.staging = staging
+        self.sha1 = NIOLockedValueBox(sha1)
+        self.services = services
+        self.logger = logger
+    }
+
+    /// Whether `step` is work for storage (the others are the session's bookkeeping).
+    static func isWork(_ step: UploadPipeline.Action) -> Bool {
+        switch step {
+        case .write, .sync, .commit, .release: return true
+        case .releaseCommitted, .armSyncTimer, .cancelSyncTimer, .markClosing, .report: return false
+        }
+    }
+
+    /// Runs one step; its completion for the session, nil for a release (nothing to report).
+    func perform(_ step: UploadPipeline.Action) -> RelaySession.StorageCompletion? {
+        switch step {
+        case .write(let chunks, let offset):
+            let (consumed, error) = self.write(chunks, at: offset)
+            return .wrote(consumed: consumed, error: error.map { ($0.code, $0.message) })
+        case .sync(let offset):
+            return .synced(Result { try self.sync(through: offset) }.mapError { UploadPipeline.SyncFailure(description: "\($0)") })
+        case .commit(let hash, let written):
+            return .committed(self.commit(hash, written: written))
+        case .release(let discardSession):
+            self.release(discardSession: discardSession)
+            return nil
+        case .releaseCommitted, .armSyncTimer, .cancelSyncTimer, .markClosing, .report:
+            return nil
+        }
+    }
+
+    /// What the session hears when `step` could not run at all (the thread pool has stopped).
+    static func notRun(_ step: UploadPipeline.Action, _ error: any Error) -> RelaySession.StorageCompletion? {
+        switch step {
+        case .write: return .wrote(consumed: [], error: (.internalError, "storage work failed: \(error)"))
+        case .sync: return .synced(.failure(UploadPipeline.SyncFailure(description: "\(error)")))
+        case .commit: return .committed(.failure(UploadPolicy.refusal(for: error, doing: "commit")))
+        case .release, .releaseCommitted, .armSyncTimer, .cancelSyncTimer, .markClosing, .report: return nil
+        }
+    }
+
+    /// Opens each chunk (inflate, CRC-32), writes its raw bytes and hashes them; the payload bytes consumed per chunk, and
+    /// the error that stopped the batch.
+    private func write(_ chunks: [Frame.Chunk], at startOffset: Int64) -> ([Int], ProtocolError?) {
+        self.sha1.withLockedValue { sha1 in
+            var offset = startOffset
+            var consumed: [Int] = []
+            for chunk in chunks {
+                switch ChunkPayload.open(chunk) {
+                case .failure(let error):
+                    return (consumed, error)
+                case .success(let raw):
+                    do {
+                        try self.staging.write(raw, at: offset)
+                    } catch {
+                        return (consumed, .stream(chunk.streamID, .storageError, "\(error)"))
+                    }
+                    raw.withUnsafeReadableBytes { sha1.update($0) }
+                    offset += Int64(raw.readableBytes)
+                    consumed.append(chunk.payloadLength)
+                }
+            }
+            return (consumed, nil)
+        }
+    }
+
+    /// SPEC §6.1: fsync first, then record offset and SHA-1 state; only then acknowledge.
+    private func sync(through offset: Int64) throws -> Int64 {
+        let state = self.sha1.withLockedValue { $0.exportState() }
+        try self.staging.sync()
+        try self.services.catalog.updateDurable(sessionID: self.session.id, offset: offset, sha1State: state)
+        return offset
+    }
+
+    /// Checks the SHA-1 of the bytes written against HASH, then commits by the relay's rules.
+    private func commit(_ hash: Frame.Hash, written: Int64) -> Result<Frame.Result.Status, UploadPolicy.Refusal> {
+        let actual = SHA1Digest(bytes: self.sha1.withLockedValue { $0.finalize() })
+        guard let actual, actual == hash.sha1 else {
+            let message = "SHA-1 of the \(written) bytes received is \(actual.map { "\($0)" } ?? "unknown"); HASH says \(hash.sha1)"
+            return .failure(UploadPolicy.Refusal(code: .hashMismatch, message: message, keepSession: false))
+        }
+        return Result {
+            try UploadPolicy(services: self.services).commit(
+                self.staging, key: self.key, account: self.account, sessionID: self.session.id, size: Int64(hash.size),
+                sha1: actual, overwrite: self.overwrite
+            )
+        }.mapError { UploadPolicy.refusal(for: $0, doing: "commit") }
+    }
+
+    /// Closes the staging file, forgets the session when asked, then gives the upload slot and the key back.
+    ///
+    /// The key stays claimed until the session is gone, so a new OPEN of the same key (waiting meanwhile) can never
+    /// resume a session this upload just discarded.
+    private func release(discardSession: Bool) {
+        defer {
+            self.services.uploadSlots.give(1)
+            self.services.claims.release(KeyClaims.name(account: self.account, key: self.key.value))
+        }
+        self.staging.close()
+        guard discardSession else { return }
+        do {
+            try self.services.catalog.deleteSession(id: self.session.id)
+            try self.services.store.removeStaging(self.staging.name)
+        } catch {
+            self.logger.warning("cleanup failed", metadata: ["upload.key": "\(self.key)", "error": "\(error)"])
+        }
+    }
+}
