@@ -10,6 +10,8 @@ let package = Package(
         .library(name: "UploadPayload", targets: ["UploadPayload"]),
         .library(name: "UploadAgent", targets: ["UploadAgent"]),
         .library(name: "UploadRelay", targets: ["UploadRelay"]),
+        // For the fuzz harness (tools/fuzz): the relay's session run without sockets.
+        .library(name: "UploadTestSupport", targets: ["UploadTestSupport"]),
         .executable(name: "upload-agent", targets: ["upload-agent"]),
         .executable(name: "upload-relay", targets: ["upload-relay"]),
     ],
@@ -108,10 +110,17 @@ let package = Package(
             ],
             path: "tools/codec-benchmark"
         ),
-        // What the test targets share: the seeded generator.
+        // What the test targets and the fuzz harness share: the seeded generator, temporary directories, and the pump
+        // that drives the relay's real session (catalog, store, pipeline) against the agent's state machine.
         .target(
             name: "UploadTestSupport",
-            dependencies: [.product(name: "NIOConcurrencyHelpers", package: "swift-nio")],
+            dependencies: [
+                "UploadRelay", "UploadProtocol", "UploadPayload", "UploadChecksums",
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
             path: "Tests/UploadTestSupport"
         ),
         .testTarget(

@@ -1,6 +1,6 @@
 // swift-tools-version:6.1
-// A libFuzzer harness for what a hostile agent controls: the bytes the relay decodes and the
-// frames its state machine receives. Its own package, because it builds with -sanitize=fuzzer;
+// A libFuzzer harness for what a hostile agent controls: the bytes the relay's real session decodes
+// and answers (UploadTestSupport's RelayDriver). Its own package, because it builds with -sanitize=fuzzer;
 // see README.md here.
 import PackageDescription
 
@@ -12,7 +12,10 @@ let package = Package(
     targets: [
         .executableTarget(
             name: "FuzzRelayInput",
-            dependencies: [.product(name: "UploadProtocol", package: "swift-upload")]
+            dependencies: [
+                .product(name: "UploadProtocol", package: "swift-upload"),
+                .product(name: "UploadTestSupport", package: "swift-upload"),
+            ]
         )
     ],
     swiftLanguageModes: [.v6]
