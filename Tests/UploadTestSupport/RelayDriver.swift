@@ -12,7 +12,7 @@ import UploadProtocol
 /// budgets, in a temporary directory removed at exit. Nothing here is a stand-in: only sockets and threads are missing.
 public final class RelayBackend: Sendable {
     public let directory: String
-    let services: RelayServices
+    public let services: RelayServices
 
     /// A relay whose accounts are `tokens` (token → account name), with its configuration adjusted by `configure`.
     public init(tokens: [String: String] = ["good-token": "cam-7"], configure: (inout RelayConfiguration) -> Void = { _ in }) throws {
