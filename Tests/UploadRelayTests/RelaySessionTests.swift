@@ -156,6 +156,18 @@ struct RelaySessionTests {
         #expect(h.session.pipelines.isEmpty)
     }
 
+    @Test("CANCEL during the lookup, then the connection closes: the session is still dropped when the lookup returns")
+    func cancelThenCloseWhileLookingUp() throws {
+        var h = SessionHarness()
+        h.handshake()
+        h.send(Self.open(Self.s1, "k"))
+        h.send(.cancel(Frame.Cancel(streamID: Self.s1, code: .cancelled, message: "stop")))
+        _ = h.take(h.session.connectionClosed())
+        let looked = h.take(h.session.uploadLookedUp(Self.s1, .upload(durableOffset: 0, resumeToken: [9], resumed: false, byteLimit: nil), key: try ObjectKey(validating: "k")))
+        #expect(SessionHarness.steps(looked).map(\.1) == [.release(discardSession: true)])
+        #expect(SessionHarness.frames(looked).isEmpty)
+    }
+
     @Test("a second OPEN of an open key is KEY_BUSY; of a closing key it waits and is woken when the key is free")
     func keyClaims() throws {
         let claims = KeyClaims()

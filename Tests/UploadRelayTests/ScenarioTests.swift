@@ -21,6 +21,14 @@ struct ScenarioTests {
         return limits
     }
 
+    /// A connected pump with small windows whose storage runs only when the test says (a stalled disk).
+    static func stalledPump() throws -> Pump {
+        var pump = try Pump(limits: Self.smallWindows)
+        pump.relay.storageAtOnce = false
+        pump.connect()
+        return pump
+    }
+
     @Test("a new upload: chunks within credit, ACKs, HASH, RESULT, byte-identical in the store")
     func newUpload() throws {
         var pump = try Pump(limits: Self.smallWindows)
@@ -203,9 +211,7 @@ struct ScenarioTests {
 
     @Test("cancel: the relay forgets the session; frames already in flight are discarded")
     func cancel() throws {
-        var pump = try Pump(limits: Self.smallWindows)
-        pump.relay.storageAtOnce = false
-        pump.connect()
+        var pump = try Self.stalledPump()
         let id = pump.upload(MemoryAgent.Job(key: "cancelled", data: Self.data(30_000)))
         pump.run()
         // The relay holds a full window of unconsumed chunks; the agent cancels meanwhile.
@@ -228,9 +234,7 @@ struct ScenarioTests {
         arguments: [true, false]
     )
     func agentCloseReturnsHeldCredit(cancel: Bool) throws {
-        var pump = try Pump(limits: Self.smallWindows)
-        pump.relay.storageAtOnce = false
-        pump.connect()
+        var pump = try Self.stalledPump()
         for round in 0..<4 {
             let id = pump.upload(MemoryAgent.Job(key: "k\(round)", data: Self.data(30_000)))
             pump.run()
@@ -252,9 +256,7 @@ struct ScenarioTests {
 
     @Test("backpressure: with storage stalled the agent stops at its credit, and resumes when storage consumes")
     func creditExhaustedThenRefilled() throws {
-        var pump = try Pump(limits: Self.smallWindows)
-        pump.relay.storageAtOnce = false
-        pump.connect()
+        var pump = try Self.stalledPump()
         let bytes = Self.data(20_000)
         let id = pump.upload(MemoryAgent.Job(key: "slow", data: bytes))
         pump.run()
@@ -273,9 +275,7 @@ struct ScenarioTests {
 
     @Test("GOAWAY with uploads in flight: open streams finish, new ones are refused")
     func goAwayWithUploadsInFlight() throws {
-        var pump = try Pump(limits: Self.smallWindows)
-        pump.relay.storageAtOnce = false
-        pump.connect()
+        var pump = try Self.stalledPump()
         let inFlight = pump.upload(MemoryAgent.Job(key: "in-flight", data: Self.data(10_000)))
         pump.run()
         pump.relaySends(pump.relay.shutdown())

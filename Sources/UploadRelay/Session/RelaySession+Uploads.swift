@@ -80,14 +80,17 @@ extension RelaySession {
 
     /// A stream closed while its upload is looked up (or its OPEN waits for the key): its key is closing now (an OPEN
     /// of it waits, not KEY_BUSY), and the lookup's result is dropped when it returns.
+    ///
+    /// A discard is never taken back: a CANCEL followed by the connection's close still drops the session (the hostile
+    /// suite's OPEN+CANCEL flood left staging files behind when the connection closed before the lookups returned).
     mutating func streamClosedWhileOpening(_ id: StreamID, discard: Bool) {
-        if self.waitingForKey[id] != nil {
-            self.waitingForKey[id] = discard
+        if let cancelled = self.waitingForKey[id] {
+            self.waitingForKey[id] = cancelled || discard
             return
         }
-        guard let (claim, _) = self.opening[id] else { return }
+        guard let (claim, closedMeanwhile) = self.opening[id] else { return }
         self.resources.claims.markClosing(claim)
-        self.opening[id] = (claim, discard)
+        self.opening[id] = (claim, closedMeanwhile == true || discard)
     }
 
     // MARK: Pipelines
