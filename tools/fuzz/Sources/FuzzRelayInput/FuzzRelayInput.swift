@@ -11,7 +11,7 @@ import UploadProtocol
 import UploadTestSupport
 
 /// One relay for the whole run: the seeds' HELLOs carry this token (protocol/vectors/valid/hello*.json).
-nonisolated(unsafe) let backend = try! RelayBackend(tokens: ["tok-0123456789": "fuzz"])
+let backend = try! RelayBackend(tokens: ["tok-0123456789": "fuzz"])
 
 func fuzzRelayInput(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
     guard size > 0 else { return 0 }
