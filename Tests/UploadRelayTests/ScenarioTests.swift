@@ -91,33 +91,41 @@ struct ScenarioTests {
         }
     }
 
-    @Test("resume: a second connection continues from the durable offset and sends only the rest")
-    func resumeAtOffset() throws {
-        let bytes = Self.data(40_000)
-        var first = try Pump(limits: Self.smallWindows)
-        first.connect()
-        var forwarded = 0
-        // The link dies after 12,000 payload bytes: nothing more reaches the relay.
-        first.tamper = { frame in
-            if case .chunk(let chunk) = frame {
-                forwarded += chunk.payloadLength
-                return forwarded <= 12_000 ? frame : nil
-            }
+    /// An upload of `bytes` whose link dies: `delivered` says which chunks still reach the relay (HASH never does).
+    /// What arrived is made durable at the sync timer and acknowledged, then the connection closes. Returns the pump,
+    /// the stream and the durable offset the agent was told.
+    static func interruptedUpload(
+        _ bytes: [UInt8], delivered: @escaping (Frame.Chunk) -> Bool
+    ) throws -> (pump: Pump, id: StreamID, durable: UInt64) {
+        var pump = try Pump(limits: Self.smallWindows)
+        pump.connect()
+        pump.tamper = { frame in
+            if case .chunk(let chunk) = frame { return delivered(chunk) ? frame : nil }
             if case .hash = frame { return nil }
             return frame
         }
-        let id1 = first.upload(MemoryAgent.Job(key: "big.bin", data: bytes, fingerprint: [7, 7]))
-        first.run()
-        // What arrived becomes durable at the sync timer, and is acknowledged.
-        first.relaySends(first.relay.advance(by: .seconds(1)))
-        first.run()
-        #expect(first.agent.outcomes[id1] == nil)
-        let durable = try #require(first.agent.acked[id1])
+        let id = pump.upload(MemoryAgent.Job(key: "big.bin", data: bytes, fingerprint: [7, 7]))
+        pump.run()
+        pump.advance(by: .seconds(1))
+        #expect(pump.agent.outcomes[id] == nil)
+        let durable = try #require(pump.agent.acked[id])
+        #expect(pump.relay.backend.durableOffset("big.bin") == Int64(durable))
+        pump.relay.connectionClosed()
+        return (pump, id, durable)
+    }
+
+    @Test("resume: a second connection continues from the durable offset and sends only the rest")
+    func resumeAtOffset() throws {
+        let bytes = Self.data(40_000)
+        var forwarded = 0
+        // The link dies after 12,000 payload bytes: nothing more reaches the relay.
+        let (first, id1, durable) = try Self.interruptedUpload(bytes) { chunk in
+            forwarded += chunk.payloadLength
+            return forwarded <= 12_000
+        }
         // Everything that arrived was acknowledged: the last whole chunk before the cut.
         #expect(durable <= 12_000 && durable > 11_000)
-        #expect(first.relay.backend.durableOffset("big.bin") == Int64(durable))
         let token = try #require(first.agent.resumeTokens[id1])
-        first.relay.connectionClosed()
 
         var second = Pump(backend: first.relay.backend)
         second.connect()
@@ -135,20 +143,8 @@ struct ScenarioTests {
     @Test("resume by fingerprint alone, without the token")
     func resumeByFingerprint() throws {
         let bytes = Self.data(40_000)
-        var first = try Pump(limits: Self.smallWindows)
-        first.connect()
-        first.tamper = { frame in
-            if case .chunk(let chunk) = frame, chunk.offset >= 20_000 { return nil }
-            if case .hash = frame { return nil }
-            return frame
-        }
-        let id1 = first.upload(MemoryAgent.Job(key: "big.bin", data: bytes, fingerprint: [7, 7]))
-        first.run()
-        first.relaySends(first.relay.advance(by: .seconds(1)))
-        first.run()
-        first.relay.connectionClosed()
-        let durable = try #require(first.agent.acked[id1])
-        #expect(durable >= 20_000 && first.relay.backend.durableOffset("big.bin") == Int64(durable))
+        let (first, _, durable) = try Self.interruptedUpload(bytes) { $0.offset < 20_000 }
+        #expect(durable >= 20_000)
 
         var second = Pump(backend: first.relay.backend)
         second.connect()

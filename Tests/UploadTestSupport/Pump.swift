@@ -210,6 +210,12 @@ public struct Pump {
         self.run()
     }
 
+    /// The relay's clock moves on (sync timers, the drain, timeouts), then the pump runs.
+    public mutating func advance(by amount: TimeAmount) {
+        self.relaySends(self.relay.advance(by: amount))
+        self.run()
+    }
+
     public mutating func connect(features: Frame.Features = []) {
         self.agentSends(self.agent.hello(features: features))
         self.run()

@@ -188,7 +188,7 @@ public struct RelayDriver {
     mutating func perform(_ step: UploadPipeline.Action, of id: StreamID, into out: inout [Frame]) {
         guard let storage = self.storages[id] else { return }
         if step.endsUpload { self.storages[id] = nil }
-        guard let completion = storage.perform(step), !step.endsUpload else { return }
+        guard let completion = storage.perform(step) else { return }
         self.run(self.session.storageFinished(id, completion), into: &out)
     }
 

@@ -6,7 +6,7 @@ import UploadProtocol
 /// back on the connection's event loop. It decides nothing: the steps come from the upload's ``UploadPipeline`` through
 /// the ``RelaySession``.
 final class UploadExecutor {
-    let storage: UploadStorage
+    private let storage: UploadStorage
     private let pool: NIOThreadPool
     private let eventLoop: any EventLoop
     /// Where each step's completion goes (the connection's session, through its handler).

@@ -13,8 +13,8 @@ import UploadProtocol
 /// The pipeline starts one step at a time, so the SHA-1 state and the staging file are never touched by two threads at
 /// once; the lock only makes that visible to the compiler.
 final class UploadStorage: Sendable {
-    let key: ObjectKey
-    let account: String
+    private let key: ObjectKey
+    private let account: String
     private let overwrite: Bool
     private let session: UploadSession
     private let staging: any StagingFile
