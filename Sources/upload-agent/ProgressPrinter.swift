@@ -20,12 +20,15 @@ final class ProgressPrinter: Sendable {
     private let live: Bool
     private let quiet: Bool
     private let totalItems: Int
+    /// A long-running agent: JSON lines carry an "event" ("started", "finished"), and there is no live line.
+    private let events: Bool
 
-    init(json: Bool, live: Bool, quiet: Bool, totalItems: Int) {
+    init(json: Bool, live: Bool, quiet: Bool, totalItems: Int, events: Bool = false) {
         self.json = json
-        self.live = live
+        self.live = live && !events
         self.quiet = quiet
         self.totalItems = totalItems
+        self.events = events
     }
 
     func handle(_ event: UploadEvent) {
@@ -40,6 +43,11 @@ final class ProgressPrinter: Sendable {
                 $0.current = key
             }
             if offset > 0 { self.note("resuming \(key) at \(Self.bytes(offset))") }
+            if self.json && self.events {
+                var object: [String: Any] = ["event": "started", "key": key, "offset": offset]
+                if let size { object["size"] = size }
+                Self.stdout(Self.jsonText(object))
+            }
         case .sent(let key, let bytes):
             let line: String? = self.state.withLockedValue { state in
                 state.sent[key, default: 0] += UInt64(bytes)
@@ -54,7 +62,7 @@ final class ProgressPrinter: Sendable {
         case .finished(let result):
             self.state.withLockedValue { $0.finished += 1 }
             if self.json {
-                Self.stdout(Self.jsonLine(result))
+                Self.stdout(Self.jsonLine(result, event: self.events ? "finished" : nil))
             }
             if !self.quiet {
                 let what: String
@@ -83,7 +91,7 @@ final class ProgressPrinter: Sendable {
         return String(line.prefix(160))
     }
 
-    private func note(_ text: String) {
+    func note(_ text: String) {
         guard !self.quiet else { return }
         Self.stderr((self.live ? "\r\u{1B}[K" : "") + text + "\n")
     }
@@ -100,12 +108,17 @@ final class ProgressPrinter: Sendable {
         self.note(text)
     }
 
-    static func jsonLine(_ result: UploadResult) -> String {
+    static func jsonLine(_ result: UploadResult, event: String? = nil) -> String {
         var object: [String: Any] = [
             "key": result.key, "path": result.path, "bytes": result.bytes, "sha1": result.sha1,
-            "status": result.status.rawValue, "sent_bytes": result.sentBytes,
+            "status": result.status.rawValue, "sent_bytes": result.sentBytes, "hashed_bytes": result.hashedBytes,
         ]
         if let error = result.error { object["error"] = error }
+        if let event { object["event"] = event }
+        return Self.jsonText(object)
+    }
+
+    static func jsonText(_ object: [String: Any]) -> String {
         let data = (try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes])) ?? Data("{}".utf8)
         return String(decoding: data, as: UTF8.self) + "\n"
     }

@@ -17,8 +17,13 @@ struct Send: AsyncParsableCommand {
             Every item is checked end to end: a CRC32 per chunk and the SHA-1 of the whole blob; the \
             relay commits it atomically and only then reports it stored. When the connection drops \
             or the relay restarts, the agent reconnects (for --retry-for) and resumes from the \
-            relay's durable offset; running the same command again after the agent was stopped \
-            resumes too. A file the relay already holds (same size and SHA-1) is not sent again.
+            relay's durable offset. A file the relay already holds (same size and SHA-1) is not sent again.
+
+            Files go through the agent's persistent queue (--state): a send that is killed resumes the \
+            next time an agent runs for the same relay, without re-reading what the relay acknowledged, \
+            and a file hashed before is not hashed again while it is unchanged. When `upload-agent watch` \
+            (or another send) already runs for the same relay and token, the files are handed to it and \
+            this command waits for their results. --no-state uploads without recording anything.
 
             Environment: UPLOAD_RELAY, UPLOAD_TOKEN and UPLOAD_CA stand in for --relay, --token and --ca.
 
@@ -26,29 +31,11 @@ struct Send: AsyncParsableCommand {
             """
     )
 
-    @Option(name: .long, help: ArgumentHelp("The relay, host:port (or UPLOAD_RELAY).", valueName: "host:port"))
-    var relay: String?
-
-    @Option(name: .long, help: ArgumentHelp("The account's token (or UPLOAD_TOKEN).", valueName: "token"))
-    var token: String?
-
-    @Option(name: .long, help: ArgumentHelp("PEM file of the CA that signed the relay's certificate (or UPLOAD_CA; default: system roots).", valueName: "file"))
-    var ca: String?
-
-    @Option(
-        name: .long,
-        help: ArgumentHelp("The name the relay's certificate holds, when --relay gives an address it does not (TLS SNI and verification).", valueName: "name")
-    )
-    var serverName: String?
-
-    @Option(name: .long, help: ArgumentHelp("Put every key under this prefix.", valueName: "prefix"))
-    var prefix: String?
+    @OptionGroup var connection: ConnectionOptions
+    @OptionGroup var stateOptions: StateOptions
 
     @Option(name: .long, help: ArgumentHelp("The key for data read from stdin (-).", valueName: "key"))
     var name: String?
-
-    @Option(name: .long, help: "Uploads in flight at once on the connection.")
-    var concurrency: Int = 8
 
     @Option(name: .long, help: ArgumentHelp("Keep reconnecting this long without progress, e.g. 60s, 5m.", valueName: "duration"))
     var retryFor: String = "60s"
@@ -56,14 +43,11 @@ struct Send: AsyncParsableCommand {
     @Flag(name: .long, help: "Print one JSON object per finished item on stdout.")
     var json = false
 
-    @Flag(name: .long, help: "Do not hash files before sending: no dedup, one read pass.")
-    var noDedup = false
-
-    @Flag(name: .long, help: "Deflate compressible chunks (helps on slow links).")
-    var deflate = false
-
     @Flag(name: .long, help: "Replace different content already stored under a key.")
     var overwrite = false
+
+    @Flag(name: .long, help: "Record nothing: no persistent queue, no hash cache (a one-shot upload).")
+    var noState = false
 
     @Flag(name: .long, help: "No progress display on stderr.")
     var quiet = false
@@ -73,18 +57,7 @@ struct Send: AsyncParsableCommand {
 
     func validate() throws {
         guard !self.paths.isEmpty else { throw ValidationError("name at least one file, directory or -") }
-        guard self.concurrency >= 1 else { throw ValidationError("--concurrency must be at least 1") }
         _ = try DurationText.parse(self.retryFor, option: "--retry-for")
-        guard self.relay ?? Self.environment("UPLOAD_RELAY") != nil else {
-            throw ValidationError("which relay? pass --relay host:port or set UPLOAD_RELAY")
-        }
-        guard self.token ?? Self.environment("UPLOAD_TOKEN") != nil else {
-            throw ValidationError("no token: pass --token or set UPLOAD_TOKEN (the relay operator makes one with: upload-relay token add NAME)")
-        }
-    }
-
-    static func environment(_ name: String) -> String? {
-        ProcessInfo.processInfo.environment[name].flatMap { $0.isEmpty ? nil : $0 }
     }
 
     func run() async throws {
@@ -93,30 +66,17 @@ struct Send: AsyncParsableCommand {
             handler.logLevel = .warning
             return handler
         }
-        let relay = self.relay ?? Self.environment("UPLOAD_RELAY")!
-        guard let colon = relay.lastIndex(of: ":"), let port = Int(relay[relay.index(after: colon)...]) else {
-            throw ValidationError("--relay \"\(relay)\" is not host:port")
-        }
-        var host = String(relay[..<colon])
-        if host.hasPrefix("[") && host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
-        var configuration = AgentConfiguration(
-            relayHost: host, relayPort: port, token: self.token ?? Self.environment("UPLOAD_TOKEN")!,
-            caPath: self.ca ?? Self.environment("UPLOAD_CA")
-        )
-        configuration.concurrency = self.concurrency
-        configuration.serverName = self.serverName
+        var configuration = try self.connection.configuration()
         configuration.retryFor = try DurationText.parse(self.retryFor, option: "--retry-for")
-        configuration.dedup = !self.noDedup
-        configuration.deflate = self.deflate
         configuration.overwrite = self.overwrite
-        configuration.agentName = ProcessInfo.processInfo.hostName
 
         let items: [UploadItem]
         do {
-            items = try ItemPlanner.plan(paths: self.paths, prefix: self.prefix, stdinName: self.name, limits: configuration.limits)
+            items = try ItemPlanner.plan(paths: self.paths, prefix: self.connection.prefix, stdinName: self.name, limits: configuration.limits)
         } catch let error as ItemPlanner.PlanError {
             throw ValidationError(error.description)
         }
+        let store = self.noState ? nil : try self.stateOptions.open()
         let progress = ProgressPrinter(
             json: self.json, live: !self.quiet && isatty(2) == 1, quiet: self.quiet, totalItems: items.count
         )
@@ -124,7 +84,17 @@ struct Send: AsyncParsableCommand {
         let uploader = Uploader(configuration: configuration, group: group, logger: Logger(label: "upload-agent"))
         let results: [UploadResult]
         do {
-            results = try await uploader.upload(items) { event in progress.handle(event) }
+            if let store {
+                results = try await QueuedSend.run(
+                    items, uploader: uploader, store: store,
+                    onHandOver: { count in
+                        progress.note("another upload-agent is uploading for this relay: \(count) file(s) handed to it; waiting for them")
+                    },
+                    onEvent: { event in progress.handle(event) }
+                )
+            } else {
+                results = try await uploader.upload(items) { event in progress.handle(event) }
+            }
         } catch {
             try? await group.shutdownGracefully()
             FileHandle.standardError.write(Data("upload-agent: \(error)\n".utf8))

@@ -13,7 +13,7 @@ struct UploadAgentCommand: AsyncParsableCommand {
 
             Exit status: 0 when every item was stored or was already there, 1 when any failed, 2 for a usage error.
             """,
-        subcommands: [Send.self]
+        subcommands: [Send.self, Watch.self, Status.self, Pause.self, Resume.self, Retry.self]
     )
 
     /// Usage errors exit 2, as scripts expect (ArgumentParser's own default is 64).

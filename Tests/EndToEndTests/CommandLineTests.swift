@@ -17,6 +17,8 @@ struct CommandLineTests {
         process.arguments = arguments
         var env = ProcessInfo.processInfo.environment
         for key in ["UPLOAD_RELAY", "UPLOAD_TOKEN", "UPLOAD_CA"] { env[key] = nil }
+        // The agent's persistent queue: in a directory the tests remove, never in the user's home.
+        env["XDG_STATE_HOME"] = env["XDG_STATE_HOME"] ?? Self.stateHome
         env.merge(environment) { $1 }
         process.environment = env
         let out = Pipe()
@@ -33,6 +35,8 @@ struct CommandLineTests {
             stderr: String(decoding: stderr, as: UTF8.self)
         )
     }
+
+    static let stateHome = TestRelay.makeDirectory()
 
     static func agentBinary() throws -> String {
         let path = packageRoot + "/.build/debug/upload-agent"

@@ -50,7 +50,7 @@ struct AgentHarness {
         )
         var ids: [StreamID] = []
         for case .prepare(let job, _) in welcome {
-            let opened = self.session.prepared(job, .success((job.info!, nil)))
+            let opened = self.session.prepared(job, .success(SourceReader.Prepared(info: job.info!, sha1: nil)))
             for frame in Self.frames(opened) { if case .open(let open) = frame { ids.append(open.streamID) } }
         }
         return ids
@@ -101,7 +101,7 @@ struct AgentSessionTests {
         let id = h.connect(connectionWindow: 8 << 20, streamWindow: 8 << 20)[0]
         // A resume at an offset this run never sent, from a seekable source: the prefix is hashed locally first.
         let resumed = h.receive(.offset(Frame.Offset(streamID: id, disposition: .resume, offset: 1000)))
-        #expect(resumed.contains { if case .hashPrefix(id, _, upTo: 1000) = $0 { return true } else { return false } })
+        #expect(resumed.contains { if case .hashPrefix(id, _, from: _, upTo: 1000) = $0 { return true } else { return false } })
         let reads = AgentHarness.reads(h.session.prefixHashed(id, .success(.init())))
         #expect(reads.map(\.offset) == [1000])
     }
@@ -166,7 +166,7 @@ struct AgentSessionTests {
         #expect(!opened.contains { if case .prepare = $0 { return true } else { return false } })
         let woken = NIOLockedValueBox(0)
         old.queue.setListener { woken.withLockedValue { $0 += 1 } }
-        #expect(old.session.prepared(job, .success((job.info!, nil))).isEmpty)
+        #expect(old.session.prepared(job, .success(SourceReader.Prepared(info: job.info!, sha1: nil))).isEmpty)
         #expect(woken.withLockedValue { $0 } == 1, "the queue tells the running connection")
         #expect(next.jobsChanged().contains { if case .prepare = $0 { return true } else { return false } })
     }

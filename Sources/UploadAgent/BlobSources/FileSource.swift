@@ -65,10 +65,21 @@ public final class FileSource: BlobSource {
             $0.size = size
             $0.identity = Identity(info)
         }
-        // Device, inode, size and modification time: a new version of the file gets a new fingerprint.
+        return SourceInfo(size: size, fingerprint: Self.fingerprint(info))
+    }
+
+    /// Device, inode, size and modification time: a new version of the file gets a new fingerprint.
+    static func fingerprint(_ info: stat) -> [UInt8] {
         var text = "\(info.st_dev):\(info.st_ino):\(info.st_size):\(info.st_mtim.tv_sec).\(info.st_mtim.tv_nsec)"
-        let fingerprint = text.withUTF8 { SHA1.hash($0) }
-        return SourceInfo(size: size, fingerprint: fingerprint)
+        return text.withUTF8 { SHA1.hash($0) }
+    }
+
+    /// The size and fingerprint a regular file at `path` has now (what ``open()`` would report), or nil when there is
+    /// no regular file there.
+    public static func currentInfo(path: String) -> SourceInfo? {
+        var info = stat()
+        guard stat(path, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG else { return nil }
+        return SourceInfo(size: UInt64(info.st_size), fingerprint: Self.fingerprint(info))
     }
 
     public func read(at offset: UInt64, maxLength: Int, allocator: ByteBufferAllocator) throws -> ByteBuffer {

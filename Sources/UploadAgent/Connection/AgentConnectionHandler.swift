@@ -103,13 +103,14 @@ final class AgentConnectionHandler: ChannelInboundHandler {
             case .schedule(let timer, let delay):
                 self.context?.eventLoop.assumeIsolated().scheduleTask(in: delay) { self.act { $0.timerFired(timer) } }
             case .prepare(let job, let dedup):
-                self.onPool({ try SourceReader.prepare(job.item.source, info: job.info, knownSHA1: job.knownSHA1, dedup: dedup) }) {
+                let journal = self.session.queue.journal
+                self.onPool({ try SourceReader.prepare(job.item.source, info: job.info, knownSHA1: job.knownSHA1, dedup: dedup, journal: journal) }) {
                     session, result in session.prepared(job, result)
                 }
             case .read(let request):
                 self.onPool({ try SourceReader.read(request) }) { session, result in session.readFinished(request.streamID, result) }
-            case .hashPrefix(let id, let source, let offset):
-                self.onPool({ try SourceReader.hashPrefix(of: source, upTo: offset) }) { session, result in session.prefixHashed(id, result) }
+            case .hashPrefix(let id, let source, let from, let offset):
+                self.onPool({ try SourceReader.hashPrefix(of: source, from: from, upTo: offset) }) { session, result in session.prefixHashed(id, result) }
             case .event(let event):
                 self.onEvent(event)
             case .log(let level, let message, let metadata):

@@ -81,10 +81,10 @@ enum SourceReader {
     }
 
     /// The SHA-1 of the first `offset` bytes: the relay knows a prefix this run never sent (the agent restarted), so
-    /// it is hashed locally, with no network.
-    static func hashPrefix(of source: any BlobSource, upTo offset: UInt64, whenShort: String? = nil) throws -> SHA1 {
-        var sha1 = SHA1()
-        var position: UInt64 = 0
+    /// it is hashed locally, with no network, from the latest SHA-1 state the agent kept below it (`from`), if any.
+    static func hashPrefix(of source: any BlobSource, from start: (UInt64, SHA1)? = nil, upTo offset: UInt64, whenShort: String? = nil) throws -> SHA1 {
+        var sha1 = start?.1 ?? SHA1()
+        var position: UInt64 = start?.0 ?? 0
         let allocator = ByteBufferAllocator()
         while position < offset {
             let piece = try source.read(at: position, maxLength: Int(min(4 << 20, offset - position)), allocator: allocator)
@@ -97,13 +97,28 @@ enum SourceReader {
         return sha1
     }
 
-    /// Opens the source and, for dedup, hashes it whole before OPEN (seekable sources of known size only).
-    static func prepare(_ source: any BlobSource, info known: SourceInfo?, knownSHA1: SHA1Digest?, dedup: Bool) throws -> (SourceInfo, SHA1Digest?) {
+    /// A source opened for OPEN.
+    struct Prepared: Sendable {
+        var info: SourceInfo
+        /// Known before OPEN (dedup), or nil.
+        var sha1: SHA1Digest?
+        /// Bytes read to hash it now (0 when known before, from the job or the hash cache).
+        var hashedBytes: UInt64 = 0
+    }
+
+    /// Opens the source and, for dedup, hashes it whole before OPEN (seekable sources of known size only), unless the
+    /// journal's hash cache knows the SHA-1 of this fingerprint.
+    static func prepare(_ source: any BlobSource, info known: SourceInfo?, knownSHA1: SHA1Digest?, dedup: Bool, journal: (any JobJournal)?) throws -> Prepared {
         let info = try known ?? source.open()
-        if let knownSHA1 { return (info, knownSHA1) }
-        guard dedup, source.isSeekable, let size = info.size else { return (info, nil) }
+        if let knownSHA1 { return Prepared(info: info, sha1: knownSHA1) }
+        guard dedup, source.isSeekable, let size = info.size else { return Prepared(info: info, sha1: nil) }
+        if let cached = journal?.cachedSHA1(fingerprint: info.fingerprint) {
+            return Prepared(info: info, sha1: cached)
+        }
         let sha1 = try Self.hashPrefix(of: source, upTo: size, whenShort: "\(source.displayName) shrank while it was hashed")
-        return (info, SHA1Digest(bytes: sha1.finalize()))
+        let digest = SHA1Digest(bytes: sha1.finalize())
+        if let digest { journal?.hashed(fingerprint: info.fingerprint, sha1: digest) }
+        return Prepared(info: info, sha1: digest, hashedBytes: size)
     }
 
     private static func corrupted(_ chunk: Frame.Chunk, allocator: ByteBufferAllocator) -> Frame.Chunk {

@@ -13,25 +13,41 @@ extension AgentSession {
         var actions: [Action] = []
         while self.machine.canOpenStream, self.senders.count + self.preparing < self.configuration.concurrency, let job = self.queue.next() {
             self.preparing += 1
-            actions.append(.prepare(job, dedup: self.configuration.dedup))
+            actions.append(.prepare(job, dedup: job.item.dedup ?? self.configuration.dedup))
         }
         return actions
     }
 
     /// The job's source is open (and hashed, for dedup): OPEN, or the job failed.
-    mutating func prepared(_ job: UploadJob, _ result: Result<(SourceInfo, SHA1Digest?), any Error>) -> [Action] {
+    mutating func prepared(_ job: UploadJob, _ result: Result<SourceReader.Prepared, any Error>) -> [Action] {
         self.preparing -= 1
         switch result {
-        case .success(let (info, sha1)):
+        case .success(let prepared):
+            let info = prepared.info
+            let sha1 = prepared.sha1
             job.info = info
             job.knownSHA1 = sha1
+            job.hashedBytes += prepared.hashedBytes
+            if let recorded = job.recorded, recorded.fingerprint == info.fingerprint, sha1 == nil {
+                // The state database kept the SHA-1 state at the durable offset of an earlier run: no re-read.
+                job.snapshots[recorded.offset] = recorded.state
+            }
+            job.recorded = nil
+            self.queue.progressed(job)
+            if self.queue.isDropped(job) {
+                return self.complete(job, job.finish(.failed, sha1: "", error: Self.droppedMessage(job)))
+            }
             guard !self.closed, self.machine.canOpenStream else {
                 self.queue.requeue(job)
                 return self.closeIfIdle()
             }
+            if let sha1, self.senders.values.contains(where: { $0.job.knownSHA1 == sha1 }) {
+                self.twins[sha1, default: []].append(job)
+                return []
+            }
             let id = self.machine.nextStreamID
             let open = Frame.Open(
-                streamID: id, key: job.key, size: info.size, sha1: sha1, overwrite: self.configuration.overwrite,
+                streamID: id, key: job.key, size: info.size, sha1: sha1, overwrite: job.item.overwrite ?? self.configuration.overwrite,
                 fingerprint: info.fingerprint, resumeToken: job.resumeToken
             )
             guard let frame = self.machine.sendOpen(open) else {
@@ -41,8 +57,12 @@ extension AgentSession {
             self.senders[id] = Sender(job: job)
             return self.write(frame)
         case .failure(let error):
-            return self.complete(job.finish(.failed, sha1: "", error: "\(error)"))
+            return self.complete(job, job.finish(.failed, sha1: "", error: "\(error)"))
         }
+    }
+
+    static func droppedMessage(_ job: UploadJob) -> String {
+        "\(job.item.displayPath) was removed before its upload finished: not uploaded (nothing on the relay was deleted)"
     }
 
     /// OFFSET: STORED ends the job; START and RESUME begin sending at the relay's offset.
@@ -53,26 +73,31 @@ extension AgentSession {
         job.resumeToken = offset.resumeToken
         if offset.disposition == .stored {
             self.senders[id] = nil
-            return self.complete(job.finish(.deduplicated, sha1: job.knownSHA1?.hex ?? ""))
+            return self.complete(job, job.finish(.deduplicated, sha1: job.knownSHA1?.hex ?? ""))
         }
         job.busySince = nil
         job.busyRetries = 0
+        // The latest SHA-1 state at or below the relay's offset: kept by this run, or by the state database's record.
+        let base = job.knownSHA1 == nil ? job.snapshots.filter { $0.key <= offset.offset }.max { $0.key < $1.key } : nil
         job.acknowledge(offset.offset)
         let started = Action.event(.started(key: job.key, size: job.info?.size, offset: offset.offset))
         if job.knownSHA1 == nil {
             if offset.offset == 0 {
                 sender.sha1 = SHA1()
-            } else if let snapshot = job.snapshots[offset.offset] {
-                sender.sha1 = snapshot
+            } else if let base, base.key == offset.offset {
+                sender.sha1 = base.value
             } else if job.item.source.isSeekable {
-                // The relay knows a prefix this run never sent (the agent restarted): hash it locally, no network.
+                // The relay knows bytes this run never sent (the agent restarted): hash them locally, no network, from
+                // the latest SHA-1 state kept below them. The recorded progress stays as it is until that is done.
+                job.hashedBytes += offset.offset - (base?.key ?? 0)
                 sender.reading = true
                 self.senders[id] = sender
-                return [started, .hashPrefix(id, job.item.source, upTo: offset.offset)]
+                return [started, .hashPrefix(id, job.item.source, from: base.map { ($0.key, $0.value) }, upTo: offset.offset)]
             } else {
                 return [started] + self.failStream(id, "\(job.item.source.displayName) cannot resume at \(offset.offset): those bytes are no longer held")
             }
         }
+        self.queue.progressed(job)
         sender.started = true
         self.senders[id] = sender
         return [started] + self.pump(id)
@@ -84,6 +109,8 @@ extension AgentSession {
         switch result {
         case .success(let sha1):
             sender.sha1 = sha1
+            sender.job.snapshots[sender.job.acked] = sha1
+            self.queue.progressed(sender.job)
             sender.started = true
             self.senders[id] = sender
             return self.pump(id)
@@ -184,7 +211,7 @@ extension AgentSession {
             actions += self.write(cancel)
         }
         if let sender = self.senders.removeValue(forKey: id) {
-            actions += self.complete(sender.job.finish(.failed, sha1: "", error: message))
+            actions += self.complete(sender.job, sender.job.finish(.failed, sha1: "", error: message))
         }
         return actions
     }
@@ -209,7 +236,7 @@ extension AgentSession {
             : code.isRetryable && job.attempts < self.configuration.maxAttemptsPerItem
         guard retry else {
             let result = job.finish(.failed, sha1: job.knownSHA1?.hex ?? "", error: "relay refused \"\(job.key)\": \(code.name): \(message)")
-            return self.complete(result)
+            return self.complete(job, result)
         }
         var actions: [Action] = [.log(.info, "retrying", ["upload.key": "\(job.key)", "error": "\(job.lastError ?? "")"])]
         if busy {
@@ -232,9 +259,13 @@ extension AgentSession {
         }
     }
 
-    mutating func complete(_ result: UploadResult) -> [Action] {
+    mutating func complete(_ job: UploadJob, _ result: UploadResult) -> [Action] {
         self.outcome.madeProgress = true
-        self.queue.finished(result)
+        self.queue.finished(job, result)
+        if let sha1 = job.knownSHA1, let twins = self.twins.removeValue(forKey: sha1) {
+            // The same content is on the relay now (or failed): the twins open, and its dedup answers them.
+            for twin in twins { self.queue.requeue(twin) }
+        }
         return [.event(.finished(result))] + self.openMore() + self.closeIfIdle()
     }
 }

@@ -36,7 +36,7 @@ struct AgentSession {
         /// Read a batch (credit already reserved); then call ``readFinished(_:_:)``.
         case read(SourceReader.Request)
         /// Hash the first `upTo` bytes of the stream's source; then call ``prefixHashed(_:_:)``.
-        case hashPrefix(StreamID, any BlobSource, upTo: UInt64)
+        case hashPrefix(StreamID, any BlobSource, from: (UInt64, SHA1)?, upTo: UInt64)
         case event(UploadEvent)
         case log(Logger.Level, String, Logger.Metadata)
         /// The connection is over: report the outcome to the uploader.
@@ -62,6 +62,9 @@ struct AgentSession {
     var preparing = 0
     /// Jobs waiting out a backoff before they are opened again.
     var delayed: [ObjectIdentifier: UploadJob] = [:]
+    /// Jobs whose content (SHA-1) another stream of this connection is uploading now: they open once it ended, so the
+    /// relay's dedup finds it and their bytes never move (the same photo under two names).
+    var twins: [SHA1Digest: [UploadJob]] = [:]
     var outcome = ConnectionOutcome(reason: nil, fatal: false, madeProgress: false)
     var closed = false
     var deflate = false
@@ -148,10 +151,22 @@ struct AgentSession {
         return [.close]
     }
 
-    /// A job went back to the queue or finished, perhaps on an earlier connection: open what waits, or close if done.
+    /// The queue changed: a job went back to it or finished (perhaps on an earlier connection), jobs were added or
+    /// dropped, or a pause began. Open what waits, stop what was dropped, close when paused or done.
     mutating func jobsChanged() -> [Action] {
         guard !self.closed else { return [] }
-        return self.openMore() + self.closeIfIdle()
+        if let reason = self.queue.holdReason {
+            // Paused: what the relay acknowledged is durable and resumes later; what it did not is sent again then.
+            self.outcome.reason = "paused: \(reason)"
+            return self.close()
+        }
+        var actions: [Action] = []
+        for id in self.senders.keys.sorted() {
+            if let job = self.senders[id]?.job, self.queue.isDropped(job) {
+                actions += self.failStream(id, Self.droppedMessage(job))
+            }
+        }
+        return actions + self.openMore() + self.closeIfIdle()
     }
 
     /// The channel is gone: every job in flight goes back to the queue for the next connection.
@@ -164,6 +179,10 @@ struct AgentSession {
             self.queue.requeue(job)
         }
         self.delayed.removeAll()
+        for job in self.twins.values.joined() {
+            self.queue.requeue(job)
+        }
+        self.twins.removeAll()
         if self.outcome.reason == nil && !self.queue.isDone {
             self.outcome.reason = "the relay closed the connection"
         }
@@ -185,6 +204,7 @@ struct AgentSession {
         case .acknowledged(let id, let offset):
             guard let sender = self.senders[id] else { return [] }
             sender.job.acknowledge(offset)
+            self.queue.progressed(sender.job)
             self.outcome.madeProgress = true
             return self.pump(id)
         case .creditGranted(let id):
@@ -194,7 +214,7 @@ struct AgentSession {
             return self.pump(id)
         case .completed(let result):
             guard let sender = self.senders.removeValue(forKey: result.streamID) else { return [] }
-            return self.complete(sender.job.finish(.stored, sha1: result.sha1.hex))
+            return self.complete(sender.job, sender.job.finish(.stored, sha1: result.sha1.hex))
         case .streamFailed(let id, let code, let message):
             return self.streamFailed(id, code, message, now: now)
         case .send(let frame):
@@ -232,7 +252,7 @@ struct AgentSession {
 
     /// Closes once nothing is in flight and nothing more will go out on this connection.
     mutating func closeIfIdle() -> [Action] {
-        guard self.senders.isEmpty, self.preparing == 0, self.delayed.isEmpty else { return [] }
+        guard self.senders.isEmpty, self.preparing == 0, self.delayed.isEmpty, self.twins.isEmpty else { return [] }
         return self.queue.isDone || self.goingAway ? self.close() : []
     }
 }

@@ -15,7 +15,7 @@ public struct AgentConfiguration: Sendable {
     public var agentName: String = "upload-agent"
 
     /// Uploads in flight at once on the connection (streams).
-    public var concurrency: Int = 8
+    public var concurrency: Int = 5
     /// The largest chunk payload (capped by the relay's frame size).
     public var chunkSize: Int = 1 << 20
     /// Hash files before OPEN so the relay can answer "already stored" without a byte sent (SPEC §7).
@@ -26,6 +26,8 @@ public struct AgentConfiguration: Sendable {
     public var overwrite = false
     /// How long to keep reconnecting after the relay became unreachable.
     public var retryFor: Duration = .seconds(60)
+    /// Never give up reconnecting (a long-running agent: `watch`); ``retryFor`` is then ignored.
+    public var retryForever = false
     /// Longest wait between reconnection attempts.
     public var maxBackoff: Duration = .seconds(5)
     /// With nothing received for this long the agent sends PING; with nothing for twice as long it

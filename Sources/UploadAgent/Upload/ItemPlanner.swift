@@ -11,6 +11,18 @@ public enum ItemPlanner {
         public var description: String
     }
 
+    /// The key of a file at `relative` (from a watched directory's parent) under `prefix`, or why it cannot be one.
+    public static func key(relative: String, prefix: String?, limits: ProtocolLimits = ProtocolLimits()) throws -> String {
+        let cleanPrefix = prefix.map { $0.split(separator: "/").joined(separator: "/") }.flatMap { $0.isEmpty ? nil : $0 }
+        let full = cleanPrefix.map { $0 + "/" + relative } ?? relative
+        do {
+            _ = try ObjectKey(validating: full, maxLength: limits.maxKeyLength, maxSegmentLength: limits.maxKeySegmentLength)
+        } catch {
+            throw PlanError(description: "key \"\(full)\" is not allowed: \(error.reason) (rename the file, or change --prefix)")
+        }
+        return full
+    }
+
     public static func plan(paths: [String], prefix: String?, stdinName: String?, limits: ProtocolLimits = ProtocolLimits()) throws -> [UploadItem] {
         var items: [UploadItem] = []
         var seen: [String: String] = [:]

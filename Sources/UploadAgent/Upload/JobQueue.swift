@@ -2,16 +2,42 @@ import NIOConcurrencyHelpers
 import UploadChecksums
 import UploadProtocol
 
-/// The jobs of one run, shared by its successive connections.
+/// Where a run records its jobs as they go, so that a restart resumes them: the agent's state database
+/// (``QueueRunner``), or nothing for a run without state. Its calls come from event-loop threads, except the hash
+/// cache's, which come from the thread pool; none may block on the network.
+protocol JobJournal: Sendable {
+    func started(_ job: UploadJob)
+    /// The relay's durable offset moved (or the job's SHA-1 became known).
+    func progressed(_ job: UploadJob)
+    func requeued(_ job: UploadJob)
+    func finished(_ job: UploadJob, _ result: UploadResult)
+    /// The SHA-1 of a source hashed before, by its fingerprint (blocking, on the thread pool).
+    func cachedSHA1(fingerprint: [UInt8]) -> SHA1Digest?
+    /// Remembers a source's SHA-1 (blocking, on the thread pool).
+    func hashed(fingerprint: [UInt8], sha1: SHA1Digest)
+}
+
+/// The jobs of one run, shared by its successive connections. A run of `send` is done when every job finished; a
+/// long-running agent (`watch`) keeps adding jobs and only stops when told.
 final class JobQueue: Sendable {
     private struct State {
         var waiting: [UploadJob]
         var active: Int = 0
+        /// Keys of the jobs started and not yet back or finished.
+        var activeKeys: Set<String> = []
         var finished: [UploadResult] = []
+        /// Why no job may start now (a pause, a condition), or nil.
+        var hold: String? = nil
+        /// Keys whose source went away (a watched file deleted): their uploads stop and never commit.
+        var dropped: Set<String> = []
+        var stopped = false
+        var waiters: [CheckedContinuation<Void, Never>] = []
     }
 
     private let state: NIOLockedValueBox<State>
-    let total: Int
+    let journal: (any JobJournal)?
+    /// Keep the results of finished jobs (a `send` reports them all; a long-running agent does not grow).
+    private let keepResults: Bool
     /// Told whenever a job goes back to wait or finishes: the connection now running, which may have nothing else to
     /// wake it (a job's preparation on an earlier connection can end after that connection closed).
     private let listener = NIOLockedValueBox<Listener?>(nil)
@@ -31,34 +57,117 @@ final class JobQueue: Sendable {
         self.listener.withLockedValue { $0 = boxed }
     }
 
-    init(_ jobs: [UploadJob]) {
+    init(_ jobs: [UploadJob], journal: (any JobJournal)? = nil, keepResults: Bool = true) {
         self.state = NIOLockedValueBox(State(waiting: jobs))
-        self.total = jobs.count
+        self.journal = journal
+        self.keepResults = keepResults
     }
 
-    /// The next job to start, if any.
+    /// The next job to start, if any may start.
     func next() -> UploadJob? {
-        self.state.withLockedValue { state in
-            guard !state.waiting.isEmpty else { return nil }
+        let job: UploadJob? = self.state.withLockedValue { state in
+            guard state.hold == nil, !state.stopped, !state.waiting.isEmpty else { return nil }
             state.active += 1
-            return state.waiting.removeFirst()
+            let job = state.waiting.removeFirst()
+            state.activeKeys.insert(job.key)
+            return job
         }
+        if let job { self.journal?.started(job) }
+        return job
+    }
+
+    /// More jobs, after those waiting.
+    func add(_ jobs: [UploadJob]) {
+        guard !jobs.isEmpty else { return }
+        self.changed { $0.waiting += jobs }
     }
 
     /// A job goes back to wait for the next connection (or a free stream).
     func requeue(_ job: UploadJob) {
-        self.state.withLockedValue { state in
+        self.changed { state in
             state.active -= 1
+            state.activeKeys.remove(job.key)
             state.waiting.insert(job, at: 0)
         }
-        self.listener.withLockedValue { $0 }?.call()
+        self.journal?.requeued(job)
     }
 
-    func finished(_ result: UploadResult) {
-        self.state.withLockedValue { state in
+    func finished(_ job: UploadJob, _ result: UploadResult) {
+        self.changed { state in
             state.active -= 1
-            state.finished.append(result)
+            if self.keepResults { state.finished.append(result) }
+            state.activeKeys.remove(job.key)
+            state.dropped.remove(job.key)
         }
+        self.journal?.finished(job, result)
+    }
+
+    /// The job's durable offset moved.
+    func progressed(_ job: UploadJob) {
+        self.journal?.progressed(job)
+    }
+
+    /// Stops new jobs from starting (`reason` says why) or, with nil, lets them start again. Uploads in flight stop
+    /// at once: the connection closes, and the relay keeps every acknowledged byte for the resume.
+    func hold(_ reason: String?) {
+        self.changed { $0.hold = reason }
+    }
+
+    var holdReason: String? { self.state.withLockedValue { $0.hold } }
+
+    /// The source of `key` is gone: a waiting job leaves the queue (returned), an active one stops without committing.
+    func drop(key: String) -> UploadJob? {
+        var removed: UploadJob? = nil
+        self.changed { state in
+            if let index = state.waiting.firstIndex(where: { $0.key == key }) {
+                removed = state.waiting.remove(at: index)
+            } else if state.activeKeys.contains(key) {
+                state.dropped.insert(key)
+            }
+        }
+        return removed
+    }
+
+    func isDropped(_ job: UploadJob) -> Bool {
+        self.state.withLockedValue { $0.dropped.contains(job.key) }
+    }
+
+    /// Ends a long-running queue: ``waitForWork()`` returns false from now on.
+    func stop() {
+        self.changed { $0.stopped = true }
+    }
+
+    /// Waits until a job may start; false once the queue is stopped or, for a `send`, every job finished.
+    func waitForWork(service: Bool) async -> Bool {
+        while true {
+            if let answer = self.state.withLockedValue({ Self.answer($0, service: service) }) { return answer }
+            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                let asked: Bool = self.state.withLockedValue { state in
+                    // Asked again under the lock: a change between the two looks is never missed.
+                    guard Self.answer(state, service: service) == nil else { return true }
+                    state.waiters.append(continuation)
+                    return false
+                }
+                if asked { continuation.resume() }
+            }
+        }
+    }
+
+    private static func answer(_ state: State, service: Bool) -> Bool? {
+        if state.stopped { return false }
+        if !service && state.waiting.isEmpty && state.active == 0 { return false }
+        if state.hold == nil && !state.waiting.isEmpty { return true }
+        return nil
+    }
+
+    /// Changes the state, then wakes the connection and whoever waits for work (they look again).
+    private func changed(_ body: (inout State) -> Void) {
+        let waiters: [CheckedContinuation<Void, Never>] = self.state.withLockedValue { state in
+            body(&state)
+            defer { state.waiters.removeAll() }
+            return state.waiters
+        }
+        for waiter in waiters { waiter.resume() }
         self.listener.withLockedValue { $0 }?.call()
     }
 
@@ -67,13 +176,15 @@ final class JobQueue: Sendable {
 
     /// Gives up on every job still waiting.
     func failWaiting(_ message: String) -> [UploadResult] {
-        self.state.withLockedValue { state in
+        let failed: [(UploadJob, UploadResult)] = self.state.withLockedValue { state in
             let results = state.waiting.map { job in
-                job.finish(.failed, sha1: job.knownSHA1?.hex ?? "", error: job.lastError.map { "\(message); last error: \($0)" } ?? message)
+                (job, job.finish(.failed, sha1: job.knownSHA1?.hex ?? "", error: job.lastError.map { "\(message); last error: \($0)" } ?? message))
             }
             state.waiting.removeAll()
-            state.finished += results
+            if self.keepResults { state.finished += results.map(\.1) }
             return results
         }
+        for (job, result) in failed { self.journal?.finished(job, result) }
+        return failed.map(\.1)
     }
 }

@@ -5,11 +5,17 @@ public struct UploadItem: Sendable {
     /// What the user named: a path, or "-" for stdin.
     public var displayPath: String
     public var source: any BlobSource
+    /// Replace different content stored under the key; nil follows ``AgentConfiguration/overwrite``.
+    public var overwrite: Bool?
+    /// Hash before OPEN so the relay can answer from its dedup; nil follows ``AgentConfiguration/dedup``.
+    public var dedup: Bool?
 
-    public init(key: String, displayPath: String, source: any BlobSource) {
+    public init(key: String, displayPath: String, source: any BlobSource, overwrite: Bool? = nil, dedup: Bool? = nil) {
         self.key = key
         self.displayPath = displayPath
         self.source = source
+        self.overwrite = overwrite
+        self.dedup = dedup
     }
 }
 
@@ -32,15 +38,22 @@ public struct UploadResult: Hashable, Sendable {
     public var status: Status
     /// Payload bytes this run actually transmitted for it, over every connection.
     public var sentBytes: UInt64
+    /// Bytes this run read only to hash them (dedup before OPEN, a prefix before a resume): 0 when the hash cache or
+    /// the state database already knew them.
+    public var hashedBytes: UInt64
     public var error: String?
 
-    public init(key: String, path: String, bytes: UInt64, sha1: String, status: Status, sentBytes: UInt64, error: String? = nil) {
+    public init(
+        key: String, path: String, bytes: UInt64, sha1: String, status: Status, sentBytes: UInt64, hashedBytes: UInt64 = 0,
+        error: String? = nil
+    ) {
         self.key = key
         self.path = path
         self.bytes = bytes
         self.sha1 = sha1
         self.status = status
         self.sentBytes = sentBytes
+        self.hashedBytes = hashedBytes
         self.error = error
     }
 }

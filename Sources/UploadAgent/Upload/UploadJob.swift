@@ -8,6 +8,11 @@ import UploadProtocol
 /// so its fields need no lock of their own.
 final class UploadJob: @unchecked Sendable {
     let item: UploadItem
+    /// The item's row in the agent's state database, when the run keeps one.
+    let queueID: Int64?
+    /// What the state database held for the item when this run took it: the relay's durable offset and the agent's
+    /// SHA-1 state there, valid while the source's fingerprint is unchanged.
+    var recorded: (fingerprint: [UInt8], offset: UInt64, state: SHA1)? = nil
     var info: SourceInfo? = nil
     /// The blob's SHA-1 when hashed before OPEN (dedup), or once the upload completed.
     var knownSHA1: SHA1Digest? = nil
@@ -15,6 +20,8 @@ final class UploadJob: @unchecked Sendable {
     var resumeToken: [UInt8] = []
     /// Payload bytes sent over every connection of this run.
     var sentBytes: UInt64 = 0
+    /// Bytes read only to hash them: a dedup hash before OPEN, a prefix before a resume.
+    var hashedBytes: UInt64 = 0
     /// The size the source turned out to have, set when HASH goes out (the result's size for sources of unknown size).
     var bytesRead: UInt64 = 0
     /// The relay's durable offset.
@@ -30,8 +37,9 @@ final class UploadJob: @unchecked Sendable {
     var lastError: String? = nil
     var result: UploadResult? = nil
 
-    init(item: UploadItem) {
+    init(item: UploadItem, queueID: Int64? = nil) {
         self.item = item
+        self.queueID = queueID
     }
 
     var key: String { self.item.key }
@@ -47,7 +55,7 @@ final class UploadJob: @unchecked Sendable {
     func finish(_ status: UploadResult.Status, sha1: String, error: String? = nil) -> UploadResult {
         let result = UploadResult(
             key: self.key, path: self.item.displayPath, bytes: self.info?.size ?? self.bytesRead, sha1: sha1, status: status,
-            sentBytes: self.sentBytes, error: error
+            sentBytes: self.sentBytes, hashedBytes: self.hashedBytes, error: error
         )
         self.result = result
         self.item.source.close()

@@ -23,43 +23,63 @@ public final class Uploader: Sendable {
     /// Uploads every item; returns one result per item, in the order they finished.
     /// `onEvent` is called from event-loop threads: keep it quick.
     public func upload(_ items: [UploadItem], onEvent: @escaping @Sendable (UploadEvent) -> Void = { _ in }) async throws -> [UploadResult] {
-        let queue = JobQueue(items.map(UploadJob.init))
+        let queue = JobQueue(items.map { UploadJob(item: $0) })
         guard !items.isEmpty else { return [] }
+        try await self.run(queue, service: false, onEvent: onEvent)
+        return queue.results
+    }
+
+    /// Why a long-running agent stopped: retrying could not help (a revoked token, the wrong CA).
+    public struct Stopped: Error, Hashable, Sendable, CustomStringConvertible {
+        public var description: String
+    }
+
+    /// Runs the queue's jobs, one connection at a time, reconnecting with backoff. A `send` (`service` false) returns
+    /// once every job finished or was given up; a long-running agent waits for more work (and while the queue is
+    /// held) until the queue is stopped, and throws ``Stopped`` when retrying cannot help.
+    func run(_ queue: JobQueue, service: Bool, onEvent: @escaping @Sendable (UploadEvent) -> Void) async throws {
         let pool = NIOThreadPool(numberOfThreads: self.configuration.ioThreads)
         pool.start()
         defer { pool.shutdownGracefully { _ in } }
         let tls = try self.makeTLSContext()
         let clock = ContinuousClock()
-        var deadline = clock.now + self.configuration.retryFor
+        var deadline: ContinuousClock.Instant? = nil
         var backoff = Duration.milliseconds(200)
-        while !queue.isDone {
+        while await queue.waitForWork(service: service) {
+            let started = clock.now
             let outcome: ConnectionOutcome
             do {
                 outcome = try await self.runConnection(queue: queue, pool: pool, tls: tls, onEvent: onEvent)
             } catch {
                 outcome = ConnectionOutcome(reason: Self.describe(connectError: error, configuration: self.configuration), fatal: false, madeProgress: false)
             }
-            if queue.isDone { break }
+            if queue.isDone || queue.holdReason != nil {
+                // All done (a long-running agent waits for more) or paused: the next connection starts afresh.
+                deadline = nil
+                backoff = .milliseconds(200)
+                continue
+            }
             let reason = outcome.reason ?? "connection closed"
             if outcome.fatal {
                 for result in queue.failWaiting(reason) { onEvent(.finished(result)) }
+                if service { throw Stopped(description: reason) }
                 break
             }
-            if outcome.madeProgress {
-                deadline = clock.now + self.configuration.retryFor
-                backoff = .milliseconds(200)
+            if outcome.madeProgress || deadline == nil {
+                deadline = (outcome.madeProgress ? clock.now : started) + self.configuration.retryFor
+                if outcome.madeProgress { backoff = .milliseconds(200) }
             }
-            guard clock.now < deadline else {
+            if let deadline, clock.now >= deadline, !self.configuration.retryForever {
                 for result in queue.failWaiting("gave up after \(self.configuration.retryFor) without progress: \(reason)") {
                     onEvent(.finished(result))
                 }
+                if service { continue }
                 break
             }
             onEvent(.reconnecting(reason: reason, delay: backoff))
             try await Task.sleep(for: backoff)
             backoff = min(backoff * 2, self.configuration.maxBackoff)
         }
-        return queue.results
     }
 
     private func makeTLSContext() throws -> NIOSSLContext {

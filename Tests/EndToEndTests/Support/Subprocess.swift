@@ -10,13 +10,14 @@ final class ChildProcess: @unchecked Sendable {
     let readyFile: String
     let logFile: String
 
-    init(_ executable: String, _ arguments: [String], readyFile: String, logFile: String) throws {
+    init(_ executable: String, _ arguments: [String], readyFile: String, logFile: String, environment: [String: String]? = nil) throws {
         self.readyFile = readyFile
         self.logFile = logFile
         try? FileManager.default.removeItem(atPath: readyFile)
         FileManager.default.createFile(atPath: logFile, contents: nil)
         self.process.executableURL = URL(fileURLWithPath: executable)
         self.process.arguments = arguments
+        if let environment { self.process.environment = environment }
         let log = FileHandle(forWritingAtPath: logFile)!
         log.seekToEndOfFile()
         self.process.standardOutput = log

@@ -1,0 +1,265 @@
+import Foundation
+import GRDB
+
+/// One item of the persistent queue, as `upload-agent status` shows it.
+public struct QueuedItem: Hashable, Sendable {
+    public enum Status: String, Hashable, Sendable, CaseIterable {
+        /// Waiting for its turn (or for the relay, or for a pause to end).
+        case queued
+        /// On a connection now (or when the agent that ran it was killed: the next run resumes it).
+        case uploading
+        /// Stored on the relay, or found there already.
+        case done
+        /// Given up; `upload-agent retry` queues it again.
+        case failed
+        /// Its file was deleted before the upload finished: never uploaded, nothing deleted on the relay.
+        case dropped
+    }
+
+    public var id: Int64
+    public var target: String
+    public var key: String
+    public var path: String
+    public var status: Status
+    public var size: UInt64?
+    public var fingerprint: [UInt8]
+    public var sha1: String?
+    /// The relay's durable offset, as last heard.
+    public var acked: UInt64
+    /// The agent's SHA-1 state at `acked` (when it hashes while sending), so a restart resumes without re-reading.
+    public var sha1State: [UInt8]?
+    public var sentBytes: UInt64
+    /// Bytes read only to hash them (dedup before OPEN, or a prefix on resume): 0 when the hash cache knew the file.
+    public var hashedBytes: UInt64
+    /// `stored` or `deduplicated` once done.
+    public var outcome: String?
+    public var error: String?
+    public var overwrite: Bool
+    /// Whether the file is hashed before OPEN (the settings of the command that queued it, whoever uploads it).
+    public var dedup: Bool
+    /// Bytes per second acknowledged lately, while uploading.
+    public var rate: Double
+    public var addedAt: Double
+    public var updatedAt: Double
+
+    init(row: Row) {
+        self.id = row["id"]
+        self.target = row["target"]
+        self.key = row["key"]
+        self.path = row["path"]
+        self.status = Status(rawValue: row["status"]) ?? .queued
+        self.size = (row["size"] as Int64?).map { UInt64(max(0, $0)) }
+        self.fingerprint = [UInt8]((row["fingerprint"] as Data?) ?? Data())
+        self.sha1 = row["sha1"]
+        self.acked = UInt64(max(0, row["acked"] as Int64))
+        self.sha1State = (row["sha1_state"] as Data?).map { [UInt8]($0) }
+        self.sentBytes = UInt64(max(0, row["sent_bytes"] as Int64))
+        self.hashedBytes = UInt64(max(0, row["hashed_bytes"] as Int64))
+        self.outcome = row["outcome"]
+        self.error = row["error"]
+        self.overwrite = row["overwrite"]
+        self.dedup = row["dedup"]
+        self.rate = row["rate"]
+        self.addedAt = row["added_at"]
+        self.updatedAt = row["updated_at"]
+    }
+}
+
+/// What adding an item to the queue did.
+public enum EnqueueOutcome: Hashable, Sendable {
+    /// Queued now (new, changed, or failed before); a runner will upload it.
+    case queued(Int64)
+    /// Already queued or uploading: the same work is not done twice.
+    case alreadyQueued(Int64)
+    /// Done before with the same fingerprint: nothing to do.
+    case unchanged(Int64)
+}
+
+/// What one item to add says about itself.
+public struct QueueEntry: Hashable, Sendable {
+    public var key: String
+    public var path: String
+    public var size: UInt64?
+    public var fingerprint: [UInt8]
+    public var overwrite: Bool
+    public var dedup: Bool
+
+    public init(key: String, path: String, size: UInt64?, fingerprint: [UInt8], overwrite: Bool, dedup: Bool = true) {
+        self.key = key
+        self.path = path
+        self.size = size
+        self.fingerprint = fingerprint
+        self.overwrite = overwrite
+        self.dedup = dedup
+    }
+}
+
+extension AgentStateStore {
+    /// Adds items for `target`. An item done before with the same fingerprint is `unchanged` when `skipUnchanged`
+    /// (watch's rescans), queued again otherwise (send asks the relay, which answers from its dedup without a byte).
+    /// `external` marks a change a running agent of another process must notice.
+    /// `skipChanged` leaves them alone even when the file changed since (`watch --on-change skip`: the first wins).
+    public func enqueue(
+        _ entries: [QueueEntry], target: String, skipUnchanged: Bool, skipChanged: Bool = false, external: Bool
+    ) throws -> [EnqueueOutcome] {
+        try self.write { db in
+            let now = Self.now()
+            var outcomes: [EnqueueOutcome] = []
+            for entry in entries {
+                let existing = try Row.fetchOne(
+                    db, sql: "SELECT id, status, fingerprint FROM item WHERE target = ? AND key = ?", arguments: [target, entry.key]
+                )
+                guard let existing else {
+                    try db.execute(
+                        sql: """
+                            INSERT INTO item (target, key, path, status, size, fingerprint, overwrite, dedup, added_at, updated_at)
+                            VALUES (?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?)
+                            """,
+                        arguments: [
+                            target, entry.key, entry.path, entry.size.map { Int64($0) }, Data(entry.fingerprint), entry.overwrite, entry.dedup,
+                            now, now,
+                        ]
+                    )
+                    outcomes.append(.queued(db.lastInsertedRowID))
+                    continue
+                }
+                let id: Int64 = existing["id"]
+                let status = QueuedItem.Status(rawValue: existing["status"]) ?? .queued
+                let sameContent = [UInt8]((existing["fingerprint"] as Data?) ?? Data()) == entry.fingerprint && !entry.fingerprint.isEmpty
+                switch status {
+                case .queued, .uploading:
+                    if !sameContent {
+                        // A newer version of a file still waiting: its progress belonged to the old one.
+                        try db.execute(
+                            sql: """
+                                UPDATE item SET path = ?, size = ?, fingerprint = ?, sha1 = NULL, acked = 0, sha1_state = NULL,
+                                overwrite = ?, dedup = ?, updated_at = ? WHERE id = ?
+                                """,
+                            arguments: [entry.path, entry.size.map { Int64($0) }, Data(entry.fingerprint), entry.overwrite, entry.dedup, now, id]
+                        )
+                    }
+                    outcomes.append(.alreadyQueued(id))
+                    continue
+                case .done where (sameContent && skipUnchanged) || skipChanged:
+                    outcomes.append(.unchanged(id))
+                    continue
+                case .done, .failed, .dropped:
+                    try db.execute(
+                        sql: """
+                            UPDATE item SET path = ?, status = 'queued', size = ?, fingerprint = ?, sha1 = NULL, acked = 0,
+                            sha1_state = NULL, sent_bytes = 0, hashed_bytes = 0, outcome = NULL, error = NULL, overwrite = ?,
+                            dedup = ?, rate = 0, added_at = ?, updated_at = ? WHERE id = ?
+                            """,
+                        arguments: [entry.path, entry.size.map { Int64($0) }, Data(entry.fingerprint), entry.overwrite, entry.dedup, now, now, id]
+                    )
+                    outcomes.append(.queued(id))
+                }
+            }
+            if external { try Self.bump(db) }
+            return outcomes
+        }
+    }
+
+    /// Items of `target` waiting or left uploading by an agent that stopped, oldest first.
+    public func pending(target: String) throws -> [QueuedItem] {
+        try self.read { db in
+            try Row.fetchAll(
+                db, sql: "SELECT * FROM item WHERE target = ? AND status IN ('queued', 'uploading') ORDER BY id", arguments: [target]
+            ).map(QueuedItem.init(row:))
+        }
+    }
+
+    /// Every item (of one target, or all), oldest first.
+    public func items(target: String? = nil) throws -> [QueuedItem] {
+        try self.read { db in
+            if let target {
+                return try Row.fetchAll(db, sql: "SELECT * FROM item WHERE target = ? ORDER BY id", arguments: [target]).map(QueuedItem.init(row:))
+            }
+            return try Row.fetchAll(db, sql: "SELECT * FROM item ORDER BY id").map(QueuedItem.init(row:))
+        }
+    }
+
+    public func items(ids: [Int64]) throws -> [QueuedItem] {
+        try self.read { db in
+            try Row.fetchAll(db, sql: "SELECT * FROM item WHERE id IN (SELECT value FROM json_each(?))", arguments: [Self.jsonArray(ids)])
+                .map(QueuedItem.init(row:))
+        }
+    }
+
+    private static func jsonArray(_ ids: [Int64]) -> String {
+        "[" + ids.map(String.init).joined(separator: ",") + "]"
+    }
+
+    /// Items whose file was deleted before they were uploaded: they leave the queue (nothing on the relay is touched).
+    public func drop(target: String, key: String, reason: String) throws -> Int64? {
+        try self.write { db in
+            guard let id = try Int64.fetchOne(
+                db, sql: "SELECT id FROM item WHERE target = ? AND key = ? AND status IN ('queued', 'uploading', 'failed')",
+                arguments: [target, key]
+            ) else { return nil }
+            try db.execute(sql: "UPDATE item SET status = 'dropped', error = ?, rate = 0, updated_at = ? WHERE id = ?", arguments: [reason, Self.now(), id])
+            return id
+        }
+    }
+
+    /// Queues failed items again (`upload-agent retry`); returns how many.
+    public func retryFailed(target: String? = nil) throws -> Int {
+        try self.write { db in
+            try db.execute(
+                sql: "UPDATE item SET status = 'queued', error = NULL, updated_at = ? WHERE status = 'failed' AND (? IS NULL OR target = ?)",
+                arguments: [Self.now(), target, target]
+            )
+            let count = db.changesCount
+            try Self.bump(db)
+            return count
+        }
+    }
+
+    // MARK: A runner's records
+
+    /// Progress of one item, written by the agent that uploads it.
+    struct Progress: Sendable {
+        var status: QueuedItem.Status
+        var size: UInt64?
+        var fingerprint: [UInt8]?
+        var sha1: String?
+        var acked: UInt64
+        var sha1State: [UInt8]?
+        var sentBytes: UInt64
+        var hashedBytes: UInt64
+        var outcome: String?
+        var error: String?
+        var rate: Double
+    }
+
+    func record(_ updates: [(Int64, Progress)]) throws {
+        guard !updates.isEmpty else { return }
+        try self.write { db in
+            let now = Self.now()
+            for (id, progress) in updates {
+                // An item dropped (file deleted) meanwhile stays dropped; one whose file changed meanwhile (a new
+                // fingerprint queued by a rescan) is not marked with the old version's progress.
+                let fingerprint = progress.fingerprint.map { Data($0) }
+                try db.execute(
+                    sql: """
+                        UPDATE item SET status = ?, size = COALESCE(?, size), sha1 = COALESCE(?, sha1), acked = ?, sha1_state = ?,
+                        sent_bytes = ?, hashed_bytes = ?, outcome = ?, error = ?, rate = ?, updated_at = ?
+                        WHERE id = ? AND status IN ('queued', 'uploading') AND (? IS NULL OR fingerprint = ? OR fingerprint = x'')
+                        """,
+                    arguments: [
+                        progress.status.rawValue, progress.size.map { Int64($0) }, progress.sha1, Int64(progress.acked),
+                        progress.sha1State.map { Data($0) }, Int64(progress.sentBytes), Int64(progress.hashedBytes), progress.outcome,
+                        progress.error, progress.rate, now, id, fingerprint, fingerprint,
+                    ]
+                )
+            }
+        }
+    }
+
+    /// At a runner's start: items left `uploading` by an agent that stopped go back to `queued`.
+    func resetUploading(target: String) throws {
+        try self.write { db in
+            try db.execute(sql: "UPDATE item SET status = 'queued', rate = 0 WHERE target = ? AND status = 'uploading'", arguments: [target])
+        }
+    }
+}

@@ -1,0 +1,307 @@
+import Foundation
+import Logging
+import NIOConcurrencyHelpers
+import UploadChecksums
+import UploadProtocol
+
+/// Uploads a target's persistent queue: the one process that holds the target's ``RunnerLock`` (a `send`, or a
+/// `watch` that runs for days). It loads what earlier runs left, takes new items, records every job's progress in the
+/// state database (the relay's durable offset with the SHA-1 state there, the hash cache), and follows the pause flag
+/// and new items that other processes write.
+public final class QueueRunner: Sendable {
+    public let store: AgentStateStore
+    public let target: String
+    private let uploader: Uploader
+    private let lock: RunnerLock
+    let queue: JobQueue
+    private let journal: QueueJournal
+
+    private struct State {
+        /// Jobs of this run by row, waiting or active.
+        var jobs: [Int64: UploadJob] = [:]
+        /// Rows queued again (a newer version of the file) while their job ran: the next job, once that one ends.
+        var after: [Int64: UploadItem] = [:]
+        /// Rows whose job ended but whose end is not written yet: a look at the database meanwhile still sees them
+        /// queued or uploading, and must not start them again.
+        var ending: Set<Int64> = []
+        /// Why uploads are held, by who holds them ("pause", a condition).
+        var holds: [String: String] = [:]
+        var generation = -1
+    }
+
+    private let state = NIOLockedValueBox(State())
+
+    /// `lock` must be the target's: one runner per target at a time. `keepResults` keeps every finished item's result
+    /// in memory (a `send` reports them); a long-running agent leaves them in the database only.
+    public init(uploader: Uploader, store: AgentStateStore, lock: RunnerLock, keepResults: Bool) {
+        let target = AgentStateStore.target(
+            relayHost: uploader.configuration.relayHost, relayPort: uploader.configuration.relayPort, token: uploader.configuration.token
+        )
+        self.store = store
+        self.target = target
+        self.uploader = uploader
+        self.lock = lock
+        let journal = QueueJournal(store: store)
+        self.journal = journal
+        self.queue = JobQueue([], journal: journal, keepResults: keepResults)
+        journal.runner.withLockedValue { $0 = WeakRunner(self) }
+    }
+
+    /// Loads what earlier runs left for this target (queued, or uploading when the agent stopped) and the pause flag.
+    public func loadPending() throws {
+        try self.store.resetUploading(target: self.target)
+        try self.refresh()
+    }
+
+    /// Adds files to the queue (and to this run); other sources are uploaded by this run only, not recorded.
+    /// `skipUnchanged` leaves files done before with the same fingerprint alone (watch's scans).
+    @discardableResult
+    public func enqueue(_ items: [UploadItem], skipUnchanged: Bool, skipChanged: Bool = false, overwrite: Bool) throws -> [EnqueueOutcome] {
+        var entries: [QueueEntry] = []
+        var byKey: [String: UploadItem] = [:]
+        var streams: [UploadJob] = []
+        for item in items {
+            guard let file = item.source as? FileSource else {
+                streams.append(UploadJob(item: item))
+                continue
+            }
+            let info = FileSource.currentInfo(path: file.path)
+            entries.append(
+                QueueEntry(
+                    key: item.key, path: file.path, size: info?.size, fingerprint: info?.fingerprint ?? [], overwrite: item.overwrite ?? overwrite,
+                    dedup: item.dedup ?? self.uploader.configuration.dedup
+                )
+            )
+            byKey[item.key] = item
+        }
+        let outcomes = try self.store.enqueue(entries, target: self.target, skipUnchanged: skipUnchanged, skipChanged: skipChanged, external: false)
+        var jobs = streams
+        self.state.withLockedValue { state in
+            for (entry, outcome) in zip(entries, outcomes) {
+                guard var item = byKey[entry.key] else { continue }
+                item.overwrite = entry.overwrite
+                item.dedup = entry.dedup
+                switch outcome {
+                case .queued(let id), .alreadyQueued(let id):
+                    if state.jobs[id] == nil {
+                        let job = UploadJob(item: item, queueID: id)
+                        state.jobs[id] = job
+                        jobs.append(job)
+                    } else if case .queued = outcome {
+                        state.after[id] = item
+                    } else if let running = state.jobs[id], running.info.map({ $0.fingerprint != entry.fingerprint }) ?? false {
+                        // A newer version of a file whose upload is running: it goes up again once that one ends.
+                        state.after[id] = item
+                    }
+                case .unchanged:
+                    continue
+                }
+            }
+        }
+        self.queue.add(jobs)
+        return outcomes
+    }
+
+    /// The file under `key` was deleted: it leaves the queue, and an upload of it in flight stops without committing.
+    public func drop(key: String) throws {
+        let id = try self.store.drop(target: self.target, key: key, reason: "removed before its upload finished: not uploaded")
+        if let job = self.queue.drop(key: key), let queueID = job.queueID {
+            self.state.withLockedValue { $0.jobs[queueID] = nil }
+        }
+        if let id { self.state.withLockedValue { _ = $0.after.removeValue(forKey: id) } }
+    }
+
+    /// Holds uploads for `reason` under the name `holder` ("pause", a condition), or releases that hold with nil.
+    public func hold(_ holder: String, _ reason: String?) {
+        let combined: String? = self.state.withLockedValue { state in
+            state.holds[holder] = reason
+            return state.holds.sorted { $0.key < $1.key }.map(\.value).first
+        }
+        if combined != self.queue.holdReason { self.queue.hold(combined) }
+    }
+
+    /// Why uploads are held now, or nil.
+    public var holdReason: String? { self.queue.holdReason }
+
+    /// Picks up what other processes changed since the last look: the pause flag, items queued (`send` handing its
+    /// files to this agent, `retry`). Cheap when nothing changed: one row read.
+    public func refresh() throws {
+        let generation = try self.store.generation()
+        guard self.state.withLockedValue({ state in
+            defer { state.generation = generation }
+            return state.generation != generation
+        }) else { return }
+        self.hold("pause", try self.store.isPaused() ? "paused (upload-agent resume lets uploads go on)" : nil)
+        let rows = try self.store.pending(target: self.target)
+        let jobs: [UploadJob] = self.state.withLockedValue { state in
+            rows.compactMap { row in
+                guard state.jobs[row.id] == nil, !state.ending.contains(row.id) else { return nil }
+                let job = Self.job(for: row)
+                state.jobs[row.id] = job
+                return job
+            }
+        }
+        self.queue.add(jobs)
+    }
+
+    static func job(for row: QueuedItem) -> UploadJob {
+        let job = UploadJob(item: UploadItem(key: row.key, displayPath: row.path, source: FileSource(path: row.path), overwrite: row.overwrite, dedup: row.dedup), queueID: row.id)
+        if let bytes = row.sha1State, row.acked > 0, let state = try? SHA1(importing: bytes), state.byteCount == row.acked {
+            job.recorded = (row.fingerprint, row.acked, state)
+        }
+        return job
+    }
+
+    /// Uploads until the queue is empty (`service` false) or until ``stop()``, looking for changes from other
+    /// processes every `pollInterval`.
+    public func run(service: Bool, pollInterval: Duration = .seconds(1), onEvent: @escaping @Sendable (UploadEvent) -> Void) async throws {
+        let poller = Task {
+            while !Task.isCancelled {
+                try await Task.sleep(for: pollInterval)
+                try self.refresh()
+            }
+        }
+        defer {
+            poller.cancel()
+            self.journal.flushNow()
+        }
+        try await self.uploader.run(self.queue, service: service, onEvent: onEvent)
+    }
+
+    /// Ends a long-running ``run(service:pollInterval:onEvent:)``: no new upload starts; the connection closes.
+    public func stop() {
+        self.queue.stop()
+        self.queue.hold("stopping")
+    }
+
+    /// The results of this run's finished items (kept when `keepResults`).
+    public var results: [UploadResult] { self.queue.results }
+
+    /// A job ended: the row's next version, if one was queued meanwhile, goes next.
+    fileprivate func ended(_ job: UploadJob) {
+        guard let id = job.queueID else { return }
+        let next: UploadJob? = self.state.withLockedValue { state in
+            state.jobs[id] = nil
+            state.ending.insert(id)
+            guard let item = state.after.removeValue(forKey: id) else { return nil }
+            let next = UploadJob(item: item, queueID: id)
+            state.jobs[id] = next
+            return next
+        }
+        if let next { self.queue.add([next]) }
+    }
+
+    /// The journal wrote these rows' ends.
+    fileprivate func written(_ ids: [Int64]) {
+        self.state.withLockedValue { state in
+            for id in ids { state.ending.remove(id) }
+        }
+    }
+}
+
+struct WeakRunner: Sendable {
+    weak var runner: QueueRunner?
+    init(_ runner: QueueRunner) { self.runner = runner }
+}
+
+/// Records jobs in the state database, coalescing progress: at most one write per `interval` for all jobs together,
+/// on a queue of its own, never on an event loop.
+final class QueueJournal: JobJournal {
+    private let store: AgentStateStore
+    let runner = NIOLockedValueBox<WeakRunner?>(nil)
+    private let writes = DispatchQueue(label: "upload-agent.state")
+    private let interval: Double
+
+    private struct Pending {
+        var updates: [Int64: AgentStateStore.Progress] = [:]
+        var scheduled = false
+        /// Per row: the acknowledged offset and time of the last write, and the rate then.
+        var rates: [Int64: (acked: UInt64, time: Double, rate: Double)] = [:]
+    }
+
+    private let pending = NIOLockedValueBox(Pending())
+
+    init(store: AgentStateStore, interval: Double = 0.05) {
+        self.store = store
+        self.interval = interval
+    }
+
+    private func submit(_ job: UploadJob, _ status: QueuedItem.Status, result: UploadResult? = nil) {
+        guard let id = job.queueID else { return }
+        let snapshot = job.knownSHA1 == nil ? job.snapshots[job.acked].map { $0.exportState() } : nil
+        let sha1 = job.knownSHA1?.hex ?? result.flatMap { $0.sha1.isEmpty ? nil : $0.sha1 }
+        let progress = AgentStateStore.Progress(
+            status: status, size: job.info?.size ?? (result.map { $0.bytes }), fingerprint: job.info?.fingerprint, sha1: sha1,
+            acked: result?.status == .failed || result == nil ? job.acked : (job.info?.size ?? job.bytesRead), sha1State: snapshot,
+            sentBytes: job.sentBytes, hashedBytes: job.hashedBytes,
+            outcome: result.flatMap { $0.status == .failed ? nil : $0.status.rawValue }, error: result?.error, rate: 0
+        )
+        let schedule: Bool = self.pending.withLockedValue { pending in
+            pending.updates[id] = progress
+            defer { pending.scheduled = true }
+            return !pending.scheduled
+        }
+        if schedule {
+            self.writes.asyncAfter(deadline: .now() + self.interval) { self.flush() }
+        }
+    }
+
+    private func flush() {
+        let now = Date().timeIntervalSince1970
+        let updates: [(Int64, AgentStateStore.Progress)] = self.pending.withLockedValue { pending in
+            pending.scheduled = false
+            defer { pending.updates.removeAll() }
+            return pending.updates.sorted { $0.key < $1.key }.map { id, progress in
+                var progress = progress
+                if progress.status == .uploading {
+                    // Bytes acknowledged per second, smoothed over the writes at least half a second apart.
+                    let last = pending.rates[id] ?? (progress.acked, now, 0)
+                    let elapsed = now - last.time
+                    if elapsed >= 0.5 {
+                        let recent = Double(progress.acked - min(progress.acked, last.acked)) / elapsed
+                        pending.rates[id] = (progress.acked, now, last.rate == 0 ? recent : (last.rate + recent) / 2)
+                    } else if pending.rates[id] == nil {
+                        pending.rates[id] = last
+                    }
+                    progress.rate = pending.rates[id]?.rate ?? 0
+                } else {
+                    pending.rates[id] = nil
+                }
+                return (id, progress)
+            }
+        }
+        do {
+            try self.store.record(updates)
+            let ended = updates.filter { ![.queued, .uploading].contains($0.1.status) }.map(\.0)
+            if !ended.isEmpty { self.runner.withLockedValue { $0 }?.runner?.written(ended) }
+        } catch {
+            FileHandle.standardError.write(Data("upload-agent: cannot record progress: \(error)\n".utf8))
+        }
+    }
+
+    /// Writes what is pending now (at the end of a run).
+    func flushNow() {
+        self.writes.sync { self.flush() }
+    }
+
+    func started(_ job: UploadJob) { self.submit(job, .uploading) }
+    func progressed(_ job: UploadJob) { self.submit(job, .uploading) }
+    func requeued(_ job: UploadJob) { self.submit(job, .queued) }
+
+    func finished(_ job: UploadJob, _ result: UploadResult) {
+        var status: QueuedItem.Status = result.status == .failed ? .failed : .done
+        if status == .failed, let file = job.item.source as? FileSource, FileSource.currentInfo(path: file.path) == nil {
+            status = .dropped
+        }
+        self.submit(job, status, result: result)
+        self.runner.withLockedValue { $0 }?.runner?.ended(job)
+    }
+
+    func cachedSHA1(fingerprint: [UInt8]) -> SHA1Digest? {
+        (try? self.store.cachedSHA1(fingerprint: fingerprint)).flatMap { $0.flatMap(SHA1Digest.init(hex:)) }
+    }
+
+    func hashed(fingerprint: [UInt8], sha1: SHA1Digest) {
+        try? self.store.cacheSHA1(fingerprint: fingerprint, sha1: sha1.hex)
+    }
+}

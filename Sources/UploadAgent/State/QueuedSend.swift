@@ -1,0 +1,82 @@
+import Foundation
+
+/// `upload-agent send` through the persistent queue: files are recorded before a byte moves, so a `send` that is
+/// killed resumes where the relay's durable offset stands the next time any agent runs for that relay. When another
+/// process already uploads for the same relay and account (a `watch`, another `send`), the files are handed to it
+/// through the queue and this one waits for them: the same work is never done twice. It takes over if that process
+/// ends first.
+public enum QueuedSend {
+    /// Uploads `items`, returning their results (in the order they finished). `onHandOver` is told when the files
+    /// went to another running agent.
+    public static func run(
+        _ items: [UploadItem], uploader: Uploader, store: AgentStateStore, pollInterval: Duration = .milliseconds(200),
+        onHandOver: @Sendable (Int) -> Void = { _ in }, onEvent: @escaping @Sendable (UploadEvent) -> Void
+    ) async throws -> [UploadResult] {
+        let configuration = uploader.configuration
+        let target = AgentStateStore.target(relayHost: configuration.relayHost, relayPort: configuration.relayPort, token: configuration.token)
+        let keys = Set(items.map(\.key))
+        let files = items.filter { $0.source is FileSource }
+        let streams = items.filter { !($0.source is FileSource) }
+        var handed: [Int64]? = nil
+        var streamTask: Task<[UploadResult], any Error>? = nil
+        while true {
+            if let lock = try RunnerLock.tryAcquire(store: store, target: target) {
+                let runner = QueueRunner(uploader: uploader, store: store, lock: lock, keepResults: true)
+                try runner.loadPending()
+                if handed == nil {
+                    try runner.enqueue(files + streams, skipUnchanged: false, overwrite: configuration.overwrite)
+                }
+                try await runner.run(service: false) { event in
+                    // Items other runs left in the queue go up too, but this command reports its own.
+                    if case .finished(let result) = event, !keys.contains(result.key) { return }
+                    onEvent(event)
+                }
+                var results = runner.results.filter { keys.contains($0.key) }
+                if let handed {
+                    // Files handed to a runner that ended before they did: this run finished the rest.
+                    let reported = Set(results.map(\.key))
+                    results = try store.items(ids: handed).map(Self.result)
+                    for result in results where !reported.contains(result.key) { onEvent(.finished(result)) }
+                    results += try await streamTask?.value ?? []
+                }
+                return results
+            }
+            if handed == nil {
+                let entries = files.map { item in
+                    let info = FileSource.currentInfo(path: item.displayPath)
+                    return QueueEntry(
+                        key: item.key, path: item.displayPath, size: info?.size, fingerprint: info?.fingerprint ?? [],
+                        overwrite: item.overwrite ?? configuration.overwrite, dedup: item.dedup ?? configuration.dedup
+                    )
+                }
+                let outcomes = try store.enqueue(entries, target: target, skipUnchanged: false, external: true)
+                handed = outcomes.map { outcome in
+                    switch outcome {
+                    case .queued(let id), .alreadyQueued(let id), .unchanged(let id): return id
+                    }
+                }
+                onHandOver(entries.count)
+                if !streams.isEmpty {
+                    // A stream cannot be handed over: it goes up from here, outside the queue.
+                    streamTask = Task { try await uploader.upload(streams, onEvent: onEvent) }
+                }
+            }
+            let rows = try store.items(ids: handed ?? [])
+            if rows.allSatisfy({ [.done, .failed, .dropped].contains($0.status) }) {
+                for row in rows { onEvent(.finished(Self.result(row))) }
+                return rows.map(Self.result) + (try await streamTask?.value ?? [])
+            }
+            try await Task.sleep(for: pollInterval)
+        }
+    }
+
+    /// A queue row's outcome, as a run reports it.
+    static func result(_ row: QueuedItem) -> UploadResult {
+        let status: UploadResult.Status =
+            row.status == .done ? (row.outcome == UploadResult.Status.deduplicated.rawValue ? .deduplicated : .stored) : .failed
+        return UploadResult(
+            key: row.key, path: row.path, bytes: row.size ?? 0, sha1: row.sha1 ?? "", status: status, sentBytes: row.sentBytes,
+            hashedBytes: row.hashedBytes, error: status == .failed ? row.error ?? "\(row.status.rawValue)" : nil
+        )
+    }
+}

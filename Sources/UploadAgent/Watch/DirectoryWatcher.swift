@@ -1,0 +1,127 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import Foundation
+import NIOConcurrencyHelpers
+
+/// Watches directory trees with inotify and reports files once they are complete: closed after writing, moved in, or
+/// left unchanged for the settle time (a writer that keeps its file open). A scan at start reports what is there; a
+/// file deleted or moved away is reported removed. Idle, it sleeps in `poll` and costs nothing.
+public final class DirectoryWatcher: Sendable {
+    /// What changed under a root.
+    public enum Change: Hashable, Sendable {
+        /// A complete regular file: `relative` is its path from the root's parent (`Pictures/2026/a.jpg`).
+        case ready(path: String, relative: String)
+        /// A file deleted or moved out.
+        case removed(path: String, relative: String)
+    }
+
+    public struct Options: Sendable {
+        /// Directories to watch, recursively.
+        public var roots: [String]
+        /// How long a file written without a close must stay unchanged before it counts as complete.
+        public var settle: Duration = .seconds(2)
+        public var filter = PathFilter()
+
+        public init(roots: [String]) {
+            self.roots = roots
+        }
+    }
+
+    private let options: Options
+    private let onChanges: @Sendable ([Change]) -> Void
+    private let stopped = NIOLockedValueBox(false)
+    private let finished = NIOLockedValueBox<Bool>(false)
+
+    /// `onChanges` is called from the watcher's thread, in batches.
+    public init(options: Options, onChanges: @escaping @Sendable ([Change]) -> Void) {
+        self.options = options
+        self.onChanges = onChanges
+    }
+
+    // Linux's inotify values (the C macros, not all of which Swift imports).
+    static let closeWrite: UInt32 = 0x0000_0008
+    static let movedFrom: UInt32 = 0x0000_0040
+    static let movedTo: UInt32 = 0x0000_0080
+    static let create: UInt32 = 0x0000_0100
+    static let delete: UInt32 = 0x0000_0200
+    static let modify: UInt32 = 0x0000_0002
+    static let deleteSelf: UInt32 = 0x0000_0400
+    static let moveSelf: UInt32 = 0x0000_0800
+    static let overflow: UInt32 = 0x0000_4000
+    static let ignored: UInt32 = 0x0000_8000
+    static let isDirectory: UInt32 = 0x4000_0000
+    static let onlyDirectories: UInt32 = 0x0100_0000
+    static let watchMask = closeWrite | movedFrom | movedTo | create | delete | modify | deleteSelf | moveSelf | onlyDirectories
+
+    /// Sets up the watches, scans every root (reporting what is complete there), then watches on a thread of its own
+    /// until ``stop()``.
+    public func start() throws {
+        let fd = inotify_init1(Int32(O_NONBLOCK | O_CLOEXEC))
+        guard fd >= 0 else {
+            throw SourceError("cannot start watching: inotify_init1: \(String(cString: strerror(errno)))")
+        }
+        var loop = WatchLoop(fd: fd, options: self.options)
+        for root in self.options.roots {
+            var isDirectory: ObjCBool = false
+            guard FileManager.default.fileExists(atPath: root, isDirectory: &isDirectory), isDirectory.boolValue else {
+                close(fd)
+                throw SourceError("\(root): not a directory (watch takes directories)")
+            }
+        }
+        do {
+            try loop.scanAll()
+        } catch {
+            close(fd)
+            throw error
+        }
+        self.onChanges(loop.takeChanges())
+        let scanned = loop
+        let thread = Thread { [self] in
+            var loop = scanned
+            while !self.stopped.withLockedValue({ $0 }) {
+                loop.wait()
+                let changes = loop.takeChanges()
+                if !changes.isEmpty { self.onChanges(changes) }
+            }
+            close(loop.fd)
+            self.finished.withLockedValue { $0 = true }
+        }
+        thread.name = "upload-agent watch"
+        thread.start()
+    }
+
+    /// Stops watching (within half a second).
+    public func stop() {
+        self.stopped.withLockedValue { $0 = true }
+    }
+}
+
+/// Which files a watch or a send takes, as rclone's filters: with `--include` patterns, only files matching one;
+/// never a file or directory matching an `--exclude` pattern. A pattern without `/` matches a name, one with `/`
+/// the path from the root's parent; `*`, `?` and `[...]` as in the shell.
+public struct PathFilter: Hashable, Sendable {
+    public var include: [String] = []
+    public var exclude: [String] = []
+
+    public init(include: [String] = [], exclude: [String] = []) {
+        self.include = include
+        self.exclude = exclude
+    }
+
+    static func matches(_ pattern: String, name: String, relative: String) -> Bool {
+        let subject = pattern.contains("/") ? relative : name
+        return fnmatch(pattern, subject, 0) == 0
+    }
+
+    /// Whether the directory is walked at all.
+    public func takesDirectory(name: String, relative: String) -> Bool {
+        !self.exclude.contains { Self.matches($0, name: name, relative: relative) }
+    }
+
+    /// Whether the file is uploaded.
+    public func takesFile(name: String, relative: String) -> Bool {
+        if self.exclude.contains(where: { Self.matches($0, name: name, relative: relative) }) { return false }
+        return self.include.isEmpty || self.include.contains { Self.matches($0, name: name, relative: relative) }
+    }
+}

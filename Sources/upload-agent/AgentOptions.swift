@@ -1,0 +1,92 @@
+import ArgumentParser
+import Foundation
+import UploadAgent
+import UploadCommandLine
+
+/// Where the relay is and who the agent is: the options `send` and `watch` share.
+struct ConnectionOptions: ParsableArguments {
+    @Option(name: .long, help: ArgumentHelp("The relay, host:port (or UPLOAD_RELAY).", valueName: "host:port"))
+    var relay: String?
+
+    @Option(name: .long, help: ArgumentHelp("The account's token (or UPLOAD_TOKEN).", valueName: "token"))
+    var token: String?
+
+    @Option(name: .long, help: ArgumentHelp("PEM file of the CA that signed the relay's certificate (or UPLOAD_CA; default: system roots).", valueName: "file"))
+    var ca: String?
+
+    @Option(
+        name: .long,
+        help: ArgumentHelp("The name the relay's certificate holds, when --relay gives an address it does not (TLS SNI and verification).", valueName: "name")
+    )
+    var serverName: String?
+
+    @Option(name: .long, help: ArgumentHelp("Put every key under this prefix.", valueName: "prefix"))
+    var prefix: String?
+
+    @Option(name: .long, help: "Uploads in flight at once (default 5: keeps a phone-class host responsive).")
+    var concurrency: Int = 5
+
+    @Flag(name: .long, help: "Do not hash files before sending: no dedup, one read pass.")
+    var noDedup = false
+
+    @Flag(name: .long, help: "Deflate compressible chunks (helps on slow links).")
+    var deflate = false
+
+    func validate() throws {
+        guard self.concurrency >= 1 else { throw ValidationError("--concurrency must be at least 1") }
+        guard self.relay ?? Self.environment("UPLOAD_RELAY") != nil else {
+            throw ValidationError("which relay? pass --relay host:port or set UPLOAD_RELAY")
+        }
+        guard self.token ?? Self.environment("UPLOAD_TOKEN") != nil else {
+            throw ValidationError("no token: pass --token or set UPLOAD_TOKEN (the relay operator makes one with: upload-relay token add NAME)")
+        }
+    }
+
+    static func environment(_ name: String) -> String? {
+        ProcessInfo.processInfo.environment[name].flatMap { $0.isEmpty ? nil : $0 }
+    }
+
+    /// The agent's configuration from these options and the environment.
+    func configuration() throws -> AgentConfiguration {
+        let relay = self.relay ?? Self.environment("UPLOAD_RELAY") ?? ""
+        guard let colon = relay.lastIndex(of: ":"), let port = Int(relay[relay.index(after: colon)...]) else {
+            throw ValidationError("--relay \"\(relay)\" is not host:port")
+        }
+        var host = String(relay[..<colon])
+        if host.hasPrefix("[") && host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
+        var configuration = AgentConfiguration(
+            relayHost: host, relayPort: port, token: self.token ?? Self.environment("UPLOAD_TOKEN") ?? "",
+            caPath: self.ca ?? Self.environment("UPLOAD_CA")
+        )
+        configuration.concurrency = self.concurrency
+        configuration.serverName = self.serverName
+        configuration.dedup = !self.noDedup
+        configuration.deflate = self.deflate
+        configuration.agentName = ProcessInfo.processInfo.hostName
+        return configuration
+    }
+}
+
+/// `--state DIR`: where the persistent queue lives.
+struct StateOptions: ParsableArguments {
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "The agent's state directory: its queue, hash cache and pause flag (default: $XDG_STATE_HOME/upload-agent, else ~/.local/state/upload-agent).",
+            valueName: "dir"
+        )
+    )
+    var state: String?
+
+    var directory: String { self.state ?? AgentStateStore.defaultDirectory() }
+
+    func open() throws -> AgentStateStore {
+        do {
+            return try AgentStateStore(directory: self.directory)
+        } catch {
+            // Not a usage error: exit 1, with what failed and where.
+            FileHandle.standardError.write(Data("upload-agent: \(error)\n".utf8))
+            throw ExitCode(1)
+        }
+    }
+}

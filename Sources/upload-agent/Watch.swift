@@ -1,0 +1,148 @@
+import ArgumentParser
+import Foundation
+import Logging
+import NIOCore
+import NIOPosix
+import UploadAgent
+import UploadCommandLine
+
+struct Watch: AsyncParsableCommand {
+    enum OnChange: String, ExpressibleByArgument, CaseIterable {
+        case overwrite, skip
+    }
+
+    static let configuration = CommandConfiguration(
+        abstract: "Upload what is in directories and what appears there, for as long as it runs.",
+        discussion: """
+            Scans each DIR at start, then watches it (inotify): a file goes up once it is complete, \
+            that is closed after writing, moved in, or unchanged for --settle. Keys are paths from the \
+            directory's parent, as with send (`watch ~/DCIM` stores DCIM/...), under --prefix.
+
+            Nothing goes twice: a file uploaded before and unchanged (same device, inode, size and \
+            modification time) is skipped without being read; identical content under another name \
+            is found by the relay's dedup, and no byte moves. A file that changed is uploaded again \
+            under its key, replacing the old version (--on-change skip keeps the first). A file \
+            deleted before its upload finished is dropped from the queue; deleting a file never \
+            deletes anything on the relay.
+
+            The queue lives in --state and survives kill -9 and reboots: a restart resumes every \
+            upload from the relay's durable offset. The relay being unreachable never fails an item; \
+            the agent retries with backoff. `upload-agent status` shows the queue, `pause` and \
+            `resume` act on this running agent, `retry` queues failed items again.
+
+            Stops on SIGINT or SIGTERM. Exit status: 0 when stopped, 1 when the relay refuses the \
+            agent for good (a revoked token, a certificate that does not verify), 2 for a usage error.
+            """
+    )
+
+    @OptionGroup var connection: ConnectionOptions
+    @OptionGroup var stateOptions: StateOptions
+
+    @Option(name: .long, help: ArgumentHelp("How long a file written without closing it must stay unchanged to count as complete.", valueName: "duration"))
+    var settle: String = "2s"
+
+    @Option(name: .long, help: ArgumentHelp("Upload only files matching this glob (repeatable; a pattern with / matches the path).", valueName: "glob"))
+    var include: [String] = []
+
+    @Option(name: .long, help: ArgumentHelp("Skip files and directories matching this glob (repeatable), e.g. '.*'.", valueName: "glob"))
+    var exclude: [String] = []
+
+    @Option(name: .long, help: "What a changed file does: overwrite (the latest content wins) or skip (the first upload stays).")
+    var onChange: OnChange = .overwrite
+
+    @Flag(name: .long, help: "Print one JSON object per event on stdout: {\"event\":\"started\",...}, {\"event\":\"finished\",...}.")
+    var json = false
+
+    @Flag(name: .long, help: "Print nothing on stderr but errors.")
+    var quiet = false
+
+    @Argument(help: ArgumentHelp("Directories to watch.", valueName: "dir"))
+    var directories: [String]
+
+    func validate() throws {
+        guard !self.directories.isEmpty else { throw ValidationError("name at least one directory to watch") }
+        _ = try DurationText.parse(self.settle, option: "--settle")
+        for directory in self.directories {
+            var isDirectory: ObjCBool = false
+            guard FileManager.default.fileExists(atPath: directory, isDirectory: &isDirectory), isDirectory.boolValue else {
+                throw ValidationError("\(directory): not a directory (watch takes directories; send takes files)")
+            }
+        }
+    }
+
+    func run() async throws {
+        LoggingSystem.bootstrap { label in
+            var handler = StreamLogHandler.standardError(label: label)
+            handler.logLevel = .warning
+            return handler
+        }
+        var configuration = try self.connection.configuration()
+        configuration.retryForever = true
+        configuration.overwrite = self.onChange == .overwrite
+        let store = try self.stateOptions.open()
+        let target = AgentStateStore.target(relayHost: configuration.relayHost, relayPort: configuration.relayPort, token: configuration.token)
+        guard let lock = try RunnerLock.tryAcquire(store: store, target: target) else {
+            FileHandle.standardError.write(
+                Data("upload-agent: another upload-agent already uploads for this relay and token from \(store.directory); stop it first, or give this one another --state\n".utf8)
+            )
+            throw ExitCode(1)
+        }
+        let progress = ProgressPrinter(json: self.json, live: false, quiet: self.quiet, totalItems: 0, events: true)
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        let uploader = Uploader(configuration: configuration, group: group, logger: Logger(label: "upload-agent"))
+        let runner = QueueRunner(uploader: uploader, store: store, lock: lock, keepResults: false)
+        try runner.loadPending()
+
+        var options = DirectoryWatcher.Options(roots: self.directories)
+        options.settle = try DurationText.parse(self.settle, option: "--settle")
+        options.filter = PathFilter(include: self.include, exclude: self.exclude)
+        let prefix = self.connection.prefix
+        let limits = configuration.limits
+        let onChange = self.onChange
+        let watcher = DirectoryWatcher(options: options) { changes in
+            var ready: [UploadItem] = []
+            for change in changes {
+                switch change {
+                case .ready(let path, let relative):
+                    do {
+                        let key = try ItemPlanner.key(relative: relative, prefix: prefix, limits: limits)
+                        ready.append(UploadItem(key: key, displayPath: path, source: FileSource(path: path)))
+                    } catch {
+                        progress.note("skipped \(path): \(error)")
+                    }
+                case .removed(_, let relative):
+                    guard let key = try? ItemPlanner.key(relative: relative, prefix: prefix, limits: limits) else { continue }
+                    do { try runner.drop(key: key) } catch { progress.note("\(error)") }
+                }
+            }
+            do {
+                try runner.enqueue(ready, skipUnchanged: true, skipChanged: onChange == .skip, overwrite: onChange == .overwrite)
+            } catch {
+                progress.note("cannot queue \(ready.count) file(s): \(error)")
+            }
+        }
+        let signals = [SIGINT, SIGTERM].map { number in
+            signal(number, SIG_IGN)
+            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
+            source.setEventHandler {
+                watcher.stop()
+                runner.stop()
+            }
+            source.resume()
+            return source
+        }
+        defer { for source in signals { source.cancel() } }
+        do {
+            try watcher.start()
+            if !self.quiet { progress.note("watching \(self.directories.joined(separator: ", ")); state in \(store.directory)") }
+            try await runner.run(service: true) { event in progress.handle(event) }
+        } catch {
+            watcher.stop()
+            try? await group.shutdownGracefully()
+            FileHandle.standardError.write(Data("upload-agent: \(error)\n".utf8))
+            throw ExitCode(1)
+        }
+        watcher.stop()
+        try? await group.shutdownGracefully()
+    }
+}

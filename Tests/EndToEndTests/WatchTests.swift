@@ -1,0 +1,172 @@
+import Foundation
+import Testing
+import UploadAgent
+import UploadTestSupport
+
+/// `upload-agent watch` and the persistent queue, as a device uses them: files appear, are written slowly, are
+/// deleted, are copied under two names; the agent is paused, killed and restarted. Real binary, real relay, real TLS.
+@Suite("End to end: watch and the persistent queue", .serialized)
+struct WatchTests {
+    /// Writes `data` to `path` in one go and closes it (as a camera app saving a photo).
+    static func write(_ data: Data, to path: String) throws {
+        try FileManager.default.createDirectory(atPath: (path as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
+        try data.write(to: URL(fileURLWithPath: path))
+    }
+
+    static func bytes(_ size: Int, seed: UInt64) -> Data {
+        var rng = SeededGenerator(seed: seed)
+        return Data((0..<size).map { _ in UInt8(truncatingIfNeeded: rng.next() >> 13) })
+    }
+
+    @Test("a new file goes up within 2 s of its close; a slowly written one goes up once, complete; the same photo under two names moves its bytes once")
+    func newFiles() async throws {
+        let relay = try await TestRelay().start()
+        let home = TestRelay.makeDirectory()
+        let watched = home + "/DCIM"
+        try FileManager.default.createDirectory(atPath: watched, withIntermediateDirectories: true)
+        let agent = try AgentProcess(
+            ["watch", "--json", "--settle", "1s", watched], environment: AgentProcess.environment(relay, state: home + "/state"), log: home + "/agent.log"
+        )
+        defer { agent.stop() }
+        #expect(AgentProcess.waitUntil { agent.child.log.contains("watching") }, "\(agent.child.log)")
+
+        // Closed after writing: uploaded within 2 s of the close.
+        let photo = Self.bytes(700_000, seed: 1)
+        try Self.write(photo, to: watched + "/IMG_0001.jpg")
+        let closed = Date()
+        #expect(AgentProcess.waitUntil(timeout: 10) { agent.finished("DCIM/IMG_0001.jpg") != nil }, "\(agent.child.log)")
+        #expect(Date().timeIntervalSince(closed) < 2, "uploaded \(Date().timeIntervalSince(closed)) s after the close")
+        #expect(relay.stored("DCIM/IMG_0001.jpg") == photo)
+
+        // Written slowly over 3 s (pauses shorter than --settle): one upload, of the whole file.
+        let video = Self.bytes(2_000_000, seed: 2)
+        // One open, ten writes, one close: as a recorder writes a clip.
+        let handle = FileHandle(fileDescriptor: open(watched + "/VID_0002.mp4", O_WRONLY | O_CREAT | O_EXCL, 0o644), closeOnDealloc: false)
+        for piece in 0..<10 {
+            try handle.write(contentsOf: video[(piece * 200_000)..<((piece + 1) * 200_000)])
+            usleep(300_000)  // The writer's pace, not synchronisation.
+        }
+        try handle.close()
+        #expect(AgentProcess.waitUntil(timeout: 10) { agent.finished("DCIM/VID_0002.mp4") != nil }, "\(agent.child.log)")
+        #expect(agent.started("DCIM/VID_0002.mp4") == 1, "\(agent.child.log)")
+        #expect(relay.stored("DCIM/VID_0002.mp4") == video)
+
+        // The same photo saved under two names at once: its bytes move once, the other is the relay's dedup.
+        let shared = Self.bytes(1_500_000, seed: 3)
+        try Self.write(shared, to: watched + "/IMG_0003.jpg")
+        try Self.write(shared, to: watched + "/copy of IMG_0003.jpg")
+        #expect(
+            AgentProcess.waitUntil(timeout: 10) {
+                agent.finished("DCIM/IMG_0003.jpg") != nil && agent.finished("DCIM/copy of IMG_0003.jpg") != nil
+            }, "\(agent.child.log)"
+        )
+        let sent = [agent.finished("DCIM/IMG_0003.jpg"), agent.finished("DCIM/copy of IMG_0003.jpg")].map { $0?["sent_bytes"] as? Int ?? -1 }
+        #expect(sent.sorted() == [0, 1_500_000], "\(sent)")
+        #expect(relay.stored("DCIM/copy of IMG_0003.jpg") == shared)
+        #expect(agent.stop() == 0)
+        await relay.stop()
+    }
+
+    @Test("pause survives a restart; a file deleted while queued is dropped, never uploaded; resume uploads the rest; status tells it all")
+    func pauseDropResume() async throws {
+        let relay = try await TestRelay().start()
+        let home = TestRelay.makeDirectory()
+        let watched = home + "/cam"
+        let state = home + "/state"
+        let environment = AgentProcess.environment(relay, state: state)
+        try FileManager.default.createDirectory(atPath: watched, withIntermediateDirectories: true)
+        let paused = try CommandLineTests.run(try CommandLineTests.agentBinary(), ["pause"], environment: environment)
+        #expect(paused.status == 0)
+
+        var agent = try AgentProcess(["watch", "--json", "--settle", "1s", watched], environment: environment, log: home + "/agent1.log")
+        defer { agent.stop() }
+        try Self.write(Self.bytes(100_000, seed: 4), to: watched + "/keep.jpg")
+        try Self.write(Self.bytes(100_000, seed: 5), to: watched + "/gone.jpg")
+        let store = try AgentStateStore(directory: state + "/upload-agent")
+        #expect(AgentProcess.waitUntil { (try? store.items().filter { $0.status == .queued }.count) == 2 }, "\(agent.child.log)")
+        #expect(agent.stop() == 0)
+
+        // Restarted, still paused: the queue is as it was, nothing moved.
+        agent = try AgentProcess(["watch", "--json", "--settle", "1s", watched], environment: environment, log: home + "/agent2.log")
+        #expect(AgentProcess.waitUntil { agent.child.log.contains("watching") })
+        let status = try CommandLineTests.run(try CommandLineTests.agentBinary(), ["status", "--json"], environment: environment)
+        let object = try #require(try JSONSerialization.jsonObject(with: Data(status.stdout.utf8)) as? [String: Any], "\(status.stderr)")
+        #expect(object["paused"] as? Bool == true)
+        #expect((object["totals"] as? [String: Int])?["queued"] == 2)
+
+        // Deleted while queued: dropped.
+        try FileManager.default.removeItem(atPath: watched + "/gone.jpg")
+        #expect(AgentProcess.waitUntil { (try? store.items().first { $0.key == "cam/gone.jpg" }?.status) == .dropped })
+
+        let resumed = try CommandLineTests.run(try CommandLineTests.agentBinary(), ["resume"], environment: environment)
+        #expect(resumed.status == 0)
+        #expect(AgentProcess.waitUntil { agent.finished("cam/keep.jpg") != nil }, "\(agent.child.log)")
+        #expect(relay.stored("cam/keep.jpg") != nil)
+        #expect(relay.stored("cam/gone.jpg") == nil)
+        #expect(agent.started("cam/gone.jpg") == 0)
+        let text = try CommandLineTests.run(try CommandLineTests.agentBinary(), ["status", "--all"], environment: environment)
+        #expect(text.stdout.contains("done       cam/keep.jpg"), "\(text.stdout)")
+        #expect(text.stdout.contains("dropped    cam/gone.jpg"), "\(text.stdout)")
+        #expect(agent.stop() == 0)
+        await relay.stop()
+    }
+
+    @Test("send hands its files to the watch already running for the relay: one uploader, the send reports the results")
+    func sendHandsOver() async throws {
+        let relay = try await TestRelay().start()
+        let home = TestRelay.makeDirectory()
+        let environment = AgentProcess.environment(relay, state: home + "/state")
+        try FileManager.default.createDirectory(atPath: home + "/watched", withIntermediateDirectories: true)
+        let agent = try AgentProcess(["watch", "--json", home + "/watched"], environment: environment, log: home + "/agent.log")
+        defer { agent.stop() }
+        #expect(AgentProcess.waitUntil { agent.child.log.contains("watching") })
+        let file = makeFile(home, "report.pdf", size: 900_000, seed: 6)
+        let send = try CommandLineTests.run(try CommandLineTests.agentBinary(), ["send", "--json", file.path], environment: environment)
+        #expect(send.status == 0, "\(send.stderr)")
+        #expect(send.stderr.contains("handed to it"), "\(send.stderr)")
+        let line = try #require(try JSONSerialization.jsonObject(with: Data(send.stdout.utf8)) as? [String: Any], "\(send.stdout)")
+        #expect(line["status"] as? String == "stored")
+        #expect(line["sent_bytes"] as? Int == 900_000)
+        // The watch uploaded it.
+        #expect(agent.started("report.pdf") == 1)
+        #expect(relay.stored("report.pdf") == file.data)
+        await relay.stop()
+    }
+
+    @Test("kill -9 mid-upload of a 200 MiB file, then send again: it resumes with at most a window re-sent and no local re-hash", arguments: [false, true])
+    func killAndResume(noDedup: Bool) async throws {
+        let relay = try await TestRelay().start()
+        let home = TestRelay.makeDirectory()
+        let state = home + "/state"
+        let environment = AgentProcess.environment(relay, state: state)
+        let size = 200 << 20
+        let file = makeFile(home, "video.mp4", size: size, seed: 7)
+        let flags = noDedup ? ["--no-dedup"] : []
+        let first = try AgentProcess(["send", "--json"] + flags + [file.path], environment: environment, log: home + "/first.log")
+        defer { first.stop(SIGKILL) }
+        let store = try AgentStateStore(directory: state + "/upload-agent")
+        // Killed once the relay acknowledged a quarter: from the status the agent records.
+        var acked: UInt64 = 0
+        #expect(
+            AgentProcess.waitUntil(timeout: 60) {
+                acked = (try? store.items().first?.acked) ?? 0
+                return acked >= UInt64(size / 4)
+            }, "\(first.child.log)"
+        )
+        first.stop(SIGKILL)
+        try #require(acked < UInt64(size), "the upload finished before the kill")
+        let again = try CommandLineTests.run(try CommandLineTests.agentBinary(), ["send", "--json"] + flags + [file.path], environment: environment)
+        #expect(again.status == 0, "\(again.stderr)")
+        let line = try #require(try JSONSerialization.jsonObject(with: Data(again.stdout.utf8)) as? [String: Any], "\(again.stdout)")
+        #expect(line["status"] as? String == "stored")
+        let sent = line["sent_bytes"] as? Int ?? -1
+        let hashed = line["hashed_bytes"] as? Int ?? -1
+        let window = relay.services.configuration.limits.connectionWindow
+        #expect(sent <= size - Int(acked) + window, "sent \(sent) after \(acked) acknowledged")
+        // With dedup the hash cache knows the file; without, the SHA-1 state kept at the acknowledged offset covers
+        // the prefix, and at most what the relay acknowledged after the last record is hashed again.
+        #expect(hashed <= (noDedup ? window : 0), "hashed \(hashed) bytes again")
+        #expect(relay.stored("video.mp4") == file.data)
+        await relay.stop()
+    }
+}
