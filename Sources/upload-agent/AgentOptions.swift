@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import Logging
 import UploadAgent
 import UploadCommandLine
 
@@ -39,6 +40,15 @@ struct ConnectionOptions: ParsableArguments {
         }
         guard self.token ?? Self.environment("UPLOAD_TOKEN") != nil else {
             throw ValidationError("no token: pass --token or set UPLOAD_TOKEN (the relay operator makes one with: upload-relay token add NAME)")
+        }
+    }
+
+    /// Warnings and errors of the agent's libraries on stderr.
+    static func bootstrapLogging() {
+        LoggingSystem.bootstrap { label in
+            var handler = StreamLogHandler.standardError(label: label)
+            handler.logLevel = .warning
+            return handler
         }
     }
 

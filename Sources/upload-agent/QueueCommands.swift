@@ -26,6 +26,7 @@ struct Status: ParsableCommand {
         let store = try self.stateOptions.open()
         let items = try store.items()
         let paused = try store.isPaused()
+        let hold = try store.holdReason()
         var totals: [String: Int] = [:]
         for status in QueuedItem.Status.allCases { totals[status.rawValue] = 0 }
         for item in items { totals[item.status.rawValue, default: 0] += 1 }
@@ -38,6 +39,7 @@ struct Status: ParsableCommand {
                 "paused": paused, "totals": totals, "items": items.map(Self.json), "remaining_bytes": remaining, "rate": rate,
                 "state": store.directory,
             ]
+            if let hold { object["held"] = hold }
             if rate > 0 { object["eta_seconds"] = Int(Double(remaining) / rate) }
             let data = try JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes])
             print(String(decoding: data, as: UTF8.self))
@@ -45,6 +47,7 @@ struct Status: ParsableCommand {
         }
         var lines: [String] = []
         if paused { lines.append("PAUSED (upload-agent resume lets uploads go on)") }
+        if let hold, !paused { lines.append("HELD: \(hold)") }
         let shown = items.filter { self.all || $0.status != .done }
         for item in shown.prefix(self.all ? Int.max : 200) {
             var line = "\(item.status.rawValue.padding(toLength: 10, withPad: " ", startingAt: 0)) \(item.key)"

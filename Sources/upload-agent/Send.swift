@@ -61,11 +61,7 @@ struct Send: AsyncParsableCommand {
     }
 
     func run() async throws {
-        LoggingSystem.bootstrap { label in
-            var handler = StreamLogHandler.standardError(label: label)
-            handler.logLevel = .warning
-            return handler
-        }
+        ConnectionOptions.bootstrapLogging()
         var configuration = try self.connection.configuration()
         configuration.retryFor = try DurationText.parse(self.retryFor, option: "--retry-for")
         configuration.overwrite = self.overwrite

@@ -25,6 +25,10 @@ struct Watch: AsyncParsableCommand {
             deleted before its upload finished is dropped from the queue; deleting a file never \
             deletes anything on the relay.
 
+            Conditions (--only-on-ac, --min-battery, --when CMD) are checked every --when-interval: \
+            while one is false, uploads stop (the relay keeps what it acknowledged) and go on by \
+            themselves once it is true again. `upload-agent status` says what holds them.
+
             The queue lives in --state and survives kill -9 and reboots: a restart resumes every \
             upload from the relay's durable offset. The relay being unreachable never fails an item; \
             the agent retries with backoff. `upload-agent status` shows the queue, `pause` and \
@@ -50,6 +54,21 @@ struct Watch: AsyncParsableCommand {
     @Option(name: .long, help: "What a changed file does: overwrite (the latest content wins) or skip (the first upload stays).")
     var onChange: OnChange = .overwrite
 
+    @Flag(name: .long, help: "Upload only while on mains power (Linux /sys/class/power_supply).")
+    var onlyOnAc = false
+
+    @Option(name: .long, help: ArgumentHelp("Upload only while the battery is at least this many percent, or on mains power.", valueName: "percent"))
+    var minBattery: Int?
+
+    @Option(name: .long, help: ArgumentHelp("Upload only while this shell command exits 0 (e.g. a check for an unmetered network).", valueName: "command"))
+    var when: String?
+
+    @Option(name: .long, help: ArgumentHelp("How often the conditions are checked again.", valueName: "duration"))
+    var whenInterval: String = "30s"
+
+    @Option(name: .long, help: .hidden)
+    var powerSupplyDir: String = "/sys/class/power_supply"
+
     @Flag(name: .long, help: "Print one JSON object per event on stdout: {\"event\":\"started\",...}, {\"event\":\"finished\",...}.")
     var json = false
 
@@ -62,6 +81,8 @@ struct Watch: AsyncParsableCommand {
     func validate() throws {
         guard !self.directories.isEmpty else { throw ValidationError("name at least one directory to watch") }
         _ = try DurationText.parse(self.settle, option: "--settle")
+        _ = try DurationText.parse(self.whenInterval, option: "--when-interval")
+        if let minimum = self.minBattery, !(0...100).contains(minimum) { throw ValidationError("--min-battery takes a percentage, 0 to 100") }
         for directory in self.directories {
             var isDirectory: ObjCBool = false
             guard FileManager.default.fileExists(atPath: directory, isDirectory: &isDirectory), isDirectory.boolValue else {
@@ -71,11 +92,7 @@ struct Watch: AsyncParsableCommand {
     }
 
     func run() async throws {
-        LoggingSystem.bootstrap { label in
-            var handler = StreamLogHandler.standardError(label: label)
-            handler.logLevel = .warning
-            return handler
-        }
+        ConnectionOptions.bootstrapLogging()
         var configuration = try self.connection.configuration()
         configuration.retryForever = true
         configuration.overwrite = self.onChange == .overwrite
@@ -132,6 +149,16 @@ struct Watch: AsyncParsableCommand {
             return source
         }
         defer { for source in signals { source.cancel() } }
+        var conditions = UploadConditions()
+        conditions.onlyOnAC = self.onlyOnAc
+        conditions.minBattery = self.minBattery
+        conditions.command = self.when
+        conditions.powerSupplyDirectory = self.powerSupplyDir
+        // Checked before the first upload starts, then every --when-interval.
+        runner.hold("conditions", conditions.blocker())
+        let interval = try DurationText.parse(self.whenInterval, option: "--when-interval")
+        let follower = Task { await runner.follow(conditions, every: interval) }
+        defer { follower.cancel() }
         do {
             try watcher.start()
             if !self.quiet { progress.note("watching \(self.directories.joined(separator: ", ")); state in \(store.directory)") }

@@ -104,9 +104,58 @@ struct WatchTests {
         #expect(relay.stored("cam/keep.jpg") != nil)
         #expect(relay.stored("cam/gone.jpg") == nil)
         #expect(agent.started("cam/gone.jpg") == 0)
+        // The agent records an end within 50 ms of reporting it.
+        #expect(AgentProcess.waitUntil { (try? store.items().first { $0.key == "cam/keep.jpg" }?.status) == .done })
         let text = try CommandLineTests.run(try CommandLineTests.agentBinary(), ["status", "--all"], environment: environment)
         #expect(text.stdout.contains("done       cam/keep.jpg"), "\(text.stdout)")
         #expect(text.stdout.contains("dropped    cam/gone.jpg"), "\(text.stdout)")
+        #expect(agent.stop() == 0)
+        await relay.stop()
+    }
+
+    @Test("conditions: off mains power, or while --when fails, uploads wait; they go on by themselves once it turns true")
+    func conditions() async throws {
+        let relay = try await TestRelay().start()
+        let home = TestRelay.makeDirectory()
+        let watched = home + "/cam"
+        let power = home + "/power_supply"
+        func supply(_ name: String, _ values: [String: String]) throws {
+            try FileManager.default.createDirectory(atPath: power + "/" + name, withIntermediateDirectories: true)
+            for (file, value) in values { try Data((value + "\n").utf8).write(to: URL(fileURLWithPath: power + "/" + name + "/" + file)) }
+        }
+        try supply("AC", ["type": "Mains", "online": "0"])
+        try supply("BAT0", ["type": "Battery", "capacity": "80"])
+        try FileManager.default.createDirectory(atPath: watched, withIntermediateDirectories: true)
+        FileManager.default.createFile(atPath: home + "/unmetered", contents: nil)
+        let agent = try AgentProcess(
+            [
+                "watch", "--json", "--settle", "1s", "--only-on-ac", "--when", "test -e '\(home)/unmetered'", "--when-interval", "200ms",
+                "--power-supply-dir", power, watched,
+            ],
+            environment: AgentProcess.environment(relay, state: home + "/state"), log: home + "/agent.log"
+        )
+        defer { agent.stop() }
+        #expect(AgentProcess.waitUntil { agent.child.log.contains("watching") }, "\(agent.child.log)")
+        let store = try AgentStateStore(directory: home + "/state/upload-agent")
+        try Self.write(Self.bytes(300_000, seed: 8), to: watched + "/a.jpg")
+        #expect(
+            AgentProcess.waitUntil {
+                (try? store.items().first?.status) == .queued && (try? store.holdReason())??.contains("mains power") == true
+            }, "\(agent.child.log)"
+        )
+        // Plugged in: it goes on by itself.
+        try supply("AC", ["online": "1"])
+        #expect(AgentProcess.waitUntil(timeout: 10) { agent.finished("cam/a.jpg") != nil }, "\(agent.child.log)")
+
+        // The network turns metered (--when fails): new files wait, and go once it is back.
+        try FileManager.default.removeItem(atPath: home + "/unmetered")
+        #expect(AgentProcess.waitUntil { (try? store.holdReason())??.contains("--when") == true })
+        try Self.write(Self.bytes(300_000, seed: 9), to: watched + "/b.jpg")
+        #expect(AgentProcess.waitUntil { (try? store.items().first { $0.key == "cam/b.jpg" }?.status) == .queued })
+        #expect(agent.started("cam/b.jpg") == 0)
+        FileManager.default.createFile(atPath: home + "/unmetered", contents: nil)
+        #expect(AgentProcess.waitUntil(timeout: 10) { agent.finished("cam/b.jpg") != nil }, "\(agent.child.log)")
+        #expect(relay.stored("cam/b.jpg") != nil)
         #expect(agent.stop() == 0)
         await relay.stop()
     }

@@ -135,6 +135,17 @@ public final class AgentStateStore: Sendable {
         }
     }
 
+    /// Why the running agent holds uploads now (a pause, a condition), or nil.
+    public func holdReason() throws -> String? {
+        try self.read { db in try String.fetchOne(db, sql: "SELECT value FROM setting WHERE name = 'hold'") }.flatMap { $0.isEmpty ? nil : $0 }
+    }
+
+    func setHoldReason(_ reason: String?) throws {
+        try self.write { db in
+            try db.execute(sql: "INSERT OR REPLACE INTO setting (name, value) VALUES ('hold', ?)", arguments: [reason ?? ""])
+        }
+    }
+
     /// A counter every change made from outside a runner increases: a running agent polls it to see new items,
     /// pause, resume and retry without reading the whole queue.
     public func generation() throws -> Int {

@@ -50,6 +50,7 @@ public final class QueueRunner: Sendable {
     /// Loads what earlier runs left for this target (queued, or uploading when the agent stopped) and the pause flag.
     public func loadPending() throws {
         try self.store.resetUploading(target: self.target)
+        try self.store.setHoldReason(nil)
         try self.refresh()
     }
 
@@ -117,7 +118,20 @@ public final class QueueRunner: Sendable {
             state.holds[holder] = reason
             return state.holds.sorted { $0.key < $1.key }.map(\.value).first
         }
-        if combined != self.queue.holdReason { self.queue.hold(combined) }
+        if combined != self.queue.holdReason {
+            self.queue.hold(combined)
+            // For `upload-agent status`, from any process.
+            try? self.store.setHoldReason(combined)
+        }
+    }
+
+    /// Holds uploads while `conditions` say so, looking every `interval`, until the task is cancelled.
+    public func follow(_ conditions: UploadConditions, every interval: Duration) async {
+        guard !conditions.isEmpty else { return }
+        while !Task.isCancelled {
+            self.hold("conditions", conditions.blocker())
+            try? await Task.sleep(for: interval)
+        }
     }
 
     /// Why uploads are held now, or nil.

@@ -1,0 +1,58 @@
+import Foundation
+
+/// When uploads may run on a device: on mains power, above a battery level, while a command says yes (an unmetered
+/// network, a quiet hour). Checked every `interval` by a running agent; a condition that turns false holds the queue
+/// (uploads stop, the relay keeps what it acknowledged) until it turns true again.
+public struct UploadConditions: Sendable {
+    /// Only while a mains or USB supply is online (`--only-on-ac`). A machine without any is always on mains.
+    public var onlyOnAC = false
+    /// Only while the battery is at least this many percent (`--min-battery`), or on mains power.
+    public var minBattery: Int? = nil
+    /// A shell command: uploads run while it exits 0 (`--when`).
+    public var command: String? = nil
+    /// Where Linux lists power supplies (a fake directory in tests).
+    public var powerSupplyDirectory = "/sys/class/power_supply"
+
+    public init() {}
+
+    public var isEmpty: Bool { !self.onlyOnAC && self.minBattery == nil && self.command == nil }
+
+    private func read(_ supply: String, _ name: String) -> String? {
+        (try? String(contentsOfFile: self.powerSupplyDirectory + "/" + supply + "/" + name, encoding: .utf8))?
+            .trimmingCharacters(in: .whitespacesAndNewlines)
+    }
+
+    /// Why uploads must wait now, or nil when they may run. Blocking: `--when` runs its command.
+    public func blocker() -> String? {
+        let supplies = (try? FileManager.default.contentsOfDirectory(atPath: self.powerSupplyDirectory)) ?? []
+        let mains = supplies.filter { ["Mains", "USB"].contains(self.read($0, "type") ?? "") }
+        let onAC = mains.isEmpty || mains.contains { self.read($0, "online") == "1" }
+        if self.onlyOnAC && !onAC {
+            return "waiting for mains power (--only-on-ac)"
+        }
+        if let minimum = self.minBattery, !onAC {
+            let levels = supplies.filter { self.read($0, "type") == "Battery" }.compactMap { self.read($0, "capacity").flatMap(Int.init) }
+            if let level = levels.min(), level < minimum {
+                return "battery at \(level)%, below --min-battery \(minimum)"
+            }
+        }
+        if let command = self.command {
+            let process = Process()
+            process.executableURL = URL(fileURLWithPath: "/bin/sh")
+            process.arguments = ["-c", command]
+            process.standardInput = FileHandle.nullDevice
+            process.standardOutput = FileHandle.nullDevice
+            process.standardError = FileHandle.nullDevice
+            do {
+                try process.run()
+                process.waitUntilExit()
+            } catch {
+                return "--when \(command) could not run: \(error)"
+            }
+            if process.terminationStatus != 0 {
+                return "--when \(command) exited \(process.terminationStatus)"
+            }
+        }
+        return nil
+    }
+}
