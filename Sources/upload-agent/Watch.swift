@@ -97,7 +97,7 @@ struct Watch: AsyncParsableCommand {
         configuration.retryForever = true
         configuration.overwrite = self.onChange == .overwrite
         let store = try self.stateOptions.open()
-        let target = AgentStateStore.target(relayHost: configuration.relayHost, relayPort: configuration.relayPort, token: configuration.token)
+        let target = AgentStateStore.target(of: configuration)
         guard let lock = try RunnerLock.tryAcquire(store: store, target: target) else {
             FileHandle.standardError.write(
                 Data("upload-agent: another upload-agent already uploads for this relay and token from \(store.directory); stop it first, or give this one another --state\n".utf8)
@@ -133,7 +133,7 @@ struct Watch: AsyncParsableCommand {
                 }
             }
             do {
-                try runner.enqueue(ready, skipUnchanged: true, skipChanged: onChange == .skip, overwrite: onChange == .overwrite)
+                try runner.enqueue(ready, skipUnchanged: true, skipChanged: onChange == .skip)
             } catch {
                 progress.note("cannot queue \(ready.count) file(s): \(error)")
             }

@@ -94,6 +94,19 @@ public struct QueueEntry: Hashable, Sendable {
     }
 }
 
+extension QueueEntry {
+    /// The entry of a file item, its settings defaulting to `configuration`'s; nil for any other source (a stream
+    /// cannot be found again after a restart).
+    init?(item: UploadItem, configuration: AgentConfiguration) {
+        guard let file = item.source as? FileSource else { return nil }
+        let info = FileSource.currentInfo(path: file.path)
+        self.init(
+            key: item.key, path: file.path, size: info?.size, fingerprint: info?.fingerprint ?? [],
+            overwrite: item.overwrite ?? configuration.overwrite, dedup: item.dedup ?? configuration.dedup
+        )
+    }
+}
+
 extension AgentStateStore {
     /// Adds items for `target`. An item done before with the same fingerprint is `unchanged` when `skipUnchanged`
     /// (watch's rescans), queued again otherwise (send asks the relay, which answers from its dedup without a byte).

@@ -4,6 +4,7 @@ import Glibc
 import Foundation
 import GRDB
 import UploadChecksums
+import UploadProtocol
 
 /// The agent's state database, `state.sqlite` under `--state DIR`: the persistent queue, the hash cache and the pause
 /// flag. `send`, `watch`, `status`, `pause`, `resume` and `retry` all open it, from separate processes at once (WAL
@@ -98,9 +99,9 @@ public final class AgentStateStore: Sendable {
 
     /// What identifies one relay account in the queue: the relay's address and a digest of the token (never the
     /// token itself).
-    public static func target(relayHost: String, relayPort: Int, token: String) -> String {
-        let digest = SHA1.hash(Array(token.utf8)).prefix(8).map { String(format: "%02x", $0) }.joined()
-        return "\(relayHost):\(relayPort)#\(digest)"
+    public static func target(of configuration: AgentConfiguration) -> String {
+        let digest = Array(SHA1.hash(Array(configuration.token.utf8)).prefix(8)).hexString
+        return "\(configuration.relayHost):\(configuration.relayPort)#\(digest)"
     }
 
     static func now() -> Double { Date().timeIntervalSince1970 }

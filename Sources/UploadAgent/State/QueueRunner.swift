@@ -34,11 +34,8 @@ public final class QueueRunner: Sendable {
     /// `lock` must be the target's: one runner per target at a time. `keepResults` keeps every finished item's result
     /// in memory (a `send` reports them); a long-running agent leaves them in the database only.
     public init(uploader: Uploader, store: AgentStateStore, lock: RunnerLock, keepResults: Bool) {
-        let target = AgentStateStore.target(
-            relayHost: uploader.configuration.relayHost, relayPort: uploader.configuration.relayPort, token: uploader.configuration.token
-        )
         self.store = store
-        self.target = target
+        self.target = AgentStateStore.target(of: uploader.configuration)
         self.uploader = uploader
         self.lock = lock
         let journal = QueueJournal(store: store)
@@ -55,24 +52,20 @@ public final class QueueRunner: Sendable {
     }
 
     /// Adds files to the queue (and to this run); other sources are uploaded by this run only, not recorded.
-    /// `skipUnchanged` leaves files done before with the same fingerprint alone (watch's scans).
+    /// `skipUnchanged` leaves files done before with the same fingerprint alone (watch's scans). Items without their
+    /// own overwrite and dedup settings take the uploader's configuration's.
     @discardableResult
-    public func enqueue(_ items: [UploadItem], skipUnchanged: Bool, skipChanged: Bool = false, overwrite: Bool) throws -> [EnqueueOutcome] {
+    public func enqueue(_ items: [UploadItem], skipUnchanged: Bool, skipChanged: Bool = false) throws -> [EnqueueOutcome] {
+        guard !items.isEmpty else { return [] }
         var entries: [QueueEntry] = []
         var byKey: [String: UploadItem] = [:]
         var streams: [UploadJob] = []
         for item in items {
-            guard let file = item.source as? FileSource else {
+            guard let entry = QueueEntry(item: item, configuration: self.uploader.configuration) else {
                 streams.append(UploadJob(item: item))
                 continue
             }
-            let info = FileSource.currentInfo(path: file.path)
-            entries.append(
-                QueueEntry(
-                    key: item.key, path: file.path, size: info?.size, fingerprint: info?.fingerprint ?? [], overwrite: item.overwrite ?? overwrite,
-                    dedup: item.dedup ?? self.uploader.configuration.dedup
-                )
-            )
+            entries.append(entry)
             byKey[item.key] = item
         }
         let outcomes = try self.store.enqueue(entries, target: self.target, skipUnchanged: skipUnchanged, skipChanged: skipChanged, external: false)

@@ -13,7 +13,7 @@ public enum QueuedSend {
         onHandOver: @Sendable (Int) -> Void = { _ in }, onEvent: @escaping @Sendable (UploadEvent) -> Void
     ) async throws -> [UploadResult] {
         let configuration = uploader.configuration
-        let target = AgentStateStore.target(relayHost: configuration.relayHost, relayPort: configuration.relayPort, token: configuration.token)
+        let target = AgentStateStore.target(of: configuration)
         let keys = Set(items.map(\.key))
         let files = items.filter { $0.source is FileSource }
         let streams = items.filter { !($0.source is FileSource) }
@@ -24,7 +24,7 @@ public enum QueuedSend {
                 let runner = QueueRunner(uploader: uploader, store: store, lock: lock, keepResults: true)
                 try runner.loadPending()
                 if handed == nil {
-                    try runner.enqueue(files + streams, skipUnchanged: false, overwrite: configuration.overwrite)
+                    try runner.enqueue(files + streams, skipUnchanged: false)
                 }
                 try await runner.run(service: false) { event in
                     // Items other runs left in the queue go up too, but this command reports its own.
@@ -42,13 +42,7 @@ public enum QueuedSend {
                 return results
             }
             if handed == nil {
-                let entries = files.map { item in
-                    let info = FileSource.currentInfo(path: item.displayPath)
-                    return QueueEntry(
-                        key: item.key, path: item.displayPath, size: info?.size, fingerprint: info?.fingerprint ?? [],
-                        overwrite: item.overwrite ?? configuration.overwrite, dedup: item.dedup ?? configuration.dedup
-                    )
-                }
+                let entries = files.compactMap { QueueEntry(item: $0, configuration: configuration) }
                 let outcomes = try store.enqueue(entries, target: target, skipUnchanged: false, external: true)
                 handed = outcomes.map { outcome in
                     switch outcome {

@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import UploadChecksums
+import UploadProtocol
 
 /// The lock that makes one process at a time the uploader of a target's queue: an `flock` on a file in the state
 /// directory, released by the kernel when the process ends however it ends (`kill -9` included).
@@ -16,7 +17,7 @@ public final class RunnerLock: Sendable {
 
     /// Takes the lock for `target` without waiting; nil when another process holds it.
     public static func tryAcquire(store: AgentStateStore, target: String) throws -> RunnerLock? {
-        let name = SHA1.hash(Array(target.utf8)).prefix(8).map { String($0, radix: 16).count == 1 ? "0" + String($0, radix: 16) : String($0, radix: 16) }.joined()
+        let name = Array(SHA1.hash(Array(target.utf8)).prefix(8)).hexString
         let path = store.directory + "/runner-\(name).lock"
         let fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
         guard fd >= 0 else {

@@ -31,7 +31,6 @@ public final class DirectoryWatcher: Sendable {
     private let options: Options
     private let onChanges: @Sendable ([Change]) -> Void
     private let stopped = NIOLockedValueBox(false)
-    private let finished = NIOLockedValueBox<Bool>(false)
 
     /// `onChanges` is called from the watcher's thread, in batches.
     public init(options: Options, onChanges: @escaping @Sendable ([Change]) -> Void) {
@@ -85,7 +84,6 @@ public final class DirectoryWatcher: Sendable {
                 if !changes.isEmpty { self.onChanges(changes) }
             }
             close(loop.fd)
-            self.finished.withLockedValue { $0 = true }
         }
         thread.name = "upload-agent watch"
         thread.start()

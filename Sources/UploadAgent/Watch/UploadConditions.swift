@@ -24,34 +24,36 @@ public struct UploadConditions: Sendable {
 
     /// Why uploads must wait now, or nil when they may run. Blocking: `--when` runs its command.
     public func blocker() -> String? {
+        if self.onlyOnAC || self.minBattery != nil, let blocker = self.powerBlocker() {
+            return blocker
+        }
+        guard let command = self.command else { return nil }
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/bin/sh")
+        process.arguments = ["-c", command]
+        process.standardInput = FileHandle.nullDevice
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = FileHandle.nullDevice
+        do {
+            try process.run()
+            process.waitUntilExit()
+        } catch {
+            return "--when \(command) could not run: \(error)"
+        }
+        return process.terminationStatus == 0 ? nil : "--when \(command) exited \(process.terminationStatus)"
+    }
+
+    /// What the power supplies forbid: running off mains power, or a battery below the minimum.
+    private func powerBlocker() -> String? {
         let supplies = (try? FileManager.default.contentsOfDirectory(atPath: self.powerSupplyDirectory)) ?? []
         let mains = supplies.filter { ["Mains", "USB"].contains(self.read($0, "type") ?? "") }
-        let onAC = mains.isEmpty || mains.contains { self.read($0, "online") == "1" }
-        if self.onlyOnAC && !onAC {
+        guard !mains.isEmpty, !mains.contains(where: { self.read($0, "online") == "1" }) else { return nil }
+        if self.onlyOnAC {
             return "waiting for mains power (--only-on-ac)"
         }
-        if let minimum = self.minBattery, !onAC {
-            let levels = supplies.filter { self.read($0, "type") == "Battery" }.compactMap { self.read($0, "capacity").flatMap(Int.init) }
-            if let level = levels.min(), level < minimum {
-                return "battery at \(level)%, below --min-battery \(minimum)"
-            }
-        }
-        if let command = self.command {
-            let process = Process()
-            process.executableURL = URL(fileURLWithPath: "/bin/sh")
-            process.arguments = ["-c", command]
-            process.standardInput = FileHandle.nullDevice
-            process.standardOutput = FileHandle.nullDevice
-            process.standardError = FileHandle.nullDevice
-            do {
-                try process.run()
-                process.waitUntilExit()
-            } catch {
-                return "--when \(command) could not run: \(error)"
-            }
-            if process.terminationStatus != 0 {
-                return "--when \(command) exited \(process.terminationStatus)"
-            }
+        let levels = supplies.filter { self.read($0, "type") == "Battery" }.compactMap { self.read($0, "capacity").flatMap(Int.init) }
+        if let minimum = self.minBattery, let level = levels.min(), level < minimum {
+            return "battery at \(level)%, below --min-battery \(minimum)"
         }
         return nil
     }
