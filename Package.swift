@@ -103,6 +103,12 @@ let package = Package(
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
+        // The Swift API at work (Examples/README.md): several files uploaded as one object through a BlobSource.
+        .executableTarget(
+            name: "upload-joined",
+            dependencies: ["UploadAgent", .product(name: "NIOCore", package: "swift-nio")],
+            path: "Examples/JoinedUpload"
+        ),
         .executableTarget(
             name: "codec-benchmark",
             dependencies: [

@@ -27,7 +27,7 @@ struct AgentConnectionHandlerTests {
         let done = channel.testingEventLoop.makePromise(of: ConnectionOutcome.self)
         try await channel.testingEventLoop.executeInContext { [configuration] in
             let handler = AgentConnectionHandler(
-                configuration: configuration, queue: queue, pool: .singleton, logger: Logger(label: "handler-test"), done: done,
+                configuration: configuration, queue: queue, pool: .singleton, bandwidth: nil, logger: Logger(label: "handler-test"), done: done,
                 onEvent: { event in events.withLockedValue { $0.append(event) } }
             )
             try channel.pipeline.syncOperations.addHandler(handler)

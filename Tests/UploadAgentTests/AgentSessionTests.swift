@@ -101,7 +101,7 @@ struct AgentSessionTests {
         let id = h.connect(connectionWindow: 8 << 20, streamWindow: 8 << 20)[0]
         // A resume at an offset this run never sent, from a seekable source: the prefix is hashed locally first.
         let resumed = h.receive(.offset(Frame.Offset(streamID: id, disposition: .resume, offset: 1000)))
-        #expect(resumed.contains { if case .hashPrefix(id, _, from: _, upTo: 1000) = $0 { return true } else { return false } })
+        #expect(resumed.contains { if case .hashPrefix(id, _, from: _, upTo: 1000, reopening: _) = $0 { return true } else { return false } })
         let reads = AgentHarness.reads(h.session.prefixHashed(id, .success(.init())))
         #expect(reads.map(\.offset) == [1000])
     }

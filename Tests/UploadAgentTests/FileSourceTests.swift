@@ -7,16 +7,17 @@ import UploadTestSupport
 /// The agent's file source: any offset and length reads the file's bytes, and no byte past the size at open.
 @Suite("File source")
 struct FileSourceTests {
-    @Test("reads at random offsets and lengths return the file's bytes", arguments: [7, 8])
-    func randomReads(seed: UInt64) throws {
+    @Test("reads at random offsets and lengths return the file's bytes (from a start offset, too)", arguments: [(7, 0), (8, 0), (9, 12_345)])
+    func randomReads(seed: UInt64, start: Int) throws {
         var rng = SeededGenerator(seed: seed)
         let directory = TemporaryDirectories.make()
         let file = makeFile(directory, "f.bin", size: 1_000_003, seed: seed)
-        let source = FileSource(path: file.path, blockSize: 64 << 10)
+        let source = FileSource(path: file.path, blockSize: 64 << 10, startOffset: UInt64(start))
         let info = try source.open()
         defer { source.close() }
-        #expect(info.size == UInt64(file.data.count))
-        let bytes = [UInt8](file.data)
+        #expect(info.size == UInt64(file.data.count - start))
+        #expect(info.fingerprint == FileSource.currentInfo(path: file.path)?.fingerprint || start > 0)
+        let bytes = [UInt8](file.data.dropFirst(start))
         for _ in 0..<200 {
             let offset = Int(rng.next() % UInt64(bytes.count + 10))
             let length = Int(rng.next() % 100_000) + 1
@@ -26,6 +27,13 @@ struct FileSourceTests {
             #expect(read.readableBytes <= expected.count && read.readableBytes > 0 || expected.isEmpty)
             #expect(Array(read.readableBytesView) == Array(expected.prefix(read.readableBytes)), "at \(offset)")
         }
+    }
+
+    @Test("a start offset past the end is refused with the sizes")
+    func startPastEnd() throws {
+        let file = makeFile(TemporaryDirectories.make(), "short.bin", size: 100, seed: 3)
+        let error = #expect(throws: SourceError.self) { try FileSource(path: file.path, startOffset: 101).open() }
+        #expect(error?.description.contains("shorter than the start offset 101") == true)
     }
 
     @Test("a file that grows after open is read only up to its size at open")

@@ -37,6 +37,11 @@ public protocol BlobSource: AnyObject, Sendable {
     /// Checked before HASH: why the blob is no longer the one opened (a file rewritten or replaced during the
     /// upload), or nil when it is unchanged. A changed source is never committed as a mix of two versions.
     func changeSinceOpen() -> String?
+    /// Opens the source again after a read threw ``SourceInvalidated`` (an asset the OS replaced, a handle that went
+    /// stale): the agent then checks that the fingerprint is the one first opened and reads on from where it was, so
+    /// nothing the relay acknowledged is read again. A different fingerprint means different content: the upload
+    /// stops, and nothing is committed. The default cannot reopen.
+    func reopen() throws -> SourceInfo
     func close()
 }
 
@@ -44,6 +49,19 @@ extension BlobSource {
     public func acknowledge(upTo offset: UInt64) {}
     public func isEnd(at offset: UInt64) -> Bool { true }
     public func changeSinceOpen() -> String? { nil }
+    public func reopen() throws -> SourceInfo {
+        throw SourceError("\(self.displayName) became invalid during the upload and cannot be reopened")
+    }
+}
+
+/// Thrown by ``BlobSource/read(at:maxLength:allocator:)`` when the source can no longer serve reads but may be
+/// reopened (``BlobSource/reopen()``): the agent reopens it, at most ``AgentConfiguration/maxReopensInARow`` times
+/// without a successful read in between.
+public struct SourceInvalidated: Error, Hashable, Sendable, CustomStringConvertible {
+    /// Why, for messages: "the asset was replaced".
+    public var reason: String
+    public init(_ reason: String) { self.reason = reason }
+    public var description: String { "source invalidated: \(self.reason)" }
 }
 
 /// A source failed; the message names the file and the reason.

@@ -12,6 +12,9 @@ public final class FileSource: BlobSource {
     public var isSeekable: Bool { true }
     /// Bytes read from the file at a time, whatever the chunk size.
     public let blockSize: Int
+    /// Where in the file the blob begins: the blob is the file's bytes from here to its end (the new part of a log
+    /// that grows, the payload after a header of known length).
+    public let startOffset: UInt64
 
     private struct State {
         var descriptor: Int32 = -1
@@ -40,9 +43,10 @@ public final class FileSource: BlobSource {
 
     private let state = NIOLockedValueBox(State())
 
-    public init(path: String, blockSize: Int = 4 << 20) {
+    public init(path: String, blockSize: Int = 4 << 20, startOffset: UInt64 = 0) {
         self.path = path
-        self.blockSize = blockSize
+        self.blockSize = max(1, blockSize)
+        self.startOffset = startOffset
     }
 
     deinit {
@@ -59,18 +63,24 @@ public final class FileSource: BlobSource {
             Glibc.close(fd)
             throw SourceError("\(self.path) is not a regular file")
         }
-        let size = UInt64(info.st_size)
+        guard UInt64(info.st_size) >= self.startOffset else {
+            Glibc.close(fd)
+            throw SourceError("\(self.path) is \(info.st_size) bytes, shorter than the start offset \(self.startOffset)")
+        }
+        let size = UInt64(info.st_size) - self.startOffset
         self.state.withLockedValue {
             $0.descriptor = fd
             $0.size = size
             $0.identity = Identity(info)
         }
-        return SourceInfo(size: size, fingerprint: Self.fingerprint(info))
+        return SourceInfo(size: size, fingerprint: Self.fingerprint(info, startOffset: self.startOffset))
     }
 
-    /// Device, inode, size and modification time: a new version of the file gets a new fingerprint.
-    static func fingerprint(_ info: stat) -> [UInt8] {
+    /// Device, inode, size and modification time (and the start offset, when not 0): a new version of the file gets a
+    /// new fingerprint.
+    static func fingerprint(_ info: stat, startOffset: UInt64 = 0) -> [UInt8] {
         var text = "\(info.st_dev):\(info.st_ino):\(info.st_size):\(info.st_mtim.tv_sec).\(info.st_mtim.tv_nsec)"
+        if startOffset > 0 { text += "@\(startOffset)" }
         return text.withUTF8 { SHA1.hash($0) }
     }
 
@@ -94,10 +104,11 @@ public final class FileSource: BlobSource {
             var block = allocator.buffer(capacity: wanted)
             let fd = state.descriptor
             let path = self.path
+            let fileOffset = off_t(offset + self.startOffset)
             try block.writeWithUnsafeMutableBytes(minimumWritableBytes: wanted) { raw in
                 var done = 0
                 while done < wanted {
-                    let n = pread(fd, raw.baseAddress! + done, wanted - done, off_t(offset) + off_t(done))
+                    let n = pread(fd, raw.baseAddress! + done, wanted - done, fileOffset + off_t(done))
                     if n < 0 && errno == EINTR { continue }
                     guard n >= 0 else { throw SourceError("cannot read \(path) at \(offset): \(String(cString: strerror(errno)))") }
                     if n == 0 { break }

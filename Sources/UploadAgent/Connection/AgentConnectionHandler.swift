@@ -12,6 +12,8 @@ final class AgentConnectionHandler: ChannelInboundHandler {
 
     private var session: AgentSession
     private let pool: NIOThreadPool
+    /// `--bwlimit`, shared by every connection of the run; reads wait for it on the pool.
+    private let bandwidth: BandwidthLimit?
     private let onEvent: @Sendable (UploadEvent) -> Void
     private let done: EventLoopPromise<ConnectionOutcome>
     private let logger: Logger
@@ -19,11 +21,12 @@ final class AgentConnectionHandler: ChannelInboundHandler {
     private var needsFlush = false
 
     init(
-        configuration: AgentConfiguration, queue: JobQueue, pool: NIOThreadPool, logger: Logger,
+        configuration: AgentConfiguration, queue: JobQueue, pool: NIOThreadPool, bandwidth: BandwidthLimit?, logger: Logger,
         done: EventLoopPromise<ConnectionOutcome>, onEvent: @escaping @Sendable (UploadEvent) -> Void
     ) {
         self.session = AgentSession(configuration: configuration, queue: queue)
         self.pool = pool
+        self.bandwidth = bandwidth
         self.logger = logger
         self.done = done
         self.onEvent = onEvent
@@ -104,13 +107,19 @@ final class AgentConnectionHandler: ChannelInboundHandler {
                 self.context?.eventLoop.assumeIsolated().scheduleTask(in: delay) { self.act { $0.timerFired(timer) } }
             case .prepare(let job, let dedup):
                 let journal = self.session.queue.journal
-                self.onPool({ try SourceReader.prepare(job.item.source, info: job.info, knownSHA1: job.knownSHA1, dedup: dedup, journal: journal) }) {
+                let reopenLimit = self.session.configuration.maxReopensInARow
+                self.onPool({
+                    try SourceReader.prepare(
+                        job.item.source, info: job.info, knownSHA1: job.knownSHA1, dedup: dedup, reopenLimit: reopenLimit, journal: journal
+                    )
+                }) {
                     session, result in session.prepared(job, result)
                 }
             case .read(let request):
-                self.onPool({ try SourceReader.read(request) }) { session, result in session.readFinished(request.streamID, result) }
-            case .hashPrefix(let id, let source, let from, let offset):
-                self.onPool({ try SourceReader.hashPrefix(of: source, from: from, upTo: offset) }) { session, result in session.prefixHashed(id, result) }
+                let bandwidth = self.bandwidth
+                self.onPool({ try SourceReader.read(request, bandwidth: bandwidth) }) { session, result in session.readFinished(request.streamID, result) }
+            case .hashPrefix(let id, let source, let from, let offset, let reopening):
+                self.onPool({ try SourceReader.hashPrefix(of: source, from: from, upTo: offset, reopening: reopening) }) { session, result in session.prefixHashed(id, result) }
             case .event(let event):
                 self.onEvent(event)
             case .log(let level, let message, let metadata):

@@ -20,6 +20,8 @@ enum SourceReader {
         /// The SHA-1 of the bytes before `offset`, when the agent computes it while sending.
         var sha1: SHA1?
         var keepSnapshots: Bool
+        /// What the source was when opened, and how often it may be reopened in a row (``BlobSource/reopen()``).
+        var reopening: Reopening
         /// Test-only fault: corrupt the chunk holding this offset after its CRC was computed.
         var corruptAt: UInt64?
     }
@@ -35,10 +37,43 @@ enum SourceReader {
         var nextOffset: UInt64
     }
 
+    /// How a read recovers from ``SourceInvalidated``: reopen, check the fingerprint, read on at the same offset.
+    struct Reopening: Sendable {
+        /// The fingerprint the upload started with: a reopened source must show the same.
+        var fingerprint: [UInt8]
+        /// Reopens allowed with no successful read in between (``AgentConfiguration/maxReopensInARow``).
+        var limit: Int
+    }
+
+    /// `source.read`, reopening the source when it says it became invalid.
+    static func read(
+        _ source: any BlobSource, at offset: UInt64, maxLength: Int, allocator: ByteBufferAllocator, reopening: Reopening
+    ) throws -> ByteBuffer {
+        var reopened = 0
+        while true {
+            do {
+                return try source.read(at: offset, maxLength: maxLength, allocator: allocator)
+            } catch let invalid as SourceInvalidated {
+                guard reopened < reopening.limit else {
+                    throw SourceError(
+                        "\(source.displayName) became invalid at byte \(offset) and stayed so after \(reopened) reopen(s): \(invalid.reason)"
+                    )
+                }
+                reopened += 1
+                let info = try source.reopen()
+                guard info.fingerprint == reopening.fingerprint else {
+                    throw SourceError(
+                        "\(source.displayName) was reopened at byte \(offset) (\(invalid.reason)) with a different fingerprint: its content changed, so this upload stops and nothing is committed"
+                    )
+                }
+            }
+        }
+    }
+
     /// The most bytes read (and hashed) in one trip to the thread pool.
     static let batchBytes = 2 << 20
 
-    static func read(_ request: Request) throws -> Batch {
+    static func read(_ request: Request, bandwidth: BandwidthLimit? = nil) throws -> Batch {
         var batch = Batch(sha1: request.sha1, nextOffset: request.offset)
         let allocator = ByteBufferAllocator()
         let source = request.source
@@ -50,7 +85,7 @@ enum SourceReader {
             }
             var limit = min(request.chunkSize, request.budget - used)
             if let size = request.size { limit = Int(clamping: min(UInt64(limit), size - batch.nextOffset)) }
-            let data = try source.read(at: batch.nextOffset, maxLength: limit, allocator: allocator)
+            let data = try Self.read(source, at: batch.nextOffset, maxLength: limit, allocator: allocator, reopening: request.reopening)
             if data.readableBytes == 0 {
                 batch.ended = source.isEnd(at: batch.nextOffset)
                 if let size = request.size, batch.ended, batch.nextOffset < size {
@@ -58,6 +93,7 @@ enum SourceReader {
                 }
                 break
             }
+            bandwidth?.take(data.readableBytes)
             if var sha1 = batch.sha1 {
                 data.withUnsafeReadableBytes { sha1.update($0) }
                 batch.sha1 = sha1
@@ -72,6 +108,8 @@ enum SourceReader {
             if request.keepSnapshots, let sha1 = batch.sha1 {
                 batch.snapshots.append((batch.nextOffset, sha1))
             }
+            // A stream that paused (a short read) sends what came now instead of waiting to fill the batch.
+            if !source.isSeekable && data.readableBytes < limit { break }
         }
         if batch.ended, let change = source.changeSinceOpen() {
             // Never commit a mix of two versions (issue 6, finding 8): the relay discards what it staged.
@@ -82,12 +120,16 @@ enum SourceReader {
 
     /// The SHA-1 of the first `offset` bytes: the relay knows a prefix this run never sent (the agent restarted), so
     /// it is hashed locally, with no network, from the latest SHA-1 state the agent kept below it (`from`), if any.
-    static func hashPrefix(of source: any BlobSource, from start: (UInt64, SHA1)? = nil, upTo offset: UInt64, whenShort: String? = nil) throws -> SHA1 {
+    static func hashPrefix(
+        of source: any BlobSource, from start: (UInt64, SHA1)? = nil, upTo offset: UInt64, reopening: Reopening, whenShort: String? = nil
+    ) throws -> SHA1 {
         var sha1 = start?.1 ?? SHA1()
         var position: UInt64 = start?.0 ?? 0
         let allocator = ByteBufferAllocator()
         while position < offset {
-            let piece = try source.read(at: position, maxLength: Int(min(4 << 20, offset - position)), allocator: allocator)
+            let piece = try Self.read(
+                source, at: position, maxLength: Int(min(4 << 20, offset - position)), allocator: allocator, reopening: reopening
+            )
             guard piece.readableBytes > 0 else {
                 throw SourceError(whenShort ?? "\(source.displayName) is shorter than the relay's \(offset) bytes")
             }
@@ -108,14 +150,19 @@ enum SourceReader {
 
     /// Opens the source and, for dedup, hashes it whole before OPEN (seekable sources of known size only), unless the
     /// journal's hash cache knows the SHA-1 of this fingerprint.
-    static func prepare(_ source: any BlobSource, info known: SourceInfo?, knownSHA1: SHA1Digest?, dedup: Bool, journal: (any JobJournal)?) throws -> Prepared {
+    static func prepare(
+        _ source: any BlobSource, info known: SourceInfo?, knownSHA1: SHA1Digest?, dedup: Bool, reopenLimit: Int, journal: (any JobJournal)?
+    ) throws -> Prepared {
         let info = try known ?? source.open()
         if let knownSHA1 { return Prepared(info: info, sha1: knownSHA1) }
         guard dedup, source.isSeekable, let size = info.size else { return Prepared(info: info, sha1: nil) }
         if let cached = journal?.cachedSHA1(fingerprint: info.fingerprint) {
             return Prepared(info: info, sha1: cached)
         }
-        let sha1 = try Self.hashPrefix(of: source, upTo: size, whenShort: "\(source.displayName) shrank while it was hashed")
+        let sha1 = try Self.hashPrefix(
+            of: source, upTo: size, reopening: Reopening(fingerprint: info.fingerprint, limit: reopenLimit),
+            whenShort: "\(source.displayName) shrank while it was hashed"
+        )
         let digest = SHA1Digest(bytes: sha1.finalize())
         if let digest { journal?.hashed(fingerprint: info.fingerprint, sha1: digest) }
         return Prepared(info: info, sha1: digest, hashedBytes: size)

@@ -34,8 +34,8 @@ extension AgentSession {
             }
             job.recorded = nil
             self.queue.progressed(job)
-            if self.queue.isDropped(job) {
-                return self.complete(job, job.finish(.failed, sha1: "", error: Self.droppedMessage(job)))
+            if let reason = self.queue.dropReason(job) {
+                return self.complete(job, job.finish(.failed, sha1: "", error: reason))
             }
             guard !self.closed, self.machine.canOpenStream else {
                 self.queue.requeue(job)
@@ -59,10 +59,6 @@ extension AgentSession {
         case .failure(let error):
             return self.complete(job, job.finish(.failed, sha1: "", error: "\(error)"))
         }
-    }
-
-    static func droppedMessage(_ job: UploadJob) -> String {
-        "\(job.item.displayPath) was removed before its upload finished: not uploaded (nothing on the relay was deleted)"
     }
 
     /// OFFSET: STORED ends the job; START and RESUME begin sending at the relay's offset.
@@ -92,7 +88,10 @@ extension AgentSession {
                 job.hashedBytes += offset.offset - (base?.key ?? 0)
                 sender.reading = true
                 self.senders[id] = sender
-                return [started, .hashPrefix(id, job.item.source, from: base.map { ($0.key, $0.value) }, upTo: offset.offset)]
+                return [
+                    started,
+                    .hashPrefix(id, job.item.source, from: base.map { ($0.key, $0.value) }, upTo: offset.offset, reopening: self.reopening(job)),
+                ]
             } else {
                 return [started] + self.failStream(id, "\(job.item.source.displayName) cannot resume at \(offset.offset): those bytes are no longer held")
             }
@@ -140,9 +139,14 @@ extension AgentSession {
         let request = SourceReader.Request(
             streamID: id, source: job.item.source, size: size, offset: offset, budget: budget,
             chunkSize: max(1, min(self.configuration.chunkSize, self.machine.maxChunkPayload)), deflate: self.deflate,
-            sha1: sender.sha1, keepSnapshots: job.knownSHA1 == nil, corruptAt: self.configuration.faults.corruptChunkAtOffset
+            sha1: sender.sha1, keepSnapshots: job.knownSHA1 == nil, reopening: self.reopening(job), corruptAt: self.configuration.faults.corruptChunkAtOffset
         )
         return [.read(request)]
+    }
+
+    /// How reads of the job's source recover when it becomes invalid: the fingerprint it was opened with must hold.
+    func reopening(_ job: UploadJob) -> SourceReader.Reopening {
+        SourceReader.Reopening(fingerprint: job.info?.fingerprint ?? [], limit: self.configuration.maxReopensInARow)
     }
 
     /// A read finished: its chunks go out within the reservation, the rest of which is given back; HASH at the end.
@@ -221,6 +225,16 @@ extension AgentSession {
         guard let sender = self.senders.removeValue(forKey: id) else { return [] }
         let job = sender.job
         job.lastError = "\(code.name): \(message)"
+        if self.configuration.retryForever && (code == .quotaExceeded || code == .storageError) {
+            // No room on the relay for this account: every item would fail alike. The queue holds with a growing
+            // wait (its change closes this connection), and the item goes back to it, not counted as an attempt.
+            self.queue.requeue(job)
+            self.queue.relayFull(
+                "the relay has no room: \(code.name) for \"\(job.key)\": \(message)", initial: self.configuration.relayFullBackoff,
+                maximum: self.configuration.relayFullMaxBackoff
+            )
+            return []
+        }
         // KEY_BUSY and REFUSED_STREAM say "not now" (SPEC §11): they are retried for --retry-for, not counted as attempts.
         let busy = code == .keyBusy || code == .refusedStream
         if busy {

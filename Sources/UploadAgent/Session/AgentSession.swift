@@ -30,13 +30,13 @@ struct AgentSession {
         /// Flush and close the connection.
         case close
         case schedule(Timer, in: TimeAmount)
-        /// Open the job's source and, for dedup, hash it (``SourceReader/prepare(_:info:knownSHA1:dedup:)``); then
+        /// Open the job's source and, for dedup, hash it (``SourceReader/prepare(_:info:knownSHA1:dedup:reopenLimit:journal:)``); then
         /// call ``prepared(_:_:)``.
         case prepare(UploadJob, dedup: Bool)
         /// Read a batch (credit already reserved); then call ``readFinished(_:_:)``.
         case read(SourceReader.Request)
         /// Hash the first `upTo` bytes of the stream's source; then call ``prefixHashed(_:_:)``.
-        case hashPrefix(StreamID, any BlobSource, from: (UInt64, SHA1)?, upTo: UInt64)
+        case hashPrefix(StreamID, any BlobSource, from: (UInt64, SHA1)?, upTo: UInt64, reopening: SourceReader.Reopening)
         case event(UploadEvent)
         case log(Logger.Level, String, Logger.Metadata)
         /// The connection is over: report the outcome to the uploader.
@@ -162,8 +162,8 @@ struct AgentSession {
         }
         var actions: [Action] = []
         for id in self.senders.keys.sorted() {
-            if let job = self.senders[id]?.job, self.queue.isDropped(job) {
-                actions += self.failStream(id, Self.droppedMessage(job))
+            if let job = self.senders[id]?.job, let reason = self.queue.dropReason(job) {
+                actions += self.failStream(id, reason)
             }
         }
         return actions + self.openMore() + self.closeIfIdle()
@@ -206,7 +206,7 @@ struct AgentSession {
             sender.job.acknowledge(offset)
             self.queue.progressed(sender.job)
             self.outcome.madeProgress = true
-            return self.pump(id)
+            return [.event(.acknowledged(key: sender.job.key, offset: offset))] + self.pump(id)
         case .creditGranted(let id):
             if id.isConnection {
                 return self.senders.keys.sorted().flatMap { self.pump($0) }

@@ -96,9 +96,9 @@ public struct QueueEntry: Hashable, Sendable {
 
 extension QueueEntry {
     /// The entry of a file item, its settings defaulting to `configuration`'s; nil for any other source (a stream
-    /// cannot be found again after a restart).
+    /// cannot be found again after a restart, and the queue keeps a whole file's path, not a start offset).
     init?(item: UploadItem, configuration: AgentConfiguration) {
-        guard let file = item.source as? FileSource else { return nil }
+        guard let file = item.source as? FileSource, file.startOffset == 0 else { return nil }
         let info = FileSource.currentInfo(path: file.path)
         self.init(
             key: item.key, path: file.path, size: info?.size, fingerprint: info?.fingerprint ?? [],

@@ -99,7 +99,8 @@ public final class QueueRunner: Sendable {
     /// The file under `key` was deleted: it leaves the queue, and an upload of it in flight stops without committing.
     public func drop(key: String) throws {
         let id = try self.store.drop(target: self.target, key: key, reason: "removed before its upload finished: not uploaded")
-        if let job = self.queue.drop(key: key), let queueID = job.queueID {
+        let reason = "\(key) was removed before its upload finished: not uploaded (nothing on the relay was deleted)"
+        if let job = self.queue.drop(key: key, reason: reason), let queueID = job.queueID {
             self.state.withLockedValue { $0.jobs[queueID] = nil }
         }
         if let id { self.state.withLockedValue { _ = $0.after.removeValue(forKey: id) } }
@@ -172,7 +173,23 @@ public final class QueueRunner: Sendable {
             poller.cancel()
             self.journal.flushNow()
         }
-        try await self.uploader.run(self.queue, service: service, onEvent: onEvent)
+        let shown = NIOLockedValueBox(false)
+        try await self.uploader.run(self.queue, service: service) { event in
+            switch event {
+            case .reconnecting(let reason, _) where self.queue.relayFullWait != nil:
+                // The relay has no room: `status` says so while the queue waits (this runs on the uploader's task).
+                shown.withLockedValue { $0 = true }
+                try? self.store.setHoldReason(reason)
+            case .connected where shown.withLockedValue({ $0 }):
+                // Off the event loop: the database write may wait for another process's.
+                shown.withLockedValue { $0 = false }
+                let holds = self.state.withLockedValue { state in state.holds.sorted { $0.key < $1.key }.map(\.value).first }
+                DispatchQueue.global().async { try? self.store.setHoldReason(holds) }
+            default:
+                break
+            }
+            onEvent(event)
+        }
     }
 
     /// Ends a long-running ``run(service:pollInterval:onEvent:)``: no new upload starts; the connection closes.

@@ -20,6 +20,9 @@ public struct AgentConfiguration: Sendable {
     public var chunkSize: Int = 1 << 20
     /// Hash files before OPEN so the relay can answer "already stored" without a byte sent (SPEC §7).
     public var dedup = true
+    /// The most payload bytes per second read and sent, over all uploads (`--bwlimit`); nil for no limit. The relay's
+    /// credit still applies: the agent never sends faster than either allows.
+    public var bandwidthLimit: Int? = nil
     /// Offer per-chunk deflate (SPEC §9): worth it on slow links with compressible data only.
     public var deflate = false
     /// Replace different content already stored under a key.
@@ -30,11 +33,19 @@ public struct AgentConfiguration: Sendable {
     public var retryForever = false
     /// Longest wait between reconnection attempts.
     public var maxBackoff: Duration = .seconds(5)
+    /// A long-running agent (``retryForever``) told QUOTA_EXCEEDED or STORAGE_ERROR holds the whole queue this long
+    /// instead of failing every item, doubling each time the relay refuses again, up to ``relayFullMaxBackoff``; a
+    /// stored item resets it. A one-shot run reports the error instead.
+    public var relayFullBackoff: Duration = .seconds(10)
+    public var relayFullMaxBackoff: Duration = .seconds(600)
     /// With nothing received for this long the agent sends PING; with nothing for twice as long it
     /// takes the connection for dead and reconnects (SPEC §2.3). Catches links that vanish silently.
     public var keepaliveInterval: Duration = .seconds(15)
     /// How many times one item may fail with a retryable stream error before it is given up.
     public var maxAttemptsPerItem = 5
+    /// How many times in a row a source may be reopened after it threw ``SourceInvalidated`` with no successful read
+    /// in between, before its upload fails.
+    public var maxReopensInARow = 3
     /// Wire limits: frame size and the like (SPEC §12).
     public var limits = ProtocolLimits()
     /// Threads for reading and hashing sources.

@@ -28,8 +28,13 @@ final class JobQueue: Sendable {
         var finished: [UploadResult] = []
         /// Why no job may start now (a pause, a condition), or nil.
         var hold: String? = nil
-        /// Keys whose source went away (a watched file deleted): their uploads stop and never commit.
-        var dropped: Set<String> = []
+        /// The relay refused for want of room (QUOTA_EXCEEDED, STORAGE_ERROR): why, and how long to wait.
+        var relayFull: (reason: String, wait: Duration)? = nil
+        /// Refusals for want of room in a row, since the last item stored: the wait doubles with each.
+        var relayFullCount = 0
+        /// Keys whose source went away (a watched file deleted) or whose upload was cancelled, with why: their uploads
+        /// stop and never commit.
+        var dropped: [String: String] = [:]
         var stopped = false
         var waiters: [CheckedContinuation<Void, Never>] = []
     }
@@ -66,7 +71,7 @@ final class JobQueue: Sendable {
     /// The next job to start, if any may start.
     func next() -> UploadJob? {
         let job: UploadJob? = self.state.withLockedValue { state in
-            guard state.hold == nil, !state.stopped, !state.waiting.isEmpty else { return nil }
+            guard state.hold == nil, state.relayFull == nil, !state.stopped, !state.waiting.isEmpty else { return nil }
             state.active += 1
             let job = state.waiting.removeFirst()
             state.activeKeys.insert(job.key)
@@ -95,9 +100,10 @@ final class JobQueue: Sendable {
     func finished(_ job: UploadJob, _ result: UploadResult) {
         self.changed { state in
             state.active -= 1
+            if result.status != .failed { state.relayFullCount = 0 }
             if self.keepResults { state.finished.append(result) }
             state.activeKeys.remove(job.key)
-            state.dropped.remove(job.key)
+            state.dropped[job.key] = nil
         }
         self.journal?.finished(job, result)
     }
@@ -113,28 +119,60 @@ final class JobQueue: Sendable {
         self.changed { $0.hold = reason }
     }
 
-    var holdReason: String? { self.state.withLockedValue { $0.hold } }
+    var holdReason: String? { self.state.withLockedValue { $0.hold ?? $0.relayFull?.reason } }
 
-    /// The source of `key` is gone: a waiting job leaves the queue (returned), an active one stops without committing.
-    func drop(key: String) -> UploadJob? {
+    /// The relay has no room for the account (`reason`): the whole queue holds, from `initial` doubling up to
+    /// `maximum` with each refusal in a row, instead of failing every item. The uploader waits it out
+    /// (``relayFullWait``), then ends the hold (``endRelayFullWait()``).
+    func relayFull(_ reason: String, initial: Duration, maximum: Duration) {
+        self.changed { state in
+            guard state.relayFull == nil else { return }
+            var wait = initial
+            for _ in 0..<min(state.relayFullCount, 30) where wait < maximum { wait *= 2 }
+            wait = min(wait, maximum)
+            state.relayFullCount += 1
+            state.relayFull = ("\(reason); the queue waits \(wait) before trying again", wait)
+        }
+    }
+
+    var relayFullWait: (reason: String, wait: Duration)? { self.state.withLockedValue { $0.relayFull } }
+
+    func endRelayFullWait() {
+        self.changed { $0.relayFull = nil }
+    }
+
+    var isStopped: Bool { self.state.withLockedValue { $0.stopped } }
+
+    /// The source of `key` is gone or its upload was cancelled (`reason` says which): a waiting job leaves the queue
+    /// (returned), an active one stops without committing.
+    func drop(key: String, reason: String) -> UploadJob? {
         var removed: UploadJob? = nil
         self.changed { state in
             if let index = state.waiting.firstIndex(where: { $0.key == key }) {
                 removed = state.waiting.remove(at: index)
             } else if state.activeKeys.contains(key) {
-                state.dropped.insert(key)
+                state.dropped[key] = reason
             }
         }
         return removed
     }
 
-    func isDropped(_ job: UploadJob) -> Bool {
-        self.state.withLockedValue { $0.dropped.contains(job.key) }
+    /// Why the job was dropped, or nil while it goes on.
+    func dropReason(_ job: UploadJob) -> String? {
+        self.state.withLockedValue { $0.dropped[job.key] }
     }
 
     /// Ends a long-running queue: ``waitForWork()`` returns false from now on.
     func stop() {
         self.changed { $0.stopped = true }
+    }
+
+    /// The run is over: the sources of jobs that did not finish are closed, so a read still waiting for input (stdin
+    /// that never ends) gives up and the thread pool can drain.
+    func closeUnfinishedSources() {
+        for job in self.state.withLockedValue({ $0.waiting }) where job.result == nil {
+            job.item.source.close()
+        }
     }
 
     /// Waits until a job may start; false once the queue is stopped or, for a `send`, every job finished.
@@ -156,7 +194,7 @@ final class JobQueue: Sendable {
     private static func answer(_ state: State, service: Bool) -> Bool? {
         if state.stopped { return false }
         if !service && state.waiting.isEmpty && state.active == 0 { return false }
-        if state.hold == nil && !state.waiting.isEmpty { return true }
+        if state.hold == nil && state.relayFull == nil && !state.waiting.isEmpty { return true }
         return nil
     }
 

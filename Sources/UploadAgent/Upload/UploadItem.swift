@@ -68,6 +68,8 @@ public enum UploadEvent: Sendable {
     case started(key: String, size: UInt64?, offset: UInt64)
     /// Payload bytes went out for an item.
     case sent(key: String, bytes: Int)
+    /// The relay holds the first `offset` bytes of an item durably (an ACK).
+    case acknowledged(key: String, offset: UInt64)
     /// An item ended.
     case finished(UploadResult)
 }

@@ -40,8 +40,24 @@ public final class Uploader: Sendable {
     func run(_ queue: JobQueue, service: Bool, onEvent: @escaping @Sendable (UploadEvent) -> Void) async throws {
         let pool = NIOThreadPool(numberOfThreads: self.configuration.ioThreads)
         pool.start()
-        defer { pool.shutdownGracefully { _ in } }
+        do {
+            try await self.run(queue, service: service, pool: pool, onEvent: onEvent)
+        } catch {
+            queue.closeUnfinishedSources()
+            try? await pool.shutdownGracefully()
+            throw error
+        }
+        // Waits for source work still running (a read of a stream already cancelled): its completion goes to an event
+        // loop, which must still be there. Closed sources end their waits for input.
+        queue.closeUnfinishedSources()
+        try? await pool.shutdownGracefully()
+    }
+
+    private func run(
+        _ queue: JobQueue, service: Bool, pool: NIOThreadPool, onEvent: @escaping @Sendable (UploadEvent) -> Void
+    ) async throws {
         let tls = try self.makeTLSContext()
+        let bandwidth = self.configuration.bandwidthLimit.map(BandwidthLimit.init(bytesPerSecond:))
         let clock = ContinuousClock()
         var deadline: ContinuousClock.Instant? = nil
         var backoff = Duration.milliseconds(200)
@@ -49,9 +65,21 @@ public final class Uploader: Sendable {
             let started = clock.now
             let outcome: ConnectionOutcome
             do {
-                outcome = try await self.runConnection(queue: queue, pool: pool, tls: tls, onEvent: onEvent)
+                outcome = try await self.runConnection(queue: queue, pool: pool, bandwidth: bandwidth, tls: tls, onEvent: onEvent)
             } catch {
                 outcome = ConnectionOutcome(reason: Self.describe(connectError: error, configuration: self.configuration), fatal: false, madeProgress: false)
+            }
+            if let full = queue.relayFullWait {
+                // The relay has no room for this account: wait, then try the queue again (a stop ends the wait).
+                onEvent(.reconnecting(reason: full.reason, delay: full.wait))
+                let until = clock.now + full.wait
+                while clock.now < until, !queue.isStopped {
+                    try await Task.sleep(for: min(.milliseconds(250), until - clock.now))
+                }
+                queue.endRelayFullWait()
+                deadline = nil
+                backoff = .milliseconds(200)
+                continue
             }
             if queue.isDone || queue.holdReason != nil {
                 // All done (a long-running agent waits for more) or paused: the next connection starts afresh.
@@ -101,7 +129,8 @@ public final class Uploader: Sendable {
     }
 
     private func runConnection(
-        queue: JobQueue, pool: NIOThreadPool, tls: NIOSSLContext, onEvent: @escaping @Sendable (UploadEvent) -> Void
+        queue: JobQueue, pool: NIOThreadPool, bandwidth: BandwidthLimit?, tls: NIOSSLContext,
+        onEvent: @escaping @Sendable (UploadEvent) -> Void
     ) async throws -> ConnectionOutcome {
         let configuration = self.configuration
         let logger = self.logger
@@ -119,7 +148,8 @@ public final class Uploader: Sendable {
                     try sync.addHandler(NIOSSLClientHandler(context: tls, serverHostname: serverName))
                     try sync.addHandler(
                         AgentConnectionHandler(
-                            configuration: configuration, queue: queue, pool: pool, logger: logger, done: promise, onEvent: onEvent
+                            configuration: configuration, queue: queue, pool: pool, bandwidth: bandwidth, logger: logger, done: promise,
+                            onEvent: onEvent
                         )
                     )
                 }
