@@ -55,9 +55,9 @@ public enum DurationText {
 extension AsyncParsableCommand {
     /// Parses and runs the command, as ArgumentParser's `main()` does, except that a usage error exits 2, as scripts
     /// expect (ArgumentParser's own default is 64). Both programs' `main` call this.
-    public static func mainExitingTwoOnUsageError() async {
+    public static func mainExitingTwoOnUsageError(_ arguments: [String]? = nil) async {
         do {
-            var command = try Self.parseAsRoot()
+            var command = try Self.parseAsRoot(arguments)
             if var asyncCommand = command as? any AsyncParsableCommand {
                 try await asyncCommand.run()
             } else {

@@ -33,8 +33,17 @@ struct ConnectionOptions: ParsableArguments {
     @Flag(name: .long, help: "Deflate compressible chunks (helps on slow links).")
     var deflate = false
 
+    @Option(
+        name: .long,
+        help: ArgumentHelp("Send at most this many payload bytes per second over all uploads, e.g. 10M, 500K (default: no limit).", valueName: "rate")
+    )
+    var bwlimit: String?
+
     func validate() throws {
         guard self.concurrency >= 1 else { throw ValidationError("--concurrency must be at least 1") }
+        if let bwlimit = self.bwlimit, try ByteCount.parse(bwlimit, option: "--bwlimit") < 1 {
+            throw ValidationError("--bwlimit must be at least 1 byte per second, e.g. 10M")
+        }
         guard self.relay ?? Self.environment("UPLOAD_RELAY") != nil else {
             throw ValidationError("which relay? pass --relay host:port or set UPLOAD_RELAY")
         }
@@ -72,6 +81,7 @@ struct ConnectionOptions: ParsableArguments {
         configuration.serverName = self.serverName
         configuration.dedup = !self.noDedup
         configuration.deflate = self.deflate
+        configuration.bandwidthLimit = try self.bwlimit.map { Int(clamping: try ByteCount.parse($0, option: "--bwlimit")) }
         configuration.agentName = ProcessInfo.processInfo.hostName
         return configuration
     }
@@ -87,6 +97,15 @@ struct StateOptions: ParsableArguments {
         )
     )
     var state: String?
+
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "Read options from this JSON file first; options given here override it. Keys are option names without dashes; a section per command (\"watch\": {...}) holds that command's own. See the README.",
+            valueName: "file"
+        )
+    )
+    var config: String?
 
     var directory: String { self.state ?? AgentStateStore.defaultDirectory() }
 

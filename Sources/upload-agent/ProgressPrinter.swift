@@ -59,6 +59,8 @@ final class ProgressPrinter: Sendable {
                 return self.statusLine(state, now: now)
             }
             if let line { Self.stderr("\r\u{1B}[K" + line) }
+        case .acknowledged:
+            break
         case .finished(let result):
             self.state.withLockedValue { $0.finished += 1 }
             if self.json {

@@ -18,6 +18,13 @@ struct UploadAgentCommand: AsyncParsableCommand {
 
     /// Usage errors exit 2, as scripts expect (ArgumentParser's own default is 64).
     static func main() async {
-        await Self.mainExitingTwoOnUsageError()
+        let arguments: [String]
+        do {
+            arguments = try ConfigFile.expand(Array(CommandLine.arguments.dropFirst()))
+        } catch {
+            FileHandle.standardError.write(Data("upload-agent: \(error)\n".utf8))
+            Foundation.exit(2)
+        }
+        await Self.mainExitingTwoOnUsageError(arguments)
     }
 }

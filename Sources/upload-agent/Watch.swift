@@ -25,6 +25,10 @@ struct Watch: AsyncParsableCommand {
             deleted before its upload finished is dropped from the queue; deleting a file never \
             deletes anything on the relay.
 
+            When the relay has no room for the account (QUOTA_EXCEEDED, STORAGE_ERROR), the whole \
+            queue waits (10 s, doubling up to 10 minutes) and tries again, instead of failing every \
+            item; `status` says so meanwhile.
+
             Conditions (--only-on-ac, --min-battery, --when CMD) are checked every --when-interval: \
             while one is false, uploads stop (the relay keeps what it acknowledged) and go on by \
             themselves once it is true again. `upload-agent status` says what holds them.
@@ -69,6 +73,10 @@ struct Watch: AsyncParsableCommand {
     @Option(name: .long, help: .hidden)
     var powerSupplyDir: String = "/sys/class/power_supply"
 
+    /// The first wait after the relay said it has no room (QUOTA_EXCEEDED, STORAGE_ERROR); tests shorten it.
+    @Option(name: .long, help: .hidden)
+    var relayFullBackoff: String = "10s"
+
     @Flag(name: .long, help: "Print one JSON object per event on stdout: {\"event\":\"started\",...}, {\"event\":\"finished\",...}.")
     var json = false
 
@@ -82,6 +90,7 @@ struct Watch: AsyncParsableCommand {
         guard !self.directories.isEmpty else { throw ValidationError("name at least one directory to watch") }
         _ = try DurationText.parse(self.settle, option: "--settle")
         _ = try DurationText.parse(self.whenInterval, option: "--when-interval")
+        _ = try DurationText.parse(self.relayFullBackoff, option: "--relay-full-backoff")
         if let minimum = self.minBattery, !(0...100).contains(minimum) { throw ValidationError("--min-battery takes a percentage, 0 to 100") }
         for directory in self.directories {
             var isDirectory: ObjCBool = false
@@ -95,6 +104,7 @@ struct Watch: AsyncParsableCommand {
         ConnectionOptions.bootstrapLogging()
         var configuration = try self.connection.configuration()
         configuration.retryForever = true
+        configuration.relayFullBackoff = try DurationText.parse(self.relayFullBackoff, option: "--relay-full-backoff")
         configuration.overwrite = self.onChange == .overwrite
         let store = try self.stateOptions.open()
         let target = AgentStateStore.target(of: configuration)

@@ -160,7 +160,45 @@ struct WatchTests {
         await relay.stop()
     }
 
-    @Test("send hands its files to the watch already running for the relay: one uploader, the send reports the results")
+    @Test("the account's quota is full: the queue waits longer each time and tries again, nothing fails; status says why")
+    func quotaWaits() async throws {
+        let relay = try await TestRelay().start()
+        let token = try relay.addAccount("small", quota: 1_000_000)
+        let home = TestRelay.makeDirectory()
+        let watched = home + "/cam"
+        try FileManager.default.createDirectory(atPath: watched, withIntermediateDirectories: true)
+        var environment = AgentProcess.environment(relay, state: home + "/state")
+        environment["UPLOAD_TOKEN"] = token
+        let agent = try AgentProcess(
+            ["watch", "--json", "--settle", "500ms", "--relay-full-backoff", "200ms", watched], environment: environment, log: home + "/agent.log"
+        )
+        defer { agent.stop() }
+        #expect(AgentProcess.waitUntil { agent.child.log.contains("watching") }, "\(agent.child.log)")
+        let store = try AgentStateStore(directory: home + "/state/upload-agent")
+        let first = Self.bytes(600_000, seed: 21)
+        try Self.write(first, to: watched + "/a.jpg")
+        #expect(AgentProcess.waitUntil { agent.finished("cam/a.jpg") != nil }, "\(agent.child.log)")
+        let second = Self.bytes(600_000, seed: 22)
+        try Self.write(second, to: watched + "/b.jpg")
+        // Refused twice in a row: the second wait is twice the first.
+        #expect(
+            AgentProcess.waitUntil { agent.child.log.contains("waits 0.4 seconds") }, "\(agent.child.log)"
+        )
+        #expect(agent.child.log.contains("QUOTA_EXCEEDED"))
+        #expect(agent.finished("cam/b.jpg") == nil, "an item failed for the relay's lack of room")
+        #expect(AgentProcess.waitUntil { (try? store.holdReason())??.contains("no room") == true })
+        #expect(try store.items().first { $0.key == "cam/b.jpg" }?.status != .failed)
+        // Room again (an operator removed an object): the queue goes on by itself.
+        try relay.services.catalog.deleteObject(account: "small", key: "cam/a.jpg")
+        #expect(AgentProcess.waitUntil(timeout: 30) { agent.finished("cam/b.jpg") != nil }, "\(agent.child.log)")
+        #expect(agent.finished("cam/b.jpg")?["status"] as? String == "stored")
+        #expect(relay.stored("cam/b.jpg", account: "small") == second)
+        #expect(AgentProcess.waitUntil { (try? store.holdReason()) == .some(nil) })
+        #expect(agent.stop() == 0)
+        await relay.stop()
+    }
+
+    @Test("send (and UploadClient.enqueue) hand their files to the watch already running for the relay: one uploader")
     func sendHandsOver() async throws {
         let relay = try await TestRelay().start()
         let home = TestRelay.makeDirectory()
@@ -179,6 +217,14 @@ struct WatchTests {
         // The watch uploaded it.
         #expect(agent.started("report.pdf") == 1)
         #expect(relay.stored("report.pdf") == file.data)
+        // The Swift API's enqueue lands in the same queue: the running watch takes it.
+        let store = try AgentStateStore(directory: home + "/state/upload-agent")
+        let client = UploadClient(configuration: AgentConfiguration(relayHost: "127.0.0.1", relayPort: relay.port, token: relay.token, caPath: relay.caPath))
+        let queued = makeFile(home, "queued.mov", size: 300_000, seed: 7)
+        #expect(try client.enqueue(paths: [queued.path], into: store).count == 1)
+        #expect(AgentProcess.waitUntil { agent.finished("queued.mov") != nil }, "\(agent.child.log)")
+        #expect(relay.stored("queued.mov") == queued.data)
+        try await client.shutdown()
         await relay.stop()
     }
 
@@ -217,5 +263,115 @@ struct WatchTests {
         #expect(hashed <= (noDedup ? window : 0), "hashed \(hashed) bytes again")
         #expect(relay.stored("video.mp4") == file.data)
         await relay.stop()
+    }
+
+    @Test("500 files dropped into a watched directory at once: all stored, never more than --concurrency uploading at once")
+    func fiveHundredAtOnce() async throws {
+        let relay = try await TestRelay().start()
+        let home = TestRelay.makeDirectory()
+        let watched = home + "/DCIM"
+        try FileManager.default.createDirectory(atPath: watched, withIntermediateDirectories: true)
+        let agent = try AgentProcess(
+            ["watch", "--json", "--concurrency", "3", "--settle", "500ms", watched],
+            environment: AgentProcess.environment(relay, state: home + "/state"), log: home + "/agent.log"
+        )
+        defer { agent.stop() }
+        #expect(AgentProcess.waitUntil { agent.child.log.contains("watching") }, "\(agent.child.log)")
+        // Written elsewhere, then moved in together, as a card reader's copy lands.
+        var files: [String: Data] = [:]
+        for i in 0..<500 {
+            let name = "IMG_\(1000 + i).jpg"
+            let data = Self.bytes(1_000 + i * 37, seed: UInt64(i))
+            try Self.write(data, to: home + "/card/" + name)
+            files["DCIM/" + name] = data
+        }
+        for name in try FileManager.default.contentsOfDirectory(atPath: home + "/card") {
+            try FileManager.default.moveItem(atPath: home + "/card/" + name, toPath: watched + "/" + name)
+        }
+        #expect(
+            AgentProcess.waitUntil(timeout: 120) { agent.events.filter { $0["event"] as? String == "finished" }.count >= 500 },
+            "\(agent.events.filter { $0["event"] as? String == "finished" }.count) finished"
+        )
+        // In flight: started and not yet finished, in the order the agent printed them.
+        var inFlight: Set<String> = []
+        var most = 0
+        for event in agent.events {
+            guard let key = event["key"] as? String else { continue }
+            switch event["event"] as? String {
+            case "started": inFlight.insert(key)
+            case "finished": inFlight.remove(key)
+            default: break
+            }
+            most = max(most, inFlight.count)
+        }
+        #expect(most <= 3, "\(most) uploads at once with --concurrency 3")
+        #expect(most >= 1)
+        let finished = agent.events.filter { $0["event"] as? String == "finished" }
+        #expect(Set(finished.compactMap { $0["key"] as? String }) == Set(files.keys))
+        #expect(finished.allSatisfy { $0["status"] as? String == "stored" })
+        for (key, data) in files { #expect(relay.stored(key) == data, "\(key)") }
+        #expect(agent.stop() == 0)
+        await relay.stop()
+    }
+
+    @Test("a reboot-like restart: agent and relay killed mid-upload, the agent restarted while the relay stays down 90 s, then the relay comes back: it completes")
+    func relayDownNinetySeconds() async throws {
+        let home = TestRelay.makeDirectory()
+        let data = home + "/relay"
+        func startRelay(port: Int) throws -> ChildProcess {
+            try? FileManager.default.removeItem(atPath: data + "/ready")
+            return try ChildProcess(
+                try relayBinary(),
+                ["serve", "--dev", "--data", data, "--listen", "127.0.0.1:\(port)", "--ready-file", data + "/ready", "--log-level", "warning"],
+                readyFile: data + "/ready", logFile: home + "/relay-\(port).log"
+            )
+        }
+        try FileManager.default.createDirectory(atPath: data, withIntermediateDirectories: true)
+        var relay = try startRelay(port: 0)
+        defer {
+            relay.kill(SIGKILL)
+            _ = relay.waitForExit()
+        }
+        let port = try relay.waitUntilReady()
+        let environment = [
+            "UPLOAD_RELAY": "127.0.0.1:\(port)", "UPLOAD_CA": data + "/dev/ca.pem", "XDG_STATE_HOME": home + "/state",
+            "UPLOAD_TOKEN": try String(contentsOfFile: data + "/dev/token", encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines),
+        ]
+        let watched = home + "/videos"
+        let size = 64 << 20
+        let video = Self.bytes(size, seed: 90)
+        try Self.write(video, to: watched + "/trip.mp4")
+        let first = try AgentProcess(["watch", "--json", "--bwlimit", "16M", watched], environment: environment, log: home + "/first.log")
+        defer { first.stop(SIGKILL) }
+        let store = try AgentStateStore(directory: home + "/state/upload-agent")
+        var acked: UInt64 = 0
+        #expect(
+            AgentProcess.waitUntil(timeout: 60) {
+                acked = (try? store.items().first?.acked) ?? 0
+                return acked >= UInt64(size / 4)
+            }, "\(first.child.log)"
+        )
+        // The power goes: both die at once.
+        first.stop(SIGKILL)
+        relay.kill(SIGKILL)
+        _ = relay.waitForExit()
+        try #require(acked < UInt64(size), "the upload finished before the kill")
+        // The device comes back first; the server stays down for 90 s.
+        let second = try AgentProcess(["watch", "--json", watched], environment: environment, log: home + "/second.log")
+        defer { second.stop() }
+        try await Task.sleep(for: .seconds(90))
+        #expect(second.child.process.isRunning, "the agent gave up while the relay was down: \(second.child.log)")
+        #expect(second.finished("videos/trip.mp4") == nil, "\(second.child.log)")
+        #expect(second.child.log.contains("reconnecting"), "\(second.child.log)")
+        relay = try startRelay(port: port)
+        _ = try relay.waitUntilReady()
+        #expect(AgentProcess.waitUntil(timeout: 60) { second.finished("videos/trip.mp4") != nil }, "\(second.child.log)")
+        let result = try #require(second.finished("videos/trip.mp4"))
+        #expect(result["status"] as? String == "stored")
+        // What the relay acknowledged before the kill was not sent again (a window of slack for the last ACKs).
+        let sent = result["sent_bytes"] as? Int ?? -1
+        #expect(sent <= size - Int(acked) + (16 << 20), "sent \(sent) after \(acked) acknowledged")
+        #expect(FileManager.default.contents(atPath: data + "/store/dev/videos/trip.mp4") == video)
+        #expect(second.stop() == 0)
     }
 }

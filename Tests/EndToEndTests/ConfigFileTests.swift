@@ -1,0 +1,89 @@
+import Foundation
+import Testing
+import UploadTestSupport
+
+/// `--config FILE` and `--bwlimit`, through the agent binary against a relay in this process.
+@Suite("End to end: config file and bandwidth limit", .serialized)
+struct ConfigFileTests {
+    func write(_ object: [String: Any], to path: String) throws {
+        try JSONSerialization.data(withJSONObject: object).write(to: URL(fileURLWithPath: path))
+    }
+
+    @Test("options come from the file; the command line overrides them; a section holds a command's own")
+    func fileAndOverride() async throws {
+        let relay = try await TestRelay().start()
+        let home = TestRelay.makeDirectory()
+        let file = makeFile(home, "notes.txt", size: 70_000, seed: 4)
+        let config = home + "/agent.json"
+        try self.write(
+            [
+                "relay": "127.0.0.1:\(relay.port)", "token": "not-the-token", "ca": relay.caPath, "state": home + "/state",
+                "concurrency": 3, "no-dedup": false, "send": ["json": true, "retry-for": "5s"], "watch": ["settle": "1s"],
+            ],
+            to: config
+        )
+        let agent = try CommandLineTests.agentBinary()
+        // The file's token is wrong: the run fails for it, so the file was read.
+        let refused = try CommandLineTests.run(agent, ["send", "--config", config, file.path])
+        #expect(refused.status == 1, "\(refused.stderr)")
+        #expect(refused.stderr.contains("UNAUTHENTICATED"), "\(refused.stderr)")
+        // The command line's token wins; --json comes from the "send" section.
+        let run = try CommandLineTests.run(agent, ["send", "--config=\(config)", "--token", relay.token, file.path])
+        #expect(run.status == 0, "\(run.stderr)")
+        let line = try #require(try JSONSerialization.jsonObject(with: Data(run.stdout.utf8)) as? [String: Any], "\(run.stdout)")
+        #expect(line["status"] as? String == "stored")
+        #expect(relay.stored("notes.txt") == file.data)
+        // "state" reaches status too; the queue it shows is the file's state directory.
+        let status = try CommandLineTests.run(agent, ["status", "--config", config, "--all", "--json"])
+        #expect(status.status == 0, "\(status.stderr)")
+        #expect(status.stdout.contains("notes.txt"), "\(status.stdout)")
+        await relay.stop()
+    }
+
+    @Test("a bad file is a usage error that names the file and the fix", arguments: ["missing", "not-json", "misplaced"])
+    func badFile(kind: String) throws {
+        let home = TestRelay.makeDirectory()
+        let config = home + "/agent.json"
+        switch kind {
+        case "not-json": try Data("relay = 1".utf8).write(to: URL(fileURLWithPath: config))
+        case "misplaced": try self.write(["settle": "3s"], to: config)
+        default: break
+        }
+        let run = try CommandLineTests.run(try CommandLineTests.agentBinary(), ["send", "--config", config, "x"])
+        #expect(run.status == 2)
+        #expect(run.stderr.contains(config), "\(run.stderr)")
+        if kind == "misplaced" { #expect(run.stderr.contains("{\"watch\": {\"settle\""), "\(run.stderr)") }
+    }
+
+    @Test("Examples/upload-agent.json, which sets every option, parses for send and watch")
+    func sampleFile() throws {
+        let sample = packageRoot + "/Examples/upload-agent.json"
+        let agent = try CommandLineTests.agentBinary()
+        // The file was read when what stops the command is the command line itself: no paths, no such directory.
+        let send = try CommandLineTests.run(agent, ["send", "--config", sample])
+        #expect(send.status == 2)
+        #expect(send.stderr.contains("Missing expected argument '<path> ...'"), "\(send.stderr)")
+        #expect(!send.stderr.contains(sample), "\(send.stderr)")
+        let watch = try CommandLineTests.run(agent, ["watch", "--config", sample, "/nonexistent-directory"])
+        #expect(watch.status == 2)
+        #expect(watch.stderr.contains("not a directory"), "\(watch.stderr)")
+    }
+
+    @Test("--bwlimit 1M: 3 MiB take at least 2.5 s (a quarter second's burst, then the rate), and arrive whole")
+    func bandwidthLimit() async throws {
+        let relay = try await TestRelay().start()
+        let home = TestRelay.makeDirectory()
+        let file = makeFile(home, "video.mp4", size: 3 << 20, seed: 5)
+        let environment = AgentProcess.environment(relay, state: home + "/state")
+        let started = ContinuousClock.now
+        let run = try CommandLineTests.run(try CommandLineTests.agentBinary(), ["send", "--bwlimit", "1M", "--no-state", file.path], environment: environment)
+        let elapsed = ContinuousClock.now - started
+        #expect(run.status == 0, "\(run.stderr)")
+        #expect(elapsed >= .milliseconds(2500), "\(elapsed)")
+        #expect(relay.stored("video.mp4") == file.data)
+        let invalid = try CommandLineTests.run(try CommandLineTests.agentBinary(), ["send", "--bwlimit", "0", file.path], environment: environment)
+        #expect(invalid.status == 2)
+        #expect(invalid.stderr.contains("--bwlimit"))
+        await relay.stop()
+    }
+}
