@@ -95,6 +95,24 @@ struct AgentSessionTests {
         #expect(h.session.machine.connectionCredit >= 0)
     }
 
+    @Test("a full socket pauses reads though credit remains; once it drains they go on, every stream")
+    func fullSocketPausesReads() {
+        var h = AgentHarness(files: 2)
+        let ids = h.connect(connectionWindow: 32 << 20, streamWindow: 8 << 20)
+        let first = AgentHarness.reads(h.receive(.offset(Frame.Offset(streamID: ids[0], disposition: .start, offset: 0))))
+        #expect(first.count == 1)
+        // The first batch's CHUNKs filled the socket's buffer.
+        #expect(h.session.writabilityChanged(false).isEmpty)
+        let after = h.session.readFinished(ids[0], .success(AgentHarness.batch(first[0], bytes: first[0].budget)))
+        #expect(AgentHarness.frames(after).contains { $0.type == .chunk })
+        #expect(AgentHarness.reads(after).isEmpty, "a read started while the socket was full")
+        #expect(AgentHarness.reads(h.receive(.offset(Frame.Offset(streamID: ids[1], disposition: .start, offset: 0)))).isEmpty)
+        // Drained: both streams read again, the first from where its batch ended.
+        let resumed = AgentHarness.reads(h.session.writabilityChanged(true))
+        #expect(Set(resumed.map(\.streamID)) == Set(ids))
+        #expect(resumed.first { $0.streamID == ids[0] }?.offset == UInt64(first[0].budget))
+    }
+
     @Test("the offset of a stream lives in the state machine: a read starts where the relay's OFFSET said")
     func resumeOffset() {
         var h = AgentHarness(files: 1)

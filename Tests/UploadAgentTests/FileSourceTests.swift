@@ -29,6 +29,29 @@ struct FileSourceTests {
         }
     }
 
+    @Test("a block's memory is used again only once no chunk of it is alive: a chunk kept keeps its bytes")
+    func blockReuse() throws {
+        let file = makeFile(TemporaryDirectories.make(), "v.bin", size: 4 << 16, seed: 11)
+        let source = FileSource(path: file.path, blockSize: 1 << 16)
+        _ = try source.open()
+        defer { source.close() }
+        let allocator = ByteBufferAllocator()
+        // Kept, as a CHUNK waiting for the socket is: the next block must go elsewhere.
+        let kept = try source.read(at: 0, maxLength: 1 << 16, allocator: allocator)
+        let second = try source.read(at: 1 << 16, maxLength: 1 << 16, allocator: allocator)
+        #expect(Array(kept.readableBytesView) == Array(file.data[0..<(1 << 16)]))
+        #expect(Array(second.readableBytesView) == Array(file.data[(1 << 16)..<(2 << 16)]))
+        // Let go, as a CHUNK sent is: the next read may reuse it, and still reads the right bytes.
+        var third: ByteBuffer? = nil
+        do {
+            let dropped = try source.read(at: 2 << 16, maxLength: 1 << 16, allocator: allocator)
+            #expect(dropped.readableBytes == 1 << 16)
+        }
+        third = try source.read(at: 3 << 16, maxLength: 1 << 16, allocator: allocator)
+        #expect(third.map { Array($0.readableBytesView) } == Array(file.data[(3 << 16)..<(4 << 16)]))
+        #expect(Array(second.readableBytesView) == Array(file.data[(1 << 16)..<(2 << 16)]))
+    }
+
     @Test("a start offset past the end is refused with the sizes")
     func startPastEnd() throws {
         let file = makeFile(TemporaryDirectories.make(), "short.bin", size: 100, seed: 3)

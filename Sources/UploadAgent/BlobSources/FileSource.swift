@@ -10,7 +10,8 @@ public final class FileSource: BlobSource {
     public let path: String
     public var displayName: String { self.path }
     public var isSeekable: Bool { true }
-    /// Bytes read from the file at a time, whatever the chunk size.
+    /// Bytes read from the file at a time, whatever the chunk size (at least a read's `maxLength`). The last block read
+    /// is kept for the next reads: each upload in flight holds one.
     public let blockSize: Int
     /// Where in the file the blob begins: the blob is the file's bytes from here to its end (the new part of a log
     /// that grows, the payload after a header of known length).
@@ -43,7 +44,7 @@ public final class FileSource: BlobSource {
 
     private let state = NIOLockedValueBox(State())
 
-    public init(path: String, blockSize: Int = 4 << 20, startOffset: UInt64 = 0) {
+    public init(path: String, blockSize: Int = 1 << 20, startOffset: UInt64 = 0) {
         self.path = path
         self.blockSize = max(1, blockSize)
         self.startOffset = startOffset
@@ -98,17 +99,26 @@ public final class FileSource: BlobSource {
             if offset >= state.size { return allocator.buffer(capacity: 0) }
             if let block = state.block, offset >= state.blockOffset, offset < state.blockOffset + UInt64(block.readableBytes) {
                 let start = Int(offset - state.blockOffset)
-                return block.getSlice(at: block.readerIndex + start, length: min(maxLength, block.readableBytes - start))!
+                return try Self.slice(block, from: start, length: maxLength, path: self.path)
             }
             let wanted = Int(min(UInt64(max(self.blockSize, maxLength)), state.size - offset))
-            var block = allocator.buffer(capacity: wanted)
+            // The last block's memory is used again when no chunk of it is still alive (all sent): no allocation.
+            var block: ByteBuffer
+            if var previous = state.block {
+                state.block = nil
+                previous.clear(minimumCapacity: wanted)
+                block = previous
+            } else {
+                block = allocator.buffer(capacity: wanted)
+            }
             let fd = state.descriptor
             let path = self.path
             let fileOffset = off_t(offset + self.startOffset)
             try block.writeWithUnsafeMutableBytes(minimumWritableBytes: wanted) { raw in
+                guard let base = raw.baseAddress else { return 0 }
                 var done = 0
                 while done < wanted {
-                    let n = pread(fd, raw.baseAddress! + done, wanted - done, fileOffset + off_t(done))
+                    let n = pread(fd, base + done, wanted - done, fileOffset + off_t(done))
                     if n < 0 && errno == EINTR { continue }
                     guard n >= 0 else { throw SourceError("cannot read \(path) at \(offset): \(String(cString: strerror(errno)))") }
                     if n == 0 { break }
@@ -121,8 +131,16 @@ public final class FileSource: BlobSource {
             }
             state.block = block
             state.blockOffset = offset
-            return block.getSlice(at: block.readerIndex, length: min(maxLength, block.readableBytes))!
+            return try Self.slice(block, from: 0, length: maxLength, path: self.path)
         }
+    }
+
+    /// Up to `length` bytes of `block` from `start`, sharing its storage.
+    private static func slice(_ block: ByteBuffer, from start: Int, length: Int, path: String) throws -> ByteBuffer {
+        guard let slice = block.getSlice(at: block.readerIndex + start, length: min(length, block.readableBytes - start)) else {
+            throw SourceError("\(path): no bytes at \(start) of a block of \(block.readableBytes)")
+        }
+        return slice
     }
 
     public func changeSinceOpen() -> String? {

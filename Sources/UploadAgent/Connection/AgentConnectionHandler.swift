@@ -83,6 +83,12 @@ final class AgentConnectionHandler: ChannelInboundHandler {
         }
     }
 
+    func channelWritabilityChanged(context: ChannelHandlerContext) {
+        let writable = context.channel.isWritable
+        self.act { $0.writabilityChanged(writable) }
+        context.fireChannelWritabilityChanged()
+    }
+
     func channelReadComplete(context: ChannelHandlerContext) {
         self.flush()
         context.fireChannelReadComplete()
@@ -98,8 +104,13 @@ final class AgentConnectionHandler: ChannelInboundHandler {
                 var header = context.channel.allocator.buffer(capacity: 64)
                 let data = FrameEncoder.encode(frame, into: &header)
                 context.write(self.wrapOutboundOut(header), promise: nil)
-                if let data { context.write(self.wrapOutboundOut(data), promise: nil) }
                 self.needsFlush = true
+                if let data {
+                    context.write(self.wrapOutboundOut(data), promise: nil)
+                    // One CHUNK per flush: TLS encrypts each into a buffer of its own size, freed once the socket took
+                    // it, rather than a batch into one buffer of twice the batch's size.
+                    self.flush()
+                }
             case .close:
                 self.flush()
                 self.context?.close(promise: nil)

@@ -70,9 +70,6 @@ enum SourceReader {
         }
     }
 
-    /// The most bytes read (and hashed) in one trip to the thread pool.
-    static let batchBytes = 2 << 20
-
     static func read(_ request: Request, bandwidth: BandwidthLimit? = nil) throws -> Batch {
         var batch = Batch(sha1: request.sha1, nextOffset: request.offset)
         let allocator = ByteBufferAllocator()
@@ -118,6 +115,9 @@ enum SourceReader {
         return batch
     }
 
+    /// Bytes hashed per read of a source: what a file source keeps as its block between reads.
+    static let hashPieceBytes = 1 << 20
+
     /// The SHA-1 of the first `offset` bytes: the relay knows a prefix this run never sent (the agent restarted), so
     /// it is hashed locally, with no network, from the latest SHA-1 state the agent kept below it (`from`), if any.
     static func hashPrefix(
@@ -128,7 +128,8 @@ enum SourceReader {
         let allocator = ByteBufferAllocator()
         while position < offset {
             let piece = try Self.read(
-                source, at: position, maxLength: Int(min(4 << 20, offset - position)), allocator: allocator, reopening: reopening
+                source, at: position, maxLength: Int(min(UInt64(Self.hashPieceBytes), offset - position)), allocator: allocator,
+                reopening: reopening
             )
             guard piece.readableBytes > 0 else {
                 throw SourceError(whenShort ?? "\(source.displayName) is shorter than the relay's \(offset) bytes")

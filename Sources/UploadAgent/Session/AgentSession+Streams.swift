@@ -124,14 +124,16 @@ extension AgentSession {
     /// Reads as much as credit allows, then HASH at the end. Each read first reserves its credit in the state machine,
     /// so reads of several streams planned at once never count on the same bytes (issue 6, finding 1).
     mutating func pump(_ id: StreamID) -> [Action] {
-        guard !self.closed, var sender = self.senders[id], sender.started, !sender.reading, !sender.hashSent,
+        guard !self.closed, self.writable, self.readsInFlight < max(1, self.configuration.maxReadsInFlight),
+            var sender = self.senders[id], sender.started, !sender.reading, !sender.hashSent,
             let offset = self.machine.nextOffset(on: id)
         else { return [] }
         let job = sender.job
         let size = job.info?.size
         let atEnd = size.map { offset >= $0 } ?? false
         // Small batches keep reading here overlapped with the relay's work on the previous batch.
-        let wanted = size.map { Int(clamping: min(UInt64(SourceReader.batchBytes), $0 - min(offset, $0))) } ?? SourceReader.batchBytes
+        let batch = max(1, self.configuration.readBatchBytes)
+        let wanted = size.map { Int(clamping: min(UInt64(batch), $0 - min(offset, $0))) } ?? batch
         let budget = atEnd ? 0 : self.machine.reserveCredit(on: id, upTo: wanted)
         guard budget > 0 || atEnd else { return [] }
         sender.reading = true
@@ -142,6 +144,19 @@ extension AgentSession {
             sha1: sender.sha1, keepSnapshots: job.knownSHA1 == nil, reopening: self.reopening(job), corruptAt: self.configuration.faults.corruptChunkAtOffset
         )
         return [.read(request)]
+    }
+
+    /// Reads (and prefix hashes) of this connection on the thread pool now.
+    var readsInFlight: Int {
+        self.senders.values.reduce(0) { $0 + ($1.reading ? 1 : 0) }
+    }
+
+    /// A read ended and its place is free: the streams after `id` in turn, then `id` itself if `again`, so that no
+    /// stream keeps the places to itself.
+    mutating func pumpInTurn(after id: StreamID, again: Bool) -> [Action] {
+        let ids = self.senders.keys.sorted()
+        let next = ids.filter { $0 > id } + ids.filter { $0 < id } + (again ? [id] : [])
+        return next.flatMap { self.pump($0) }
     }
 
     /// How reads of the job's source recover when it becomes invalid: the fingerprint it was opened with must hold.
@@ -179,13 +194,13 @@ extension AgentSession {
             // What the read did not use goes back before the next read reserves again.
             self.machine.releaseReservation(on: id)
             if batch.ended {
-                return actions + self.sendHash(id, size: batch.nextOffset)
+                return actions + self.sendHash(id, size: batch.nextOffset) + self.pumpInTurn(after: id, again: false)
             }
-            // An empty batch that did not end: a stream source waits for ACKs to free room; they pump again.
-            return batch.chunks.isEmpty ? actions : actions + self.pump(id)
+            // An empty batch that did not end: a stream source waits for ACKs to free room; they pump it again.
+            return actions + self.pumpInTurn(after: id, again: !batch.chunks.isEmpty)
         case .failure(let error):
             self.senders[id] = sender
-            return self.failStream(id, "\(error)")
+            return self.failStream(id, "\(error)") + self.pumpInTurn(after: id, again: false)
         }
     }
 

@@ -71,6 +71,9 @@ struct AgentSession {
     var goingAway = false
     /// Keepalive periods in a row with nothing received (SPEC §2.3).
     var silentPeriods = 0
+    /// The socket takes more bytes: while it does not (its write buffer is over ``AgentConfiguration/writeBufferBytes``),
+    /// no read starts.
+    var writable = true
 
     init(configuration: AgentConfiguration, queue: JobQueue) {
         self.configuration = configuration
@@ -87,6 +90,15 @@ struct AgentSession {
             credential: Array(self.configuration.token.utf8), agentName: self.configuration.agentName
         )
         return self.write(self.machine.sendHello(hello))
+    }
+
+    /// The socket's write buffer went over its limit (`false`) or drained below half of it (`true`). Reads pause while
+    /// it is full, so what the agent holds is a write buffer and a batch per stream, whatever the link's speed: the
+    /// relay's credit says what it can take, this says what the link can.
+    mutating func writabilityChanged(_ writable: Bool) -> [Action] {
+        self.writable = writable
+        guard writable else { return [] }
+        return self.senders.keys.sorted().flatMap { self.pump($0) }
     }
 
     /// Bytes from the relay, decoded by ``nextFrame(now:)``; any bytes prove the link alive.

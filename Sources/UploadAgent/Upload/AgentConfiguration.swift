@@ -48,8 +48,22 @@ public struct AgentConfiguration: Sendable {
     public var maxReopensInARow = 3
     /// Wire limits: frame size and the like (SPEC §12).
     public var limits = ProtocolLimits()
+    /// The most items of a persistent queue held in memory, waiting or uploading; the rest wait in the state database
+    /// and are loaded as uploads end, so memory stays the same for 100 queued files or 100,000.
+    public var queueWindow = 256
     /// Threads for reading and hashing sources.
     public var ioThreads = 2
+    /// The most bytes of one stream read (and hashed) in one trip to the thread pool: one such batch per stream is
+    /// in memory while it is read and sent.
+    public var readBatchBytes = 1 << 20
+    /// The most reads of sources on the thread pool at once, whatever the number of uploads: each holds a batch.
+    public var maxReadsInFlight = 2
+    /// The most bytes (encrypted frames) waiting for the socket: above it no read of a source starts, below half of it
+    /// reads go on. With one batch in flight per stream, this bounds the agent's memory whatever the link's speed.
+    public var writeBufferBytes = 2 << 20
+    /// The most capacity TLS keeps in its buffer of encrypted bytes between writes (a larger write allocates anew):
+    /// a CHUNK of ``chunkSize`` and its records' overhead fit without the buffer doubling.
+    public var tlsBufferBytes = (1 << 20) + (64 << 10)
     /// Faults the agent injects on purpose, for tests of the relay's checks; none by default.
     @_spi(Testing) public var faults = AgentFaults()
 

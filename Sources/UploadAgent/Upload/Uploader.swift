@@ -140,12 +140,20 @@ public final class Uploader: Sendable {
         let bootstrap = ClientBootstrap(group: self.group)
             .connectTimeout(.seconds(10))
             .channelOption(.socketOption(.tcp_nodelay), value: 1)
+            .channelOption(
+                .writeBufferWaterMark,
+                value: .init(low: max(1, configuration.writeBufferBytes / 2), high: max(1, configuration.writeBufferBytes))
+            )
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     let sync = channel.pipeline.syncOperations
                     // In front of TLS: any bytes at all, handshake included, prove the link alive.
                     try sync.addHandler(IdleStateHandler(readTimeout: TimeAmount(configuration.keepaliveInterval)))
-                    try sync.addHandler(NIOSSLClientHandler(context: tls, serverHostname: serverName))
+                    var tlsConfiguration = NIOSSLHandler.Configuration()
+                    tlsConfiguration.maximumPreservedOutboundBufferCapacity = configuration.tlsBufferBytes
+                    try sync.addHandler(
+                        NIOSSLClientHandler(context: tls, serverHostname: serverName, configuration: tlsConfiguration)
+                    )
                     try sync.addHandler(
                         AgentConnectionHandler(
                             configuration: configuration, queue: queue, pool: pool, bandwidth: bandwidth, logger: logger, done: promise,
