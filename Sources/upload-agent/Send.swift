@@ -66,7 +66,7 @@ struct Send: AsyncParsableCommand {
         configuration.retryFor = try DurationText.parse(self.retryFor, option: "--retry-for")
         configuration.overwrite = self.overwrite
 
-        let items: [UploadItem]
+        var items: [UploadItem]
         do {
             items = try ItemPlanner.plan(paths: self.paths, prefix: self.connection.prefix, stdinName: self.name, limits: configuration.limits)
         } catch let error as ItemPlanner.PlanError {
@@ -82,7 +82,7 @@ struct Send: AsyncParsableCommand {
         do {
             if let store {
                 results = try await QueuedSend.run(
-                    items, uploader: uploader, store: store,
+                    consume items, uploader: uploader, store: store,
                     onHandOver: { count in
                         progress.note("another upload-agent is uploading for this relay: \(count) file(s) handed to it; waiting for them")
                     },

@@ -174,10 +174,11 @@ extension AgentStateStore {
     }
 
     /// Items of `target` waiting or left uploading by an agent that stopped, oldest first.
-    public func pending(target: String) throws -> [QueuedItem] {
+    public func pending(target: String, limit: Int? = nil) throws -> [QueuedItem] {
         try self.read { db in
             try Row.fetchAll(
-                db, sql: "SELECT * FROM item WHERE target = ? AND status IN ('queued', 'uploading') ORDER BY id", arguments: [target]
+                db, sql: "SELECT * FROM item WHERE target = ? AND status IN ('queued', 'uploading') ORDER BY id LIMIT ?",
+                arguments: [target, limit ?? -1]
             ).map(QueuedItem.init(row:))
         }
     }

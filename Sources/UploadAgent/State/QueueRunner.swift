@@ -27,7 +27,14 @@ public final class QueueRunner: Sendable {
         /// Why uploads are held, by who holds them ("pause", a condition).
         var holds: [String: String] = [:]
         var generation = -1
+        /// The database may hold pending rows of this target that are not in `jobs` (beyond the window).
+        var unloaded = false
+        /// A load of more rows is scheduled.
+        var loading = false
     }
+
+    /// The most jobs held in memory (``AgentConfiguration/queueWindow``).
+    private let window: Int
 
     private let state = NIOLockedValueBox(State())
 
@@ -38,6 +45,7 @@ public final class QueueRunner: Sendable {
         self.target = AgentStateStore.target(of: uploader.configuration)
         self.uploader = uploader
         self.lock = lock
+        self.window = max(1, uploader.configuration.queueWindow)
         let journal = QueueJournal(store: store)
         self.journal = journal
         self.queue = JobQueue([], journal: journal, keepResults: keepResults)
@@ -56,6 +64,21 @@ public final class QueueRunner: Sendable {
     /// own overwrite and dedup settings take the uploader's configuration's.
     @discardableResult
     public func enqueue(_ items: [UploadItem], skipUnchanged: Bool, skipChanged: Bool = false) throws -> [EnqueueOutcome] {
+        // A thousand at a time: what recording them takes on the side stays small for 100,000 files.
+        var outcomes: [EnqueueOutcome] = []
+        outcomes.reserveCapacity(items.count)
+        var start = items.startIndex
+        while start < items.endIndex {
+            let end = min(start + Self.enqueueSlice, items.endIndex)
+            outcomes += try self.enqueue(items[start..<end], skipUnchanged: skipUnchanged, skipChanged: skipChanged)
+            start = end
+        }
+        return outcomes
+    }
+
+    private static let enqueueSlice = 1000
+
+    private func enqueue(_ items: ArraySlice<UploadItem>, skipUnchanged: Bool, skipChanged: Bool) throws -> [EnqueueOutcome] {
         guard !items.isEmpty else { return [] }
         var entries: [QueueEntry] = []
         var byKey: [String: UploadItem] = [:]
@@ -70,7 +93,7 @@ public final class QueueRunner: Sendable {
         }
         let outcomes = try self.store.enqueue(entries, target: self.target, skipUnchanged: skipUnchanged, skipChanged: skipChanged, external: false)
         var jobs = streams
-        self.state.withLockedValue { state in
+        let unloaded: Bool = self.state.withLockedValue { state in
             for (entry, outcome) in zip(entries, outcomes) {
                 guard var item = byKey[entry.key] else { continue }
                 item.overwrite = entry.overwrite
@@ -78,6 +101,11 @@ public final class QueueRunner: Sendable {
                 switch outcome {
                 case .queued(let id), .alreadyQueued(let id):
                     if state.jobs[id] == nil {
+                        // Beyond the window, the row waits in the database until jobs end.
+                        guard state.jobs.count < self.window else {
+                            state.unloaded = true
+                            continue
+                        }
                         let job = UploadJob(item: item, queueID: id)
                         state.jobs[id] = job
                         jobs.append(job)
@@ -91,8 +119,10 @@ public final class QueueRunner: Sendable {
                     continue
                 }
             }
+            return state.unloaded
         }
         self.queue.add(jobs)
+        if unloaded { self.queue.setUnloaded(true) }
         return outcomes
     }
 
@@ -104,6 +134,7 @@ public final class QueueRunner: Sendable {
             self.state.withLockedValue { $0.jobs[queueID] = nil }
         }
         if let id { self.state.withLockedValue { _ = $0.after.removeValue(forKey: id) } }
+        self.loadMoreIfLow()
     }
 
     /// Holds uploads for `reason` under the name `holder` ("pause", a condition), or releases that hold with nil.
@@ -128,6 +159,9 @@ public final class QueueRunner: Sendable {
         }
     }
 
+    /// Jobs held in memory now, waiting or active (at most the window, and the streams of a `send`).
+    var heldJobs: Int { self.state.withLockedValue { $0.jobs.count } }
+
     /// Why uploads are held now, or nil.
     public var holdReason: String? { self.queue.holdReason }
 
@@ -140,16 +174,52 @@ public final class QueueRunner: Sendable {
             return state.generation != generation
         }) else { return }
         self.hold("pause", try self.store.isPaused() ? "paused (upload-agent resume lets uploads go on)" : nil)
-        let rows = try self.store.pending(target: self.target)
-        let jobs: [UploadJob] = self.state.withLockedValue { state in
-            rows.compactMap { row in
-                guard state.jobs[row.id] == nil, !state.ending.contains(row.id) else { return nil }
+        try self.load()
+    }
+
+    /// Loads pending rows not in memory, oldest first, up to the window (blocking: never on an event loop).
+    private func load() throws {
+        let (known, room) = self.state.withLockedValue { ($0.jobs.count + $0.ending.count, self.window - $0.jobs.count) }
+        guard room > 0 else { return }
+        // The rows already in memory (or ending) are among these at most `known` times: `room` new ones, if there are.
+        let limit = known + room
+        let rows = try self.store.pending(target: self.target, limit: limit)
+        let (jobs, unloaded): ([UploadJob], Bool) = self.state.withLockedValue { state in
+            var jobs: [UploadJob] = []
+            for row in rows where jobs.count < room {
+                guard state.jobs[row.id] == nil, !state.ending.contains(row.id) else { continue }
                 let job = Self.job(for: row)
                 state.jobs[row.id] = job
-                return job
+                jobs.append(job)
             }
+            state.unloaded = rows.count == limit
+            return (jobs, state.unloaded)
         }
         self.queue.add(jobs)
+        self.queue.setUnloaded(unloaded)
+    }
+
+    /// Jobs ended and the window is half empty: more rows come from the database, on the journal's queue (after the
+    /// ends it has to write).
+    private func loadMoreIfLow() {
+        let schedule: Bool = self.state.withLockedValue { state in
+            guard state.unloaded, !state.loading, state.jobs.count <= self.window / 2 else { return false }
+            state.loading = true
+            return true
+        }
+        guard schedule else { return }
+        self.journal.onQueue {
+            do {
+                try self.load()
+            } catch {
+                // The rows stay queued for the next run; this run does not wait for them.
+                FileHandle.standardError.write(Data("upload-agent: cannot load more of the queue: \(error)\n".utf8))
+                self.state.withLockedValue { $0.unloaded = false }
+                self.queue.setUnloaded(false)
+            }
+            self.state.withLockedValue { $0.loading = false }
+            self.loadMoreIfLow()
+        }
     }
 
     static func job(for row: QueuedItem) -> UploadJob {
@@ -213,6 +283,7 @@ public final class QueueRunner: Sendable {
             return next
         }
         if let next { self.queue.add([next]) }
+        self.loadMoreIfLow()
     }
 
     /// The journal wrote these rows' ends.
@@ -301,6 +372,11 @@ final class QueueJournal: JobJournal {
         } catch {
             FileHandle.standardError.write(Data("upload-agent: cannot record progress: \(error)\n".utf8))
         }
+    }
+
+    /// Runs `body` on the queue that writes to the database, after the writes scheduled before it.
+    func onQueue(_ body: @escaping @Sendable () -> Void) {
+        self.writes.async(execute: body)
     }
 
     /// Writes what is pending now (at the end of a run).

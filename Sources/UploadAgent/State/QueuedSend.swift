@@ -9,14 +9,18 @@ public enum QueuedSend {
     /// Uploads `items`, returning their results (in the order they finished). `onHandOver` is told when the files
     /// went to another running agent.
     public static func run(
-        _ items: [UploadItem], uploader: Uploader, store: AgentStateStore, pollInterval: Duration = .milliseconds(200),
+        _ items: consuming [UploadItem], uploader: Uploader, store: AgentStateStore, pollInterval: Duration = .milliseconds(200),
         onHandOver: @Sendable (Int) -> Void = { _ in }, onEvent: @escaping @Sendable (UploadEvent) -> Void
     ) async throws -> [UploadResult] {
         let configuration = uploader.configuration
         let target = AgentStateStore.target(of: configuration)
-        let keys = Set(items.map(\.key))
-        let files = items.filter { $0.source is FileSource }
-        let streams = items.filter { !($0.source is FileSource) }
+        // Once recorded, the files are rows in the database: their items are let go (10,000 photos are megabytes).
+        var files: [UploadItem] = []
+        var streams: [UploadItem] = []
+        for item in items {
+            if item.source is FileSource { files.append(item) } else { streams.append(item) }
+        }
+        let keys = Set(files.map(\.key) + streams.map(\.key))
         var handed: [Int64]? = nil
         var streamTask: Task<[UploadResult], any Error>? = nil
         while true {
@@ -25,6 +29,7 @@ public enum QueuedSend {
                 try runner.loadPending()
                 if handed == nil {
                     try runner.enqueue(files + streams, skipUnchanged: false)
+                    files = []
                 }
                 try await runner.run(service: false) { event in
                     // Items other runs left in the queue go up too, but this command reports its own.
@@ -49,6 +54,7 @@ public enum QueuedSend {
                     case .queued(let id), .alreadyQueued(let id), .unchanged(let id): return id
                     }
                 }
+                files = []
                 onHandOver(entries.count)
                 if !streams.isEmpty {
                     // A stream cannot be handed over: it goes up from here, outside the queue.

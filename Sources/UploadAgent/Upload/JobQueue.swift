@@ -36,6 +36,9 @@ final class JobQueue: Sendable {
         /// stop and never commit.
         var dropped: [String: String] = [:]
         var stopped = false
+        /// More jobs wait in the state database than this queue holds (a persistent queue loads them as jobs end):
+        /// a run is not done while there are.
+        var unloaded = false
         var waiters: [CheckedContinuation<Void, Never>] = []
     }
 
@@ -193,7 +196,7 @@ final class JobQueue: Sendable {
 
     private static func answer(_ state: State, service: Bool) -> Bool? {
         if state.stopped { return false }
-        if !service && state.waiting.isEmpty && state.active == 0 { return false }
+        if !service && state.waiting.isEmpty && state.active == 0 && !state.unloaded { return false }
         if state.hold == nil && state.relayFull == nil && !state.waiting.isEmpty { return true }
         return nil
     }
@@ -209,7 +212,12 @@ final class JobQueue: Sendable {
         self.listener.withLockedValue { $0 }?.call()
     }
 
-    var isDone: Bool { self.state.withLockedValue { $0.waiting.isEmpty && $0.active == 0 } }
+    var isDone: Bool { self.state.withLockedValue { $0.waiting.isEmpty && $0.active == 0 && !$0.unloaded } }
+
+    /// Whether more jobs wait in the state database than were added here.
+    func setUnloaded(_ unloaded: Bool) {
+        self.changed { $0.unloaded = unloaded }
+    }
     var results: [UploadResult] { self.state.withLockedValue { $0.finished } }
 
     /// Gives up on every job still waiting.
@@ -219,6 +227,8 @@ final class JobQueue: Sendable {
                 (job, job.finish(.failed, sha1: job.knownSHA1?.hex ?? "", error: job.lastError.map { "\(message); last error: \($0)" } ?? message))
             }
             state.waiting.removeAll()
+            // Items not loaded stay queued in the state database, for the next run.
+            state.unloaded = false
             if self.keepResults { state.finished += results.map(\.1) }
             return results
         }
