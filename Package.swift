@@ -85,7 +85,7 @@ let package = Package(
         .executableTarget(
             name: "upload-agent",
             dependencies: [
-                "UploadAgent", "UploadCommandLine",
+                "UploadAgent", "UploadCommandLine", "CUploadSystem",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),

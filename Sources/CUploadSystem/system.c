@@ -9,3 +9,16 @@ int upload_o_direct_flag(void) {
     return 0;
 #endif
 }
+
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
+int upload_set_mmap_threshold(int bytes) {
+#if defined(__GLIBC__)
+    return mallopt(M_MMAP_THRESHOLD, bytes);
+#else
+    (void)bytes;
+    return 0;
+#endif
+}

@@ -1,4 +1,5 @@
 import ArgumentParser
+import CUploadSystem
 import Foundation
 import UploadCommandLine
 
@@ -18,6 +19,7 @@ struct UploadAgentCommand: AsyncParsableCommand {
 
     /// Usage errors exit 2, as scripts expect (ArgumentParser's own default is 64).
     static func main() async {
+        Self.returnLargeBuffersAtOnce()
         let arguments: [String]
         do {
             arguments = try ConfigFile.expand(Array(CommandLine.arguments.dropFirst()))
@@ -26,5 +28,12 @@ struct UploadAgentCommand: AsyncParsableCommand {
             Foundation.exit(2)
         }
         await Self.mainExitingTwoOnUsageError(arguments)
+    }
+
+    /// Buffers of 256 KiB and more (a batch of a source, a CHUNK encrypted) are mapped on their own and unmapped when
+    /// freed, instead of staying in malloc's arenas at their peak for the life of the process: the agent's resident
+    /// memory follows what it holds now, which matters on a phone-class host running for days.
+    static func returnLargeBuffersAtOnce() {
+        _ = upload_set_mmap_threshold(256 << 10)
     }
 }

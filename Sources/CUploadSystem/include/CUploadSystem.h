@@ -5,4 +5,8 @@
 /// Its value differs between architectures and Swift's Glibc module does not export it.
 int upload_o_direct_flag(void);
 
+/// Allocations of at least `bytes` get mappings of their own, unmapped when freed (mallopt M_MMAP_THRESHOLD), instead
+/// of glibc's threshold that rises to the largest block freed so far. Returns 0 where that cannot be set.
+int upload_set_mmap_threshold(int bytes);
+
 #endif
