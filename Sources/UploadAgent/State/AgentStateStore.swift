@@ -33,6 +33,8 @@ public final class AgentStateStore: Sendable {
         }
         var configuration = Configuration()
         configuration.busyMode = .timeout(10)
+        // A small page cache (512 KiB, not SQLite's 2 MiB): the queue is read in windows and written in slices.
+        configuration.prepareDatabase { db in try db.execute(sql: "PRAGMA cache_size = -512") }
         // Processes that open a new database at once (two agents started together) create its tables one at a time:
         // a migrator's check and its work are not atomic across processes.
         let lock = Glibc.open(directory + "/state.lock", O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
