@@ -69,7 +69,7 @@ public final class DirectoryWatcher: Sendable {
             }
         }
         do {
-            try loop.scanAll()
+            try loop.scanAll(deliver: self.onChanges)
         } catch {
             close(fd)
             throw error

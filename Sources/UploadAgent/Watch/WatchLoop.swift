@@ -37,16 +37,22 @@ struct WatchLoop {
 
     // MARK: Scanning
 
-    mutating func scanAll() throws {
+    /// Walks every root; complete files go to `deliver` a thousand at a time as the walk goes (a tree of 100,000
+    /// photos is never one list), the last ones through ``takeChanges()``.
+    mutating func scanAll(deliver: (([DirectoryWatcher.Change]) -> Void)? = nil) throws {
         for root in self.options.roots {
             let trimmed = root.count > 1 && root.hasSuffix("/") ? String(root.dropLast()) : root
             let name = URL(fileURLWithPath: trimmed).standardizedFileURL.lastPathComponent
-            try self.walk(trimmed, relative: name, isRoot: true)
+            try self.walk(trimmed, relative: name, isRoot: true, deliver: deliver)
         }
     }
 
+    private static let scanBatch = 1000
+
     /// Watches `path` and everything under it, reporting complete files (and noting files still being written).
-    private mutating func walk(_ path: String, relative: String, isRoot: Bool = false) throws {
+    private mutating func walk(
+        _ path: String, relative: String, isRoot: Bool = false, deliver: (([DirectoryWatcher.Change]) -> Void)? = nil
+    ) throws {
         let wd = inotify_add_watch(self.fd, path, DirectoryWatcher.watchMask)
         guard wd >= 0 else {
             let reason = String(cString: strerror(errno))
@@ -70,13 +76,14 @@ struct WatchLoop {
             switch info.st_mode & S_IFMT {
             case S_IFDIR:
                 if self.options.filter.takesDirectory(name: name, relative: sub) {
-                    try self.walk(full, relative: sub)
+                    try self.walk(full, relative: sub, deliver: deliver)
                 }
             case S_IFREG:
                 guard self.options.filter.takesFile(name: name, relative: sub) else { continue }
                 let modified = Double(info.st_mtim.tv_sec) + Double(info.st_mtim.tv_nsec) / 1e9
                 if Date().timeIntervalSince1970 - modified >= self.settleSeconds {
                     self.changes.append(.ready(path: full, relative: sub))
+                    if let deliver, self.changes.count >= Self.scanBatch { deliver(self.takeChanges()) }
                 } else {
                     self.pending[full] = (sub, now)
                 }
