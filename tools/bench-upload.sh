@@ -2,14 +2,19 @@
 # The upload benchmark (a program, not a test). In one run it:
 #   - builds upload-agent and upload-relay in release mode,
 #   - makes a random file (BENCH_SIZE_MIB MiB, default 1024) in a temp dir under /tmp,
+#     or with BENCH_FILES=N a directory of N random files of BENCH_FILE_KIB KiB each,
 #   - uploads it over loopback with: our agent -> relay (TLS), with and without the
-#     dedup check; scp (aes128-gcm) -> a private sshd; curl -T over HTTPS -> a private
-#     nginx with WebDAV PUT,
-#   - checks every stored copy with cmp, and prints seconds, MB/s (10^6 bytes/s), the
-#     ratio of ours to each peer and peak RSS.
+#     dedup check; scp (aes128-gcm) and rsync -a over ssh -> a private sshd; curl -T over
+#     HTTPS -> a private nginx with WebDAV PUT (for a directory: one connection, and -Z 8),
+#   - checks every stored copy with cmp (diff -r for a directory), and prints seconds,
+#     MB/s (10^6 bytes/s), files/s, the ratio of ours to each peer and peak RSS.
 #
 # Usage:  tools/bench-upload.sh
+#         BENCH_FILES=10000 BENCH_FILE_KIB=16 tools/bench-upload.sh     # small files
+#         BENCH_FILES=1000 BENCH_FILE_KIB=1024 tools/bench-upload.sh    # medium files
 # Env:    BENCH_SIZE_MIB=N      file size in MiB (default 1024)
+#         BENCH_FILES=N         a directory of N files instead of one file
+#         BENCH_FILE_KIB=K      size of each of those files in KiB (default 16)
 #         BENCH_ONLY_PEERS=1    skip the Swift build and our tool; run only scp and curl
 #         BENCH_BIN_DIR=DIR     use upload-agent and upload-relay from DIR; no swift build
 #         BENCH_KEEP=1          keep the temp dir (for debugging)
@@ -24,8 +29,15 @@ cd "$(dirname "$0")/.."
 
 SIZE_MIB=${BENCH_SIZE_MIB:-1024}
 ONLY_PEERS=${BENCH_ONLY_PEERS:-0}
+FILES=${BENCH_FILES:-0}
+FILE_KIB=${BENCH_FILE_KIB:-16}
 [[ $SIZE_MIB =~ ^[1-9][0-9]*$ ]] || { echo "BENCH_SIZE_MIB must be a positive integer" >&2; exit 2; }
-BYTES=$((SIZE_MIB * 1024 * 1024))
+[[ $FILES =~ ^[0-9]+$ && $FILE_KIB =~ ^[1-9][0-9]*$ ]] || { echo "BENCH_FILES and BENCH_FILE_KIB must be integers" >&2; exit 2; }
+if [ "$FILES" -gt 0 ]; then
+    BYTES=$((FILES * FILE_KIB * 1024))
+else
+    BYTES=$((SIZE_MIB * 1024 * 1024))
+fi
 
 say() { printf '%s\n' "$*" >&2; }
 now() { date +%s.%N; }
@@ -170,7 +182,11 @@ echo "nproc: $(nproc)"
 echo "cpu:   ${cpu:-unknown}"
 echo "mem:   $(awk '/^MemTotal/ { printf "%.1f GiB", $2 / 1048576 }' /proc/meminfo)"
 echo "kernel: $(uname -r)"
-echo "file:  $SIZE_MIB MiB ($BYTES bytes), temp dir $DIR on $(df -P "$DIR" | awk 'NR == 2 { print $1 }')"
+if [ "$FILES" -gt 0 ]; then
+    echo "data:  $FILES files of $FILE_KIB KiB ($BYTES bytes), temp dir $DIR on $(df -P "$DIR" | awk 'NR == 2 { print $1 }')"
+else
+    echo "file:  $SIZE_MIB MiB ($BYTES bytes), temp dir $DIR on $(df -P "$DIR" | awk 'NR == 2 { print $1 }')"
+fi
 echo
 
 [ -x /usr/bin/time ] || ensure_pkgs time || { say "GNU time is needed"; exit 1; }
@@ -195,10 +211,24 @@ if [ "$ONLY_PEERS" != 1 ]; then
 fi
 
 # ---------------------------------------------------------------- data
-FILE=$DIR/data.bin
-say "making $SIZE_MIB MiB of random data"
-head -c "$BYTES" /dev/urandom >"$FILE"
-[ "$(stat -c %s "$FILE")" = "$BYTES" ]
+if [ "$FILES" -gt 0 ]; then
+    FILE=$DIR/data
+    say "making $FILES files of $FILE_KIB KiB of random data"
+    python3 - "$FILE" "$FILES" "$FILE_KIB" <<'PY'
+import os, sys
+root, n, kib = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+os.makedirs(root)
+for i in range(n):
+    with open(os.path.join(root, f"IMG_{i:06d}.jpg"), "wb") as f: f.write(os.urandom(kib * 1024))
+PY
+else
+    FILE=$DIR/data.bin
+    say "making $SIZE_MIB MiB of random data"
+    head -c "$BYTES" /dev/urandom >"$FILE"
+    [ "$(stat -c %s "$FILE")" = "$BYTES" ]
+fi
+# same SOURCE COPY: the copy holds the source's bytes (a file, or a directory tree)
+same() { if [ -d "$1" ]; then diff -rq "$1" "$2" >/dev/null; else cmp -s "$1" "$2"; fi; }
 
 # record NAME SECONDS CLIENT_RSS_KIB SERVER_RSS_KIB
 record() { echo "$1|$2|$(mbps "$2")|$3|$4" >>"$DIR/results"; }
@@ -240,12 +270,12 @@ bench_ours() {
         t1=$(now)
         rss=$(tail -1 "$DIR/agent-$run.rss")
         say "agent output: $(head -c 2000 "$DIR/agent-$run.json")"
-        if ! cmp "$FILE" "$DIR/relay/store/dev/$key"; then
+        if ! same "$FILE" "$DIR/relay/store/dev/$key"; then
             say "stored object $DIR/relay/store/dev/$key differs from the source"
             return 1
         fi
         say "verified $DIR/relay/store/dev/$key"
-        rm -f "$DIR/relay/store/dev/$key"
+        rm -rf "$DIR/relay/store/dev/$key"
         echo "$name|$(secs "$t0" "$t1")|$rss" >>"$DIR/ours.partial"
     done
     hwm=$(vmhwm_kib "$relay_pid")
@@ -300,16 +330,33 @@ EOF
     # fixed cost included in scp's time; show it so small BENCH_SIZE_MIB runs read right
     echo "ssh connection set-up (ssh root@127.0.0.1 true): $(secs "$t0" "$t1") s, included in scp's time"
     say "-- scp -c aes128-gcm@openssh.com (sshd pid $sshd_pid, port $port)"
+    local copy
+    copy="$DIR/scp-dest/$(basename "$FILE")"
     t0=$(now)
     /usr/bin/time -f %M -o "$d/scp.rss" \
-        scp -q "${opts[@]}" -c aes128-gcm@openssh.com -P "$port" "$FILE" "root@127.0.0.1:$DIR/scp-dest/data.bin"
+        scp -q -r "${opts[@]}" -c aes128-gcm@openssh.com -P "$port" "$FILE" "root@127.0.0.1:$DIR/scp-dest/"
     t1=$(now)
     rss=$(tail -1 "$d/scp.rss")
-    cmp "$FILE" "$DIR/scp-dest/data.bin" || { say "scp copy differs"; return 1; }
-    say "verified $DIR/scp-dest/data.bin"
-    rm -f "$DIR/scp-dest/data.bin"
-    stop_pids "$sshd_pid"
+    same "$FILE" "$copy" || { say "scp copy differs"; return 1; }
+    say "verified $copy"
+    rm -rf "$copy"
     record "scp -c aes128-gcm@openssh.com" "$(secs "$t0" "$t1")" "$rss" ""
+    # rsync -a through the same sshd (rsync on both ends; the same cipher)
+    if command -v rsync >/dev/null || ensure_pkgs rsync; then
+        say "-- rsync -a over ssh (aes128-gcm)"
+        t0=$(now)
+        /usr/bin/time -f %M -o "$d/rsync.rss" \
+            rsync -a -e "ssh ${opts[*]} -c aes128-gcm@openssh.com -p $port" "$FILE" "root@127.0.0.1:$DIR/scp-dest/"
+        t1=$(now)
+        rss=$(tail -1 "$d/rsync.rss")
+        same "$FILE" "$copy" || { say "rsync copy differs"; return 1; }
+        say "verified $copy"
+        rm -rf "$copy"
+        record "rsync -a over ssh" "$(secs "$t0" "$t1")" "$rss" ""
+    else
+        say "cannot install rsync: skipped"
+    fi
+    stop_pids "$sshd_pid"
 }
 
 # ---------------------------------------------------------------- c) curl -> nginx
@@ -357,6 +404,10 @@ EOF
     nginx_pid=$!
     track "$nginx_pid"
     wait_port "$port" "$nginx_pid" 10 || { cat "$d/error.log" >&2; return 1; }
+    if [ -d "$FILE" ]; then
+        bench_nginx_files "$d" "$port" "$nginx_pid"
+        return
+    fi
     say "-- curl -T over HTTPS to nginx (pid $nginx_pid, port $port)"
     t0=$(now)
     code=$(/usr/bin/time -f %M -o "$d/curl.rss" \
@@ -377,6 +428,28 @@ EOF
     rm -f "$d/www/upload/file"
     stop_pids "$nginx_pid"
     record "curl -T https -> nginx PUT" "$(secs "$t0" "$t1")" "$rss" "$hwm"
+}
+
+# bench_nginx_files DIR PORT PID: a directory through curl, one connection, then -Z (8 at once)
+bench_nginx_files() {
+    local d=$1 port=$2 nginx_pid=$3 f run t0 t1 rss
+    for f in "$FILE"/*; do
+        printf 'upload-file = "%s"\nurl = "https://127.0.0.1:%s/upload/data/%s"\noutput = "/dev/null"\n' "$f" "$port" "$(basename "$f")"
+    done >"$d/curl.cfg"
+    for run in one parallel; do
+        local args=(-sS -k --fail -K "$d/curl.cfg") name="curl -T https -> nginx PUT (one connection)"
+        [ "$run" = parallel ] && { args+=(-Z --parallel-max 8); name="curl -Z 8 https -> nginx PUT"; }
+        say "-- $name (pid $nginx_pid, port $port)"
+        t0=$(now)
+        /usr/bin/time -f %M -o "$d/curl-$run.rss" curl "${args[@]}" || { say "curl failed"; return 1; }
+        t1=$(now)
+        rss=$(tail -1 "$d/curl-$run.rss")
+        same "$FILE" "$d/www/upload/data" || { say "nginx copy differs"; return 1; }
+        say "verified $d/www/upload/data"
+        rm -rf "$d/www/upload/data"
+        record "$name" "$(secs "$t0" "$t1")" "$rss" ""
+    done
+    stop_pids "$nginx_pid"
 }
 
 # run_part NAME FUNCTION [WORD]: run FUNCTION in a subshell with errexit in force (never in a
@@ -407,22 +480,28 @@ else
     echo "== ours: skipped (BENCH_ONLY_PEERS=1)"
     echo
 fi
-run_part "peer: scp" bench_scp
+run_part "peer: scp, rsync" bench_scp
 run_part "peer: curl -> nginx WebDAV PUT" bench_nginx
 
 # ---------------------------------------------------------------- table
-echo "== results ($SIZE_MIB MiB = $BYTES bytes, MB = 10^6 bytes)"
-python3 - "$DIR/results" <<'EOF'
+if [ "$FILES" -gt 0 ]; then
+    echo "== results ($FILES files x $FILE_KIB KiB = $BYTES bytes, MB = 10^6 bytes)"
+else
+    echo "== results ($SIZE_MIB MiB = $BYTES bytes, MB = 10^6 bytes)"
+fi
+python3 - "$DIR/results" "$FILES" <<'EOF'
 import sys
+files = int(sys.argv[2])
 rows = [line.rstrip("\n").split("|") for line in open(sys.argv[1]) if line.strip()]
 ours = [r for r in rows if r[0].startswith("upload-agent")]
 def mib(k): return f"{int(k) / 1024:.1f}" if k and k.isdigit() and int(k) > 0 else "-"
-head = ["tool", "seconds", "MB/s"] + [f"{o[0].split('(')[1].rstrip(')')} / this" for o in ours] + \
-       ["agent|client peak RSS MiB", "relay|server peak RSS MiB"]
+head = ["tool", "seconds", "MB/s"] + (["files/s"] if files else []) + \
+       [f"{o[0].split('(')[1].rstrip(')')} / this" for o in ours] + ["agent|client peak RSS MiB", "relay|server peak RSS MiB"]
 table = [head]
 for name, secs, mbs, crss, srss in rows:
     ratios = [f"{float(o[2]) / float(mbs):.2f}" if float(mbs) > 0 else "-" for o in ours]
-    table.append([name, secs, mbs] + ratios + [mib(crss), mib(srss)])
+    rate = [f"{files / float(secs):.0f}" if float(secs) > 0 else "-"] if files else []
+    table.append([name, secs, mbs] + rate + ratios + [mib(crss), mib(srss)])
 if len(table) == 1:
     print("(nothing measured)")
     sys.exit(0)
