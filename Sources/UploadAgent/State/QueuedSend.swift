@@ -36,7 +36,9 @@ public enum QueuedSend {
                     if case .finished(let result) = event, !keys.contains(result.key) { return }
                     onEvent(event)
                 }
-                var results = runner.results.filter { keys.contains($0.key) }
+                // Shared, not copied, when every result is this command's (10,000 results are megabytes).
+                let all = runner.results
+                var results = all.allSatisfy { keys.contains($0.key) } ? all : all.filter { keys.contains($0.key) }
                 if let handed {
                     // Files handed to a runner that ended before they did: this run finished the rest.
                     let reported = Set(results.map(\.key))
