@@ -104,7 +104,13 @@ struct ResumeTests {
         let uploadTask = Task {
             try await upload(
                 [UploadItem(key: "raw.dng", displayPath: path, source: FileSource(path: path))],
-                port: firstPort, token: token, ca: data + "/dev/ca.pem", configure: { $0.dedup = false; $0.retryFor = .seconds(60) }
+                port: firstPort, token: token, ca: data + "/dev/ca.pem",
+                configure: {
+                    $0.dedup = false
+                    $0.retryFor = .seconds(60)
+                    // 32 MiB/s: the kill lands midway (at full loopback speed 48 MiB can be gone before it does).
+                    $0.bandwidthLimit = 32 << 20
+                }
             ) { event in
                 if case .sent(_, let bytes) = event { sent.add(bytes) }
             }

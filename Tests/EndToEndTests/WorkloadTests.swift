@@ -205,6 +205,8 @@ struct WorkloadTests {
             try await upload(Self.items([("growing.mov", path)]), port: relay.port, token: relay.token, ca: relay.caPath) {
                 $0.dedup = false
                 $0.maxAttemptsPerItem = 1
+                // 8 MiB/s: the rewrite lands mid-upload (at loopback speed 8 MiB can be gone before it does).
+                $0.bandwidthLimit = 8 << 20
             } onEvent: { event in
                 if case .sent(_, let bytes) = event { sent.add(bytes) }
             }
