@@ -232,6 +232,19 @@ same() { if [ -d "$1" ]; then diff -rq "$1" "$2" >/dev/null; else cmp -s "$1" "$
 
 # record NAME SECONDS CLIENT_RSS_KIB SERVER_RSS_KIB
 record() { echo "$1|$2|$(mbps "$2")|$3|$4" >>"$DIR/results"; }
+# timed_copy NAME COPY CMD...: runs CMD under GNU time, checks that COPY holds the source's bytes,
+# removes it and records the run (the client's peak RSS; no server figure)
+timed_copy() {
+    local name=$1 copy=$2 t0 t1
+    shift 2
+    t0=$(now)
+    /usr/bin/time -f %M -o "$DIR/copy.rss" "$@" || { say "$name failed"; return 1; }
+    t1=$(now)
+    same "$FILE" "$copy" || { say "$name: the copy differs"; return 1; }
+    say "verified $copy"
+    rm -rf "$copy"
+    record "$name" "$(secs "$t0" "$t1")" "$(tail -1 "$DIR/copy.rss")" ""
+}
 
 # ---------------------------------------------------------------- a) ours
 bench_ours() {
@@ -289,7 +302,7 @@ bench_ours() {
 # ---------------------------------------------------------------- b) scp
 bench_scp() {
     set -euo pipefail
-    local port d=$DIR/ssh sshd_pid t0 t1 rss
+    local port d=$DIR/ssh sshd_pid t0 t1
     ensure_pkgs openssh-server openssh-client || { say "cannot install openssh-server"; return 1; }
     [ "$(id -u)" = 0 ] || { say "sshd needs root"; return 1; }
     mkdir -p "$d" "$DIR/scp-dest" /run/sshd
@@ -332,27 +345,13 @@ EOF
     say "-- scp -c aes128-gcm@openssh.com (sshd pid $sshd_pid, port $port)"
     local copy
     copy="$DIR/scp-dest/$(basename "$FILE")"
-    t0=$(now)
-    /usr/bin/time -f %M -o "$d/scp.rss" \
+    timed_copy "scp -c aes128-gcm@openssh.com" "$copy" \
         scp -q -r "${opts[@]}" -c aes128-gcm@openssh.com -P "$port" "$FILE" "root@127.0.0.1:$DIR/scp-dest/"
-    t1=$(now)
-    rss=$(tail -1 "$d/scp.rss")
-    same "$FILE" "$copy" || { say "scp copy differs"; return 1; }
-    say "verified $copy"
-    rm -rf "$copy"
-    record "scp -c aes128-gcm@openssh.com" "$(secs "$t0" "$t1")" "$rss" ""
     # rsync -a through the same sshd (rsync on both ends; the same cipher)
     if command -v rsync >/dev/null || ensure_pkgs rsync; then
         say "-- rsync -a over ssh (aes128-gcm)"
-        t0=$(now)
-        /usr/bin/time -f %M -o "$d/rsync.rss" \
+        timed_copy "rsync -a over ssh" "$copy" \
             rsync -a -e "ssh ${opts[*]} -c aes128-gcm@openssh.com -p $port" "$FILE" "root@127.0.0.1:$DIR/scp-dest/"
-        t1=$(now)
-        rss=$(tail -1 "$d/rsync.rss")
-        same "$FILE" "$copy" || { say "rsync copy differs"; return 1; }
-        say "verified $copy"
-        rm -rf "$copy"
-        record "rsync -a over ssh" "$(secs "$t0" "$t1")" "$rss" ""
     else
         say "cannot install rsync: skipped"
     fi
@@ -432,7 +431,7 @@ EOF
 
 # bench_nginx_files DIR PORT PID: a directory through curl, one connection, then -Z (8 at once)
 bench_nginx_files() {
-    local d=$1 port=$2 nginx_pid=$3 f run t0 t1 rss
+    local d=$1 port=$2 nginx_pid=$3 f run
     for f in "$FILE"/*; do
         printf 'upload-file = "%s"\nurl = "https://127.0.0.1:%s/upload/data/%s"\noutput = "/dev/null"\n' "$f" "$port" "$(basename "$f")"
     done >"$d/curl.cfg"
@@ -440,14 +439,7 @@ bench_nginx_files() {
         local args=(-sS -k --fail -K "$d/curl.cfg") name="curl -T https -> nginx PUT (one connection)"
         [ "$run" = parallel ] && { args+=(-Z --parallel-max 8); name="curl -Z 8 https -> nginx PUT"; }
         say "-- $name (pid $nginx_pid, port $port)"
-        t0=$(now)
-        /usr/bin/time -f %M -o "$d/curl-$run.rss" curl "${args[@]}" || { say "curl failed"; return 1; }
-        t1=$(now)
-        rss=$(tail -1 "$d/curl-$run.rss")
-        same "$FILE" "$d/www/upload/data" || { say "nginx copy differs"; return 1; }
-        say "verified $d/www/upload/data"
-        rm -rf "$d/www/upload/data"
-        record "$name" "$(secs "$t0" "$t1")" "$rss" ""
+        timed_copy "$name" "$d/www/upload/data" curl "${args[@]}"
     done
     stop_pids "$nginx_pid"
 }

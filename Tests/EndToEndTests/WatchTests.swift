@@ -7,6 +7,19 @@ import UploadTestSupport
 /// deleted, are copied under two names; the agent is paused, killed and restarted. Real binary, real relay, real TLS.
 @Suite("End to end: watch and the persistent queue", .serialized)
 struct WatchTests {
+    /// Waits (60 s at most) until the relay acknowledged a quarter of the first item of `store`, as `agent` recorded it;
+    /// returns what it acknowledged then.
+    static func waitForQuarter(of size: Int, store: AgentStateStore, agent: AgentProcess) -> UInt64 {
+        var acked: UInt64 = 0
+        #expect(
+            AgentProcess.waitUntil(timeout: 60) {
+                acked = (try? store.items().first?.acked) ?? 0
+                return acked >= UInt64(size / 4)
+            }, "\(agent.child.log)"
+        )
+        return acked
+    }
+
     /// Writes `data` to `path` in one go and closes it (as a camera app saving a photo).
     static func write(_ data: Data, to path: String) throws {
         try FileManager.default.createDirectory(atPath: (path as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
@@ -239,15 +252,8 @@ struct WatchTests {
         let flags = noDedup ? ["--no-dedup"] : []
         let first = try AgentProcess(["send", "--json"] + flags + [file.path], environment: environment, log: home + "/first.log")
         defer { first.stop(SIGKILL) }
-        let store = try AgentStateStore(directory: state + "/upload-agent")
         // Killed once the relay acknowledged a quarter: from the status the agent records.
-        var acked: UInt64 = 0
-        #expect(
-            AgentProcess.waitUntil(timeout: 60) {
-                acked = (try? store.items().first?.acked) ?? 0
-                return acked >= UInt64(size / 4)
-            }, "\(first.child.log)"
-        )
+        let acked = Self.waitForQuarter(of: size, store: try AgentStateStore(directory: state + "/upload-agent"), agent: first)
         first.stop(SIGKILL)
         try #require(acked < UInt64(size), "the upload finished before the kill")
         let again = try CommandLineTests.run(try CommandLineTests.agentBinary(), ["send", "--json"] + flags + [file.path], environment: environment)
@@ -343,14 +349,7 @@ struct WatchTests {
         try Self.write(video, to: watched + "/trip.mp4")
         let first = try AgentProcess(["watch", "--json", "--bwlimit", "16M", watched], environment: environment, log: home + "/first.log")
         defer { first.stop(SIGKILL) }
-        let store = try AgentStateStore(directory: home + "/state/upload-agent")
-        var acked: UInt64 = 0
-        #expect(
-            AgentProcess.waitUntil(timeout: 60) {
-                acked = (try? store.items().first?.acked) ?? 0
-                return acked >= UInt64(size / 4)
-            }, "\(first.child.log)"
-        )
+        let acked = Self.waitForQuarter(of: size, store: try AgentStateStore(directory: home + "/state/upload-agent"), agent: first)
         // The power goes: both die at once.
         first.stop(SIGKILL)
         relay.kill(SIGKILL)

@@ -24,7 +24,7 @@ public final class BlockingUploadClient: Sendable {
                 for await step in upload.progress { progress?(step) }
                 return await upload.outcome
             }
-            ?? UploadResult(key: key, path: source.displayName, bytes: 0, sha1: "", status: .failed, sentBytes: 0, error: "no result")
+            ?? .failed(key: key, path: source.displayName, error: "no result")
         guard result.status != .failed else { throw UploadFailure(result: result) }
         return result
     }

@@ -72,7 +72,7 @@ public final class UploadClient: Sendable {
         }
         if let refusal {
             continuation.finish()
-            promise.succeed(UploadResult(key: item.key, path: item.displayPath, bytes: 0, sha1: "", status: .failed, sentBytes: 0, error: refusal))
+            promise.succeed(.failed(key: item.key, path: item.displayPath, error: refusal))
         }
         return upload
     }
@@ -140,9 +140,7 @@ public final class UploadClient: Sendable {
         }
         for registration in left {
             registration.continuation.finish()
-            registration.promise.succeed(
-                UploadResult(key: registration.progress.key, path: "", bytes: 0, sha1: "", status: .failed, sentBytes: 0, error: reason)
-            )
+            registration.promise.succeed(.failed(key: registration.progress.key, error: reason))
         }
     }
 
@@ -239,8 +237,7 @@ public struct Upload: Sendable {
     public var outcome: UploadResult {
         get async {
             // The promise is only ever succeeded.
-            (try? await self.future.get())
-                ?? UploadResult(key: self.key, path: "", bytes: 0, sha1: "", status: .failed, sentBytes: 0, error: "no result")
+            (try? await self.future.get()) ?? .failed(key: self.key, error: "no result")
         }
     }
 

@@ -151,6 +151,11 @@ extension AgentSession {
         self.senders.values.reduce(0) { $0 + ($1.reading ? 1 : 0) }
     }
 
+    /// Every stream in order of its id (more credit for the connection, the socket drained).
+    mutating func pumpAll() -> [Action] {
+        self.senders.keys.sorted().flatMap { self.pump($0) }
+    }
+
     /// A read ended and its place is free: the streams after `id` in turn, then `id` itself if `again`, so that no
     /// stream keeps the places to itself.
     mutating func pumpInTurn(after id: StreamID, again: Bool) -> [Action] {

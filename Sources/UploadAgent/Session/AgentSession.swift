@@ -98,7 +98,7 @@ struct AgentSession {
     mutating func writabilityChanged(_ writable: Bool) -> [Action] {
         self.writable = writable
         guard writable else { return [] }
-        return self.senders.keys.sorted().flatMap { self.pump($0) }
+        return self.pumpAll()
     }
 
     /// Bytes from the relay, decoded by ``nextFrame(now:)``; any bytes prove the link alive.
@@ -221,7 +221,7 @@ struct AgentSession {
             return [.event(.acknowledged(key: sender.job.key, offset: offset))] + self.pump(id)
         case .creditGranted(let id):
             if id.isConnection {
-                return self.senders.keys.sorted().flatMap { self.pump($0) }
+                return self.pumpAll()
             }
             return self.pump(id)
         case .completed(let result):

@@ -27,10 +27,12 @@ public final class QueueRunner: Sendable {
         /// Why uploads are held, by who holds them ("pause", a condition).
         var holds: [String: String] = [:]
         var generation = -1
-        /// The database may hold pending rows of this target that are not in `jobs` (beyond the window).
-        var unloaded = false
-        /// A load of more rows is scheduled.
+        /// A load of more rows is scheduled (whether the database holds rows beyond the window, the queue knows:
+        /// ``JobQueue/hasUnloaded``).
         var loading = false
+
+        /// The hold that shows: the first by holder's name.
+        var hold: String? { self.holds.sorted { $0.key < $1.key }.map(\.value).first }
     }
 
     /// The most jobs held in memory (``AgentConfiguration/queueWindow``).
@@ -94,6 +96,7 @@ public final class QueueRunner: Sendable {
         let outcomes = try self.store.enqueue(entries, target: self.target, skipUnchanged: skipUnchanged, skipChanged: skipChanged, external: false)
         var jobs = streams
         let unloaded: Bool = self.state.withLockedValue { state in
+            var unloaded = false
             for (entry, outcome) in zip(entries, outcomes) {
                 guard var item = byKey[entry.key] else { continue }
                 item.overwrite = entry.overwrite
@@ -103,7 +106,7 @@ public final class QueueRunner: Sendable {
                     if state.jobs[id] == nil {
                         // Beyond the window, the row waits in the database until jobs end.
                         guard state.jobs.count < self.window else {
-                            state.unloaded = true
+                            unloaded = true
                             continue
                         }
                         let job = UploadJob(item: item, queueID: id)
@@ -119,7 +122,7 @@ public final class QueueRunner: Sendable {
                     continue
                 }
             }
-            return state.unloaded
+            return unloaded
         }
         self.queue.add(jobs)
         if unloaded { self.queue.setUnloaded(true) }
@@ -141,7 +144,7 @@ public final class QueueRunner: Sendable {
     public func hold(_ holder: String, _ reason: String?) {
         let combined: String? = self.state.withLockedValue { state in
             state.holds[holder] = reason
-            return state.holds.sorted { $0.key < $1.key }.map(\.value).first
+            return state.hold
         }
         if combined != self.queue.holdReason {
             self.queue.hold(combined)
@@ -184,7 +187,7 @@ public final class QueueRunner: Sendable {
         // The rows already in memory (or ending) are among these at most `known` times: `room` new ones, if there are.
         let limit = known + room
         let rows = try self.store.pending(target: self.target, limit: limit)
-        let (jobs, unloaded): ([UploadJob], Bool) = self.state.withLockedValue { state in
+        let jobs: [UploadJob] = self.state.withLockedValue { state in
             var jobs: [UploadJob] = []
             for row in rows where jobs.count < room {
                 guard state.jobs[row.id] == nil, !state.ending.contains(row.id) else { continue }
@@ -192,18 +195,18 @@ public final class QueueRunner: Sendable {
                 state.jobs[row.id] = job
                 jobs.append(job)
             }
-            state.unloaded = rows.count == limit
-            return (jobs, state.unloaded)
+            return jobs
         }
         self.queue.add(jobs)
-        self.queue.setUnloaded(unloaded)
+        self.queue.setUnloaded(rows.count == limit)
     }
 
     /// Jobs ended and the window is half empty: more rows come from the database, on the journal's queue (after the
     /// ends it has to write).
     private func loadMoreIfLow() {
+        guard self.queue.hasUnloaded else { return }
         let schedule: Bool = self.state.withLockedValue { state in
-            guard state.unloaded, !state.loading, state.jobs.count <= self.window / 2 else { return false }
+            guard !state.loading, state.jobs.count <= self.window / 2 else { return false }
             state.loading = true
             return true
         }
@@ -214,7 +217,6 @@ public final class QueueRunner: Sendable {
             } catch {
                 // The rows stay queued for the next run; this run does not wait for them.
                 FileHandle.standardError.write(Data("upload-agent: cannot load more of the queue: \(error)\n".utf8))
-                self.state.withLockedValue { $0.unloaded = false }
                 self.queue.setUnloaded(false)
             }
             self.state.withLockedValue { $0.loading = false }
@@ -253,7 +255,7 @@ public final class QueueRunner: Sendable {
             case .connected where shown.withLockedValue({ $0 }):
                 // Off the event loop: the database write may wait for another process's.
                 shown.withLockedValue { $0 = false }
-                let holds = self.state.withLockedValue { state in state.holds.sorted { $0.key < $1.key }.map(\.value).first }
+                let holds = self.state.withLockedValue { $0.hold }
                 DispatchQueue.global().async { try? self.store.setHoldReason(holds) }
             default:
                 break

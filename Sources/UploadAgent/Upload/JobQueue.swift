@@ -214,10 +214,14 @@ final class JobQueue: Sendable {
 
     var isDone: Bool { self.state.withLockedValue { $0.waiting.isEmpty && $0.active == 0 && !$0.unloaded } }
 
-    /// Whether more jobs wait in the state database than were added here.
+    /// Records whether more jobs wait in the state database than were added here.
     func setUnloaded(_ unloaded: Bool) {
         self.changed { $0.unloaded = unloaded }
     }
+
+    /// Whether more jobs wait in the state database than were added here.
+    var hasUnloaded: Bool { self.state.withLockedValue { $0.unloaded } }
+
     var results: [UploadResult] { self.state.withLockedValue { $0.finished } }
 
     /// Gives up on every job still waiting.

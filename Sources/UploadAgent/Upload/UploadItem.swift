@@ -56,6 +56,11 @@ public struct UploadResult: Hashable, Sendable {
         self.hashedBytes = hashedBytes
         self.error = error
     }
+
+    /// An item that ended before anything of it was read or sent.
+    static func failed(key: String, path: String = "", error: String) -> UploadResult {
+        UploadResult(key: key, path: path, bytes: 0, sha1: "", status: .failed, sentBytes: 0, error: error)
+    }
 }
 
 /// What an upload run reports as it goes, for progress displays.

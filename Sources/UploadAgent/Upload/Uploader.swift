@@ -40,17 +40,18 @@ public final class Uploader: Sendable {
     func run(_ queue: JobQueue, service: Bool, onEvent: @escaping @Sendable (UploadEvent) -> Void) async throws {
         let pool = NIOThreadPool(numberOfThreads: self.configuration.ioThreads)
         pool.start()
+        let outcome: Result<Void, any Error>
         do {
             try await self.run(queue, service: service, pool: pool, onEvent: onEvent)
+            outcome = .success(())
         } catch {
-            queue.closeUnfinishedSources()
-            try? await pool.shutdownGracefully()
-            throw error
+            outcome = .failure(error)
         }
         // Waits for source work still running (a read of a stream already cancelled): its completion goes to an event
         // loop, which must still be there. Closed sources end their waits for input.
         queue.closeUnfinishedSources()
         try? await pool.shutdownGracefully()
+        try outcome.get()
     }
 
     private func run(
