@@ -145,10 +145,8 @@ struct RelaySessionTests {
         let wrote = h.take(h.session.storageFinished(Self.s1, .wrote(consumed: [10], error: nil)))
         #expect(wrote.contains { if case .schedule(.sync(Self.s1), _) = $0 { return true } else { return false } })
         let hashed = SessionHarness.steps(h.send(.hash(Frame.Hash(streamID: Self.s1, size: 10, sha1: SHA1Digest.empty))))
-        #expect(hashed.map(\.1) == [.sync(through: 10)])
-        let synced = h.take(h.session.storageFinished(Self.s1, .synced(.success(10))))
-        #expect(SessionHarness.frames(synced).contains { $0.type == .ack })
-        #expect(SessionHarness.steps(synced).map(\.1).contains { if case .commit = $0 { return true } else { return false } })
+        // The commit makes the bytes durable itself: no sync first, and the sync timer is cancelled.
+        #expect(hashed.map(\.1) == [.commit(Frame.Hash(streamID: Self.s1, size: 10, sha1: SHA1Digest.empty), written: 10)])
         let committed = h.take(h.session.storageFinished(Self.s1, .committed(.success(.stored))))
         #expect(SessionHarness.frames(committed).contains { $0.type == .result })
         #expect(SessionHarness.steps(committed).map(\.1).contains(.releaseCommitted), "the handler lets go of the executor")

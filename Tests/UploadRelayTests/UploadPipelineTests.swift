@@ -68,17 +68,15 @@ struct UploadPipelineTests {
         #expect(Self.writes(synced).map { $0.1 } == [100])
     }
 
-    @Test("HASH: the rest is made durable, then committed; RESULT follows the key's closing and release")
-    func hashSyncsThenCommits() {
+    @Test("HASH: the rest is written, then committed with no sync of its own; RESULT follows the key's closing and release")
+    func hashCommitsWithoutSync() {
         var p = Self.pipeline()
         _ = p.enqueue(Self.chunk(at: 0, 10))
         let hash = Frame.Hash(streamID: Self.id, size: 10, sha1: SHA1Digest.empty)
         #expect(p.finish(hash).isEmpty, "a write is under way")
         #expect(p.isVerifying)
         let afterWrite = p.writeFinished(consumed: [10], error: nil)
-        #expect(afterWrite.last == .sync(through: 10))
-        let afterSync = p.syncFinished(.success(10))
-        #expect(afterSync.last == .commit(hash, written: 10))
+        #expect(afterWrite == [.report(.consumed(10)), .commit(hash, written: 10)])
         let done = p.commitFinished(.success(.stored))
         let result = Frame.Result(streamID: Self.id, status: .stored, size: 10, sha1: SHA1Digest.empty, key: "k")
         #expect(done.first == .markClosing)
@@ -122,6 +120,19 @@ struct UploadPipelineTests {
         let bad = p.writeFinished(consumed: [], error: (.crcMismatch, "chunk at offset 0"))
         #expect(bad.contains(.report(.failed(.crcMismatch, "chunk at offset 0"))))
         #expect(bad.last == .release(discardSession: false))
+    }
+
+    @Test("a commit refused keeping the session makes the bytes durable on the way out, then lets go")
+    func refusedCommitKeepsBytes() {
+        var p = Self.pipeline()
+        _ = p.enqueue(Self.chunk(at: 0, 10))
+        let hash = Frame.Hash(streamID: Self.id, size: 10, sha1: SHA1Digest.empty)
+        _ = p.finish(hash)
+        #expect(p.writeFinished(consumed: [10], error: nil).last == .commit(hash, written: 10))
+        let refused = p.commitFinished(.failure(UploadPolicy.Refusal(code: .storageError, message: "disk", keepSession: true)))
+        #expect(refused.contains(.report(.failed(.storageError, "disk"))))
+        #expect(refused.last == .sync(through: 10))
+        #expect(p.syncFinished(.success(10)) == [.release(discardSession: false)])
     }
 
     @Test("a commit that crosses CANCEL reports nothing and lets go of the session")

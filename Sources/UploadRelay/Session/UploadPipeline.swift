@@ -118,7 +118,8 @@ struct UploadPipeline {
             self.dropQueue()
             actions += self.fail(code, message, keep: true)
         }
-        if self.isOpen, self.written > self.durable {
+        // After HASH the commit makes the rest durable: no sync is due.
+        if self.isOpen, self.written > self.durable, self.pendingHash == nil {
             if self.written - self.durable >= self.settings.syncBytes {
                 self.syncRequested = true
             } else if !self.timerArmed {
@@ -178,15 +179,23 @@ struct UploadPipeline {
         case .released:
             return []
         case .open:
-            if self.syncRequested && self.written > self.durable {
+            if self.syncRequested && self.written > self.durable && self.pendingHash == nil {
                 return self.sync()
             } else if !self.queued.isEmpty {
                 return self.write()
-            } else if self.syncRequested || (self.pendingHash != nil && self.written > self.durable) {
-                return self.sync()
             } else if let hash = self.pendingHash {
+                // No sync of its own first: the commit makes the bytes durable with the object (SPEC §8.3), and RESULT
+                // says more than an ACK would. A commit that fails keeping the session makes them durable on the way out.
+                var actions: [Action] = []
+                if self.timerArmed {
+                    self.timerArmed = false
+                    actions.append(.cancelSyncTimer)
+                }
+                self.syncRequested = false
                 self.busy = true
-                return [.commit(hash, written: self.written)]
+                return actions + [.commit(hash, written: self.written)]
+            } else if self.syncRequested && self.written > self.durable {
+                return self.sync()
             }
             return []
         case .ending(let keep):
