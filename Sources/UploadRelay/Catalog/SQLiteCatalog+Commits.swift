@@ -4,12 +4,12 @@ import GRDB
 /// Quota use and the commit protocol: reserve (pending_commit), finish, abandon, recover (SPEC §7, §8.3).
 extension SQLiteCatalog {
     static func quotaUse(_ db: Database, account: String, excludingKey key: String, activeKeys: Set<String> = []) throws -> QuotaUse {
-        guard let row = try Row.fetchOne(db, sql: "SELECT * FROM account WHERE name = ?", arguments: [account]) else {
+        guard let row = try Row.fetchOne(cached: db, sql: "SELECT * FROM account WHERE name = ?", arguments: [account]) else {
             throw CatalogError.unknownAccount(account)
         }
         let committing =
             try Int64.fetchOne(
-                db, sql: "SELECT COALESCE(SUM(delta), 0) FROM pending_commit WHERE account = ? AND key != ? AND delta > 0",
+                cached: db, sql: "SELECT COALESCE(SUM(delta), 0) FROM pending_commit WHERE account = ? AND key != ? AND delta > 0",
                 arguments: [account, key]
             ) ?? 0
         // A session left behind (the agent stopped or was killed) holds its durable bytes; one whose upload is open now
@@ -19,7 +19,7 @@ extension SQLiteCatalog {
         // (soak seed 424242 round 21).
         var staged: Int64 = 0
         for row in try Row.fetchAll(
-            db,
+            cached: db,
             sql: """
                 SELECT s.key, s.declared_size, s.durable_offset, COALESCE(o.size, 0) AS replaced
                 FROM session s LEFT JOIN object o ON o.account = s.account AND o.key = s.key
@@ -45,7 +45,7 @@ extension SQLiteCatalog {
             let use = try Self.quotaUse(db, account: commit.account, excludingKey: commit.key)
             let previous =
                 try Int64.fetchOne(
-                    db, sql: "SELECT size FROM object WHERE account = ? AND key = ?", arguments: [commit.account, commit.key]
+                    cached: db, sql: "SELECT size FROM object WHERE account = ? AND key = ?", arguments: [commit.account, commit.key]
                 ) ?? 0
             let delta = commit.size - previous
             if let quota = use.quota, delta > 0, use.stored + use.committing + delta > quota {
@@ -62,7 +62,7 @@ extension SQLiteCatalog {
         try self.database.write { db in
             let previous =
                 try Int64.fetchOne(
-                    db, sql: "SELECT size FROM object WHERE account = ? AND key = ?", arguments: [commit.account, commit.key]
+                    cached: db, sql: "SELECT size FROM object WHERE account = ? AND key = ?", arguments: [commit.account, commit.key]
                 ) ?? 0
             try db.execute(
                 sql: """
@@ -77,22 +77,22 @@ extension SQLiteCatalog {
             try db.execute(
                 sql: "UPDATE account SET used_bytes = used_bytes + ? WHERE name = ?", arguments: [commit.size - previous, commit.account]
             )
-            try db.execute(sql: "DELETE FROM pending_commit WHERE account = ? AND key = ?", arguments: [commit.account, commit.key])
+            try db.execute(cached: "DELETE FROM pending_commit WHERE account = ? AND key = ?", arguments: [commit.account, commit.key])
             if let sessionID = commit.sessionID {
-                try db.execute(sql: "DELETE FROM session WHERE id = ?", arguments: [sessionID])
+                try db.execute(cached: "DELETE FROM session WHERE id = ?", arguments: [sessionID])
             }
         }
     }
 
     public func abandonCommit(account: String, key: String) throws {
         try self.database.write { db in
-            try db.execute(sql: "DELETE FROM pending_commit WHERE account = ? AND key = ?", arguments: [account, key])
+            try db.execute(cached: "DELETE FROM pending_commit WHERE account = ? AND key = ?", arguments: [account, key])
         }
     }
 
     public func pendingCommits() throws -> [PendingCommit] {
         try self.database.read { db in
-            try Row.fetchAll(db, sql: "SELECT * FROM pending_commit").map { row in
+            try Row.fetchAll(cached: db, sql: "SELECT * FROM pending_commit").map { row in
                 PendingCommit(account: row["account"], key: row["key"], size: row["size"], sha1: row["sha1"], sessionID: row["session_id"])
             }
         }
@@ -100,10 +100,10 @@ extension SQLiteCatalog {
 
     public func deleteObject(account: String, key: String) throws {
         try self.database.write { db in
-            guard let size = try Int64.fetchOne(db, sql: "SELECT size FROM object WHERE account = ? AND key = ?", arguments: [account, key])
+            guard let size = try Int64.fetchOne(cached: db, sql: "SELECT size FROM object WHERE account = ? AND key = ?", arguments: [account, key])
             else { return }
-            try db.execute(sql: "DELETE FROM object WHERE account = ? AND key = ?", arguments: [account, key])
-            try db.execute(sql: "UPDATE account SET used_bytes = used_bytes - ? WHERE name = ?", arguments: [size, account])
+            try db.execute(cached: "DELETE FROM object WHERE account = ? AND key = ?", arguments: [account, key])
+            try db.execute(cached: "UPDATE account SET used_bytes = used_bytes - ? WHERE name = ?", arguments: [size, account])
         }
     }
 }

@@ -102,26 +102,26 @@ public final class SQLiteCatalog: Catalog {
 
     public func account(tokenHash: [UInt8]) throws -> Account? {
         try self.database.read { db in
-            try Row.fetchOne(db, sql: "SELECT * FROM account WHERE token_hash = ?", arguments: [Data(tokenHash)])
+            try Row.fetchOne(cached: db, sql: "SELECT * FROM account WHERE token_hash = ?", arguments: [Data(tokenHash)])
                 .map(Self.account)
         }
     }
 
     public func account(named name: String) throws -> Account? {
         try self.database.read { db in
-            try Row.fetchOne(db, sql: "SELECT * FROM account WHERE name = ?", arguments: [name]).map(Self.account)
+            try Row.fetchOne(cached: db, sql: "SELECT * FROM account WHERE name = ?", arguments: [name]).map(Self.account)
         }
     }
 
     public func accounts() throws -> [Account] {
         try self.database.read { db in
-            try Row.fetchAll(db, sql: "SELECT * FROM account ORDER BY name").map(Self.account)
+            try Row.fetchAll(cached: db, sql: "SELECT * FROM account ORDER BY name").map(Self.account)
         }
     }
 
     public func revokeAccount(named name: String) throws -> Bool {
         try self.database.write { db in
-            try db.execute(sql: "UPDATE account SET revoked = 1 WHERE name = ?", arguments: [name])
+            try db.execute(cached: "UPDATE account SET revoked = 1 WHERE name = ?", arguments: [name])
             return db.changesCount > 0
         }
     }
@@ -139,14 +139,14 @@ public final class SQLiteCatalog: Catalog {
 
     public func session(account: String, key: String) throws -> UploadSession? {
         try self.database.read { db in
-            try Row.fetchOne(db, sql: "SELECT * FROM session WHERE account = ? AND key = ?", arguments: [account, key])
+            try Row.fetchOne(cached: db, sql: "SELECT * FROM session WHERE account = ? AND key = ?", arguments: [account, key])
                 .map(Self.session)
         }
     }
 
     public func putSession(_ s: UploadSession) throws {
         try self.database.write { db in
-            try db.execute(sql: "DELETE FROM session WHERE account = ? AND key = ?", arguments: [s.account, s.key])
+            try db.execute(cached: "DELETE FROM session WHERE account = ? AND key = ?", arguments: [s.account, s.key])
             try db.execute(
                 sql: """
                     INSERT INTO session (id, account, key, resume_token, fingerprint, declared_size, durable_offset,
@@ -174,13 +174,13 @@ public final class SQLiteCatalog: Catalog {
 
     public func deleteSession(id: String) throws {
         try self.database.write { db in
-            try db.execute(sql: "DELETE FROM session WHERE id = ?", arguments: [id])
+            try db.execute(cached: "DELETE FROM session WHERE id = ?", arguments: [id])
         }
     }
 
     public func sessions(updatedBefore date: Date) throws -> [UploadSession] {
         try self.database.read { db in
-            try Row.fetchAll(db, sql: "SELECT * FROM session WHERE updated_at < ?", arguments: [date.timeIntervalSince1970])
+            try Row.fetchAll(cached: db, sql: "SELECT * FROM session WHERE updated_at < ?", arguments: [date.timeIntervalSince1970])
                 .map(Self.session)
         }
     }
@@ -200,7 +200,7 @@ public final class SQLiteCatalog: Catalog {
 
     public func object(account: String, key: String) throws -> StoredObject? {
         try self.database.read { db in
-            try Row.fetchOne(db, sql: "SELECT * FROM object WHERE account = ? AND key = ?", arguments: [account, key])
+            try Row.fetchOne(cached: db, sql: "SELECT * FROM object WHERE account = ? AND key = ?", arguments: [account, key])
                 .map(Self.object)
         }
     }
@@ -208,7 +208,7 @@ public final class SQLiteCatalog: Catalog {
     public func object(account: String, size: Int64, sha1: String) throws -> [StoredObject] {
         try self.database.read { db in
             try Row.fetchAll(
-                db, sql: "SELECT * FROM object WHERE account = ? AND size = ? AND sha1 = ? LIMIT 8",
+                cached: db, sql: "SELECT * FROM object WHERE account = ? AND size = ? AND sha1 = ? LIMIT 8",
                 arguments: [account, size, sha1]
             ).map(Self.object)
         }
@@ -216,7 +216,7 @@ public final class SQLiteCatalog: Catalog {
 
     public func objects() throws -> [StoredObject] {
         try self.database.read { db in
-            try Row.fetchAll(db, sql: "SELECT * FROM object").map(Self.object)
+            try Row.fetchAll(cached: db, sql: "SELECT * FROM object").map(Self.object)
         }
     }
 

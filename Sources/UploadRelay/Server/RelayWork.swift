@@ -44,10 +44,10 @@ struct RelayWork {
             return (.stored(size: size), nil)
         case .refuse(let code, let message):
             return (.refuse(code, message), nil)
-        case .upload(let session, let staging, let sha1, let resumed, let byteLimit):
+        case .upload(let session, let staging, let sha1, let recorded, let resumed, let byteLimit):
             let storage = UploadStorage(
-                key: key, account: account.name, overwrite: open.overwrite, session: session, staging: staging, sha1: sha1,
-                services: services, logger: logger
+                key: key, account: account.name, overwrite: open.overwrite, session: session, recorded: recorded, staging: staging,
+                sha1: sha1, services: services, logger: logger
             )
             let decision = RelaySession.LookUp.upload(
                 durableOffset: session.durableOffset, resumeToken: session.resumeToken, resumed: resumed, byteLimit: byteLimit

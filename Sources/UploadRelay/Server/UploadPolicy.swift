@@ -10,8 +10,9 @@ struct UploadPolicy {
         /// Nothing to send: the key holds these bytes (or now a copy of them).
         case stored(size: UInt64)
         /// Send from the session's durable offset; the upload is staged in `staging` with SHA-1 state `sha1` there.
+        /// `recorded`: the catalog holds the session (a new one is recorded by its first durable sync).
         /// `byteLimit` bounds an upload of unknown size by the quota left and the relay's largest blob.
-        case upload(UploadSession, any StagingFile, SHA1, resumed: Bool, byteLimit: Int64?)
+        case upload(UploadSession, any StagingFile, SHA1, recorded: Bool, resumed: Bool, byteLimit: Int64?)
         case refuse(WireErrorCode, String)
     }
 
@@ -127,7 +128,7 @@ struct UploadPolicy {
                 let sha1 = try? SHA1(importing: session.sha1State), sha1.byteCount == UInt64(session.durableOffset),
                 let staging = try? store.openStaging(session.stagingName, truncatingTo: session.durableOffset)
             {
-                return .upload(session, staging, sha1, resumed: session.durableOffset > 0, byteLimit: byteLimit)
+                return .upload(session, staging, sha1, recorded: true, resumed: session.durableOffset > 0, byteLimit: byteLimit)
             }
             // Another version of the source, or a session we cannot trust: start over.
             try store.removeStaging(session.stagingName)
@@ -140,9 +141,9 @@ struct UploadPolicy {
             resumeToken: (0..<16).map { _ in UInt8.random(in: 0...255, using: &generator) }, fingerprint: open.fingerprint,
             declaredSize: size, durableOffset: 0, sha1State: SHA1().exportState(), stagingName: id, declaredSHA1: open.sha1?.hex
         )
+        // Recorded by its first durable sync (``UploadStorage``): an upload committed at once never writes a session.
         let staging = try store.openStaging(session.stagingName, truncatingTo: 0)
-        try catalog.putSession(session)
-        return .upload(session, staging, SHA1(), resumed: false, byteLimit: byteLimit)
+        return .upload(session, staging, SHA1(), recorded: false, resumed: false, byteLimit: byteLimit)
     }
 
     /// Verified bytes become the object (SPEC §8.3): quota reserved in the catalog first, then the store's atomic

@@ -1,3 +1,4 @@
+import Foundation
 import Logging
 import NIOConcurrencyHelpers
 import NIOCore
@@ -22,12 +23,18 @@ final class UploadStorage: Sendable {
     private let logger: Logger
     /// The SHA-1 of the bytes written so far.
     private let sha1: NIOLockedValueBox<SHA1>
+    /// Whether the catalog holds the session: a resumed one does; a new one from its first durable sync on.
+    private let recorded: NIOLockedValueBox<Bool>
 
-    init(key: ObjectKey, account: String, overwrite: Bool, session: UploadSession, staging: any StagingFile, sha1: SHA1, services: RelayServices, logger: Logger) {
+    init(
+        key: ObjectKey, account: String, overwrite: Bool, session: UploadSession, recorded: Bool, staging: any StagingFile, sha1: SHA1,
+        services: RelayServices, logger: Logger
+    ) {
         self.key = key
         self.account = account
         self.overwrite = overwrite
         self.session = session
+        self.recorded = NIOLockedValueBox(recorded)
         self.staging = staging
         self.sha1 = NIOLockedValueBox(sha1)
         self.services = services
@@ -99,7 +106,18 @@ final class UploadStorage: Sendable {
     private func sync(through offset: Int64) throws -> Int64 {
         let state = self.sha1.withLockedValue { $0.exportState() }
         try self.staging.sync()
-        try self.services.catalog.updateDurable(sessionID: self.session.id, offset: offset, sha1State: state)
+        try self.recorded.withLockedValue { recorded in
+            if recorded {
+                try self.services.catalog.updateDurable(sessionID: self.session.id, offset: offset, sha1State: state)
+            } else {
+                var session = self.session
+                session.durableOffset = offset
+                session.sha1State = state
+                session.updatedAt = Date()
+                try self.services.catalog.putSession(session)
+                recorded = true
+            }
+        }
         return offset
     }
 
@@ -128,9 +146,11 @@ final class UploadStorage: Sendable {
             self.services.claims.release(KeyClaims.name(account: self.account, key: self.key.value))
         }
         self.staging.close()
-        guard discardSession else { return }
+        let recorded = self.recorded.withLockedValue { $0 }
+        // A session never recorded holds nothing durable: its staging file goes whatever the ending.
+        guard discardSession || !recorded else { return }
         do {
-            try self.services.catalog.deleteSession(id: self.session.id)
+            if recorded { try self.services.catalog.deleteSession(id: self.session.id) }
             try self.services.store.removeStaging(self.staging.name)
         } catch {
             self.logger.warning("cleanup failed", metadata: ["upload.key": "\(self.key)", "error": "\(error)"])

@@ -90,9 +90,12 @@ public final class LocalDirectoryStore: BlobStore {
             Glibc.close(fd)
             throw StoreError("cannot cut staging file \(path) to \(offset) bytes: \(message)")
         }
-        // The staging file's name must survive a crash too: a resume finds it after a restart.
-        try Self.syncDirectory(self.stagingDirectory)
-        return LocalStagingFile(name: name, path: path, descriptor: fd, offset: offset, directBuffer: self.directBuffer)
+        // The staging file's name must survive a crash too, once a session records it: a resume finds it after a
+        // restart. A new file's name is made durable by its first sync (a small upload committed at once never needs it).
+        return LocalStagingFile(
+            name: name, path: path, directory: self.stagingDirectory, descriptor: fd, offset: offset,
+            directBuffer: self.directBuffer, nameIsDurable: offset > 0
+        )
     }
 
     public func removeStaging(_ name: String) throws {

@@ -23,6 +23,10 @@ final class LocalStagingFile: StagingFile, @unchecked Sendable {
 
     let name: String
     let path: String
+    /// The staging directory: synced by the first ``sync()`` of a new file, so that its name survives a crash.
+    private let directory: String
+    /// Whether the file's name is durable in ``directory`` (a file reopened for a resume; a new one after its first sync).
+    private var nameIsDurable: Bool
     private var descriptor: Int32
     /// One past the last byte written: the size the file has at commit.
     private(set) var end: Int64
@@ -46,9 +50,11 @@ final class LocalStagingFile: StagingFile, @unchecked Sendable {
 
     /// `offset` is where the file ends now (what ``LocalDirectoryStore/openStaging(_:truncatingTo:)`` cut it to).
     /// `directBuffer` > 0 asks for direct I/O through a buffer of that many bytes, rounded up to whole blocks.
-    init(name: String, path: String, descriptor: Int32, offset: Int64, directBuffer: Int) {
+    init(name: String, path: String, directory: String, descriptor: Int32, offset: Int64, directBuffer: Int, nameIsDurable: Bool) {
         self.name = name
         self.path = path
+        self.directory = directory
+        self.nameIsDurable = nameIsDurable
         self.descriptor = descriptor
         self.end = offset
         self.directCapacity = Self.roundUp(directBuffer)
@@ -213,6 +219,14 @@ final class LocalStagingFile: StagingFile, @unchecked Sendable {
         try self.guardingUse {
             try self.flushDirect()
             try self.dataSync()
+            guard !self.nameIsDurable else { return }
+            try LocalDirectoryStore.syncDirectory(self.directory)
+            // Bytes in a file whose name is gone (removed as an orphan while its upload waited) are not durable.
+            var info = stat()
+            guard fstat(self.descriptor, &info) == 0, info.st_nlink > 0 else {
+                throw StoreError("staging file \(self.path) was removed while its upload was open")
+            }
+            self.nameIsDurable = true
         }
     }
 
