@@ -37,7 +37,7 @@ extension SQLiteCatalog {
     }
 
     public func quotaUse(account: String, excludingKey key: String, activeKeys: Set<String>) throws -> QuotaUse {
-        try self.database.read { db in try Self.quotaUse(db, account: account, excludingKey: key, activeKeys: activeKeys) }
+        try self.reading { db in try Self.quotaUse(db, account: account, excludingKey: key, activeKeys: activeKeys) }
     }
 
     public func beginCommit(_ commit: PendingCommit) throws {
@@ -91,7 +91,7 @@ extension SQLiteCatalog {
     }
 
     public func pendingCommits() throws -> [PendingCommit] {
-        try self.database.read { db in
+        try self.reading { db in
             try Row.fetchAll(cached: db, sql: "SELECT * FROM pending_commit").map { row in
                 PendingCommit(account: row["account"], key: row["key"], size: row["size"], sha1: row["sha1"], sessionID: row["session_id"])
             }

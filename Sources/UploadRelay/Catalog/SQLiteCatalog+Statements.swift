@@ -4,6 +4,16 @@ import GRDB
 // running it: on 10,000 small uploads a third of the relay's catalog time went to compiling the same dozen statements.
 // These run each through the connection's statement cache, compiled once. Same call shape as GRDB's `sql:` methods.
 
+extension SQLiteCatalog {
+    /// Runs queries that only read. Not `DatabaseQueue.read`: that turns `PRAGMA query_only` on and off around each
+    /// call, and changing a flag pragma expires every prepared statement (SQLite's `OP_Expire`), so the statement
+    /// cache never held (perf: `sqlite3Reprepare` under every cached query). The queue runs one block at a time on the
+    /// one connection, so a block sees no write of this process between its queries.
+    func reading<T>(_ body: (Database) throws -> T) throws -> T {
+        try self.database.inDatabase(body)
+    }
+}
+
 extension Database {
     /// Runs one cached statement.
     func execute(cached sql: String, arguments: StatementArguments = []) throws {

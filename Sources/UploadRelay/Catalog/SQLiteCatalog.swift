@@ -101,20 +101,20 @@ public final class SQLiteCatalog: Catalog {
     }
 
     public func account(tokenHash: [UInt8]) throws -> Account? {
-        try self.database.read { db in
+        try self.reading { db in
             try Row.fetchOne(cached: db, sql: "SELECT * FROM account WHERE token_hash = ?", arguments: [Data(tokenHash)])
                 .map(Self.account)
         }
     }
 
     public func account(named name: String) throws -> Account? {
-        try self.database.read { db in
+        try self.reading { db in
             try Row.fetchOne(cached: db, sql: "SELECT * FROM account WHERE name = ?", arguments: [name]).map(Self.account)
         }
     }
 
     public func accounts() throws -> [Account] {
-        try self.database.read { db in
+        try self.reading { db in
             try Row.fetchAll(cached: db, sql: "SELECT * FROM account ORDER BY name").map(Self.account)
         }
     }
@@ -138,7 +138,7 @@ public final class SQLiteCatalog: Catalog {
     }
 
     public func session(account: String, key: String) throws -> UploadSession? {
-        try self.database.read { db in
+        try self.reading { db in
             try Row.fetchOne(cached: db, sql: "SELECT * FROM session WHERE account = ? AND key = ?", arguments: [account, key])
                 .map(Self.session)
         }
@@ -179,7 +179,7 @@ public final class SQLiteCatalog: Catalog {
     }
 
     public func sessions(updatedBefore date: Date) throws -> [UploadSession] {
-        try self.database.read { db in
+        try self.reading { db in
             try Row.fetchAll(cached: db, sql: "SELECT * FROM session WHERE updated_at < ?", arguments: [date.timeIntervalSince1970])
                 .map(Self.session)
         }
@@ -199,14 +199,14 @@ public final class SQLiteCatalog: Catalog {
     }
 
     public func object(account: String, key: String) throws -> StoredObject? {
-        try self.database.read { db in
+        try self.reading { db in
             try Row.fetchOne(cached: db, sql: "SELECT * FROM object WHERE account = ? AND key = ?", arguments: [account, key])
                 .map(Self.object)
         }
     }
 
     public func object(account: String, size: Int64, sha1: String) throws -> [StoredObject] {
-        try self.database.read { db in
+        try self.reading { db in
             try Row.fetchAll(
                 cached: db, sql: "SELECT * FROM object WHERE account = ? AND size = ? AND sha1 = ? LIMIT 8",
                 arguments: [account, size, sha1]
@@ -215,7 +215,7 @@ public final class SQLiteCatalog: Catalog {
     }
 
     public func objects() throws -> [StoredObject] {
-        try self.database.read { db in
+        try self.reading { db in
             try Row.fetchAll(cached: db, sql: "SELECT * FROM object").map(Self.object)
         }
     }
