@@ -43,6 +43,9 @@ public struct RelayConfiguration: Sendable {
     /// is answered REFUSED_STREAM (the agent retries). Nil: derived at start from the descriptor limit (RLIMIT_NOFILE,
     /// raised to its hard limit) less one per connection and a reserve.
     public var maxOpenUploads: Int? = nil
+    /// The most uploads committed together by one group commit (one catalog transaction to reserve, one per
+    /// directory to sync, one to record). Commits never wait for a group to fill.
+    public var commitGroup: Int = 256
     /// Threads for blocking file and catalog work.
     public var ioThreads: Int = 4
     /// How long GOAWAY waits for in-flight uploads to reach a durable point before closing.

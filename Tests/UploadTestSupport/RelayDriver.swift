@@ -188,7 +188,15 @@ public struct RelayDriver {
     mutating func perform(_ step: UploadPipeline.Action, of id: StreamID, into out: inout [Frame]) {
         guard let storage = self.storages[id] else { return }
         if step.endsUpload { self.storages[id] = nil }
-        guard let completion = storage.perform(step) else { return }
+        // A commit completes on the thread pool once its group is durable: wait for it, as the handler's event loop would.
+        let done = DispatchSemaphore(value: 0)
+        let result = NIOLockedValueBox<RelaySession.StorageCompletion?>(nil)
+        storage.perform(step) { completion in
+            result.withLockedValue { $0 = completion }
+            done.signal()
+        }
+        done.wait()
+        guard let completion = result.withLockedValue({ $0 }) else { return }
         self.run(self.session.storageFinished(id, completion), into: &out)
     }
 

@@ -208,6 +208,11 @@ public protocol Catalog: Sendable {
     /// The store made the object visible: records it with its identity, charges the quota, forgets the commit and
     /// the session, in one transaction.
     func finishCommit(_ commit: PendingCommit, identity: ObjectIdentity) throws
+    /// ``beginCommit(_:)`` for many commits (group commit): each reserved in turn, all recorded by one transaction. The
+    /// error of each commit that could not be reserved, nil for each reserved; throws when none could be recorded.
+    func beginCommits(_ commits: [PendingCommit]) throws -> [CatalogError?]
+    /// ``finishCommit(_:identity:)`` for many commits, in one transaction.
+    func finishCommits(_ commits: [(PendingCommit, ObjectIdentity)]) throws
     /// The store did not make the object visible: gives the reservation back (the session stays).
     func abandonCommit(account: String, key: String) throws
     /// Commits that were under way when the relay stopped.
@@ -219,6 +224,22 @@ public protocol Catalog: Sendable {
 }
 
 extension Catalog {
+    /// One transaction per commit, for catalogs with nothing better.
+    public func beginCommits(_ commits: [PendingCommit]) throws -> [CatalogError?] {
+        try commits.map { commit in
+            do {
+                try self.beginCommit(commit)
+                return nil
+            } catch let error as CatalogError {
+                return error
+            }
+        }
+    }
+
+    public func finishCommits(_ commits: [(PendingCommit, ObjectIdentity)]) throws {
+        for (commit, identity) in commits { try self.finishCommit(commit, identity: identity) }
+    }
+
     /// ``quotaUse(account:excludingKey:activeKeys:)`` when no other upload of the account is open.
     public func quotaUse(account: String, excludingKey key: String) throws -> QuotaUse {
         try self.quotaUse(account: account, excludingKey: key, activeKeys: [])

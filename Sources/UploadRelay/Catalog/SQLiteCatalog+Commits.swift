@@ -41,46 +41,69 @@ extension SQLiteCatalog {
     }
 
     public func beginCommit(_ commit: PendingCommit) throws {
+        try self.database.write { db in try Self.beginCommit(db, commit) }
+    }
+
+    public func beginCommits(_ commits: [PendingCommit]) throws -> [CatalogError?] {
         try self.database.write { db in
-            let use = try Self.quotaUse(db, account: commit.account, excludingKey: commit.key)
-            let previous =
-                try Int64.fetchOne(
-                    cached: db, sql: "SELECT size FROM object WHERE account = ? AND key = ?", arguments: [commit.account, commit.key]
-                ) ?? 0
-            let delta = commit.size - previous
-            if let quota = use.quota, delta > 0, use.stored + use.committing + delta > quota {
-                throw CatalogError.quotaExceeded(account: commit.account, needed: delta, quota: quota, used: use.stored + use.committing)
+            try commits.map { commit in
+                do {
+                    try Self.beginCommit(db, commit)
+                    return nil
+                } catch let error as CatalogError {
+                    return error
+                }
             }
-            try db.execute(
-                sql: "INSERT OR REPLACE INTO pending_commit (account, key, size, sha1, delta, session_id) VALUES (?, ?, ?, ?, ?, ?)",
-                arguments: [commit.account, commit.key, commit.size, commit.sha1, delta, commit.sessionID]
-            )
         }
     }
 
     public func finishCommit(_ commit: PendingCommit, identity: ObjectIdentity) throws {
+        try self.database.write { db in try Self.finishCommit(db, commit, identity: identity) }
+    }
+
+    public func finishCommits(_ commits: [(PendingCommit, ObjectIdentity)]) throws {
         try self.database.write { db in
-            let previous =
-                try Int64.fetchOne(
-                    cached: db, sql: "SELECT size FROM object WHERE account = ? AND key = ?", arguments: [commit.account, commit.key]
-                ) ?? 0
-            try db.execute(
-                sql: """
-                    INSERT OR REPLACE INTO object (account, key, size, sha1, committed_at, device, inode, modified)
-                    VALUES (?, ?, ?, ?, ?, ?, ?, ?)
-                    """,
-                arguments: [
-                    commit.account, commit.key, commit.size, commit.sha1, Date().timeIntervalSince1970,
-                    Int64(bitPattern: identity.device), Int64(bitPattern: identity.inode), identity.modified,
-                ]
-            )
-            try db.execute(
-                sql: "UPDATE account SET used_bytes = used_bytes + ? WHERE name = ?", arguments: [commit.size - previous, commit.account]
-            )
-            try db.execute(cached: "DELETE FROM pending_commit WHERE account = ? AND key = ?", arguments: [commit.account, commit.key])
-            if let sessionID = commit.sessionID {
-                try db.execute(cached: "DELETE FROM session WHERE id = ?", arguments: [sessionID])
-            }
+            for (commit, identity) in commits { try Self.finishCommit(db, commit, identity: identity) }
+        }
+    }
+
+    static func beginCommit(_ db: Database, _ commit: PendingCommit) throws {
+        let use = try Self.quotaUse(db, account: commit.account, excludingKey: commit.key)
+        let previous =
+            try Int64.fetchOne(
+                cached: db, sql: "SELECT size FROM object WHERE account = ? AND key = ?", arguments: [commit.account, commit.key]
+            ) ?? 0
+        let delta = commit.size - previous
+        if let quota = use.quota, delta > 0, use.stored + use.committing + delta > quota {
+            throw CatalogError.quotaExceeded(account: commit.account, needed: delta, quota: quota, used: use.stored + use.committing)
+        }
+        try db.execute(
+            cached: "INSERT OR REPLACE INTO pending_commit (account, key, size, sha1, delta, session_id) VALUES (?, ?, ?, ?, ?, ?)",
+            arguments: [commit.account, commit.key, commit.size, commit.sha1, delta, commit.sessionID]
+        )
+    }
+
+    static func finishCommit(_ db: Database, _ commit: PendingCommit, identity: ObjectIdentity) throws {
+        let previous =
+            try Int64.fetchOne(
+                cached: db, sql: "SELECT size FROM object WHERE account = ? AND key = ?", arguments: [commit.account, commit.key]
+            ) ?? 0
+        try db.execute(
+            cached: """
+                INSERT OR REPLACE INTO object (account, key, size, sha1, committed_at, device, inode, modified)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+                """,
+            arguments: [
+                commit.account, commit.key, commit.size, commit.sha1, Date().timeIntervalSince1970,
+                Int64(bitPattern: identity.device), Int64(bitPattern: identity.inode), identity.modified,
+            ]
+        )
+        try db.execute(
+            cached: "UPDATE account SET used_bytes = used_bytes + ? WHERE name = ?", arguments: [commit.size - previous, commit.account]
+        )
+        try db.execute(cached: "DELETE FROM pending_commit WHERE account = ? AND key = ?", arguments: [commit.account, commit.key])
+        if let sessionID = commit.sessionID {
+            try db.execute(cached: "DELETE FROM session WHERE id = ?", arguments: [sessionID])
         }
     }
 

@@ -87,7 +87,7 @@ public final class SQLiteCatalog: Catalog {
                 throw CatalogError.accountExists(name)
             }
             try db.execute(
-                sql: "INSERT INTO account (name, token_hash, quota, created_at) VALUES (?, ?, ?, ?)",
+                cached: "INSERT INTO account (name, token_hash, quota, created_at) VALUES (?, ?, ?, ?)",
                 arguments: [name, Data(tokenHash), quota, Date().timeIntervalSince1970]
             )
         }
@@ -148,7 +148,7 @@ public final class SQLiteCatalog: Catalog {
         try self.database.write { db in
             try db.execute(cached: "DELETE FROM session WHERE account = ? AND key = ?", arguments: [s.account, s.key])
             try db.execute(
-                sql: """
+                cached: """
                     INSERT INTO session (id, account, key, resume_token, fingerprint, declared_size, durable_offset,
                         sha1_state, staging_name, declared_sha1, updated_at)
                     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
@@ -164,7 +164,7 @@ public final class SQLiteCatalog: Catalog {
     public func updateDurable(sessionID: String, offset: Int64, sha1State: [UInt8]) throws {
         try self.database.write { db in
             try db.execute(
-                sql: "UPDATE session SET durable_offset = ?, sha1_state = ?, updated_at = ? WHERE id = ?",
+                cached: "UPDATE session SET durable_offset = ?, sha1_state = ?, updated_at = ? WHERE id = ?",
                 arguments: [offset, Data(sha1State), Date().timeIntervalSince1970, sessionID]
             )
             // A session that is gone cannot vouch for durable bytes: never acknowledge them.

@@ -16,6 +16,8 @@ public final class RelayServices: Sendable {
     let memory: ResourceBudget
     /// Uploads open at once (each holds its staging file's descriptor).
     let uploadSlots: ResourceBudget
+    /// Commits of all connections, made durable in groups.
+    let commits: CommitGroup
     /// Connection handlers alive now: one per connection, freed once its channel closed and its storage let go.
     let liveHandlers = NIOLockedValueBox(0)
 
@@ -27,6 +29,7 @@ public final class RelayServices: Sendable {
         self.logger = logger
         self.memory = ResourceBudget(total: configuration.memoryBudget)
         self.uploadSlots = ResourceBudget(total: configuration.maxOpenUploads ?? Int.max)
+        self.commits = CommitGroup(maxGroup: configuration.commitGroup)
     }
 
 }

@@ -24,13 +24,18 @@ final class UploadExecutor {
             self.onCompletion = { _ in }
         }
         guard UploadStorage.isWork(step) else { return }
-        let storage = self.storage
-        self.pool.runIfActive(eventLoop: self.eventLoop) { storage.perform(step) }.assumeIsolated().whenComplete { result in
-            switch result {
-            case .success(let completion?): self.onCompletion(completion)
-            case .success(nil): break
-            case .failure(let error): UploadStorage.notRun(step, error).map { self.onCompletion($0) }
+        let (storage, eventLoop) = (self.storage, self.eventLoop)
+        let executor = NIOLoopBound(self, eventLoop: eventLoop)
+        let deliver: @Sendable (RelaySession.StorageCompletion?) -> Void = { completion in
+            guard let completion else { return }
+            eventLoop.execute { executor.value.onCompletion(completion) }
+        }
+        self.pool.submit { state in
+            guard state == .active else {
+                deliver(UploadStorage.notRun(step, NIOThreadPoolError.ThreadPoolInactive()))
+                return
             }
+            storage.perform(step, then: deliver)
         }
     }
 }

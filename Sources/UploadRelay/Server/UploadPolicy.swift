@@ -146,15 +146,84 @@ struct UploadPolicy {
         return .upload(session, staging, SHA1(), recorded: false, resumed: false, byteLimit: byteLimit)
     }
 
-    /// Verified bytes become the object (SPEC §8.3): quota reserved in the catalog first, then the store's atomic
-    /// rename, then the record. Nothing that will be refused is ever renamed into place. Throws ``Refusal`` or the
-    /// store's and catalog's errors (see ``refusal(for:doing:)``).
-    func commit(
-        _ staging: any StagingFile, key: ObjectKey, account: String, sessionID: String, size: Int64, sha1: SHA1Digest,
-        overwrite: Bool
-    ) throws -> Frame.Result.Status {
+    /// One upload's verified bytes, ready to become its object.
+    struct CommitRequest: Sendable {
+        var staging: any StagingFile
+        var key: ObjectKey
+        var account: String
+        var sessionID: String
+        /// Whether the catalog holds the session (a new upload committed at once never wrote one).
+        var sessionRecorded: Bool
+        var size: Int64
+        var sha1: SHA1Digest
+        var overwrite: Bool
+    }
+
+    /// Verified bytes become objects (SPEC §8.3), many uploads at once (group commit): each checked, then the quota of
+    /// all reserved in the catalog by one transaction, then the store's atomic renames (each directory synced once),
+    /// then all recorded by one transaction. Nothing that will be refused is ever renamed into place. Each result in
+    /// the order given, a refusal by ``refusal(for:doing:)``.
+    func commit(_ requests: [CommitRequest]) -> [Result<Frame.Result.Status, Refusal>] {
         let catalog = self.services.catalog
-        let store = self.services.store
+        var results = [Result<Frame.Result.Status, Refusal>?](repeating: nil, count: requests.count)
+        func refuse(_ index: Int, _ error: any Error) {
+            results[index] = .failure(Self.refusal(for: error, doing: "commit"))
+        }
+        var ready: [(index: Int, pending: PendingCommit)] = []
+        for (index, request) in requests.enumerated() {
+            do {
+                if let status = try self.settledBeforeCommit(request) {
+                    results[index] = .success(status)
+                } else {
+                    let pending = PendingCommit(
+                        account: request.account, key: request.key.value, size: request.size, sha1: request.sha1.hex,
+                        sessionID: request.sessionID
+                    )
+                    ready.append((index, pending))
+                }
+            } catch {
+                refuse(index, error)
+            }
+        }
+        var reserved: [(index: Int, pending: PendingCommit)] = []
+        do {
+            for (item, error) in zip(ready, try catalog.beginCommits(ready.map(\.pending))) {
+                if let error { refuse(item.index, error) } else { reserved.append(item) }
+            }
+        } catch {
+            for item in ready { refuse(item.index, error) }
+        }
+        let placed = self.services.store.commit(
+            reserved.map { StoreCommit(staging: requests[$0.index].staging, key: requests[$0.index].key, account: requests[$0.index].account) }
+        )
+        var visible: [(index: Int, pending: PendingCommit, identity: ObjectIdentity)] = []
+        for (item, outcome) in zip(reserved, placed) {
+            switch outcome {
+            case .success(let identity):
+                visible.append((item.index, item.pending, identity))
+            case .failure(let error as StoreError) where error.madeVisible:
+                // Visible but unrecorded: the pending commit stays for recovery to settle.
+                refuse(item.index, error)
+            case .failure(let error):
+                try? catalog.abandonCommit(account: item.pending.account, key: item.pending.key)
+                refuse(item.index, error)
+            }
+        }
+        do {
+            // Should this record fail, recovery finds the pending commits and the objects, and settles them.
+            try catalog.finishCommits(visible.map { ($0.pending, $0.identity) })
+            for item in visible { results[item.index] = .success(.stored) }
+        } catch {
+            for item in visible { refuse(item.index, error) }
+        }
+        return results.map { $0 ?? .failure(Refusal(code: .internalError, message: "commit left undecided", keepSession: true)) }
+    }
+
+    /// What can be decided about a commit before any write: nil when it goes ahead; `.unchanged` when the key holds
+    /// exactly these bytes already (the staged copy is dropped). Throws ``Refusal`` or the store's and catalog's errors.
+    private func settledBeforeCommit(_ request: CommitRequest) throws -> Frame.Result.Status? {
+        let catalog = self.services.catalog
+        let (account, key) = (request.account, request.key)
         guard let current = try catalog.account(named: account), !current.revoked else {
             throw Refusal(
                 code: .unauthenticated, message: "the token of account \"\(account)\" was revoked: nothing was stored",
@@ -162,33 +231,21 @@ struct UploadPolicy {
             )
         }
         let existing = try catalog.object(account: account, key: key.value)
-        if let verified = try Self.verifiedObject(existing, services: self.services), verified.sha1 == sha1.hex, verified.size == size {
-            try catalog.deleteSession(id: sessionID)
-            try store.removeStaging(staging.name)
-            staging.close()
+        if let verified = try Self.verifiedObject(existing, services: self.services), verified.sha1 == request.sha1.hex,
+            verified.size == request.size
+        {
+            if request.sessionRecorded { try catalog.deleteSession(id: request.sessionID) }
+            try self.services.store.removeStaging(request.staging.name)
+            request.staging.close()
             return .unchanged
         }
-        if existing != nil && !overwrite {
+        if existing != nil && !request.overwrite {
             throw Refusal(code: .alreadyExists, message: Self.alreadyExists(key), keepSession: false)
         }
-        if let conflict = try store.conflict(for: key, account: account) {
+        if let conflict = try self.services.store.conflict(for: key, account: account) {
             throw Refusal(code: .invalidKey, message: conflict, keepSession: false)
         }
-        let pending = PendingCommit(account: account, key: key.value, size: size, sha1: sha1.hex, sessionID: sessionID)
-        try catalog.beginCommit(pending)
-        let identity: ObjectIdentity
-        do {
-            identity = try store.commit(staging, as: key, account: account)
-        } catch let error as StoreError where error.madeVisible {
-            // Visible but unrecorded: the pending commit stays for recovery to settle.
-            throw error
-        } catch {
-            try? catalog.abandonCommit(account: account, key: key.value)
-            throw error
-        }
-        // Should this record fail, startup recovery finds the pending commit and the object, and settles it.
-        try catalog.finishCommit(pending, identity: identity)
-        return .stored
+        return nil
     }
 
     /// Drops the unfinished session `open` would have resumed (same resume token or fingerprint), under the key's

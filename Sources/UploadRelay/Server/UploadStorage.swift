@@ -49,21 +49,22 @@ final class UploadStorage: Sendable {
         }
     }
 
-    /// Runs one step; its completion for the session, nil for a release (nothing to report).
-    func perform(_ step: UploadPipeline.Action) -> RelaySession.StorageCompletion? {
+    /// Runs one step and calls `done` with its completion for the session (nil for a release: nothing to report):
+    /// at once, or for a commit once its group is durable (``CommitGroup``).
+    func perform(_ step: UploadPipeline.Action, then done: @escaping @Sendable (RelaySession.StorageCompletion?) -> Void) {
         switch step {
         case .write(let chunks, let offset):
             let (consumed, error) = self.write(chunks, at: offset)
-            return .wrote(consumed: consumed, error: error.map { ($0.code, $0.message) })
+            done(.wrote(consumed: consumed, error: error.map { ($0.code, $0.message) }))
         case .sync(let offset):
-            return .synced(Result { try self.sync(through: offset) }.mapError { UploadPipeline.SyncFailure(description: "\($0)") })
+            done(.synced(Result { try self.sync(through: offset) }.mapError { UploadPipeline.SyncFailure(description: "\($0)") }))
         case .commit(let hash, let written):
-            return .committed(self.commit(hash, written: written))
+            self.commit(hash, written: written) { done(.committed($0)) }
         case .release(let discardSession):
             self.release(discardSession: discardSession)
-            return nil
+            done(nil)
         case .releaseCommitted, .armSyncTimer, .cancelSyncTimer, .markClosing, .report:
-            return nil
+            done(nil)
         }
     }
 
@@ -121,19 +122,19 @@ final class UploadStorage: Sendable {
         return offset
     }
 
-    /// Checks the SHA-1 of the bytes written against HASH, then commits by the relay's rules.
-    private func commit(_ hash: Frame.Hash, written: Int64) -> Result<Frame.Result.Status, UploadPolicy.Refusal> {
+    /// Checks the SHA-1 of the bytes written against HASH, then commits by the relay's rules with the next group.
+    private func commit(_ hash: Frame.Hash, written: Int64, then done: @escaping CommitGroup.Completion) {
         let actual = SHA1Digest(bytes: self.sha1.withLockedValue { $0.finalize() })
         guard let actual, actual == hash.sha1 else {
             let message = "SHA-1 of the \(written) bytes received is \(actual.map { "\($0)" } ?? "unknown"); HASH says \(hash.sha1)"
-            return .failure(UploadPolicy.Refusal(code: .hashMismatch, message: message, keepSession: false))
+            done(.failure(UploadPolicy.Refusal(code: .hashMismatch, message: message, keepSession: false)))
+            return
         }
-        return Result {
-            try UploadPolicy(services: self.services).commit(
-                self.staging, key: self.key, account: self.account, sessionID: self.session.id, size: Int64(hash.size),
-                sha1: actual, overwrite: self.overwrite
-            )
-        }.mapError { UploadPolicy.refusal(for: $0, doing: "commit") }
+        let request = UploadPolicy.CommitRequest(
+            staging: self.staging, key: self.key, account: self.account, sessionID: self.session.id,
+            sessionRecorded: self.recorded.withLockedValue { $0 }, size: Int64(hash.size), sha1: actual, overwrite: self.overwrite
+        )
+        self.services.commits.submit(request, services: self.services, completion: done)
     }
 
     /// Closes the staging file, forgets the session when asked, then gives the upload slot and the key back.

@@ -20,6 +20,9 @@ public protocol BlobStore: Sendable {
     /// Makes the staged bytes the object `key` of `account`, atomically: complete or absent, never partial.
     /// Returns what identifies the stored file, for the catalog.
     func commit(_ staging: any StagingFile, as key: ObjectKey, account: String) throws -> ObjectIdentity
+    /// ``commit(_:as:account:)`` for many objects at once (group commit), each result in the order given: a store may
+    /// make them durable together (the local store syncs each directory once for all the objects renamed into it).
+    func commit(_ batch: [StoreCommit]) -> [Result<ObjectIdentity, any Error>]
     /// Places a copy of the account's existing object `source` under `key` (dedup), provided `source` is still the file
     /// `expected` (it may have been replaced since it was looked up); throws ``StoreError`` otherwise, placing nothing.
     func duplicate(_ source: ObjectKey, expected: ObjectIdentity, as key: ObjectKey, account: String) throws -> ObjectIdentity
@@ -32,6 +35,26 @@ public protocol BlobStore: Sendable {
     func conflict(for key: ObjectKey, account: String) throws -> String?
     /// Staging files and when each was last written, for cleaning up those no session refers to.
     func stagingFiles() throws -> [(name: String, modified: Date)]
+}
+
+/// One object of a group commit: staged bytes and where they go.
+public struct StoreCommit: Sendable {
+    public var staging: any StagingFile
+    public var key: ObjectKey
+    public var account: String
+
+    public init(staging: any StagingFile, key: ObjectKey, account: String) {
+        self.staging = staging
+        self.key = key
+        self.account = account
+    }
+}
+
+extension BlobStore {
+    /// One commit after the other, for stores with nothing better.
+    public func commit(_ batch: [StoreCommit]) -> [Result<ObjectIdentity, any Error>] {
+        batch.map { item in Result { try self.commit(item.staging, as: item.key, account: item.account) } }
+    }
 }
 
 /// What identifies one stored object's bytes: recorded by the catalog at commit, compared before the relay

@@ -139,6 +139,43 @@ public final class LocalDirectoryStore: BlobStore {
     }
 
     public func commit(_ staging: any StagingFile, as key: ObjectKey, account: String) throws -> ObjectIdentity {
+        try self.commit([StoreCommit(staging: staging, key: key, account: account)])[0].get()
+    }
+
+    /// Each file synced and renamed into place in turn; then each directory that received one is synced once, and
+    /// only then is any of them reported committed.
+    public func commit(_ batch: [StoreCommit]) -> [Result<ObjectIdentity, any Error>] {
+        var results = [Result<ObjectIdentity, any Error>](repeating: .failure(StoreError("not committed")), count: batch.count)
+        var placed: [(index: Int, directory: String, path: String)] = []
+        for (index, item) in batch.enumerated() {
+            do {
+                let (directory, path) = try self.renameIntoPlace(item.staging, as: item.key, account: item.account)
+                placed.append((index, directory, path))
+            } catch {
+                results[index] = .failure(error)
+            }
+        }
+        var directories: [String: StoreError?] = [:]
+        for (index, directory, path) in placed {
+            if directories[directory] == nil {
+                do {
+                    try Self.syncDirectory(directory)
+                    directories[directory] = .some(nil)
+                } catch {
+                    directories[directory] = error as? StoreError ?? StoreError("\(error)")
+                }
+            }
+            results[index] = Result {
+                if let failure = directories[directory] ?? nil { throw Self.visible(failure) }
+                return try Self.identityAfterRename(path)
+            }
+        }
+        return results
+    }
+
+    /// Seals the staging file (its bytes durable, cut to size) and renames it to the object's path: visible, its
+    /// directory not yet synced.
+    private func renameIntoPlace(_ staging: any StagingFile, as key: ObjectKey, account: String) throws -> (directory: String, path: String) {
         guard let file = staging as? LocalStagingFile else {
             throw StoreError("a local directory store commits only its own staging files")
         }
@@ -151,18 +188,31 @@ public final class LocalDirectoryStore: BlobStore {
             throw StoreError("cannot rename \(file.path) to \(path): \(Self.reason())", isNoSpace: errno == ENOSPC)
         }
         file.close()
-        return try Self.afterRename(directory: directory, path: path)
+        return (directory, path)
     }
 
     /// Syncs the directory an object was renamed into and reads its identity; a failure here leaves a visible object.
     static func afterRename(directory: String, path: String) throws -> ObjectIdentity {
         do {
             try Self.syncDirectory(directory)
+        } catch let error as StoreError {
+            throw Self.visible(error)
+        }
+        return try Self.identityAfterRename(path)
+    }
+
+    /// The identity of an object just renamed into place; a failure here leaves a visible object.
+    static func identityAfterRename(_ path: String) throws -> ObjectIdentity {
+        do {
             guard let identity = try Self.identity(at: path) else { throw StoreError("\(path) vanished right after its commit") }
             return identity
         } catch let error as StoreError {
-            throw StoreError(error.description, isNoSpace: error.isNoSpace, madeVisible: true)
+            throw Self.visible(error)
         }
+    }
+
+    static func visible(_ error: StoreError) -> StoreError {
+        StoreError(error.description, isNoSpace: error.isNoSpace, madeVisible: true)
     }
 
     public func duplicate(_ source: ObjectKey, expected: ObjectIdentity, as key: ObjectKey, account: String) throws -> ObjectIdentity {

@@ -1,0 +1,136 @@
+import Foundation
+import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOPosix
+import Testing
+import UploadChecksums
+import UploadProtocol
+@testable import UploadRelay
+import UploadTestSupport
+
+/// Group commit (issue 9): many uploads' commits made durable together, each with its own outcome.
+@Suite("Group commit")
+struct CommitGroupTests {
+    /// A relay's services on a real catalog and store in a temporary directory, with a pool of its own.
+    static func services(pool: NIOThreadPool, quota: Int64? = nil) throws -> RelayServices {
+        let root = TemporaryDirectories.make(prefix: "upload-commit-group-")
+        let configuration = RelayConfiguration(certificatePath: "-", privateKeyPath: "-", dataDirectory: root)
+        let catalog = try SQLiteCatalog(path: configuration.catalogPath)
+        try catalog.addAccount(name: "cam-7", tokenHash: Tokens.hash(Array("t".utf8)), quota: quota)
+        let store = try LocalDirectoryStore(root: configuration.storePath, stagingDirectory: configuration.stagingDirectory)
+        return RelayServices(configuration: configuration, catalog: catalog, store: store, threadPool: pool, logger: Logger(label: "test"))
+    }
+
+    /// Stages `bytes` as a new upload of `key` and returns its commit request.
+    static func staged(_ key: String, _ bytes: [UInt8], services: RelayServices, overwrite: Bool = false) throws -> UploadPolicy.CommitRequest {
+        let name = UploadPolicy.randomID()
+        let staging = try services.store.openStaging(name, truncatingTo: 0)
+        try staging.write(ByteBuffer(bytes: bytes), at: 0)
+        let sha1 = try #require(SHA1Digest(bytes: SHA1.hash(bytes)))
+        return UploadPolicy.CommitRequest(
+            staging: staging, key: try ObjectKey(validating: key), account: "cam-7", sessionID: name, sessionRecorded: false,
+            size: Int64(bytes.count), sha1: sha1, overwrite: overwrite
+        )
+    }
+
+    static func stored(_ key: String, services: RelayServices) -> [UInt8]? {
+        FileManager.default.contents(atPath: "\(services.configuration.storePath)/cam-7/\(key)").map { Array($0) }
+    }
+
+    @Test("one group of many: each upload gets its own outcome, refusals harm none of the others, nothing is left pending")
+    func mixedGroup() throws {
+        let services = try Self.services(pool: .singleton, quota: 10_000)
+        let policy = UploadPolicy(services: services)
+        // Already there: "taken" (other bytes) and "folder" (an object, so "folder/x" cannot be stored).
+        let before = [try Self.staged("taken", Array(repeating: 1, count: 10), services: services),
+                      try Self.staged("folder", Array(repeating: 2, count: 10), services: services)]
+        #expect(policy.commit(before).allSatisfy { (try? $0.get()) == .stored })
+
+        var requests: [UploadPolicy.CommitRequest] = []
+        var expected: [String: [UInt8]] = [:]
+        for i in 0..<20 {
+            let bytes = (0..<(100 + i)).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ i) }
+            expected["photos/\(i).jpg"] = bytes
+            requests.append(try Self.staged("photos/\(i).jpg", bytes, services: services))
+        }
+        requests.insert(try Self.staged("taken", Array(repeating: 3, count: 10), services: services), at: 5)
+        requests.insert(try Self.staged("folder/x", Array(repeating: 4, count: 10), services: services), at: 9)
+        // Past the quota (10,000 bytes; the photos and the two objects take about 2,200).
+        requests.insert(try Self.staged("huge", Array(repeating: 5, count: 9_000), services: services), at: 14)
+        // The same bytes as an object the key holds: unchanged.
+        requests.append(try Self.staged("folder", Array(repeating: 2, count: 10), services: services))
+
+        let results = policy.commit(requests)
+        #expect(results.count == requests.count)
+        for (request, result) in zip(requests, results) {
+            switch request.key.value {
+            case "taken": #expect(result == .failure(UploadPolicy.Refusal(code: .alreadyExists, message: UploadPolicy.alreadyExists(request.key), keepSession: false)))
+            case "folder/x": #expect((try? result.get()) == nil && { if case .failure(let r) = result { return r.code == .invalidKey } else { return false } }())
+            case "huge": #expect({ if case .failure(let r) = result { return r.code == .quotaExceeded } else { return false } }())
+            case "folder": #expect((try? result.get()) == .unchanged)
+            default: #expect((try? result.get()) == .stored, "\(request.key)")
+            }
+        }
+        for (key, bytes) in expected {
+            #expect(Self.stored(key, services: services) == bytes, "\(key)")
+            #expect(try services.catalog.object(account: "cam-7", key: key)?.sha1 == SHA1Digest(bytes: SHA1.hash(bytes))?.hex)
+        }
+        #expect(Self.stored("taken", services: services) == Array(repeating: 1, count: 10))
+        #expect(Self.stored("huge", services: services) == nil)
+        #expect(try services.catalog.pendingCommits().isEmpty)
+        let used = try services.catalog.account(named: "cam-7")?.usedBytes
+        #expect(used == Int64(expected.values.map(\.count).reduce(20, +)))
+    }
+
+    @Test("commits that arrive while a group runs wait for the next one: 64 commits behind a busy pool make one group")
+    func commitsGroupWhileBusy() throws {
+        let pool = NIOThreadPool(numberOfThreads: 1)
+        pool.start()
+        defer { try? pool.syncShutdownGracefully() }
+        let services = try Self.services(pool: pool)
+        // The pool's only thread is busy until every commit has been submitted.
+        let release = DispatchSemaphore(value: 0)
+        pool.submit { _ in release.wait() }
+        let done = DispatchGroup()
+        let outcomes = NIOLockedValueBox<[String: Result<Frame.Result.Status, UploadPolicy.Refusal>]>([:])
+        for i in 0..<64 {
+            let request = try Self.staged("clip/\(i)", [UInt8](repeating: UInt8(i), count: 4096), services: services)
+            done.enter()
+            services.commits.submit(request, services: services) { result in
+                outcomes.withLockedValue { $0["clip/\(i)"] = result }
+                done.leave()
+            }
+        }
+        release.signal()
+        done.wait()
+        #expect(services.commits.groupsRun == 1)
+        let all = outcomes.withLockedValue { $0 }
+        #expect(all.count == 64 && all.values.allSatisfy { (try? $0.get()) == .stored })
+        for i in 0..<64 {
+            #expect(Self.stored("clip/\(i)", services: services) == [UInt8](repeating: UInt8(i), count: 4096))
+        }
+    }
+
+    @Test("a stopped pool refuses the waiting commits, keeping their sessions, and stores nothing")
+    func stoppedPool() throws {
+        let pool = NIOThreadPool(numberOfThreads: 1)
+        pool.start()
+        try pool.syncShutdownGracefully()
+        let services = try Self.services(pool: pool)
+        let request = try Self.staged("late", [1, 2, 3], services: services)
+        let outcome = NIOLockedValueBox<Result<Frame.Result.Status, UploadPolicy.Refusal>?>(nil)
+        let done = DispatchSemaphore(value: 0)
+        services.commits.submit(request, services: services) { result in
+            outcome.withLockedValue { $0 = result }
+            done.signal()
+        }
+        done.wait()
+        guard case .failure(let refusal)? = outcome.withLockedValue({ $0 }) else {
+            Issue.record("expected a refusal")
+            return
+        }
+        #expect(refusal.code == .internalError && refusal.keepSession)
+        #expect(Self.stored("late", services: services) == nil)
+    }
+}
