@@ -80,6 +80,12 @@ struct Serve: AsyncParsableCommand {
 
     @Option(
         name: .long,
+        help: "Most uploads committed together (group commit: one catalog transaction and one directory sync for all). Commits never wait for a group to fill."
+    )
+    var commitGroup: Int = 256
+
+    @Option(
+        name: .long,
         help: ArgumentHelp(
             "Most chunk bytes all connections together may make the relay hold; each connection's window is a share of it.",
             valueName: "bytes"
@@ -128,8 +134,8 @@ struct Serve: AsyncParsableCommand {
         guard try ByteCount.parse(self.memoryBudget, option: "--memory-budget") >= 1 << 20 else {
             throw ValidationError("--memory-budget must be at least 1M")
         }
-        guard self.maxStreams >= 1, self.maxConnections >= 1 else {
-            throw ValidationError("--max-streams and --max-connections must be at least 1")
+        guard self.maxStreams >= 1, self.maxConnections >= 1, self.commitGroup >= 1 else {
+            throw ValidationError("--max-streams, --max-connections and --commit-group must be at least 1")
         }
         guard Logger.Level(rawValue: self.logLevel) != nil else {
             throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error")
@@ -172,6 +178,7 @@ struct Serve: AsyncParsableCommand {
         configuration.limits.connectionWindow = Int(try ByteCount.parse(self.connectionWindow, option: "--connection-window"))
         configuration.limits.maxConcurrentStreams = self.maxStreams
         configuration.maxConnections = self.maxConnections
+        configuration.commitGroup = self.commitGroup
         configuration.memoryBudget = Int(try ByteCount.parse(self.memoryBudget, option: "--memory-budget"))
         configuration.limits.idleTimeout = try DurationText.parse(self.idleTimeout, option: "--idle-timeout")
         configuration.limits.frameTimeout = try DurationText.parse(self.frameTimeout, option: "--frame-timeout")

@@ -95,6 +95,39 @@ struct CommandLineTests {
         #expect(refused.stderr.contains("unknown token"))
     }
 
+    @Test("send --json: names with quotes and accents come out as valid JSON, byte for byte")
+    func jsonEscapes() throws {
+        let data = TestRelay.makeDirectory()
+        let relay = try ChildProcess(
+            try relayBinary(), ["serve", "--dev", "--data", data, "--listen", "127.0.0.1:0", "--ready-file", data + "/ready", "--log-level", "warning"],
+            readyFile: data + "/ready", logFile: data + "/relay.log"
+        )
+        defer {
+            relay.kill(SIGTERM)
+            _ = relay.waitForExit()
+        }
+        let port = try relay.waitUntilReady()
+        let source = TestRelay.makeDirectory()
+        // (Names with control characters or backslashes are refused before anything is sent: not valid keys.)
+        let names = ["say \"hi\" & 'bye'.txt", "ünïcødé 写真.jpg", "dir/x {y}: [z].txt"]
+        for (index, name) in names.enumerated() { _ = makeFile(source + "/odd", name, size: 100 + index, seed: UInt64(40 + index)) }
+        let environment = [
+            "UPLOAD_RELAY": "127.0.0.1:\(port)", "UPLOAD_CA": data + "/dev/ca.pem",
+            "UPLOAD_TOKEN": try String(contentsOfFile: data + "/dev/token", encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines),
+        ]
+        let run = try Self.run(try Self.agentBinary(), ["send", "--json", source + "/odd"], environment: environment)
+        let lines = try run.stdout.split(separator: "\n").map { line in
+            try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any], "not a JSON object: \(line)")
+        }
+        #expect(run.status == 0 && lines.count == names.count, "\(run.stdout) \(run.stderr)")
+        for name in names {
+            let line = lines.first { $0["path"] as? String == source + "/odd/" + name }
+            #expect(line != nil, "no line with the path of \(name.debugDescription): \(run.stdout)")
+            #expect(line?["key"] as? String == "odd/" + name)
+            #expect(line?["status"] as? String == "stored")
+        }
+    }
+
     @Test(
         "kill -9 of the agent mid-upload, then the same command again: it resumes, re-sending at most what was not durable plus a window and a sync batch (finding 23)",
         arguments: [true, false]

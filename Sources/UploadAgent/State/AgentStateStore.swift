@@ -116,9 +116,11 @@ public final class AgentStateStore: Sendable {
         }
     }
 
+    /// Not `DatabaseQueue.read`: its `PRAGMA query_only` toggle expires every prepared statement (see the relay's
+    /// `SQLiteCatalog.reading`). The queue runs one block at a time on the one connection.
     func read<T>(_ body: (Database) throws -> T) throws -> T {
         do {
-            return try self.database.read(body)
+            return try self.database.inDatabase(body)
         } catch let error as DatabaseError {
             throw SourceError("the agent's state database \(self.directory)/state.sqlite: \(error.message ?? "\(error)")")
         }
