@@ -20,6 +20,12 @@
 #         BENCH_KEEP=1          keep the temp dir (for debugging)
 #         BENCH_RELAY_ARGS="..."  extra options for upload-relay serve, for A/B runs
 #                               (e.g. "--direct-io-buffer 0" writes through the page cache)
+#         BENCH_AGENT_ARGS="..."  extra options for upload-agent send (e.g. "--concurrency 32")
+#         BENCH_WAN=1           servers in network namespace wan_srv (10.201.0.1), clients in wan_cli,
+#                               over ../shared/netem/wan.sh's emulated link (BENCH_WAN_DELAY_MS each
+#                               way, default 50; BENCH_WAN_MBIT, default 1000), set up and torn down here
+#         BENCH_RESULTS=FILE    also append each run's raw row to FILE (tools/bench-all.sh reads it),
+#                               tagged BENCH_TAG
 # Needs root for the peers (installs openssh-server, nginx, libnginx-mod-http-dav-ext and
 # time with apt-get when missing; sshd needs root). A peer that cannot be set up is
 # skipped with a message; the others are still measured. Everything it starts is stopped
@@ -40,12 +46,34 @@ else
 fi
 
 say() { printf '%s\n' "$*" >&2; }
+
+# Where servers listen and clients connect: loopback, or the two ends of the emulated WAN.
+HOST=127.0.0.1
+SRV=()   # prefix that runs a server in its place
+CLI=()   # prefix that runs a client in its place
+if [ "${BENCH_WAN:-0}" = 1 ]; then
+    HOST=10.201.0.1
+    SRV=(ip netns exec wan_srv)
+    CLI=(ip netns exec wan_cli)
+fi
+WAN_SH=$(cd "$(dirname "$0")/../../shared/netem" 2>/dev/null && pwd)/wan.sh
 now() { date +%s.%N; }
 # secs START END -> seconds with 3 decimals
 secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", b - a }'; }
 # mbps SECONDS -> MB/s (10^6 bytes)
 mbps() { awk -v s="$1" -v n="$BYTES" 'BEGIN { if (s > 0) printf "%.1f", n / s / 1e6; else print "inf" }'; }
 vmhwm_kib() { awk '/^VmHWM:/ { print $2 }' "/proc/$1/status" 2>/dev/null || true; }
+CLK_TCK=$(getconf CLK_TCK)
+# cpu_secs PID: user + system CPU seconds the live process has used
+cpu_secs() { awk -v hz="$CLK_TCK" '{ sub(/.*\) /, ""); printf "%.2f", ($12 + $13) / hz }' "/proc/$1/stat" 2>/dev/null || echo 0; }
+# children PID: the live children of PID (nginx's workers)
+children() {
+    local w
+    for w in /proc/[0-9]*; do
+        [ "$(awk '/^PPid:/ { print $2 }' "$w/status" 2>/dev/null)" = "$1" ] && echo "${w#/proc/}"
+    done
+    return 0
+}
 free_port() {
     python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
@@ -66,12 +94,12 @@ wait_file() {
         sleep 0.05
     done
 }
-# wait_port PORT PID SECONDS: wait until 127.0.0.1:PORT accepts while PID lives
+# wait_port PORT PID SECONDS: wait until $HOST:PORT accepts (seen from the client's side) while PID lives
 wait_port() {
     local i
     for ((i = 0; i < $3 * 20; i++)); do
         alive "$2" || { say "process $2 exited before listening on $1"; return 1; }
-        if python3 -c 'import socket, sys; socket.create_connection(("127.0.0.1", int(sys.argv[1])), 1).close()' "$1" 2>/dev/null; then
+        if "${CLI[@]}" python3 -c 'import socket, sys; socket.create_connection((sys.argv[2], int(sys.argv[1])), 1).close()' "$1" "$HOST" 2>/dev/null; then
             return 0
         fi
         sleep 0.05
@@ -83,7 +111,7 @@ wait_port() {
 # ---------------------------------------------------------------- temp dir, cleanup
 DIR=$(mktemp -d /tmp/bench-upload.XXXXXX)
 : >"$DIR/pids"     # every background process started, one PID a line
-: >"$DIR/results"  # name|seconds|MB/s|client RSS KiB|server RSS KiB
+: >"$DIR/results"  # name|seconds|MB/s|client RSS KiB|server RSS KiB|client CPU s|server CPU s
 # track PID: remember a process we started so that cleanup stops it
 track() { echo "$1" >>"$DIR/pids"; }
 # stop_pids PID...: SIGTERM, wait up to 5 s, then SIGKILL (only our own PIDs)
@@ -134,6 +162,7 @@ cleanup() {
     # shellcheck disable=SC2086
     [ -n "${pids// /}" ] && stop_pids $pids
     wait 2>/dev/null
+    [ "${BENCH_WAN:-0}" = 1 ] && "$WAN_SH" down 2>/dev/null
     if [ "${BENCH_KEEP:-0}" = 1 ]; then
         say "kept $DIR"
     else
@@ -191,6 +220,14 @@ echo
 
 [ -x /usr/bin/time ] || ensure_pkgs time || { say "GNU time is needed"; exit 1; }
 
+if [ "${BENCH_WAN:-0}" = 1 ]; then
+    [ "$(id -u)" = 0 ] || { say "BENCH_WAN=1 needs root (network namespaces)"; exit 1; }
+    [ -x "$WAN_SH" ] || { say "missing $WAN_SH"; exit 1; }
+    echo "== link: $("$WAN_SH" up "${BENCH_WAN_DELAY_MS:-50}" "${BENCH_WAN_MBIT:-1000}")"
+    echo "   TCP buffers in the namespaces as the host's: tcp_wmem $(sysctl -n net.ipv4.tcp_wmem | tr '\t' ' ')"
+    echo
+fi
+
 # ---------------------------------------------------------------- build
 if [ "$ONLY_PEERS" != 1 ]; then
     if [ -n "${BENCH_BIN_DIR:-}" ]; then
@@ -231,19 +268,42 @@ fi
 same() { if [ -d "$1" ]; then diff -rq "$1" "$2" >/dev/null; else cmp -s "$1" "$2"; fi; }
 
 # record NAME SECONDS CLIENT_RSS_KIB SERVER_RSS_KIB
-record() { echo "$1|$2|$(mbps "$2")|$3|$4" >>"$DIR/results"; }
+# record NAME SECONDS CLIENT_RSS_KIB SERVER_RSS_KIB [CLIENT_CPU_S] [SERVER_CPU_S]
+record() {
+    local row="$1|$2|$(mbps "$2")|$3|$4|${5:-}|${6:-}"
+    echo "$row" >>"$DIR/results"
+    [ -z "${BENCH_RESULTS:-}" ] || echo "${BENCH_TAG:-run}|$row" >>"$BENCH_RESULTS"
+}
 # timed_copy NAME COPY CMD...: runs CMD under GNU time, checks that COPY holds the source's bytes,
 # removes it and records the run (the client's peak RSS; no server figure)
+# (and the CPU seconds of the processes in SERVER_PIDS, when the caller names them)
 timed_copy() {
-    local name=$1 copy=$2 t0 t1
+    local name=$1 copy=$2 t0 t1 rss user sys before after
     shift 2
+    before=$(server_cpu)
     t0=$(now)
-    /usr/bin/time -f %M -o "$DIR/copy.rss" "$@" || { say "$name failed"; return 1; }
+    /usr/bin/time -f '%M %U %S' -o "$DIR/copy.rss" "${CLI[@]}" "$@" || { say "$name failed"; return 1; }
     t1=$(now)
+    after=$(server_cpu)
     same "$FILE" "$copy" || { say "$name: the copy differs"; return 1; }
     say "verified $copy"
-    rm -rf "$copy"
-    record "$name" "$(secs "$t0" "$t1")" "$(tail -1 "$DIR/copy.rss")" ""
+    discard "$copy"
+    read -r rss user sys < <(tail -1 "$DIR/copy.rss")
+    record "$name" "$(secs "$t0" "$t1")" "$rss" "" "$(awk -v u="$user" -v s="$sys" 'BEGIN { printf "%.2f", u + s }')" \
+        "${SERVER_PIDS:+$(awk -v a="$before" -v b="$after" 'BEGIN { printf "%.2f", b - a }')}"
+}
+# discard PATH: out of the way until the end. Not deleted now: on this ext4 without a journal,
+# creating files is slow for a minute after many were deleted (the inode allocator skips
+# recently deleted inodes, ext4 recently_deleted()), which would slow whichever tool runs next.
+discard() {
+    mkdir -p "$DIR/discarded"
+    mv "$1" "$DIR/discarded/$(date +%s%N)"
+}
+# server_cpu: CPU seconds of SERVER_PIDS together (0 without)
+server_cpu() {
+    local pid total=0
+    for pid in ${SERVER_PIDS:-}; do total=$(awk -v t="$total" -v c="$(cpu_secs "$pid")" 'BEGIN { print t + c }'); done
+    echo "$total"
 }
 
 # ---------------------------------------------------------------- a) ours
@@ -252,7 +312,7 @@ bench_ours() {
     local relay_pid addr token t0 t1 rss hwm key
     mkdir -p "$DIR/relay"
     # shellcheck disable=SC2086 # BENCH_RELAY_ARGS is a list of words
-    "$BIN/upload-relay" serve --dev --data "$DIR/relay" --listen 127.0.0.1:0 \
+    "${SRV[@]}" "$BIN/upload-relay" serve --dev --data "$DIR/relay" --listen "$HOST:0" \
         --ready-file "$DIR/relay.ready" ${BENCH_RELAY_ARGS:-} >"$DIR/relay.log" 2>&1 &
     relay_pid=$!
     track "$relay_pid"
@@ -267,7 +327,7 @@ bench_ours() {
     #    Run first, on an empty relay, so that the dedup check cannot hit whatever the
     #    relay keys dedup on.
     # 2. --no-dedup (hash while streaming, one pass), no prefix.
-    local run name prefix_args
+    local run name prefix_args cpu0 cpu1 user sys
     for run in dedup nodedup; do
         if [ "$run" = dedup ]; then
             name="upload-agent (dedup check)"; prefix_args=(--prefix bench-dedup); key="bench-dedup/$(basename "$FILE")"
@@ -275,27 +335,30 @@ bench_ours() {
             name="upload-agent (--no-dedup)"; prefix_args=(--no-dedup); key="$(basename "$FILE")"
         fi
         say "-- $name"
+        cpu0=$(cpu_secs "$relay_pid")
         t0=$(now)
-        /usr/bin/time -f %M -o "$DIR/agent-$run.rss" \
-            "$BIN/upload-agent" send --relay "$addr" --ca "$DIR/relay/dev/ca.pem" --token "$token" \
-            "${prefix_args[@]}" --json "$FILE" >"$DIR/agent-$run.json" 2>"$DIR/agent-$run.err" \
+        # shellcheck disable=SC2086 # BENCH_AGENT_ARGS is a list of words
+        /usr/bin/time -f '%M %U %S' -o "$DIR/agent-$run.rss" \
+            "${CLI[@]}" "$BIN/upload-agent" send --relay "$addr" --ca "$DIR/relay/dev/ca.pem" --token "$token" \
+            "${prefix_args[@]}" ${BENCH_AGENT_ARGS:-} --json "$FILE" >"$DIR/agent-$run.json" 2>"$DIR/agent-$run.err" \
             || { say "upload-agent failed:"; cat "$DIR/agent-$run.err" "$DIR/agent-$run.json" >&2; return 1; }
         t1=$(now)
-        rss=$(tail -1 "$DIR/agent-$run.rss")
+        cpu1=$(cpu_secs "$relay_pid")
+        read -r rss user sys < <(tail -1 "$DIR/agent-$run.rss")
         say "agent output: $(head -c 2000 "$DIR/agent-$run.json")"
         if ! same "$FILE" "$DIR/relay/store/dev/$key"; then
             say "stored object $DIR/relay/store/dev/$key differs from the source"
             return 1
         fi
         say "verified $DIR/relay/store/dev/$key"
-        rm -rf "$DIR/relay/store/dev/$key"
-        echo "$name|$(secs "$t0" "$t1")|$rss" >>"$DIR/ours.partial"
+        discard "$DIR/relay/store/dev/$key"
+        echo "$name|$(secs "$t0" "$t1")|$rss|$(awk -v u="$user" -v s="$sys" 'BEGIN { printf "%.2f", u + s }')|$(awk -v a="$cpu0" -v b="$cpu1" 'BEGIN { printf "%.2f", b - a }')" >>"$DIR/ours.partial"
     done
     hwm=$(vmhwm_kib "$relay_pid")
     stop_pids "$relay_pid"
     wait "$relay_pid" 2>/dev/null || say "relay exit status $? after SIGTERM"
-    while IFS='|' read -r name s rss; do
-        record "$name" "$s" "$rss" "${hwm:-}"
+    while IFS='|' read -r name s rss ccpu scpu; do
+        record "$name" "$s" "$rss" "${hwm:-}" "$ccpu" "$scpu"
     done <"$DIR/ours.partial"
 }
 
@@ -314,7 +377,7 @@ bench_scp() {
     port=$(free_port)
     cat >"$d/sshd_config" <<EOF
 Port $port
-ListenAddress 127.0.0.1
+ListenAddress $HOST
 HostKey $d/host_ed25519
 PidFile $d/sshd.pid
 AuthorizedKeysFile $d/authorized_keys
@@ -329,29 +392,29 @@ Subsystem sftp internal-sftp
 LogLevel ERROR
 EOF
     /usr/sbin/sshd -t -f "$d/sshd_config"
-    /usr/sbin/sshd -D -e -f "$d/sshd_config" 2>"$d/sshd.log" &
+    "${SRV[@]}" /usr/sbin/sshd -D -e -f "$d/sshd_config" 2>"$d/sshd.log" &
     sshd_pid=$!
     track "$sshd_pid"
     wait_port "$port" "$sshd_pid" 10 || { cat "$d/sshd.log" >&2; return 1; }
     local opts=(-F /dev/null -i "$d/client_ed25519" -o IdentitiesOnly=yes -o BatchMode=yes
         -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR)
     t0=$(now)
-    ssh "${opts[@]}" -p "$port" root@127.0.0.1 true \
+    "${CLI[@]}" ssh "${opts[@]}" -p "$port" "root@$HOST" true \
         || { say "ssh login to the private sshd failed"; cat "$d/sshd.log" >&2; return 1; }
     t1=$(now)
     # the connection set-up (key exchange, sntrup761x25519 by default, and login) is a
     # fixed cost included in scp's time; show it so small BENCH_SIZE_MIB runs read right
-    echo "ssh connection set-up (ssh root@127.0.0.1 true): $(secs "$t0" "$t1") s, included in scp's time"
+    echo "ssh connection set-up (ssh root@$HOST true): $(secs "$t0" "$t1") s, included in scp's time"
     say "-- scp -c aes128-gcm@openssh.com (sshd pid $sshd_pid, port $port)"
     local copy
     copy="$DIR/scp-dest/$(basename "$FILE")"
     timed_copy "scp -c aes128-gcm@openssh.com" "$copy" \
-        scp -q -r "${opts[@]}" -c aes128-gcm@openssh.com -P "$port" "$FILE" "root@127.0.0.1:$DIR/scp-dest/"
+        scp -q -r "${opts[@]}" -c aes128-gcm@openssh.com -P "$port" "$FILE" "root@$HOST:$DIR/scp-dest/"
     # rsync -a through the same sshd (rsync on both ends; the same cipher)
     if command -v rsync >/dev/null || ensure_pkgs rsync; then
         say "-- rsync -a over ssh (aes128-gcm)"
         timed_copy "rsync -a over ssh" "$copy" \
-            rsync -a -e "ssh ${opts[*]} -c aes128-gcm@openssh.com -p $port" "$FILE" "root@127.0.0.1:$DIR/scp-dest/"
+            rsync -a -e "ssh ${opts[*]} -c aes128-gcm@openssh.com -p $port" "$FILE" "root@$HOST:$DIR/scp-dest/"
     else
         say "cannot install rsync: skipped"
     fi
@@ -367,8 +430,8 @@ bench_nginx() {
     local nginx_bin
     nginx_bin=$(command -v nginx || echo /usr/sbin/nginx)
     mkdir -p "$d/www/upload" "$d/body" "$d/tmp"
-    openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=127.0.0.1 \
-        -addext subjectAltName=IP:127.0.0.1 -keyout "$d/key.pem" -out "$d/cert.pem" 2>/dev/null
+    openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=$HOST" \
+        -addext "subjectAltName=IP:$HOST" -keyout "$d/key.pem" -out "$d/cert.pem" 2>/dev/null
     port=$(free_port)
     cat >"$d/nginx.conf" <<EOF
 # the temp dir is root-only (0700): workers run as root to write into it
@@ -386,7 +449,7 @@ http {
     uwsgi_temp_path $d/tmp/uwsgi;
     scgi_temp_path $d/tmp/scgi;
     server {
-        listen 127.0.0.1:$port ssl;
+        listen $HOST:$port ssl;
         ssl_certificate $d/cert.pem;
         ssl_certificate_key $d/key.pem;
         root $d/www;
@@ -398,21 +461,26 @@ http {
     }
 }
 EOF
-    "$nginx_bin" -t -q -p "$d/" -e "$d/error.log" -c "$d/nginx.conf"
-    "$nginx_bin" -p "$d/" -e "$d/error.log" -c "$d/nginx.conf" &
+    "${SRV[@]}" "$nginx_bin" -t -q -p "$d/" -e "$d/error.log" -c "$d/nginx.conf"
+    "${SRV[@]}" "$nginx_bin" -p "$d/" -e "$d/error.log" -c "$d/nginx.conf" &
     nginx_pid=$!
     track "$nginx_pid"
     wait_port "$port" "$nginx_pid" 10 || { cat "$d/error.log" >&2; return 1; }
+    local SERVER_PIDS
+    SERVER_PIDS=$(children "$nginx_pid" | tr '\n' ' ')
     if [ -d "$FILE" ]; then
         bench_nginx_files "$d" "$port" "$nginx_pid"
         return
     fi
     say "-- curl -T over HTTPS to nginx (pid $nginx_pid, port $port)"
+    local before after user sys
+    before=$(server_cpu)
     t0=$(now)
-    code=$(/usr/bin/time -f %M -o "$d/curl.rss" \
-        curl -sS -k -T "$FILE" "https://127.0.0.1:$port/upload/file" -o "$d/curl.out" -w '%{http_code}')
+    code=$(/usr/bin/time -f '%M %U %S' -o "$d/curl.rss" \
+        "${CLI[@]}" curl -sS -k -T "$FILE" "https://$HOST:$port/upload/file" -o "$d/curl.out" -w '%{http_code}')
     t1=$(now)
-    rss=$(tail -1 "$d/curl.rss")
+    after=$(server_cpu)
+    read -r rss user sys < <(tail -1 "$d/curl.rss")
     case "$code" in 200 | 201 | 204) ;; *) say "PUT answered $code: $(head -c 500 "$d/curl.out")"; return 1 ;; esac
     # the worker's peak RSS (children of the master)
     hwm=0
@@ -424,16 +492,17 @@ EOF
     done
     cmp "$FILE" "$d/www/upload/file" || { say "nginx copy differs"; return 1; }
     say "verified $d/www/upload/file"
-    rm -f "$d/www/upload/file"
+    discard "$d/www/upload/file"
     stop_pids "$nginx_pid"
-    record "curl -T https -> nginx PUT" "$(secs "$t0" "$t1")" "$rss" "$hwm"
+    record "curl -T https -> nginx PUT" "$(secs "$t0" "$t1")" "$rss" "$hwm" \
+        "$(awk -v u="$user" -v s="$sys" 'BEGIN { printf "%.2f", u + s }')" "$(awk -v a="$before" -v b="$after" 'BEGIN { printf "%.2f", b - a }')"
 }
 
 # bench_nginx_files DIR PORT PID: a directory through curl, one connection, then -Z (8 at once)
 bench_nginx_files() {
     local d=$1 port=$2 nginx_pid=$3 f run
     for f in "$FILE"/*; do
-        printf 'upload-file = "%s"\nurl = "https://127.0.0.1:%s/upload/data/%s"\noutput = "/dev/null"\n' "$f" "$port" "$(basename "$f")"
+        printf 'upload-file = "%s"\nurl = "https://%s:%s/upload/data/%s"\noutput = "/dev/null"\n' "$f" "$HOST" "$port" "$(basename "$f")"
     done >"$d/curl.cfg"
     for run in one parallel; do
         local args=(-sS -k --fail -K "$d/curl.cfg") name="curl -T https -> nginx PUT (one connection)"
@@ -481,19 +550,22 @@ if [ "$FILES" -gt 0 ]; then
 else
     echo "== results ($SIZE_MIB MiB = $BYTES bytes, MB = 10^6 bytes)"
 fi
-python3 - "$DIR/results" "$FILES" <<'EOF'
+python3 - "$DIR/results" "$FILES" "$BYTES" <<'EOF'
 import sys
 files = int(sys.argv[2])
+gb = int(sys.argv[3]) / 1e9
 rows = [line.rstrip("\n").split("|") for line in open(sys.argv[1]) if line.strip()]
 ours = [r for r in rows if r[0].startswith("upload-agent")]
 def mib(k): return f"{int(k) / 1024:.1f}" if k and k.isdigit() and int(k) > 0 else "-"
 head = ["tool", "seconds", "MB/s"] + (["files/s"] if files else []) + \
-       [f"{o[0].split('(')[1].rstrip(')')} / this" for o in ours] + ["agent|client peak RSS MiB", "relay|server peak RSS MiB"]
+       [f"{o[0].split('(')[1].rstrip(')')} / this" for o in ours] + \
+       ["agent|client peak RSS MiB", "relay|server peak RSS MiB", "client CPU-s/GB", "server CPU-s/GB"]
 table = [head]
-for name, secs, mbs, crss, srss in rows:
+def per_gb(cpu): return f"{float(cpu) / gb:.2f}" if cpu else "-"
+for name, secs, mbs, crss, srss, ccpu, scpu in rows:
     ratios = [f"{float(o[2]) / float(mbs):.2f}" if float(mbs) > 0 else "-" for o in ours]
     rate = [f"{files / float(secs):.0f}" if float(secs) > 0 else "-"] if files else []
-    table.append([name, secs, mbs] + rate + ratios + [mib(crss), mib(srss)])
+    table.append([name, secs, mbs] + rate + ratios + [mib(crss), mib(srss), per_gb(ccpu), per_gb(scpu)])
 if len(table) == 1:
     print("(nothing measured)")
     sys.exit(0)
@@ -505,6 +577,8 @@ for i, r in enumerate(table):
 print()
 print("agent|client: upload-agent, scp, curl (GNU time %M). relay|server: upload-relay VmHWM over both"
       " runs, nginx worker VmHWM; the per-connection sshd is gone before it can be read.")
+print("CPU-s/GB: user + system CPU seconds per 10^9 bytes; client from GNU time, server from /proc"
+      " (relay, nginx workers; sshd's per-connection process is not measured: -).")
 if ours:
     print("'X / this' = MB/s of our run X divided by MB/s of that row (> 1: ours is faster).")
 EOF
