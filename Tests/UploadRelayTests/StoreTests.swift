@@ -178,6 +178,23 @@ struct DirectStagingTests {
         small.close()
     }
 
+    @Test("an upload that announces fewer bytes than the direct buffer writes through the page cache; one of unknown size or more goes direct")
+    func smallAnnouncedUploadsSkipDirectIO() throws {
+        let (root, store) = try Self.makeStore(directBuffer: 1 << 20)
+        let direct = Self.supportsDirectIO(root)
+        let small = try store.openStaging("small", truncatingTo: 0, expectedSize: 16_384) as! LocalStagingFile
+        let unknown = try store.openStaging("unknown", truncatingTo: 0, expectedSize: nil) as! LocalStagingFile
+        let large = try store.openStaging("large", truncatingTo: 0, expectedSize: 1 << 20) as! LocalStagingFile
+        #expect(!small.isDirect)
+        #expect(unknown.isDirect == direct && large.isDirect == direct)
+        let bytes = (0..<16_384).map { UInt8(truncatingIfNeeded: $0 &* 31) }
+        try small.write(ByteBuffer(bytes: bytes), at: 0)
+        _ = try store.commit(small, as: ObjectKey(validating: "photos/small.jpg"), account: "a1")
+        #expect(FileManager.default.contents(atPath: root + "/store/a1/photos/small.jpg") == Data(bytes))
+        unknown.close()
+        large.close()
+    }
+
     @Test("a crash after a sync leaves a padded file; the resume cuts it to the durable offset and the object is whole")
     func crashAfterSync() throws {
         var rng = SeededGenerator(seed: 11)

@@ -254,12 +254,14 @@ extension AgentStateStore {
                 // An item dropped (file deleted) meanwhile stays dropped; one whose file changed meanwhile (a new
                 // fingerprint queued by a rescan) is not marked with the old version's progress.
                 let fingerprint = progress.fingerprint.map { Data($0) }
-                try db.execute(
+                // Cached: this runs for every item, and compiling it cost more than running it.
+                try db.cachedStatement(
                     sql: """
                         UPDATE item SET status = ?, size = COALESCE(?, size), sha1 = COALESCE(?, sha1), acked = ?, sha1_state = ?,
                         sent_bytes = ?, hashed_bytes = ?, outcome = ?, error = ?, rate = ?, updated_at = ?
                         WHERE id = ? AND status IN ('queued', 'uploading') AND (? IS NULL OR fingerprint = ? OR fingerprint = x'')
-                        """,
+                        """
+                ).execute(
                     arguments: [
                         progress.status.rawValue, progress.size.map { Int64($0) }, progress.sha1, Int64(progress.acked),
                         progress.sha1State.map { Data($0) }, Int64(progress.sentBytes), Int64(progress.hashedBytes), progress.outcome,

@@ -126,7 +126,7 @@ struct UploadPolicy {
             let sameSHA1 = open.sha1 == nil || session.declaredSHA1 == nil || open.sha1?.hex == session.declaredSHA1
             if (byToken || byFingerprint) && sameSource && sameSHA1 && session.declaredSize == size,
                 let sha1 = try? SHA1(importing: session.sha1State), sha1.byteCount == UInt64(session.durableOffset),
-                let staging = try? store.openStaging(session.stagingName, truncatingTo: session.durableOffset)
+                let staging = try? store.openStaging(session.stagingName, truncatingTo: session.durableOffset, expectedSize: size)
             {
                 return .upload(session, staging, sha1, recorded: true, resumed: session.durableOffset > 0, byteLimit: byteLimit)
             }
@@ -135,14 +135,12 @@ struct UploadPolicy {
             try catalog.deleteSession(id: session.id)
         }
         let id = Self.randomID()
-        var generator = SystemRandomNumberGenerator()
         let session = UploadSession(
-            id: id, account: name, key: key.value,
-            resumeToken: (0..<16).map { _ in UInt8.random(in: 0...255, using: &generator) }, fingerprint: open.fingerprint,
+            id: id, account: name, key: key.value, resumeToken: Self.randomBytes(), fingerprint: open.fingerprint,
             declaredSize: size, durableOffset: 0, sha1State: SHA1().exportState(), stagingName: id, declaredSHA1: open.sha1?.hex
         )
         // Recorded by its first durable sync (``UploadStorage``): an upload committed at once never writes a session.
-        let staging = try store.openStaging(session.stagingName, truncatingTo: 0)
+        let staging = try store.openStaging(session.stagingName, truncatingTo: 0, expectedSize: size)
         return .upload(session, staging, SHA1(), recorded: false, resumed: false, byteLimit: byteLimit)
     }
 
@@ -271,9 +269,14 @@ struct UploadPolicy {
         "key \"\(key)\" holds other content; ask to overwrite (--overwrite) or choose another key"
     }
 
+    /// 16 random bytes as 32 hex digits.
     static func randomID() -> String {
+        Self.randomBytes().map { $0 < 16 ? "0" + String($0, radix: 16) : String($0, radix: 16) }.joined()
+    }
+
+    /// 16 bytes from the system's generator, in two draws (not one system call per byte).
+    static func randomBytes() -> [UInt8] {
         var generator = SystemRandomNumberGenerator()
-        return (0..<16).map { _ in String(UInt8.random(in: 0...255, using: &generator), radix: 16) }
-            .map { $0.count == 1 ? "0" + $0 : $0 }.joined()
+        return [generator.next(), generator.next()].flatMap { (word: UInt64) in withUnsafeBytes(of: word) { Array($0) } }
     }
 }

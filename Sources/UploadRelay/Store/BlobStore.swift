@@ -13,6 +13,9 @@ public protocol BlobStore: Sendable {
     /// creates the file; a resume requires it to exist and hold at least `offset` bytes, and
     /// throws ``StoreError`` otherwise (the session must then start over).
     func openStaging(_ name: String, truncatingTo offset: Int64) throws -> any StagingFile
+    /// ``openStaging(_:truncatingTo:)`` for an upload that announced `expectedSize` bytes (nil: unknown), so the store
+    /// can write a small one the cheap way.
+    func openStaging(_ name: String, truncatingTo offset: Int64, expectedSize: Int64?) throws -> any StagingFile
     /// Deletes a staging file; missing is fine.
     func removeStaging(_ name: String) throws
     /// Whether the staging file `name` exists.
@@ -51,6 +54,10 @@ public struct StoreCommit: Sendable {
 }
 
 extension BlobStore {
+    public func openStaging(_ name: String, truncatingTo offset: Int64, expectedSize: Int64?) throws -> any StagingFile {
+        try self.openStaging(name, truncatingTo: offset)
+    }
+
     /// One commit after the other, for stores with nothing better.
     public func commit(_ batch: [StoreCommit]) -> [Result<ObjectIdentity, any Error>] {
         batch.map { item in Result { try self.commit(item.staging, as: item.key, account: item.account) } }

@@ -70,6 +70,12 @@ public final class LocalDirectoryStore: BlobStore {
     }
 
     public func openStaging(_ name: String, truncatingTo offset: Int64) throws -> any StagingFile {
+        try self.openStaging(name, truncatingTo: offset, expectedSize: nil)
+    }
+
+    /// An upload that announced fewer bytes than the direct buffer's most writes through the page cache: direct I/O's
+    /// set-up (flags, aligned buffer, padded last block, the cut at commit) costs more than the copy it saves.
+    public func openStaging(_ name: String, truncatingTo offset: Int64, expectedSize: Int64?) throws -> any StagingFile {
         guard !name.isEmpty, !name.contains("/"), name != ".", name != ".." else {
             throw StoreError("staging name \"\(name)\" is not a plain file name")
         }
@@ -94,7 +100,7 @@ public final class LocalDirectoryStore: BlobStore {
         // restart. A new file's name is made durable by its first sync (a small upload committed at once never needs it).
         return LocalStagingFile(
             name: name, path: path, directory: self.stagingDirectory, descriptor: fd, offset: offset,
-            directBuffer: self.directBuffer, nameIsDurable: offset > 0
+            directBuffer: (expectedSize ?? .max) < Int64(self.directBuffer) ? 0 : self.directBuffer, nameIsDurable: offset > 0
         )
     }
 
@@ -114,10 +120,13 @@ public final class LocalDirectoryStore: BlobStore {
     }
 
     /// The object's path, after checking that no symbolic link leads its directory out of the account's folder.
-    func placeFor(_ key: ObjectKey, account: String) throws -> (directory: String, path: String) {
+    /// Directories in `checked` passed that check earlier in the same group commit and are not checked again.
+    func placeFor(_ key: ObjectKey, account: String, checked: inout Set<String>) throws -> (directory: String, path: String) {
         let base = try self.accountDirectory(account)
         let segments = key.segments
         let directory = ([base] + segments.dropLast()).joined(separator: "/")
+        let path = directory + "/" + (segments.last ?? key.value)
+        if checked.contains(directory) { return (directory, path) }
         try Self.makeDirectories(directory)
         guard let realBase = realpath(base, nil), let realDirectory = realpath(directory, nil) else {
             throw StoreError("cannot resolve \(directory): \(Self.reason())")
@@ -131,7 +140,13 @@ public final class LocalDirectoryStore: BlobStore {
         guard directoryPath == basePath || directoryPath.hasPrefix(basePath + "/") else {
             throw StoreError("key \"\(key)\" leads through a symbolic link out of the store \(base)")
         }
-        return (directory, directory + "/" + (segments.last ?? key.value))
+        checked.insert(directory)
+        return (directory, path)
+    }
+
+    func placeFor(_ key: ObjectKey, account: String) throws -> (directory: String, path: String) {
+        var checked: Set<String> = []
+        return try self.placeFor(key, account: account, checked: &checked)
     }
 
     func path(of key: ObjectKey, account: String) throws -> String {
@@ -147,9 +162,10 @@ public final class LocalDirectoryStore: BlobStore {
     public func commit(_ batch: [StoreCommit]) -> [Result<ObjectIdentity, any Error>] {
         var results = [Result<ObjectIdentity, any Error>](repeating: .failure(StoreError("not committed")), count: batch.count)
         var placed: [(index: Int, directory: String, path: String)] = []
+        var checked: Set<String> = []
         for (index, item) in batch.enumerated() {
             do {
-                let (directory, path) = try self.renameIntoPlace(item.staging, as: item.key, account: item.account)
+                let (directory, path) = try self.renameIntoPlace(item.staging, as: item.key, account: item.account, checked: &checked)
                 placed.append((index, directory, path))
             } catch {
                 results[index] = .failure(error)
@@ -175,7 +191,9 @@ public final class LocalDirectoryStore: BlobStore {
 
     /// Seals the staging file (its bytes durable, cut to size) and renames it to the object's path: visible, its
     /// directory not yet synced.
-    private func renameIntoPlace(_ staging: any StagingFile, as key: ObjectKey, account: String) throws -> (directory: String, path: String) {
+    private func renameIntoPlace(
+        _ staging: any StagingFile, as key: ObjectKey, account: String, checked: inout Set<String>
+    ) throws -> (directory: String, path: String) {
         guard let file = staging as? LocalStagingFile else {
             throw StoreError("a local directory store commits only its own staging files")
         }
@@ -183,7 +201,7 @@ public final class LocalDirectoryStore: BlobStore {
             throw StoreError(conflict)
         }
         try file.seal()
-        let (directory, path) = try self.placeFor(key, account: account)
+        let (directory, path) = try self.placeFor(key, account: account, checked: &checked)
         guard rename(file.path, path) == 0 else {
             throw StoreError("cannot rename \(file.path) to \(path): \(Self.reason())", isNoSpace: errno == ENOSPC)
         }
