@@ -292,12 +292,16 @@ timed_copy() {
     record "$name" "$(secs "$t0" "$t1")" "$rss" "" "$(awk -v u="$user" -v s="$sys" 'BEGIN { printf "%.2f", u + s }')" \
         "${SERVER_PIDS:+$(awk -v a="$before" -v b="$after" 'BEGIN { printf "%.2f", b - a }')}"
 }
-# discard PATH: out of the way until the end. Not deleted now: on this ext4 without a journal,
-# creating files is slow for a minute after many were deleted (the inode allocator skips
-# recently deleted inodes, ext4 recently_deleted()), which would slow whichever tool runs next.
+# discard PATH: out of the way until the end, and its bytes written out before the next tool
+# starts. Not deleted now: on this ext4 without a journal, creating files is slow for a minute
+# after many were deleted (the inode allocator skips recently deleted inodes, ext4
+# recently_deleted()), which would slow whichever tool runs next. Synced (outside any timing):
+# otherwise the next tool pays for the page-cache writeback of the one before (scp, rsync and
+# nginx leave their copy dirty; ours has already made its bytes durable, inside its time).
 discard() {
     mkdir -p "$DIR/discarded"
     mv "$1" "$DIR/discarded/$(date +%s%N)"
+    sync
 }
 # server_cpu: CPU seconds of SERVER_PIDS together (0 without)
 server_cpu() {
