@@ -95,6 +95,41 @@ struct CommandLineTests {
         #expect(refused.stderr.contains("unknown token"))
     }
 
+    @Test("send --deflate --json: wire_bytes shows what deflate saved on text, and nothing on random bytes; both stored exactly")
+    func wireBytes() throws {
+        let data = TestRelay.makeDirectory()
+        let relay = try ChildProcess(
+            try relayBinary(), ["serve", "--dev", "--data", data, "--listen", "127.0.0.1:0", "--ready-file", data + "/ready", "--log-level", "warning"],
+            readyFile: data + "/ready", logFile: data + "/relay.log"
+        )
+        defer {
+            relay.kill(SIGTERM)
+            _ = relay.waitForExit()
+        }
+        let port = try relay.waitUntilReady()
+        let source = TestRelay.makeDirectory()
+        let text = Data((0..<40_000).map { "line \($0 % 100): the relay acknowledged the upload\n" }.joined().utf8)
+        try FileManager.default.createDirectory(atPath: source + "/logs", withIntermediateDirectories: true)
+        try text.write(to: URL(fileURLWithPath: source + "/logs/app.log"))
+        let random = makeFile(source + "/logs", "clip.bin", size: 3_000_000, seed: 77)
+        let environment = [
+            "UPLOAD_RELAY": "127.0.0.1:\(port)", "UPLOAD_CA": data + "/dev/ca.pem",
+            "UPLOAD_TOKEN": try String(contentsOfFile: data + "/dev/token", encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines),
+        ]
+        let run = try Self.run(try Self.agentBinary(), ["send", "--deflate", "--no-dedup", "--json", source + "/logs"], environment: environment)
+        #expect(run.status == 0, "\(run.stderr)")
+        let lines = try run.stdout.split(separator: "\n").map { line in
+            try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])
+        }
+        let log = try #require(lines.first { $0["key"] as? String == "logs/app.log" })
+        let clip = try #require(lines.first { $0["key"] as? String == "logs/clip.bin" })
+        let (logSent, logWire) = (log["sent_bytes"] as? Int ?? 0, log["wire_bytes"] as? Int ?? 0)
+        #expect(logSent == text.count && logWire > 0 && logWire * 4 < logSent, "text: \(logWire) wire bytes for \(logSent)")
+        #expect(clip["sent_bytes"] as? Int == 3_000_000 && clip["wire_bytes"] as? Int == 3_000_000)
+        #expect(FileManager.default.contents(atPath: data + "/store/dev/logs/app.log") == text)
+        #expect(FileManager.default.contents(atPath: data + "/store/dev/logs/clip.bin") == random.data)
+    }
+
     @Test("send --json: names with quotes and accents come out as valid JSON, byte for byte")
     func jsonEscapes() throws {
         let data = TestRelay.makeDirectory()

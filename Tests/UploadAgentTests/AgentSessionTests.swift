@@ -38,12 +38,12 @@ struct AgentHarness {
     }
 
     /// HELLO, then WELCOME with these windows; every job prepared and opened. Returns the OPENs' stream ids.
-    mutating func connect(connectionWindow: UInt32, streamWindow: UInt32) -> [StreamID] {
+    mutating func connect(connectionWindow: UInt32, streamWindow: UInt32, features: Frame.Features = []) -> [StreamID] {
         _ = self.session.connected()
         let welcome = self.receive(
             .welcome(
                 Frame.Welcome(
-                    version: 1, maxFrameSize: 1 << 20, features: [], maxStreams: 64, connectionWindow: connectionWindow,
+                    version: 1, maxFrameSize: 1 << 20, features: features, maxStreams: 64, connectionWindow: connectionWindow,
                     streamWindow: streamWindow, maxKeyLength: 1024, idleTimeoutMillis: 120_000, account: "a"
                 )
             )
@@ -69,7 +69,10 @@ struct AgentHarness {
         let chunk = Frame.Chunk(
             streamID: request.streamID, offset: request.offset, crc32: 0, data: ByteBuffer(bytes: [UInt8](repeating: 1, count: bytes))
         )
-        return SourceReader.Batch(chunks: bytes > 0 ? [chunk] : [], sha1: request.sha1, ended: ended, nextOffset: request.offset + UInt64(bytes))
+        return SourceReader.Batch(
+            chunks: bytes > 0 ? [chunk] : [], sha1: request.sha1, ended: ended, nextOffset: request.offset + UInt64(bytes),
+            deflateTried: request.deflate
+        )
     }
 }
 
@@ -93,6 +96,28 @@ struct AgentSessionTests {
         let next = AgentHarness.reads(after)
         #expect(next.allSatisfy { $0.offset == UInt64(first.budget / 2) || $0.streamID != first.streamID })
         #expect(h.session.machine.connectionCredit >= 0)
+    }
+
+    @Test("with deflate, a chunk that did not shrink sends the next 15 reads raw, then deflate is tried again; one that shrank keeps it")
+    func deflateBacksOffOnIncompressibleData() throws {
+        var h = AgentHarness(files: 1, size: 64 << 20) { $0.deflate = true }
+        let id = h.connect(connectionWindow: 1 << 30, streamWindow: 1 << 30, features: .deflate)[0]
+        var request = try #require(AgentHarness.reads(h.receive(.offset(Frame.Offset(streamID: id, disposition: .start, offset: 0)))).first)
+        var tried: [Bool] = []
+        func next(_ request: SourceReader.Request, _ batch: SourceReader.Batch) throws -> SourceReader.Request {
+            try #require(AgentHarness.reads(h.session.readFinished(id, .success(batch))).first)
+        }
+        for _ in 0..<18 {
+            tried.append(request.deflate)
+            // Incompressible: the chunk stayed raw.
+            request = try next(request, AgentHarness.batch(request, bytes: 4096))
+        }
+        #expect(tried == [true] + Array(repeating: false, count: 15) + [true, false])
+        // Data that compresses: the chunk went out at a tenth of its size, and the next read tries deflate again.
+        while !request.deflate { request = try next(request, AgentHarness.batch(request, bytes: 4096)) }
+        var shrunk = AgentHarness.batch(request, bytes: 4096)
+        shrunk.chunks[0].rawLength = 40_960
+        #expect(try next(request, shrunk).deflate)
     }
 
     @Test("a full socket pauses reads though credit remains; once it drains they go on, every stream")

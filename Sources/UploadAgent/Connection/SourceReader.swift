@@ -35,6 +35,8 @@ enum SourceReader {
         /// The source ended at `nextOffset`.
         var ended = false
         var nextOffset: UInt64
+        /// The chunks were sealed with deflate asked (each kept deflated only where it shrank).
+        var deflateTried = false
     }
 
     /// How a read recovers from ``SourceInvalidated``: reopen, check the fingerprint, read on at the same offset.
@@ -71,7 +73,7 @@ enum SourceReader {
     }
 
     static func read(_ request: Request, bandwidth: BandwidthLimit? = nil) throws -> Batch {
-        var batch = Batch(sha1: request.sha1, nextOffset: request.offset)
+        var batch = Batch(sha1: request.sha1, nextOffset: request.offset, deflateTried: request.deflate)
         let allocator = ByteBufferAllocator()
         let source = request.source
         var used = 0

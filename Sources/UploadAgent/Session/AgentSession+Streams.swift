@@ -137,10 +137,12 @@ extension AgentSession {
         let budget = atEnd ? 0 : self.machine.reserveCredit(on: id, upTo: wanted)
         guard budget > 0 || atEnd else { return [] }
         sender.reading = true
+        let deflate = self.deflate && sender.deflateRest == 0
+        if self.deflate && !deflate { sender.deflateRest -= 1 }
         self.senders[id] = sender
         let request = SourceReader.Request(
             streamID: id, source: job.item.source, size: size, offset: offset, budget: budget,
-            chunkSize: max(1, min(self.configuration.chunkSize, self.machine.maxChunkPayload)), deflate: self.deflate,
+            chunkSize: max(1, min(self.configuration.chunkSize, self.machine.maxChunkPayload)), deflate: deflate,
             sha1: sender.sha1, keepSnapshots: job.knownSHA1 == nil, reopening: self.reopening(job), corruptAt: self.configuration.faults.corruptChunkAtOffset
         )
         return [.read(request)]
@@ -177,6 +179,9 @@ extension AgentSession {
         switch result {
         case .success(let batch):
             sender.sha1 = batch.sha1
+            if batch.deflateTried, batch.chunks.contains(where: { !DeflatePolicy.paid($0) }) {
+                sender.deflateRest = DeflatePolicy.restAfterMiss
+            }
             self.senders[id] = sender
             for (offset, sha1) in batch.snapshots {
                 job.snapshots[offset] = sha1
@@ -186,6 +191,7 @@ extension AgentSession {
                 switch self.machine.sendChunk(chunk) {
                 case .send(let frame):
                     job.sentBytes += UInt64(chunk.payloadLength)
+                    job.wireBytes += UInt64(chunk.data.readableBytes)
                     actions += self.write(frame)
                     actions.append(.event(.sent(key: job.key, bytes: chunk.payloadLength)))
                 case .streamGone:

@@ -41,12 +41,16 @@ public struct UploadResult: Hashable, Sendable {
     /// Bytes this run read only to hash them (dedup before OPEN, a prefix before a resume): 0 when the hash cache or
     /// the state database already knew them.
     public var hashedBytes: UInt64
+    /// What ``sentBytes`` took on the wire: CHUNK data after deflate (frame headers and TLS not counted). Equal to
+    /// ``sentBytes`` without deflate, and for an item recorded by an earlier run.
+    public var wireBytes: UInt64
     public var error: String?
 
     public init(
         key: String, path: String, bytes: UInt64, sha1: String, status: Status, sentBytes: UInt64, hashedBytes: UInt64 = 0,
-        error: String? = nil
+        wireBytes: UInt64? = nil, error: String? = nil
     ) {
+        self.wireBytes = wireBytes ?? sentBytes
         self.key = key
         self.path = path
         self.bytes = bytes

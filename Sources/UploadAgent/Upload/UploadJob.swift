@@ -20,6 +20,8 @@ final class UploadJob: @unchecked Sendable {
     var resumeToken: [UInt8] = []
     /// Payload bytes sent over every connection of this run.
     var sentBytes: UInt64 = 0
+    /// CHUNK data bytes as they went on the wire: deflated where deflate shrank them (frame headers and TLS not counted).
+    var wireBytes: UInt64 = 0
     /// Bytes read only to hash them: a dedup hash before OPEN, a prefix before a resume.
     var hashedBytes: UInt64 = 0
     /// The size the source turned out to have, set when HASH goes out (the result's size for sources of unknown size).
@@ -55,7 +57,7 @@ final class UploadJob: @unchecked Sendable {
     func finish(_ status: UploadResult.Status, sha1: String, error: String? = nil) -> UploadResult {
         let result = UploadResult(
             key: self.key, path: self.item.displayPath, bytes: self.info?.size ?? self.bytesRead, sha1: sha1, status: status,
-            sentBytes: self.sentBytes, hashedBytes: self.hashedBytes, error: error
+            sentBytes: self.sentBytes, hashedBytes: self.hashedBytes, wireBytes: self.wireBytes, error: error
         )
         self.result = result
         self.item.source.close()
