@@ -137,10 +137,24 @@ struct WorkloadTests {
         }
         // Left behind, the sessions hold their durable bytes; an open upload (k1) will hold what it announced.
         #expect(try catalog.quotaUse(account: "small", excludingKey: "k0").staged == 30)
-        let use = try catalog.quotaUse(account: "small", excludingKey: "k0", activeKeys: ["k1"])
+        let use = try catalog.quotaUse(account: "small", excludingKey: "k0", active: ["k1": 0])
         #expect(use.staged == 45)
         #expect(use.left == 55)
         #expect(use.refusal(account: "small", needed: 60).contains("held by unfinished uploads"))
+    }
+
+    @Test("an open upload whose session is not recorded yet holds what it announced, beyond the object it replaces")
+    func openUploadWithoutSessionCounts() throws {
+        let directory = TestRelay.makeDirectory()
+        let catalog = try SQLiteCatalog(path: directory + "/catalog.sqlite")
+        try catalog.addAccount(name: "small", tokenHash: [1], quota: 100)
+        let stored = PendingCommit(account: "small", key: "old", size: 30, sha1: "a", sessionID: nil)
+        try catalog.beginCommit(stored)
+        try catalog.finishCommit(stored, identity: ObjectIdentity(device: 1, inode: 2, size: 30, modified: 3))
+        // "new" announced 40 and replaces nothing; "old" announced 50 and replaces its 30; "stdin" announced nothing.
+        let use = try catalog.quotaUse(account: "small", excludingKey: "asking", active: ["new": 40, "old": 50, "stdin": 0, "asking": 99])
+        #expect(use.staged == 60)
+        #expect(use.left == 10)
     }
 
     @Test("an upload that will replace an object counts only what it adds to it (soak seed 424242 round 21)")
@@ -158,12 +172,12 @@ struct WorkloadTests {
                 durableOffset: 70, sha1State: [], stagingName: "again"
             )
         )
-        var use = try catalog.quotaUse(account: "small", excludingKey: "photo", activeKeys: ["big"])
+        var use = try catalog.quotaUse(account: "small", excludingKey: "photo", active: ["big": 0])
         #expect(use.staged == 0)
         #expect(use.left == 20)
         // Past the old object's size, the session holds its growth.
         try catalog.updateDurable(sessionID: "again", offset: 90, sha1State: [])
-        use = try catalog.quotaUse(account: "small", excludingKey: "photo", activeKeys: ["big"])
+        use = try catalog.quotaUse(account: "small", excludingKey: "photo", active: ["big": 0])
         #expect(use.staged == 10)
         #expect(use.left == 10)
     }

@@ -196,10 +196,12 @@ public protocol Catalog: Sendable {
     func object(account: String, size: Int64, sha1: String) throws -> [StoredObject]
 
     /// The account's quota and what takes it, not counting the session of `key` (the upload asking). Unfinished
-    /// sessions count the bytes they hold; those whose key is in `activeKeys` (an upload is open on it now) count the
+    /// sessions count the bytes they hold; those whose key is in `active` (an upload is open on it now) count the
     /// size they announced, which they are about to hold. A session of a key that holds an object counts only what
     /// it holds beyond that object's size: its commit replaces the object.
-    func quotaUse(account: String, excludingKey key: String, activeKeys: Set<String>) throws -> QuotaUse
+    /// An open upload whose session is not recorded yet (a new one, before its first durable sync) counts the size it
+    /// announced in `active` (key → bytes, 0 when unknown) beyond its key's object likewise.
+    func quotaUse(account: String, excludingKey key: String, active: [String: Int64]) throws -> QuotaUse
 
     /// Reserves the quota a commit needs and records it as under way, in one transaction, so that two commits of
     /// one account can never both pass the check (issue 6 finding 3). Throws
@@ -240,8 +242,8 @@ extension Catalog {
         for (commit, identity) in commits { try self.finishCommit(commit, identity: identity) }
     }
 
-    /// ``quotaUse(account:excludingKey:activeKeys:)`` when no other upload of the account is open.
+    /// ``quotaUse(account:excludingKey:active:)`` when no other upload of the account is open.
     public func quotaUse(account: String, excludingKey key: String) throws -> QuotaUse {
-        try self.quotaUse(account: account, excludingKey: key, activeKeys: [])
+        try self.quotaUse(account: account, excludingKey: key, active: [:])
     }
 }

@@ -3,7 +3,7 @@ import GRDB
 
 /// Quota use and the commit protocol: reserve (pending_commit), finish, abandon, recover (SPEC §7, §8.3).
 extension SQLiteCatalog {
-    static func quotaUse(_ db: Database, account: String, excludingKey key: String, activeKeys: Set<String> = []) throws -> QuotaUse {
+    static func quotaUse(_ db: Database, account: String, excludingKey key: String, active: [String: Int64] = [:]) throws -> QuotaUse {
         guard let row = try Row.fetchOne(cached: db, sql: "SELECT * FROM account WHERE name = ?", arguments: [account]) else {
             throw CatalogError.unknownAccount(account)
         }
@@ -18,6 +18,8 @@ extension SQLiteCatalog {
         // adds to it, as its commit will: counting a re-sent 17 MB stdin whole refused small files that fitted
         // (soak seed 424242 round 21).
         var staged: Int64 = 0
+        var unrecorded = active
+        unrecorded[key] = nil
         for row in try Row.fetchAll(
             cached: db,
             sql: """
@@ -30,14 +32,23 @@ extension SQLiteCatalog {
             let durable: Int64 = row["durable_offset"]
             let declared: Int64? = row["declared_size"]
             let replaced: Int64 = row["replaced"]
-            let held = max(0, (activeKeys.contains(row["key"]) ? max(declared ?? durable, durable) : durable) - replaced)
+            let sessionKey: String = row["key"]
+            let held = max(0, (active[sessionKey] != nil ? max(declared ?? durable, durable) : durable) - replaced)
+            staged = staged.addingReportingOverflow(held).overflow ? .max : staged + held
+            unrecorded[sessionKey] = nil
+        }
+        // Open uploads with no session yet (recorded by their first durable sync) hold what they announced.
+        for (openKey, announced) in unrecorded where announced > 0 {
+            let replaced =
+                try Int64.fetchOne(cached: db, sql: "SELECT size FROM object WHERE account = ? AND key = ?", arguments: [account, openKey]) ?? 0
+            let held = max(0, announced - replaced)
             staged = staged.addingReportingOverflow(held).overflow ? .max : staged + held
         }
         return QuotaUse(quota: row["quota"], stored: row["used_bytes"], committing: committing, staged: staged)
     }
 
-    public func quotaUse(account: String, excludingKey key: String, activeKeys: Set<String>) throws -> QuotaUse {
-        try self.reading { db in try Self.quotaUse(db, account: account, excludingKey: key, activeKeys: activeKeys) }
+    public func quotaUse(account: String, excludingKey key: String, active: [String: Int64]) throws -> QuotaUse {
+        try self.reading { db in try Self.quotaUse(db, account: account, excludingKey: key, active: active) }
     }
 
     public func beginCommit(_ commit: PendingCommit) throws {

@@ -21,6 +21,8 @@ final class KeyClaims: Sendable {
     private struct Claim {
         var closing = false
         var waiters: [@Sendable () -> Void] = []
+        /// The size its upload announced (0 when unknown), counted against the quota while the stream is open.
+        var announced: Int64 = 0
     }
 
     private let claims = NIOLockedValueBox<[String: Claim]>([:])
@@ -55,13 +57,22 @@ final class KeyClaims: Sendable {
         }
     }
 
-    /// The keys of `account` with an upload open now (claimed and not closing).
-    func activeKeys(of account: String) -> Set<String> {
+    /// The keys of `account` with an upload open now (claimed and not closing), each with the size it announced.
+    func activeUploads(of account: String) -> [String: Int64] {
         let prefix = account + "\u{0}"
         return self.claims.withLockedValue { claims in
-            Set(claims.compactMap { name, claim in
-                !claim.closing && name.hasPrefix(prefix) ? String(name.dropFirst(prefix.count)) : nil
-            })
+            var active: [String: Int64] = [:]
+            for (name, claim) in claims where !claim.closing && name.hasPrefix(prefix) {
+                active[String(name.dropFirst(prefix.count))] = claim.announced
+            }
+            return active
+        }
+    }
+
+    /// The upload holding `name` announced `size` bytes (0: unknown).
+    func announce(_ name: String, size: Int64) {
+        self.claims.withLockedValue { claims in
+            claims[name]?.announced = size
         }
     }
 

@@ -111,7 +111,9 @@ struct UploadPolicy {
                 return .stored(size: UInt64(size))
             }
         }
-        let use = try catalog.quotaUse(account: name, excludingKey: key.value, activeKeys: self.services.claims.activeKeys(of: name))
+        let use = try catalog.quotaUse(account: name, excludingKey: key.value, active: self.services.claims.activeUploads(of: name))
+        // Counted by the OPENs of the account's other keys while this one is open, session recorded or not.
+        self.services.claims.announce(KeyClaims.name(account: name, key: key.value), size: size ?? 0)
         let growth = (size ?? 0) - (existing?.size ?? 0)
         if growth > use.left {
             return .refuse(.quotaExceeded, use.refusal(account: name, needed: growth))
