@@ -24,7 +24,10 @@ struct ConnectionOptions: ParsableArguments {
     @Option(name: .long, help: ArgumentHelp("Put every key under this prefix.", valueName: "prefix"))
     var prefix: String?
 
-    @Option(name: .long, help: "Uploads in flight at once (default 5: keeps a phone-class host responsive).")
+    @Option(
+        name: .long,
+        help: "Uploads in flight at once (default 5: keeps a phone-class host responsive). Files of 1 MiB or less count as 1/8 of one."
+    )
     var concurrency: Int = 5
 
     @Flag(name: .long, help: "Do not hash files before sending: no dedup, one read pass.")

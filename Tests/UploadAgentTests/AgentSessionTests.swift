@@ -120,6 +120,43 @@ struct AgentSessionTests {
         #expect(try next(request, shrunk).deflate)
     }
 
+    @Test("--concurrency: a job being prepared takes a whole place; once small (<= 1 MiB) it takes an eighth; large ones a place each")
+    func smallUploadsShareAPlace() {
+        // 2 places: 16 shares.
+        var small = AgentHarness(files: 40, size: 100_000) { $0.concurrency = 2 }
+        _ = small.session.connected()
+        var prepares = small.receive(
+            .welcome(
+                Frame.Welcome(
+                    maxFrameSize: 1 << 20, features: [], maxStreams: 64, connectionWindow: 1 << 30, streamWindow: 1 << 20,
+                    maxKeyLength: 1024, idleTimeoutMillis: 0, account: "a"
+                )
+            )
+        )
+        var opened = 0
+        var most = 0
+        // Prepare in rounds until no new job starts. A job being prepared holds a whole place (8 shares) until its size
+        // is known, so the 16 shares settle at 9 small uploads: 8 + 1 + the 8 a next preparation would need > 16.
+        while true {
+            let jobs = prepares.compactMap { if case .prepare(let job, _) = $0 { return job } else { return nil } }
+            if jobs.isEmpty { break }
+            prepares = []
+            for job in jobs {
+                let actions = small.session.prepared(job, .success(SourceReader.Prepared(info: job.info!, sha1: nil)))
+                opened += AgentHarness.frames(actions).filter { $0.type == .open }.count
+                prepares += actions
+            }
+            prepares += small.session.openMore()
+            most = max(most, small.session.senders.count)
+        }
+        #expect(opened == 9 && most == 9, "\(opened) opened, \(most) at once")
+
+        var large = AgentHarness(files: 10, size: 4 << 20) { $0.concurrency = 2 }
+        let ids = large.connect(connectionWindow: 1 << 30, streamWindow: 1 << 20)
+        #expect(ids.count == 2)
+        #expect(large.session.openMore().isEmpty, "a third large upload started")
+    }
+
     @Test("a full socket pauses reads though credit remains; once it drains they go on, every stream")
     func fullSocketPausesReads() {
         var h = AgentHarness(files: 2)

@@ -129,7 +129,10 @@ public final class FileSource: BlobSource {
             guard block.readableBytes > 0 else {
                 throw SourceError("\(path) ended at \(offset) bytes but was \(state.size) when opened: it changed during the upload")
             }
-            state.block = block
+            // Kept for the reads to come, unless this one took the file's last bytes: a small file's block then goes with
+            // its chunks, not with the source (many small uploads at once must not hold a block each).
+            let last = maxLength >= block.readableBytes && offset + UInt64(block.readableBytes) >= state.size
+            state.block = last ? nil : block
             state.blockOffset = offset
             return try Self.slice(block, from: 0, length: maxLength, path: self.path)
         }

@@ -7,15 +7,27 @@ import UploadProtocol
 extension AgentSession {
     // MARK: Opening
 
-    /// Opens streams while the relay allows more and jobs wait.
+    /// Opens streams while the relay allows more, places of ``AgentConfiguration/concurrency`` are free and jobs wait.
     mutating func openMore() -> [Action] {
         guard !self.closed else { return [] }
         var actions: [Action] = []
-        while self.machine.canOpenStream, self.senders.count + self.preparing < self.configuration.concurrency, let job = self.queue.next() {
+        let perSlot = max(1, self.configuration.smallUploadsPerSlot)
+        let budget = max(1, self.configuration.concurrency) * perSlot
+        // A job being prepared takes a whole place until its size is known.
+        var used = self.senders.values.reduce(self.preparing * perSlot) { $0 + self.shares(of: $1.job) }
+        while self.machine.canOpenStream, used + perSlot <= budget, let job = self.queue.next() {
             self.preparing += 1
+            used += perSlot
             actions.append(.prepare(job, dedup: job.item.dedup ?? self.configuration.dedup))
         }
         return actions
+    }
+
+    /// The shares of ``AgentConfiguration/concurrency`` an opened job takes: one when it is small, a whole place otherwise.
+    func shares(of job: UploadJob) -> Int {
+        let perSlot = max(1, self.configuration.smallUploadsPerSlot)
+        guard let size = job.info?.size, size <= self.configuration.smallUploadBytes else { return perSlot }
+        return 1
     }
 
     /// The job's source is open (and hashed, for dedup): OPEN, or the job failed.

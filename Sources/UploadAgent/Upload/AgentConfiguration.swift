@@ -14,8 +14,14 @@ public struct AgentConfiguration: Sendable {
     /// A name for the relay's logs.
     public var agentName: String = "upload-agent"
 
-    /// Uploads in flight at once on the connection (streams).
+    /// Uploads in flight at once on the connection (streams). An upload of at most ``smallUploadBytes`` counts as
+    /// 1/``smallUploadsPerSlot`` of one: a photo costs a round trip and a commit, not a slot's memory, and small files
+    /// went at a third of the rate they could with 5 at once.
     public var concurrency: Int = 5
+    /// The largest upload that counts as small for ``concurrency``.
+    public var smallUploadBytes: UInt64 = 1 << 20
+    /// How many small uploads share one place of ``concurrency``.
+    public var smallUploadsPerSlot: Int = 8
     /// The largest chunk payload (capped by the relay's frame size).
     public var chunkSize: Int = 1 << 20
     /// Hash files before OPEN so the relay can answer "already stored" without a byte sent (SPEC §7).
