@@ -48,11 +48,12 @@ def WELCOME(features=0, connection_window=16777216, stream_window=4194304, max_s
 
 
 def OPEN(sid, key="cam-7/clips/a.mp4", size=None, sha1=None, overwrite=False, fingerprint="",
-         resume_token=""):
+         resume_token="", probe=None):
     flags = (0x01 if size is not None else 0) | (0x02 if sha1 is not None else 0) | \
-        (0x04 if overwrite else 0)
+        (0x04 if overwrite else 0) | (0x08 if probe is not None else 0)
+    digest = sha1 if sha1 is not None else probe if probe is not None else Z20
     return {"type": "OPEN", "stream": sid, "flags": flags, "key": key,
-            "size": size if size is not None else 0, "sha1": sha1 if sha1 is not None else Z20,
+            "size": size if size is not None else 0, "sha1": digest,
             "fingerprint": fingerprint, "resume_token": resume_token}
 
 
@@ -239,6 +240,10 @@ def valid_vectors():
         OFFSET(1, "RESUME", 65536, "000102030405060708090a0b0c0d0e0f"))
     add("offset-stored", "OFFSET STORED: already stored, offset = size, empty token (§3.4, §7).",
         OFFSET(7, "STORED", 6))
+    add("open-probe", "OPEN with SIZE_KNOWN|PROBE: sha1 is the SHA-1 of the first 1048576 bytes (§3.3, §7.1).",
+        OPEN(13, key="clips/big.mp4", size=3 * 1048576, probe=sha1hex(bytes(1048576))))
+    add("offset-confirm", "OFFSET CONFIRM: the relay may hold the bytes; offset 0, empty token (§3.4, §7.1).",
+        OFFSET(13, "CONFIRM"))
     add("chunk", "CHUNK, plain; crc32 is zlib crc32 of the data (§3.5, §8).",
         CHUNK(1, 0, b"hello\n"))
     add("chunk-at-offset", "CHUNK at a non-zero offset (§3.5).", CHUNK(3, 1048570, b"\x00\xff" * 3))
@@ -318,8 +323,23 @@ def invalid_vectors():
     add("reserved-flag-chunk", "CHUNK with flag bit 0x02 set; CHUNK defines only DEFLATED 0x01 (§1.6, §3.5).",
         R, relay_streams(1), raw_frame(T("CHUNK"), 0x02, 1, struct.pack(">QI", 0, zlib.crc32(b"ab")) + b"ab"),
         "PROTOCOL_ERROR")
-    add("reserved-flag-open", "OPEN with flag bit 0x08 set; OPEN defines only 0x01, 0x02, 0x04 (§1.6, §3.3).",
-        R, hs, raw_frame(T("OPEN"), 0x08, 1, p_open(b"a")), "PROTOCOL_ERROR")
+    add("reserved-flag-open", "OPEN with flag bit 0x10 set; OPEN defines only 0x01, 0x02, 0x04, 0x08 (§1.6, §3.3).",
+        R, hs, raw_frame(T("OPEN"), 0x10, 1, p_open(b"a")), "PROTOCOL_ERROR")
+    probe = bytes.fromhex(EMPTY_SHA1)
+    phs = relay_hs(features=2)
+    add("open-probe-not-negotiated", "OPEN with PROBE while DEDUP_PROBE is not in force (§3.3, §4.6, §7.1).",
+        R, hs, raw_frame(T("OPEN"), 0x09, 1, p_open(b"a", size=2 << 20, sha1=probe)), "PROTOCOL_ERROR")
+    add("open-probe-and-sha1-known", "OPEN with both PROBE and SHA1_KNOWN (§3.3, §7.1).",
+        R, phs, raw_frame(T("OPEN"), 0x0B, 1, p_open(b"a", size=2 << 20, sha1=probe)), "PROTOCOL_ERROR")
+    add("open-probe-small", "OPEN with PROBE and size 1048576: a probe needs a blob above 1048576 bytes (§3.3, §7.1).",
+        R, phs, raw_frame(T("OPEN"), 0x09, 1, p_open(b"a", size=1 << 20, sha1=probe)), "PROTOCOL_ERROR")
+    add("open-probe-without-size-known", "OPEN with PROBE but without SIZE_KNOWN (§3.3, §7.1).",
+        R, phs, raw_frame(T("OPEN"), 0x08, 1, p_open(b"a", sha1=probe)), "PROTOCOL_ERROR")
+    add("offset-confirm-with-offset", "OFFSET CONFIRM with offset 5; CONFIRM carries offset 0 (§3.4).",
+        A, agent_hs(hello_features=2, features=2) + [snd(OPEN(1, size=2 << 20, probe=EMPTY_SHA1))],
+        raw_frame(T("OFFSET"), 0, 1, struct.pack(">BQ", 3, 5) + b"\x00"), "PROTOCOL_ERROR")
+    add("offset-confirm-without-probe", "OFFSET CONFIRM for an OPEN that had no PROBE (§3.4, §4.6).",
+        A, agent_hs() + [snd(OPEN(1, size=2 << 20))], OFFSET(1, "CONFIRM"), "PROTOCOL_ERROR")
     add("stream-frame-on-stream-0", "CHUNK on stream 0; stream frames need a non-zero stream id (§1.5).",
         R, relay_streams(1), raw_frame(T("CHUNK"), 0, 0, struct.pack(">QI", 0, zlib.crc32(b"ab")) + b"ab"),
         "PROTOCOL_ERROR")

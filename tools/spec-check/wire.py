@@ -35,6 +35,8 @@ MAX_OPAQUE8 = 64  # fingerprint / resumeToken
 MAX_SEGMENT = 255
 
 FEATURE_DEFLATE = 0x00000001
+FEATURE_DEDUP_PROBE = 0x00000002
+PROBE_LENGTH = 1048576
 PROTOCOL_VERSION = 1
 
 TYPES = {
@@ -47,9 +49,10 @@ TYPE_CODES = {v: k for k, v in TYPES.items()}
 FLAG_SIZE_KNOWN = 0x01
 FLAG_SHA1_KNOWN = 0x02
 FLAG_OVERWRITE = 0x04
+FLAG_PROBE = 0x08
 FLAG_DEFLATED = 0x01
 ALLOWED_FLAGS = {name: 0 for name in TYPE_CODES}
-ALLOWED_FLAGS["OPEN"] = FLAG_SIZE_KNOWN | FLAG_SHA1_KNOWN | FLAG_OVERWRITE
+ALLOWED_FLAGS["OPEN"] = FLAG_SIZE_KNOWN | FLAG_SHA1_KNOWN | FLAG_OVERWRITE | FLAG_PROBE
 ALLOWED_FLAGS["CHUNK"] = FLAG_DEFLATED
 
 # "zero": stream id MUST be 0; "nonzero": MUST be non-zero; "any": either (§1.5)
@@ -80,7 +83,7 @@ ERROR_CODES = {
 }
 ERROR_NUMBERS = {v: k for k, v in ERROR_CODES.items()}
 
-DISPOSITIONS = {0: "START", 1: "RESUME", 2: "STORED"}
+DISPOSITIONS = {0: "START", 1: "RESUME", 2: "STORED", 3: "CONFIRM"}
 DISPOSITION_NUMBERS = {v: k for k, v in DISPOSITIONS.items()}
 RESULT_STATUS = {0: "STORED", 1: "UNCHANGED"}
 RESULT_STATUS_NUMBERS = {v: k for k, v in RESULT_STATUS.items()}
@@ -348,8 +351,13 @@ def _check_values(name, sid, flags, v, max_frame_size, defer_key) -> dict:
         _u62(name, "size", v["size"])
         if not flags & FLAG_SIZE_KNOWN and v["size"] != 0:
             raise _pe(name, "size non-zero without SIZE_KNOWN")
-        if not flags & FLAG_SHA1_KNOWN and v["sha1"] != ZERO_SHA1:
-            raise _pe(name, "sha1 non-zero without SHA1_KNOWN")
+        if not flags & (FLAG_SHA1_KNOWN | FLAG_PROBE) and v["sha1"] != ZERO_SHA1:
+            raise _pe(name, "sha1 non-zero without SHA1_KNOWN or PROBE")
+        if flags & FLAG_PROBE:
+            if flags & FLAG_SHA1_KNOWN:
+                raise _pe(name, "PROBE with SHA1_KNOWN")
+            if not flags & FLAG_SIZE_KNOWN or v["size"] <= PROBE_LENGTH:
+                raise _pe(name, "PROBE without SIZE_KNOWN and a size above 1048576")
         if len(v["fingerprint"]) > MAX_OPAQUE8:
             raise _pe(name, "fingerprint longer than 64 bytes")
         if len(v["resume_token"]) > MAX_OPAQUE8:
@@ -374,6 +382,8 @@ def _check_values(name, sid, flags, v, max_frame_size, defer_key) -> dict:
             raise _pe(name, "resume_token longer than 64 bytes")
         if d == 2 and v["resume_token"]:
             raise _pe(name, "STORED with a resume_token")
+        if d == 3 and (v["offset"] != 0 or v["resume_token"]):
+            raise _pe(name, "CONFIRM with an offset or a resume_token")
         out = {"disposition": DISPOSITIONS[d], "offset": v["offset"],
                "resume_token": v["resume_token"].hex()}
     elif name == "CHUNK":
@@ -534,6 +544,7 @@ class _Stream:
         self.size_known = bool(fl & FLAG_SIZE_KNOWN)
         self.size = open_frame["size"]
         self.sha1_known = bool(fl & FLAG_SHA1_KNOWN)
+        self.probe = bool(fl & FLAG_PROBE)
         self.sha1 = bytes.fromhex(open_frame["sha1"])
         self.window = 0
         self.offset = 0       # relay: next expected offset; agent: bytes sent (next offset)
@@ -649,7 +660,8 @@ class Peer:
         st = self.streams[sid]
         if t == "OFFSET":
             assert st.state == "OPENING"
-            if f["disposition"] == "STORED":
+            if f["disposition"] in ("STORED", "CONFIRM"):
+                assert f["disposition"] == "STORED" or st.probe
                 st.state = "CLOSED"
                 st.final_sent = True
             else:
@@ -754,6 +766,8 @@ class Peer:
         sid = f["stream"]
         if sid <= self.highest:
             raise _conn("PROTOCOL_ERROR", f"OPEN stream id {sid} not greater than {self.highest}")
+        if f["flags"] & FLAG_PROBE and not self.welcome["features"] & FEATURE_DEDUP_PROBE:
+            raise _conn("PROTOCOL_ERROR", "PROBE but the dedup probe is not in force")
         if self.goaway_received is not None:
             raise _conn("PROTOCOL_ERROR", "OPEN after the agent sent GOAWAY")
         self.highest = sid
@@ -874,6 +888,11 @@ class Peer:
             if d == "STORED":
                 if st.size_known and off != st.size:
                     raise _conn("PROTOCOL_ERROR", "STORED offset != OPEN size")
+                st.state = "CLOSED"
+                return
+            if d == "CONFIRM":
+                if not st.probe:
+                    raise _conn("PROTOCOL_ERROR", "CONFIRM for an OPEN without PROBE")
                 st.state = "CLOSED"
                 return
             st.state = "SENDING"

@@ -72,17 +72,28 @@ extension FrameDecoder {
         try Self.expectEnd(payload, type)
         let sizeKnown = flags & Frame.Open.sizeKnownFlag != 0
         let sha1Known = flags & Frame.Open.sha1KnownFlag != 0
+        let probe = flags & Frame.Open.probeFlag != 0
         guard sizeKnown || size == 0 else {
             throw ProtocolError.connection(.protocolError, "OPEN size is \(size) but SIZE_KNOWN is not set")
         }
-        guard sha1Known || sha1.allSatisfy({ $0 == 0 }) else {
-            throw ProtocolError.connection(.protocolError, "OPEN sha1 is not zero but SHA1_KNOWN is not set")
+        guard sha1Known || probe || sha1.allSatisfy({ $0 == 0 }) else {
+            throw ProtocolError.connection(.protocolError, "OPEN sha1 is not zero but neither SHA1_KNOWN nor PROBE is set")
         }
+        if probe {
+            guard !sha1Known else { throw ProtocolError.connection(.protocolError, "OPEN sets both PROBE and SHA1_KNOWN") }
+            guard sizeKnown, size > Frame.Open.probeLength else {
+                throw ProtocolError.connection(
+                    .protocolError, "OPEN with PROBE needs SIZE_KNOWN and a size above \(Frame.Open.probeLength) bytes"
+                )
+            }
+        }
+        let digest = SHA1Digest(bytes: sha1)
         return Frame.Open(
             streamID: stream, rawKey: key, size: sizeKnown ? try FieldRules.size(size, "size", of: type) : nil,
-            sha1: sha1Known ? SHA1Digest(bytes: sha1)! : nil, overwrite: flags & Frame.Open.overwriteFlag != 0,
+            sha1: sha1Known ? digest : nil, overwrite: flags & Frame.Open.overwriteFlag != 0,
             fingerprint: try FieldRules.length(fingerprint, max: self.limits.maxTokenLength, "fingerprint", of: type),
-            resumeToken: try FieldRules.length(token, max: self.limits.maxTokenLength, "resume token", of: type)
+            resumeToken: try FieldRules.length(token, max: self.limits.maxTokenLength, "resume token", of: type),
+            probe: probe ? digest : nil
         )
     }
 
@@ -104,6 +115,8 @@ extension FrameDecoder {
             throw ProtocolError.connection(.protocolError, "OFFSET RESUME carries offset 0")
         case .stored where !token.isEmpty:
             throw ProtocolError.connection(.protocolError, "OFFSET STORED carries a resume token")
+        case .confirm where offset != 0 || !token.isEmpty:
+            throw ProtocolError.connection(.protocolError, "OFFSET CONFIRM carries an offset or a resume token")
         default:
             return Frame.Offset(streamID: stream, disposition: disposition, offset: offset, resumeToken: token)
         }

@@ -70,7 +70,7 @@ public enum FrameEncoder {
         case .open(let f):
             buffer.writeBytes16(f.rawKey)
             buffer.writeInteger(f.size ?? 0)
-            buffer.writeBytes(f.sha1?.bytes ?? Self.zeroDigest)
+            buffer.writeBytes(f.sha1?.bytes ?? f.probe?.bytes ?? Self.zeroDigest)
             buffer.writeBytes8(f.fingerprint)
             buffer.writeBytes8(f.resumeToken)
         case .offset(let f):

@@ -111,8 +111,10 @@ extension Frame {
         public init(rawValue: UInt32) { self.rawValue = rawValue }
         /// Per-chunk zlib compression (SPEC §9).
         public static let deflate = Features(rawValue: 1 << 0)
+        /// OPEN with a probe digest instead of the whole blob's SHA-1; OFFSET CONFIRM (SPEC §7.1).
+        public static let dedupProbe = Features(rawValue: 1 << 1)
         /// Every feature this implementation knows.
-        public static let known: Features = [.deflate]
+        public static let known: Features = [.deflate, .dedupProbe]
     }
 
     /// WELCOME, relay → agent, stream 0: the agent is authenticated; these are the relay's terms (SPEC §3.2).
@@ -160,7 +162,11 @@ extension Frame {
         public static let sha1KnownFlag: UInt8 = 0x02
         /// Flag: replace whatever the key holds.
         public static let overwriteFlag: UInt8 = 0x04
-        public static let allFlags: UInt8 = 0x07
+        /// Flag: the sha1 field is the probe digest (SPEC §7.1).
+        public static let probeFlag: UInt8 = 0x08
+        public static let allFlags: UInt8 = 0x0F
+        /// The bytes a probe digest covers, and the size a blob opened with PROBE must exceed (SPEC §7.1).
+        public static let probeLength: UInt64 = 1 << 20
 
         public var streamID: StreamID
         /// The key as sent. It may not be valid UTF-8: the relay checks it (``ObjectKey``) and answers INVALID_KEY.
@@ -169,6 +175,8 @@ extension Frame {
         public var size: UInt64?
         /// The blob's SHA-1 when known in advance, for dedup.
         public var sha1: SHA1Digest?
+        /// The SHA-1 of the blob's first ``probeLength`` bytes, for the dedup probe (PROBE, SPEC §7.1). Never with `sha1`.
+        public var probe: SHA1Digest?
         /// Whether to replace different content stored under the key.
         public var overwrite: Bool
         /// Opaque bytes identifying this version of the source (SPEC §6.2).
@@ -178,12 +186,13 @@ extension Frame {
 
         public init(
             streamID: StreamID, rawKey: [UInt8], size: UInt64? = nil, sha1: SHA1Digest? = nil,
-            overwrite: Bool = false, fingerprint: [UInt8] = [], resumeToken: [UInt8] = []
+            overwrite: Bool = false, fingerprint: [UInt8] = [], resumeToken: [UInt8] = [], probe: SHA1Digest? = nil
         ) {
             self.streamID = streamID
             self.rawKey = rawKey
             self.size = size
             self.sha1 = sha1
+            self.probe = probe
             self.overwrite = overwrite
             self.fingerprint = fingerprint
             self.resumeToken = resumeToken
@@ -191,11 +200,11 @@ extension Frame {
 
         public init(
             streamID: StreamID, key: String, size: UInt64? = nil, sha1: SHA1Digest? = nil,
-            overwrite: Bool = false, fingerprint: [UInt8] = [], resumeToken: [UInt8] = []
+            overwrite: Bool = false, fingerprint: [UInt8] = [], resumeToken: [UInt8] = [], probe: SHA1Digest? = nil
         ) {
             self.init(
                 streamID: streamID, rawKey: Array(key.utf8), size: size, sha1: sha1, overwrite: overwrite,
-                fingerprint: fingerprint, resumeToken: resumeToken
+                fingerprint: fingerprint, resumeToken: resumeToken, probe: probe
             )
         }
 
@@ -204,7 +213,7 @@ extension Frame {
 
         var flags: UInt8 {
             (self.size != nil ? Self.sizeKnownFlag : 0) | (self.sha1 != nil ? Self.sha1KnownFlag : 0)
-                | (self.overwrite ? Self.overwriteFlag : 0)
+                | (self.overwrite ? Self.overwriteFlag : 0) | (self.probe != nil ? Self.probeFlag : 0)
         }
     }
 
@@ -219,6 +228,8 @@ extension Frame {
             case resume = 1
             /// The key already holds these bytes: send nothing; the stream is finished.
             case stored = 2
+            /// Answer to a PROBE: the relay may hold these bytes; open again with the whole SHA-1. The stream is finished.
+            case confirm = 3
         }
 
         public var streamID: StreamID

@@ -20,6 +20,8 @@ extension AgentConnectionStateMachine {
     /// or the id is not above every id used so far.
     public mutating func sendOpen(_ open: Frame.Open) -> Frame? {
         guard self.canOpenStream, open.streamID > self.highestStreamID else { return nil }
+        // PROBE only while the relay granted the dedup probe (SPEC §7.1).
+        if open.probe != nil && !(self.welcome?.features.contains(.dedupProbe) ?? false) { return nil }
         self.highestStreamID = open.streamID
         self.streams[open.streamID] = AgentStreamStateMachine(open: open)
         return .open(open)

@@ -112,7 +112,7 @@ public struct AgentConnectionStateMachine: Sendable {
                 if let error = stream.receiveOffset(offset, initialWindow: Int(machine.welcome?.streamWindow ?? 0)) {
                     return .failure(error)
                 }
-                if offset.disposition == .stored {
+                if offset.disposition == .stored || offset.disposition == .confirm {
                     return .close(.offset(offset))
                 }
                 return .keep(.offset(offset))

@@ -33,6 +33,9 @@ struct AgentStreamStateMachine: Sendable {
         if let size = self.open.size, offset.offset > size {
             return .connection(.protocolError, "OFFSET \(offset.offset) on stream \(self.id) is beyond the size \(size)")
         }
+        if offset.disposition == .confirm && self.open.probe == nil {
+            return .connection(.protocolError, "OFFSET CONFIRM on stream \(self.id), whose OPEN had no PROBE")
+        }
         if offset.disposition == .stored, let size = self.open.size, offset.offset != size {
             return .connection(
                 .protocolError, "OFFSET STORED on stream \(self.id) says \(offset.offset) bytes; OPEN announced \(size)"

@@ -33,10 +33,12 @@ extension RelayConnectionStateMachine {
         return .error(Frame.Error(streamID: .connection, code: code, message: message))
     }
 
-    /// The relay's answer to OPEN. Nil when the stream closed meanwhile (the agent cancelled).
+    /// The relay's answer to OPEN. Nil when the stream closed meanwhile (the agent cancelled), or for CONFIRM to an OPEN
+    /// without PROBE (SPEC §3.4).
     public mutating func sendOffset(_ offset: Frame.Offset) -> Frame? {
         guard self.isReady, var stream = self.streams[offset.streamID], stream.isOpening else { return nil }
-        if offset.disposition == .stored {
+        if offset.disposition == .confirm && stream.open.probe == nil { return nil }
+        if offset.disposition == .stored || offset.disposition == .confirm {
             self.holdCredit(self.close(offset.streamID, .finished))
         } else {
             stream.sendOffset(offset, window: self.limits.streamWindow)

@@ -7,6 +7,9 @@ extension RelayConnectionStateMachine {
         guard id > self.highestStreamID else {
             return self.fail(.protocolError, "OPEN on stream \(id), not above the last stream \(self.highestStreamID)")
         }
+        if open.probe != nil && !self.features.contains(.dedupProbe) {
+            return self.fail(.protocolError, "OPEN with PROBE on stream \(id), but the dedup probe was not negotiated")
+        }
         if self.agentGoAway != nil {
             return self.fail(.protocolError, "OPEN on stream \(id) after the agent's own GOAWAY")
         }

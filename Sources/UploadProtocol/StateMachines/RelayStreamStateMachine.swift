@@ -87,7 +87,7 @@ struct RelayStreamStateMachine: Sendable {
     /// Records OFFSET START or RESUME: the stream's window opens.
     mutating func sendOffset(_ offset: Frame.Offset, window: Int) {
         precondition(self.state == .opening, "OFFSET sent twice on stream \(self.id)")
-        precondition(offset.disposition != .stored, "OFFSET STORED closes the stream")
+        precondition(offset.disposition != .stored && offset.disposition != .confirm, "OFFSET STORED and CONFIRM close the stream")
         self.state = .receiving
         self.nextOffset = offset.offset
         self.ackedOffset = offset.offset

@@ -108,7 +108,7 @@ struct RelaySession {
         self.keyFreed = keyFreed
         self.lastFrameAt = now
         self.machine = RelayConnectionStateMachine(
-            limits: resources.configuration.limits, supportedFeatures: resources.configuration.allowDeflate ? .known : []
+            limits: resources.configuration.limits, supportedFeatures: resources.configuration.allowDeflate ? [.deflate] : []
         )
     }
 

@@ -31,11 +31,11 @@ enum FrameJSON {
         case .open(let o):
             f["key"] = o.key ?? "<invalid UTF-8>"
             f["size"] = "\(o.size ?? 0)"
-            f["sha1"] = o.sha1?.hex ?? String(repeating: "0", count: 40)
+            f["sha1"] = o.sha1?.hex ?? o.probe?.hex ?? String(repeating: "0", count: 40)
             f["fingerprint"] = o.fingerprint.hexString
             f["resume_token"] = o.resumeToken.hexString
         case .offset(let o):
-            f["disposition"] = ["START", "RESUME", "STORED"][Int(o.disposition.rawValue)]
+            f["disposition"] = ["START", "RESUME", "STORED", "CONFIRM"][Int(o.disposition.rawValue)]
             f["offset"] = "\(o.offset)"
             f["resume_token"] = o.resumeToken.hexString
         case .chunk(let c):

@@ -47,22 +47,26 @@ enum RandomFrames {
                 )
             )
         case 2:
-            let sizeKnown = Bool.random(using: &rng)
+            // A third are probes (SPEC §7.1): a known size above the probe length, no whole SHA-1.
+            let probe = Int.random(in: 0..<3, using: &rng) == 0
+            let sizeKnown = probe || Bool.random(using: &rng)
+            let blobSize = probe ? UInt64.random(in: (Frame.Open.probeLength + 1)...(1 << 40), using: &rng) : size(using: &rng)
             return .open(
                 Frame.Open(
                     streamID: stream(using: &rng), rawKey: bytes(Int.random(in: 0...300, using: &rng), using: &rng),
-                    size: sizeKnown ? size(using: &rng) : nil, sha1: Bool.random(using: &rng) ? digest : nil,
+                    size: sizeKnown ? blobSize : nil, sha1: !probe && Bool.random(using: &rng) ? digest : nil,
                     overwrite: Bool.random(using: &rng), fingerprint: bytes(Int.random(in: 0...64, using: &rng), using: &rng),
-                    resumeToken: bytes(Int.random(in: 0...64, using: &rng), using: &rng)
+                    resumeToken: bytes(Int.random(in: 0...64, using: &rng), using: &rng), probe: probe ? digest : nil
                 )
             )
         case 3:
-            let disposition = Frame.Offset.Disposition(rawValue: UInt8.random(in: 0...2, using: &rng))!
-            let offset: UInt64 = disposition == .start ? 0 : UInt64.random(in: 1...(1 << 40), using: &rng)
+            let disposition = [Frame.Offset.Disposition.start, .resume, .stored, .confirm].randomElement(using: &rng) ?? .start
+            let offset: UInt64 = disposition == .start || disposition == .confirm ? 0 : UInt64.random(in: 1...(1 << 40), using: &rng)
             return .offset(
                 Frame.Offset(
                     streamID: stream(using: &rng), disposition: disposition, offset: offset,
-                    resumeToken: disposition == .stored ? [] : bytes(Int.random(in: 0...64, using: &rng), using: &rng)
+                    resumeToken: disposition == .stored || disposition == .confirm
+                        ? [] : bytes(Int.random(in: 0...64, using: &rng), using: &rng)
                 )
             )
         case 4:
