@@ -260,7 +260,7 @@ class Conn:
                                  f"{self.closed_streams[sid]} (§4.4: nothing may be sent on a CLOSED stream)")
         if t == "ACK" and sid in self.acks and f["offset"] <= self.acks[sid]:
             raise AssertionError(f"relay sent {describe(f)} not above the previous ACK/OFFSET {self.acks[sid]} (§6.1)")
-        if t in ("RESULT", "ERROR") and sid != 0 or t == "OFFSET" and f["disposition"] == "STORED":
+        if t in ("RESULT", "ERROR") and sid != 0 or t == "OFFSET" and f["disposition"] in ("STORED", "CONFIRM"):
             self.closed_streams[sid] = describe(f)
         if t == "WELCOME":
             self.welcome = f
@@ -271,7 +271,7 @@ class Conn:
                 self.credit0 += f["increment"]
             else:
                 self.stream_window[sid] = self.stream_window.get(sid, 0) + f["increment"]
-        elif t == "OFFSET" and f["disposition"] != "STORED":
+        elif t == "OFFSET" and f["disposition"] not in ("STORED", "CONFIRM"):
             self.stream_window[sid] = self.welcome["stream_window"] if self.welcome else 0
             self.acks[sid] = f["offset"]
         elif t == "ACK":

@@ -1,7 +1,7 @@
 """Dedup and STORED answers: SPEC §7, §3.4."""
 import os
 
-from agentlib import uniq, sha1, pattern, SIZE_KNOWN, SHA1_KNOWN, OVERWRITE
+from agentlib import uniq, sha1, pattern, open_frame, SIZE_KNOWN, SHA1_KNOWN, OVERWRITE
 
 
 def key(tag):
@@ -101,3 +101,34 @@ def test_dedup_other_key_same_account(relay):
         assert relay.read_object(k2) == d, "STORED for a new key: the object must be there"
     else:
         assert o["disposition"] == "START"
+
+
+# -- the dedup probe (§7.1): feature bit 1, OPEN flag PROBE 0x08, OFFSET CONFIRM
+
+PROBE = 0x08
+MIB = 1048576
+
+
+def test_probe_not_negotiated_is_protocol_error(relay):
+    c = relay.session(features=1)
+    assert not c.welcome["features"] & 2
+    c.send(open_frame(1, key("probe-off"), size=2 * MIB, sha=sha1(b"x"), flags=SIZE_KNOWN | PROBE))
+    c.expect_conn_error("PROTOCOL_ERROR")
+
+
+def test_probe_granted_confirm_for_stored_bytes_start_for_new(relay):
+    c = relay.session(features=3)
+    assert c.welcome["features"] & 2, c.welcome
+    k = key("probe")
+    d = pattern(2 * MIB + 77, 41)
+    c.upload_honest(k, d, sid=1)
+    # Same size, same first MiB: CONFIRM, and the stream is closed.
+    c.send(open_frame(3, key("probe-twin"), size=len(d), sha=sha1(d[:MIB]), flags=SIZE_KNOWN | PROBE))
+    o = c.expect_offset(3)
+    assert o["disposition"] == "CONFIRM" and o["offset"] == 0 and o["resume_token"] == "", o
+    # Another first MiB: START, as for an OPEN without SHA-1.
+    e = pattern(2 * MIB + 77, 42)
+    c.send(open_frame(5, key("probe-new"), size=len(e), sha=sha1(e[:MIB]), flags=SIZE_KNOWN | PROBE))
+    o = c.expect_offset(5)
+    assert o["disposition"] == "START", o
+    c.roundtrip()

@@ -122,14 +122,21 @@ public struct StoredObject: Hashable, Sendable {
     /// interrupted one (startup recovery settles it).
     public var identity: ObjectIdentity?
     public var committedAt: Date
+    /// Lowercase hex SHA-1 of the first 1 MiB, for a blob larger than that (the dedup probe, SPEC §7.1); nil when not
+    /// known (smaller, committed before the probe existed, or recovered after a crash).
+    public var probeSHA1: String?
 
-    public init(account: String, key: String, size: Int64, sha1: String, identity: ObjectIdentity? = nil, committedAt: Date = Date()) {
+    public init(
+        account: String, key: String, size: Int64, sha1: String, identity: ObjectIdentity? = nil, committedAt: Date = Date(),
+        probeSHA1: String? = nil
+    ) {
         self.account = account
         self.key = key
         self.size = size
         self.sha1 = sha1
         self.identity = identity
         self.committedAt = committedAt
+        self.probeSHA1 = probeSHA1
     }
 }
 
@@ -141,13 +148,17 @@ public struct PendingCommit: Hashable, Sendable {
     public var sha1: String
     /// The upload session the bytes come from; nil for a dedup copy.
     public var sessionID: String?
+    /// The probe digest to record with the object (``StoredObject/probeSHA1``). Not kept across a crash: a recovered
+    /// commit records none.
+    public var probeSHA1: String?
 
-    public init(account: String, key: String, size: Int64, sha1: String, sessionID: String?) {
+    public init(account: String, key: String, size: Int64, sha1: String, sessionID: String?, probeSHA1: String? = nil) {
         self.account = account
         self.key = key
         self.size = size
         self.sha1 = sha1
         self.sessionID = sessionID
+        self.probeSHA1 = probeSHA1
     }
 }
 
@@ -194,6 +205,9 @@ public protocol Catalog: Sendable {
 
     func object(account: String, key: String) throws -> StoredObject?
     func object(account: String, size: Int64, sha1: String) throws -> [StoredObject]
+    /// Objects of the account with this size whose first 1 MiB may have the SHA-1 `probe`: a recorded probe that
+    /// matches, or none recorded (SPEC §7.1). At most a few.
+    func probeCandidates(account: String, size: Int64, probe: String) throws -> [StoredObject]
 
     /// The account's quota and what takes it, not counting the session of `key` (the upload asking). Unfinished
     /// sessions count the bytes they hold; those whose key is in `active` (an upload is open on it now) count the

@@ -101,12 +101,12 @@ extension SQLiteCatalog {
             ) ?? 0
         try db.execute(
             cached: """
-                INSERT OR REPLACE INTO object (account, key, size, sha1, committed_at, device, inode, modified)
-                VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+                INSERT OR REPLACE INTO object (account, key, size, sha1, committed_at, device, inode, modified, probe_sha1)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
                 """,
             arguments: [
                 commit.account, commit.key, commit.size, commit.sha1, Date().timeIntervalSince1970,
-                Int64(bitPattern: identity.device), Int64(bitPattern: identity.inode), identity.modified,
+                Int64(bitPattern: identity.device), Int64(bitPattern: identity.inode), identity.modified, commit.probeSHA1,
             ]
         )
         try db.execute(

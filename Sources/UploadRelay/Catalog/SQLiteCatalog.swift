@@ -77,6 +77,10 @@ public final class SQLiteCatalog: Catalog {
                     """
             )
         }
+        migrator.registerMigration("v3: dedup probe digests") { db in
+            // NULL: not known (objects from before, recovered commits, blobs of 1 MiB or less).
+            try db.execute(sql: "ALTER TABLE object ADD COLUMN probe_sha1 TEXT")
+        }
         return migrator
     }
 
@@ -194,7 +198,7 @@ public final class SQLiteCatalog: Catalog {
         }
         return StoredObject(
             account: row["account"], key: row["key"], size: row["size"], sha1: row["sha1"], identity: identity,
-            committedAt: Date(timeIntervalSince1970: row["committed_at"])
+            committedAt: Date(timeIntervalSince1970: row["committed_at"]), probeSHA1: row["probe_sha1"]
         )
     }
 
@@ -210,6 +214,16 @@ public final class SQLiteCatalog: Catalog {
             try Row.fetchAll(
                 cached: db, sql: "SELECT * FROM object WHERE account = ? AND size = ? AND sha1 = ? LIMIT 8",
                 arguments: [account, size, sha1]
+            ).map(Self.object)
+        }
+    }
+
+    public func probeCandidates(account: String, size: Int64, probe: String) throws -> [StoredObject] {
+        try self.reading { db in
+            try Row.fetchAll(
+                cached: db,
+                sql: "SELECT * FROM object WHERE account = ? AND size = ? AND (probe_sha1 = ? OR probe_sha1 IS NULL) LIMIT 8",
+                arguments: [account, size, probe]
             ).map(Self.object)
         }
     }

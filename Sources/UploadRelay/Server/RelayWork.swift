@@ -42,6 +42,8 @@ struct RelayWork {
         switch UploadPolicy(services: services).open(account: account, open: open, key: key) {
         case .stored(let size):
             return (.stored(size: size), nil)
+        case .confirm:
+            return (.confirm, nil)
         case .refuse(let code, let message):
             return (.refuse(code, message), nil)
         case .upload(let session, let staging, let sha1, let recorded, let resumed, let byteLimit):

@@ -9,6 +9,8 @@ struct UploadPolicy {
     enum OpenDecision {
         /// Nothing to send: the key holds these bytes (or now a copy of them).
         case stored(size: UInt64)
+        /// A PROBE matched an object that may hold these bytes: the agent opens again with the whole SHA-1 (SPEC §7.1).
+        case confirm
         /// Send from the session's durable offset; the upload is staged in `staging` with SHA-1 state `sha1` there.
         /// `recorded`: the catalog holds the session (a new one is recorded by its first durable sync).
         /// `byteLimit` bounds an upload of unknown size by the quota left and the relay's largest blob.
@@ -90,7 +92,7 @@ struct UploadPolicy {
                 else {
                     continue
                 }
-                let commit = PendingCommit(account: name, key: key.value, size: size, sha1: sha1.hex, sessionID: nil)
+                let commit = PendingCommit(account: name, key: key.value, size: size, sha1: sha1.hex, sessionID: nil, probeSHA1: twin.probeSHA1)
                 try catalog.beginCommit(commit)
                 let identity: ObjectIdentity
                 do {
@@ -109,6 +111,16 @@ struct UploadPolicy {
                     try catalog.deleteSession(id: session.id)
                 }
                 return .stored(size: UInt64(size))
+            }
+        }
+        if let probe = open.probe, let size {
+            // Any object that may hold these bytes, verified by this relay as in the SHA-1 case: the agent confirms.
+            let candidates = try catalog.probeCandidates(account: name, size: size, probe: probe.hex)
+            if try candidates.contains(where: { try Self.verifiedObject($0, services: self.services) != nil }) {
+                return .confirm
+            }
+            if existing != nil && !open.overwrite {
+                return .refuse(.alreadyExists, Self.alreadyExists(key))
             }
         }
         let use = try catalog.quotaUse(account: name, excludingKey: key.value, active: self.services.claims.activeUploads(of: name))
@@ -157,6 +169,8 @@ struct UploadPolicy {
         var size: Int64
         var sha1: SHA1Digest
         var overwrite: Bool
+        /// The SHA-1 of the first 1 MiB, for a blob above that (SPEC §7.1); nil when not known.
+        var probeSHA1: String? = nil
     }
 
     /// Verified bytes become objects (SPEC §8.3), many uploads at once (group commit): each checked, then the quota of
@@ -177,7 +191,7 @@ struct UploadPolicy {
                 } else {
                     let pending = PendingCommit(
                         account: request.account, key: request.key.value, size: request.size, sha1: request.sha1.hex,
-                        sessionID: request.sessionID
+                        sessionID: request.sessionID, probeSHA1: request.probeSHA1
                     )
                     ready.append((index, pending))
                 }

@@ -25,6 +25,9 @@ final class UploadStorage: Sendable {
     private let sha1: NIOLockedValueBox<SHA1>
     /// Whether the catalog holds the session: a resumed one does; a new one from its first durable sync on.
     private let recorded: NIOLockedValueBox<Bool>
+    /// The SHA-1 of the first ``Frame/Open/probeLength`` bytes written, recorded with the object for the dedup probe
+    /// (SPEC §7.1). Nil for an upload resumed past its start: the relay does not read its staged prefix back for it.
+    private let probe: NIOLockedValueBox<SHA1?>
 
     init(
         key: ObjectKey, account: String, overwrite: Bool, session: UploadSession, recorded: Bool, staging: any StagingFile, sha1: SHA1,
@@ -37,6 +40,7 @@ final class UploadStorage: Sendable {
         self.recorded = NIOLockedValueBox(recorded)
         self.staging = staging
         self.sha1 = NIOLockedValueBox(sha1)
+        self.probe = NIOLockedValueBox(session.durableOffset == 0 ? SHA1() : nil)
         self.services = services
         self.logger = logger
     }
@@ -95,11 +99,37 @@ final class UploadStorage: Sendable {
                         return (consumed, .stream(chunk.streamID, .storageError, "\(error)"))
                     }
                     raw.withUnsafeReadableBytes { sha1.update($0) }
+                    self.updateProbe(raw, at: offset)
                     offset += Int64(raw.readableBytes)
                     consumed.append(chunk.payloadLength)
                 }
             }
             return (consumed, nil)
+        }
+    }
+
+    /// Feeds the part of `raw` (at `offset`) that lies in the probe's first bytes.
+    private func updateProbe(_ raw: ByteBuffer, at offset: Int64) {
+        let limit = Int64(Frame.Open.probeLength)
+        guard offset < limit else { return }
+        let count = Int(min(Int64(raw.readableBytes), limit - offset))
+        self.probe.withLockedValue { probe in
+            guard var digest = probe, digest.byteCount == UInt64(offset) else {
+                probe = nil
+                return
+            }
+            raw.withUnsafeReadableBytes { digest.update(UnsafeRawBufferPointer(rebasing: $0.prefix(count))) }
+            probe = digest
+        }
+    }
+
+    /// The probe digest to record for a blob of `size` bytes: only above the probe length, and only when every one of
+    /// its first bytes went through this upload.
+    private func probeDigest(size: UInt64) -> String? {
+        guard size > Frame.Open.probeLength else { return nil }
+        return self.probe.withLockedValue { probe in
+            guard let probe, probe.byteCount == Frame.Open.probeLength else { return nil }
+            return SHA1Digest(bytes: probe.finalize())?.hex
         }
     }
 
@@ -132,7 +162,8 @@ final class UploadStorage: Sendable {
         }
         let request = UploadPolicy.CommitRequest(
             staging: self.staging, key: self.key, account: self.account, sessionID: self.session.id,
-            sessionRecorded: self.recorded.withLockedValue { $0 }, size: Int64(hash.size), sha1: actual, overwrite: self.overwrite
+            sessionRecorded: self.recorded.withLockedValue { $0 }, size: Int64(hash.size), sha1: actual, overwrite: self.overwrite,
+            probeSHA1: self.probeDigest(size: hash.size)
         )
         self.services.commits.submit(request, services: self.services, completion: done)
     }

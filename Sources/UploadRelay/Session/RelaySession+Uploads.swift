@@ -44,10 +44,16 @@ extension RelaySession {
         guard let (claim, closedMeanwhile) = self.opening.removeValue(forKey: id) else { return [] }
         var actions: [Action] = []
         switch decision {
-        case .stored(let size):
+        case .stored, .confirm:
             self.resources.uploadSlots.give(1)
             self.resources.claims.release(claim)
-            if !self.closed, let frame = self.machine.sendOffset(Frame.Offset(streamID: id, disposition: .stored, offset: size)) {
+            let offset: Frame.Offset
+            if case .stored(let size) = decision {
+                offset = Frame.Offset(streamID: id, disposition: .stored, offset: size)
+            } else {
+                offset = Frame.Offset(streamID: id, disposition: .confirm, offset: 0)
+            }
+            if !self.closed, let frame = self.machine.sendOffset(offset) {
                 actions += self.write(frame)
                 if let credit = self.machine.flushConnectionCredit() { actions += self.write(credit) }
             }

@@ -58,6 +58,8 @@ struct RelaySession {
     /// What a lookup decided, without the staging file and SHA-1 state that stay with the handler.
     enum LookUp {
         case stored(size: UInt64)
+        /// OFFSET CONFIRM: a PROBE matched (SPEC §7.1).
+        case confirm
         case refuse(WireErrorCode, String)
         case upload(durableOffset: Int64, resumeToken: [UInt8], resumed: Bool, byteLimit: Int64?)
     }
@@ -108,7 +110,7 @@ struct RelaySession {
         self.keyFreed = keyFreed
         self.lastFrameAt = now
         self.machine = RelayConnectionStateMachine(
-            limits: resources.configuration.limits, supportedFeatures: resources.configuration.allowDeflate ? [.deflate] : []
+            limits: resources.configuration.limits, supportedFeatures: resources.configuration.allowDeflate ? [.deflate, .dedupProbe] : [.dedupProbe]
         )
     }
 

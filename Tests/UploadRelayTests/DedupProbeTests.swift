@@ -1,0 +1,101 @@
+import Foundation
+import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+import Testing
+import UploadChecksums
+import UploadPayload
+import UploadProtocol
+@testable import UploadRelay
+import UploadTestSupport
+
+/// The relay's side of the dedup probe (SPEC §7.1): which OPENs are answered CONFIRM, and the probe digests it records.
+@Suite("Dedup probe at the relay")
+struct DedupProbeTests {
+    static let mib = Int(Frame.Open.probeLength)
+
+    static func digest(_ bytes: [UInt8]) -> SHA1Digest { SHA1Digest(bytes: SHA1.hash(bytes))! }
+
+    static func open(_ key: String, size: Int, probe: [UInt8], overwrite: Bool = false) -> Frame.Open {
+        Frame.Open(streamID: 1, key: key, size: UInt64(size), overwrite: overwrite, probe: Self.digest(probe))
+    }
+
+    static func decide(_ open: Frame.Open, _ services: RelayServices) throws -> String {
+        let account = try #require(try services.catalog.account(named: "cam-7"))
+        switch UploadPolicy(services: services).open(account: account, open: open, key: try ObjectKey(validating: open.key ?? "")) {
+        case .confirm: return "confirm"
+        case .stored: return "stored"
+        case .upload(_, let staging, _, _, _, _):
+            staging.close()
+            try services.store.removeStaging(staging.name)
+            return "upload"
+        case .refuse(let code, _): return "refuse \(code.name)"
+        }
+    }
+
+    @Test("CONFIRM for an object of that size with that probe digest, or with none recorded; START otherwise; ALREADY_EXISTS for a key that cannot hold it")
+    func decisions() throws {
+        let services = try CommitGroupTests.services(pool: .singleton)
+        let policy = UploadPolicy(services: services)
+        var first = [UInt8](repeating: 7, count: 2 * Self.mib + 10)
+        first[Self.mib + 5] = 1  // past the probe: the probe digest is that of the first MiB only
+        var a = try CommitGroupTests.staged("a.mp4", first, services: services)
+        a.probeSHA1 = Self.digest(Array(first.prefix(Self.mib))).hex
+        var c = try CommitGroupTests.staged("c.mp4", [UInt8](repeating: 9, count: 3 * Self.mib), services: services)
+        c.probeSHA1 = nil  // committed before probes existed
+        #expect(policy.commit([a, c]).allSatisfy { (try? $0.get()) == .stored })
+
+        let prefix = Array(first.prefix(Self.mib))
+        #expect(try Self.decide(Self.open("b.mp4", size: first.count, probe: prefix), services) == "confirm")
+        #expect(try Self.decide(Self.open("a.mp4", size: first.count, probe: prefix), services) == "confirm", "the key's own object")
+        #expect(try Self.decide(Self.open("b.mp4", size: first.count, probe: [1]), services) == "upload", "another first MiB")
+        #expect(try Self.decide(Self.open("b.mp4", size: first.count + 1, probe: prefix), services) == "upload", "another size")
+        #expect(try Self.decide(Self.open("d.mp4", size: 3 * Self.mib, probe: [2]), services) == "confirm", "no probe recorded")
+        #expect(try Self.decide(Self.open("a.mp4", size: 5 * Self.mib, probe: [3]), services) == "refuse ALREADY_EXISTS")
+        #expect(try Self.decide(Self.open("a.mp4", size: 5 * Self.mib, probe: [3], overwrite: true), services) == "upload")
+    }
+
+    @Test("an upload records the SHA-1 of its first MiB as it writes, whatever the chunk boundaries; none for a blob of 1 MiB or less")
+    func recordsProbeDigest() throws {
+        let services = try CommitGroupTests.services(pool: .singleton)
+        var rng = SeededGenerator(seed: 91)
+        for (key, size) in [("big.bin", 3 * Self.mib + 123), ("small.bin", Self.mib)] {
+            let bytes = (0..<size).map { _ in UInt8.random(in: 0...255, using: &rng) }
+            let account = try #require(try services.catalog.account(named: "cam-7"))
+            let open = Frame.Open(streamID: 1, key: key, size: UInt64(size))
+            guard case .upload(let session, let staging, let sha1, let recorded, _, _) =
+                UploadPolicy(services: services).open(account: account, open: open, key: try ObjectKey(validating: key))
+            else {
+                Issue.record("\(key): not an upload")
+                continue
+            }
+            let storage = UploadStorage(
+                key: try ObjectKey(validating: key), account: "cam-7", overwrite: false, session: session, recorded: recorded,
+                staging: staging, sha1: sha1, services: services, logger: Logger(label: "test")
+            )
+            // Chunks of 700,000 bytes: one straddles the 1 MiB line.
+            var offset = 0
+            var chunks: [Frame.Chunk] = []
+            while offset < size {
+                let end = min(size, offset + 700_000)
+                chunks.append(ChunkPayload.seal(ByteBuffer(bytes: bytes[offset..<end]), streamID: 1, offset: UInt64(offset), deflate: false))
+                offset = end
+            }
+            let done = DispatchSemaphore(value: 0)
+            let outcome = NIOLockedValueBox<RelaySession.StorageCompletion?>(nil)
+            storage.perform(.write(chunks, at: 0)) { _ in done.signal() }
+            done.wait()
+            storage.perform(.commit(Frame.Hash(streamID: 1, size: UInt64(size), sha1: Self.digest(bytes)), written: Int64(size))) { completion in
+                outcome.withLockedValue { $0 = completion }
+                done.signal()
+            }
+            done.wait()
+            guard case .committed(.success(.stored))? = outcome.withLockedValue({ $0 }) else {
+                Issue.record("\(key): \(String(describing: outcome.withLockedValue { $0 }))")
+                continue
+            }
+            let object = try #require(try services.catalog.object(account: "cam-7", key: key))
+            #expect(object.probeSHA1 == (size > Self.mib ? Self.digest(Array(bytes.prefix(Self.mib))).hex : nil), "\(key)")
+        }
+    }
+}
