@@ -30,7 +30,7 @@ struct ConnectionOptions: ParsableArguments {
     )
     var concurrency: Int = 5
 
-    @Flag(name: .long, help: "Do not hash files before sending: no dedup, one read pass.")
+    @Flag(name: .long, help: "Do not ask the relay for the bytes before sending (no dedup): nothing hashed before OPEN, one read pass.")
     var noDedup = false
 
     @Flag(name: .long, help: "Deflate compressible chunks (helps on slow links).")

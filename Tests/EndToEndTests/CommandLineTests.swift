@@ -130,6 +130,42 @@ struct CommandLineTests {
         #expect(FileManager.default.contents(atPath: data + "/store/dev/logs/clip.bin") == random.data)
     }
 
+    @Test("dedup probe: a new 3 MiB file is hashed over its first MiB only and sent in one read; the same bytes again are confirmed, hashed whole and not sent")
+    func dedupProbe() throws {
+        let data = TestRelay.makeDirectory()
+        let relay = try ChildProcess(
+            try relayBinary(), ["serve", "--dev", "--data", data, "--listen", "127.0.0.1:0", "--ready-file", data + "/ready", "--log-level", "warning"],
+            readyFile: data + "/ready", logFile: data + "/relay.log"
+        )
+        defer {
+            relay.kill(SIGTERM)
+            _ = relay.waitForExit()
+        }
+        let port = try relay.waitUntilReady()
+        let source = TestRelay.makeDirectory()
+        let clip = makeFile(source, "clip.mp4", size: 3 << 20, seed: 88)
+        let environment = [
+            "UPLOAD_RELAY": "127.0.0.1:\(port)", "UPLOAD_CA": data + "/dev/ca.pem",
+            "UPLOAD_TOKEN": try String(contentsOfFile: data + "/dev/token", encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines),
+        ]
+        func send(_ arguments: [String]) throws -> [String: Any] {
+            let run = try Self.run(try Self.agentBinary(), ["send", "--json"] + arguments, environment: environment)
+            #expect(run.status == 0, "\(run.stderr)")
+            let line = try #require(run.stdout.split(separator: "\n").first)
+            return try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])
+        }
+        let first = try send([clip.path])
+        #expect(first["status"] as? String == "stored")
+        #expect(first["hashed_bytes"] as? Int == 1 << 20, "only the first MiB is read before OPEN: \(first)")
+        #expect(first["sent_bytes"] as? Int == 3 << 20)
+        #expect(FileManager.default.contents(atPath: data + "/store/dev/clip.mp4") == clip.data)
+        let again = try send(["--prefix", "copy", clip.path])
+        #expect(again["status"] as? String == "deduplicated", "\(again)")
+        #expect(again["sent_bytes"] as? Int == 0)
+        #expect(again["hashed_bytes"] as? Int == (1 << 20) + (3 << 20), "probe, then the whole file after CONFIRM: \(again)")
+        #expect(FileManager.default.contents(atPath: data + "/store/dev/copy/clip.mp4") == clip.data)
+    }
+
     @Test("send --json: names with quotes and accents come out as valid JSON, byte for byte")
     func jsonEscapes() throws {
         let data = TestRelay.makeDirectory()

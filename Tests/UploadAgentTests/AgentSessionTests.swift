@@ -49,7 +49,7 @@ struct AgentHarness {
             )
         )
         var ids: [StreamID] = []
-        for case .prepare(let job, _) in welcome {
+        for case .prepare(let job, _, _) in welcome {
             let opened = self.session.prepared(job, .success(SourceReader.Prepared(info: job.info!, sha1: nil)))
             for frame in Self.frames(opened) { if case .open(let open) = frame { ids.append(open.streamID) } }
         }
@@ -138,7 +138,7 @@ struct AgentSessionTests {
         // Prepare in rounds until no new job starts. A job being prepared holds a whole place (8 shares) until its size
         // is known, so the 16 shares settle at 9 small uploads: 8 + 1 + the 8 a next preparation would need > 16.
         while true {
-            let jobs = prepares.compactMap { if case .prepare(let job, _) = $0 { return job } else { return nil } }
+            let jobs = prepares.compactMap { if case .prepare(let job, _, _) = $0 { return job } else { return nil } }
             if jobs.isEmpty { break }
             prepares = []
             for job in jobs {
@@ -155,6 +155,44 @@ struct AgentSessionTests {
         let ids = large.connect(connectionWindow: 1 << 30, streamWindow: 1 << 20)
         #expect(ids.count == 2)
         #expect(large.session.openMore().isEmpty, "a third large upload started")
+    }
+
+    @Test("dedup probe: a large file is opened with its first MiB's SHA-1; CONFIRM prepares it again, hashed whole, and opens it with its SHA-1")
+    func probeThenConfirm() throws {
+        var h = AgentHarness(files: 1, size: 8 << 20) { $0.dedup = true }
+        _ = h.session.connected()
+        let welcome = h.receive(
+            .welcome(
+                Frame.Welcome(
+                    maxFrameSize: 1 << 20, features: .dedupProbe, maxStreams: 64, connectionWindow: 1 << 30, streamWindow: 1 << 20,
+                    maxKeyLength: 1024, idleTimeoutMillis: 0, account: "a"
+                )
+            )
+        )
+        guard case .prepare(let job, true, true)? = welcome.first(where: { if case .prepare = $0 { return true } else { return false } }) else {
+            Issue.record("no prepare with the probe: \(welcome)")
+            return
+        }
+        let probe = SHA1Digest(bytes: [UInt8](repeating: 5, count: 20))
+        let opened = AgentHarness.frames(h.session.prepared(job, .success(SourceReader.Prepared(info: job.info!, sha1: nil, probe: probe))))
+        guard case .open(let first)? = opened.first else {
+            Issue.record("no OPEN: \(opened)")
+            return
+        }
+        #expect(first.probe == probe && first.sha1 == nil)
+        let confirmed = h.receive(.offset(Frame.Offset(streamID: first.streamID, disposition: .confirm, offset: 0)))
+        guard case .prepare(let again, true, false)? = confirmed.first(where: { if case .prepare = $0 { return true } else { return false } }) else {
+            Issue.record("CONFIRM did not prepare the job again without the probe: \(confirmed)")
+            return
+        }
+        #expect(again === job)
+        let whole = SHA1Digest(bytes: [UInt8](repeating: 6, count: 20))
+        let reopened = AgentHarness.frames(h.session.prepared(again, .success(SourceReader.Prepared(info: job.info!, sha1: whole))))
+        guard case .open(let second)? = reopened.first else {
+            Issue.record("no second OPEN: \(reopened)")
+            return
+        }
+        #expect(second.sha1 == whole && second.probe == nil && second.streamID > first.streamID)
     }
 
     @Test("a full socket pauses reads though credit remains; once it drains they go on, every stream")
@@ -232,7 +270,7 @@ struct AgentSessionTests {
         )
         var old = AgentHarness(files: 1)
         _ = old.session.connected()
-        guard case .prepare(let job, _)? = old.receive(welcome).first(where: { if case .prepare = $0 { return true } else { return false } }) else {
+        guard case .prepare(let job, _, _)? = old.receive(welcome).first(where: { if case .prepare = $0 { return true } else { return false } }) else {
             Issue.record("no prepare")
             return
         }

@@ -116,12 +116,13 @@ final class AgentConnectionHandler: ChannelInboundHandler {
                 self.context?.close(promise: nil)
             case .schedule(let timer, let delay):
                 self.context?.eventLoop.assumeIsolated().scheduleTask(in: delay) { self.act { $0.timerFired(timer) } }
-            case .prepare(let job, let dedup):
+            case .prepare(let job, let dedup, let probe):
                 let journal = self.session.queue.journal
                 let reopenLimit = self.session.configuration.maxReopensInARow
                 self.onPool({
                     try SourceReader.prepare(
-                        job.item.source, info: job.info, knownSHA1: job.knownSHA1, dedup: dedup, reopenLimit: reopenLimit, journal: journal
+                        job.item.source, info: job.info, knownSHA1: job.knownSHA1, dedup: dedup, probe: probe, reopenLimit: reopenLimit,
+                        journal: journal
                     )
                 }) {
                     session, result in session.prepared(job, result)

@@ -149,18 +149,31 @@ enum SourceReader {
         var sha1: SHA1Digest?
         /// Bytes read to hash it now (0 when known before, from the job or the hash cache).
         var hashedBytes: UInt64 = 0
+        /// The SHA-1 of the first ``Frame/Open/probeLength`` bytes, when dedup asks the relay with a probe (SPEC §7.1).
+        var probe: SHA1Digest? = nil
     }
 
     /// Opens the source and, for dedup, hashes it whole before OPEN (seekable sources of known size only), unless the
     /// journal's hash cache knows the SHA-1 of this fingerprint.
+    ///
+    /// With `probe` (the relay granted the dedup probe, SPEC §7.1) a source larger than the probe length is hashed over
+    /// its first MiB only: the whole SHA-1 comes while it is sent, in the same read, unless the relay answers CONFIRM.
     static func prepare(
-        _ source: any BlobSource, info known: SourceInfo?, knownSHA1: SHA1Digest?, dedup: Bool, reopenLimit: Int, journal: (any JobJournal)?
+        _ source: any BlobSource, info known: SourceInfo?, knownSHA1: SHA1Digest?, dedup: Bool, probe: Bool = false, reopenLimit: Int,
+        journal: (any JobJournal)?
     ) throws -> Prepared {
         let info = try known ?? source.open()
         if let knownSHA1 { return Prepared(info: info, sha1: knownSHA1) }
         guard dedup, source.isSeekable, let size = info.size else { return Prepared(info: info, sha1: nil) }
         if let cached = journal?.cachedSHA1(fingerprint: info.fingerprint) {
             return Prepared(info: info, sha1: cached)
+        }
+        if probe && size > Frame.Open.probeLength {
+            let prefix = try Self.hashPrefix(
+                of: source, upTo: Frame.Open.probeLength, reopening: Reopening(fingerprint: info.fingerprint, limit: reopenLimit),
+                whenShort: "\(source.displayName) shrank while it was hashed"
+            )
+            return Prepared(info: info, sha1: nil, hashedBytes: Frame.Open.probeLength, probe: SHA1Digest(bytes: prefix.finalize()))
         }
         let sha1 = try Self.hashPrefix(
             of: source, upTo: size, reopening: Reopening(fingerprint: info.fingerprint, limit: reopenLimit),

@@ -18,7 +18,12 @@ extension AgentSession {
         while self.machine.canOpenStream, used + perSlot <= budget, let job = self.queue.next() {
             self.preparing += 1
             used += perSlot
-            actions.append(.prepare(job, dedup: job.item.dedup ?? self.configuration.dedup))
+            let probing = self.machine.features.contains(.dedupProbe)
+            // With the probe, a job that made progress in an earlier run asks nothing before OPEN: its session is on the
+            // relay, and hashing it first (whole or probe) would re-read what the resume does not need.
+            let resuming = job.recorded != nil || !job.resumeToken.isEmpty
+            let dedup = (job.item.dedup ?? self.configuration.dedup) && !(probing && resuming && !job.probeConfirmed)
+            actions.append(.prepare(job, dedup: dedup, probe: dedup && probing && !job.probeConfirmed))
         }
         return actions
     }
@@ -53,14 +58,15 @@ extension AgentSession {
                 self.queue.requeue(job)
                 return self.closeIfIdle()
             }
-            if let sha1, self.senders.values.contains(where: { $0.job.knownSHA1 == sha1 }) {
-                self.twins[sha1, default: []].append(job)
+            job.probe = sha1 == nil ? prepared.probe : nil
+            if let content = job.contentKey, self.senders.values.contains(where: { $0.job.contentKey == content }) {
+                self.twins[content, default: []].append(job)
                 return []
             }
             let id = self.machine.nextStreamID
             let open = Frame.Open(
                 streamID: id, key: job.key, size: info.size, sha1: sha1, overwrite: job.item.overwrite ?? self.configuration.overwrite,
-                fingerprint: info.fingerprint, resumeToken: job.resumeToken
+                fingerprint: info.fingerprint, resumeToken: job.resumeToken, probe: sha1 == nil ? prepared.probe : nil
             )
             guard let frame = self.machine.sendOpen(open) else {
                 self.queue.requeue(job)
@@ -82,6 +88,13 @@ extension AgentSession {
         if offset.disposition == .stored {
             self.senders[id] = nil
             return self.complete(job, job.finish(.deduplicated, sha1: job.knownSHA1?.hex ?? ""))
+        }
+        if offset.disposition == .confirm {
+            // The relay may hold these bytes (SPEC §7.1): hash the whole source, then OPEN again with its SHA-1.
+            self.senders[id] = nil
+            job.probeConfirmed = true
+            self.queue.requeue(job)
+            return self.openMore()
         }
         job.busySince = nil
         job.busyRetries = 0
@@ -314,8 +327,9 @@ extension AgentSession {
     mutating func complete(_ job: UploadJob, _ result: UploadResult) -> [Action] {
         self.outcome.madeProgress = true
         self.queue.finished(job, result)
-        if let sha1 = job.knownSHA1, let twins = self.twins.removeValue(forKey: sha1) {
-            // The same content is on the relay now (or failed): the twins open, and its dedup answers them.
+        if let content = job.contentKey, let twins = self.twins.removeValue(forKey: content) {
+            // The same content is on the relay now (or failed): the twins open, and its dedup answers them (a probe's
+            // twin through CONFIRM).
             for twin in twins { self.queue.requeue(twin) }
         }
         return [.event(.finished(result))] + self.openMore() + self.closeIfIdle()

@@ -32,7 +32,8 @@ struct AgentSession {
         case schedule(Timer, in: TimeAmount)
         /// Open the job's source and, for dedup, hash it (``SourceReader/prepare(_:info:knownSHA1:dedup:reopenLimit:journal:)``); then
         /// call ``prepared(_:_:)``.
-        case prepare(UploadJob, dedup: Bool)
+        /// With `probe`, a large source is hashed over its first MiB only (SPEC §7.1).
+        case prepare(UploadJob, dedup: Bool, probe: Bool)
         /// Read a batch (credit already reserved); then call ``readFinished(_:_:)``.
         case read(SourceReader.Request)
         /// Hash the first `upTo` bytes of the stream's source; then call ``prefixHashed(_:_:)``.
@@ -79,7 +80,7 @@ struct AgentSession {
     var delayed: [ObjectIdentifier: UploadJob] = [:]
     /// Jobs whose content (SHA-1) another stream of this connection is uploading now: they open once it ended, so the
     /// relay's dedup finds it and their bytes never move (the same photo under two names).
-    var twins: [SHA1Digest: [UploadJob]] = [:]
+    var twins: [UploadJob.ContentKey: [UploadJob]] = [:]
     var outcome = ConnectionOutcome(reason: nil, fatal: false, madeProgress: false)
     var closed = false
     var deflate = false
@@ -101,7 +102,7 @@ struct AgentSession {
     /// TCP and TLS are up: HELLO.
     mutating func connected() -> [Action] {
         let hello = Frame.Hello(
-            maxFrameSize: UInt32(self.configuration.limits.maxFrameSize), features: self.configuration.deflate ? .deflate : [],
+            maxFrameSize: UInt32(self.configuration.limits.maxFrameSize), features: self.configuration.deflate ? [.deflate, .dedupProbe] : .dedupProbe,
             credential: Array(self.configuration.token.utf8), agentName: self.configuration.agentName
         )
         return self.write(self.machine.sendHello(hello))

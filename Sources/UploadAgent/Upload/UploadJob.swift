@@ -16,6 +16,23 @@ final class UploadJob: @unchecked Sendable {
     var info: SourceInfo? = nil
     /// The blob's SHA-1 when hashed before OPEN (dedup), or once the upload completed.
     var knownSHA1: SHA1Digest? = nil
+    /// The relay answered a probe with CONFIRM (SPEC §7.1): the next OPEN carries the whole SHA-1.
+    var probeConfirmed = false
+    /// The SHA-1 of the first MiB, when it was opened with the dedup probe.
+    var probe: SHA1Digest? = nil
+
+    /// What says, before a byte is sent, that two jobs hold the same bytes: their SHA-1, or their size and probe.
+    struct ContentKey: Hashable {
+        var sha1: SHA1Digest?
+        var probe: SHA1Digest?
+        var size: UInt64?
+    }
+
+    var contentKey: ContentKey? {
+        if let sha1 = self.knownSHA1 { return ContentKey(sha1: sha1) }
+        if let probe = self.probe { return ContentKey(probe: probe, size: self.info?.size) }
+        return nil
+    }
     /// The relay's resume token from the last OFFSET.
     var resumeToken: [UInt8] = []
     /// Payload bytes sent over every connection of this run.

@@ -37,6 +37,9 @@ public struct AgentConnectionStateMachine: Sendable {
     public var terms: Frame.Welcome? { self.welcome }
 
     /// Whether the connection is ready and not going away: new streams may open.
+    /// The features in force: those WELCOME granted (none before it).
+    public var features: Frame.Features { self.welcome?.features ?? [] }
+
     public var canOpenStream: Bool {
         guard case .ready = self.phase, let welcome = self.welcome else { return false }
         return self.streams.count < Int(welcome.maxStreams)

@@ -37,7 +37,13 @@ extension SQLiteCatalog {
             staged = staged.addingReportingOverflow(held).overflow ? .max : staged + held
             unrecorded[sessionKey] = nil
         }
-        // Open uploads with no session yet (recorded by their first durable sync) hold what they announced.
+        // Open uploads with no session yet (recorded by their first durable sync) hold what they announced; one whose
+        // commit is under way is counted by it (`committing`), not twice (soak seed 328 round 4).
+        if unrecorded.values.contains(where: { $0 > 0 }) {
+            for row in try Row.fetchAll(cached: db, sql: "SELECT key FROM pending_commit WHERE account = ?", arguments: [account]) {
+                unrecorded[row["key"] as String] = nil
+            }
+        }
         for (openKey, announced) in unrecorded where announced > 0 {
             let replaced =
                 try Int64.fetchOne(cached: db, sql: "SELECT size FROM object WHERE account = ? AND key = ?", arguments: [account, openKey]) ?? 0
