@@ -26,6 +26,8 @@
 #                               way, default 50; BENCH_WAN_MBIT, default 1000), set up and torn down here
 #         BENCH_RESULTS=FILE    also append each run's raw row to FILE (tools/bench-all.sh reads it),
 #                               tagged BENCH_TAG
+#         BENCH_TRASH=DIR       at the end move the temp dir into DIR instead of deleting it (the caller
+#                               deletes DIR later: mass deletes slow file creation for a minute here)
 # Needs root for the peers (installs openssh-server, nginx, libnginx-mod-http-dav-ext and
 # time with apt-get when missing; sshd needs root). A peer that cannot be set up is
 # skipped with a message; the others are still measured. Everything it starts is stopped
@@ -165,6 +167,8 @@ cleanup() {
     [ "${BENCH_WAN:-0}" = 1 ] && "$WAN_SH" down 2>/dev/null
     if [ "${BENCH_KEEP:-0}" = 1 ]; then
         say "kept $DIR"
+    elif [ -n "${BENCH_TRASH:-}" ] && mkdir -p "$BENCH_TRASH" && mv "$DIR" "$BENCH_TRASH/"; then
+        :  # removed by the caller at its end: deleting now would slow the next run's file creation
     else
         rm -rf "$DIR"
     fi
@@ -264,6 +268,8 @@ else
     head -c "$BYTES" /dev/urandom >"$FILE"
     [ "$(stat -c %s "$FILE")" = "$BYTES" ]
 fi
+# The source written out before the first tool runs: else that tool (ours, first) pays for its writeback.
+sync
 # same SOURCE COPY: the copy holds the source's bytes (a file, or a directory tree)
 same() { if [ -d "$1" ]; then diff -rq "$1" "$2" >/dev/null; else cmp -s "$1" "$2"; fi; }
 
