@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import UploadProtocol
 import UploadTestSupport
 
 /// The programs as a user runs them: exit codes, --json, --help.
@@ -130,7 +131,7 @@ struct CommandLineTests {
         #expect(FileManager.default.contents(atPath: data + "/store/dev/logs/clip.bin") == random.data)
     }
 
-    @Test("dedup probe: a new 3 MiB file is hashed over its first MiB only and sent in one read; the same bytes again are confirmed, hashed whole and not sent")
+    @Test("dedup probe: a new 3 MiB file is hashed over its first 256 KiB only and sent in one read; the same bytes again are confirmed, hashed whole and not sent")
     func dedupProbe() throws {
         let data = TestRelay.makeDirectory()
         let relay = try ChildProcess(
@@ -156,13 +157,13 @@ struct CommandLineTests {
         }
         let first = try send([clip.path])
         #expect(first["status"] as? String == "stored")
-        #expect(first["hashed_bytes"] as? Int == 1 << 20, "only the first MiB is read before OPEN: \(first)")
+        #expect(first["hashed_bytes"] as? Int == Int(Frame.Open.probeLength), "only the probe is read before OPEN: \(first)")
         #expect(first["sent_bytes"] as? Int == 3 << 20)
         #expect(FileManager.default.contents(atPath: data + "/store/dev/clip.mp4") == clip.data)
         let again = try send(["--prefix", "copy", clip.path])
         #expect(again["status"] as? String == "deduplicated", "\(again)")
         #expect(again["sent_bytes"] as? Int == 0)
-        #expect(again["hashed_bytes"] as? Int == (1 << 20) + (3 << 20), "probe, then the whole file after CONFIRM: \(again)")
+        #expect(again["hashed_bytes"] as? Int == Int(Frame.Open.probeLength) + (3 << 20), "probe, then the whole file after CONFIRM: \(again)")
         #expect(FileManager.default.contents(atPath: data + "/store/dev/copy/clip.mp4") == clip.data)
     }
 

@@ -12,7 +12,7 @@ import UploadTestSupport
 /// The relay's side of the dedup probe (SPEC §7.1): which OPENs are answered CONFIRM, and the probe digests it records.
 @Suite("Dedup probe at the relay")
 struct DedupProbeTests {
-    static let mib = Int(Frame.Open.probeLength)
+    static let probeLength = Int(Frame.Open.probeLength)
 
     static func digest(_ bytes: [UInt8]) -> SHA1Digest { SHA1Digest(bytes: SHA1.hash(bytes))! }
 
@@ -37,29 +37,29 @@ struct DedupProbeTests {
     func decisions() throws {
         let services = try CommitGroupTests.services(pool: .singleton)
         let policy = UploadPolicy(services: services)
-        var first = [UInt8](repeating: 7, count: 2 * Self.mib + 10)
-        first[Self.mib + 5] = 1  // past the probe: the probe digest is that of the first MiB only
+        var first = [UInt8](repeating: 7, count: 2 * Self.probeLength + 10)
+        first[Self.probeLength + 5] = 1  // past the probe: the probe digest is that of the first 256 KiB only
         var a = try CommitGroupTests.staged("a.mp4", first, services: services)
-        a.probeSHA1 = Self.digest(Array(first.prefix(Self.mib))).hex
-        var c = try CommitGroupTests.staged("c.mp4", [UInt8](repeating: 9, count: 3 * Self.mib), services: services)
+        a.probeSHA1 = Self.digest(Array(first.prefix(Self.probeLength))).hex
+        var c = try CommitGroupTests.staged("c.mp4", [UInt8](repeating: 9, count: 3 * Self.probeLength), services: services)
         c.probeSHA1 = nil  // committed before probes existed
         #expect(policy.commit([a, c]).allSatisfy { (try? $0.get()) == .stored })
 
-        let prefix = Array(first.prefix(Self.mib))
+        let prefix = Array(first.prefix(Self.probeLength))
         #expect(try Self.decide(Self.open("b.mp4", size: first.count, probe: prefix), services) == "confirm")
         #expect(try Self.decide(Self.open("a.mp4", size: first.count, probe: prefix), services) == "confirm", "the key's own object")
-        #expect(try Self.decide(Self.open("b.mp4", size: first.count, probe: [1]), services) == "upload", "another first MiB")
+        #expect(try Self.decide(Self.open("b.mp4", size: first.count, probe: [1]), services) == "upload", "other first bytes")
         #expect(try Self.decide(Self.open("b.mp4", size: first.count + 1, probe: prefix), services) == "upload", "another size")
-        #expect(try Self.decide(Self.open("d.mp4", size: 3 * Self.mib, probe: [2]), services) == "confirm", "no probe recorded")
-        #expect(try Self.decide(Self.open("a.mp4", size: 5 * Self.mib, probe: [3]), services) == "refuse ALREADY_EXISTS")
-        #expect(try Self.decide(Self.open("a.mp4", size: 5 * Self.mib, probe: [3], overwrite: true), services) == "upload")
+        #expect(try Self.decide(Self.open("d.mp4", size: 3 * Self.probeLength, probe: [2]), services) == "confirm", "no probe recorded")
+        #expect(try Self.decide(Self.open("a.mp4", size: 5 * Self.probeLength, probe: [3]), services) == "refuse ALREADY_EXISTS")
+        #expect(try Self.decide(Self.open("a.mp4", size: 5 * Self.probeLength, probe: [3], overwrite: true), services) == "upload")
     }
 
-    @Test("an upload records the SHA-1 of its first MiB as it writes, whatever the chunk boundaries; none for a blob of 1 MiB or less")
+    @Test("an upload records the SHA-1 of its first 256 KiB as it writes, whatever the chunk boundaries; none for a blob of 256 KiB or less")
     func recordsProbeDigest() throws {
         let services = try CommitGroupTests.services(pool: .singleton)
         var rng = SeededGenerator(seed: 91)
-        for (key, size) in [("big.bin", 3 * Self.mib + 123), ("small.bin", Self.mib)] {
+        for (key, size) in [("big.bin", 3 * Self.probeLength + 123), ("small.bin", Self.probeLength)] {
             let bytes = (0..<size).map { _ in UInt8.random(in: 0...255, using: &rng) }
             let account = try #require(try services.catalog.account(named: "cam-7"))
             let open = Frame.Open(streamID: 1, key: key, size: UInt64(size))
@@ -73,11 +73,11 @@ struct DedupProbeTests {
                 key: try ObjectKey(validating: key), account: "cam-7", overwrite: false, session: session, recorded: recorded,
                 staging: staging, sha1: sha1, services: services, logger: Logger(label: "test")
             )
-            // Chunks of 700,000 bytes: one straddles the 1 MiB line.
+            // Chunks of 100,000 bytes: one straddles the probe's end.
             var offset = 0
             var chunks: [Frame.Chunk] = []
             while offset < size {
-                let end = min(size, offset + 700_000)
+                let end = min(size, offset + 100_000)
                 chunks.append(ChunkPayload.seal(ByteBuffer(bytes: bytes[offset..<end]), streamID: 1, offset: UInt64(offset), deflate: false))
                 offset = end
             }
@@ -95,7 +95,7 @@ struct DedupProbeTests {
                 continue
             }
             let object = try #require(try services.catalog.object(account: "cam-7", key: key))
-            #expect(object.probeSHA1 == (size > Self.mib ? Self.digest(Array(bytes.prefix(Self.mib))).hex : nil), "\(key)")
+            #expect(object.probeSHA1 == (size > Self.probeLength ? Self.digest(Array(bytes.prefix(Self.probeLength))).hex : nil), "\(key)")
         }
     }
 }

@@ -107,6 +107,7 @@ def test_dedup_other_key_same_account(relay):
 
 PROBE = 0x08
 MIB = 1048576
+PROBE_LEN = 262144
 
 
 def test_probe_not_negotiated_is_protocol_error(relay):
@@ -122,13 +123,13 @@ def test_probe_granted_confirm_for_stored_bytes_start_for_new(relay):
     k = key("probe")
     d = pattern(2 * MIB + 77, 41)
     c.upload_honest(k, d, sid=1)
-    # Same size, same first MiB: CONFIRM, and the stream is closed.
-    c.send(open_frame(3, key("probe-twin"), size=len(d), sha=sha1(d[:MIB]), flags=SIZE_KNOWN | PROBE))
+    # Same size, same first 256 KiB: CONFIRM, and the stream is closed.
+    c.send(open_frame(3, key("probe-twin"), size=len(d), sha=sha1(d[:PROBE_LEN]), flags=SIZE_KNOWN | PROBE))
     o = c.expect_offset(3)
     assert o["disposition"] == "CONFIRM" and o["offset"] == 0 and o["resume_token"] == "", o
-    # Another first MiB: START, as for an OPEN without SHA-1.
+    # Other first 256 KiB: START, as for an OPEN without SHA-1.
     e = pattern(2 * MIB + 77, 42)
-    c.send(open_frame(5, key("probe-new"), size=len(e), sha=sha1(e[:MIB]), flags=SIZE_KNOWN | PROBE))
+    c.send(open_frame(5, key("probe-new"), size=len(e), sha=sha1(e[:PROBE_LEN]), flags=SIZE_KNOWN | PROBE))
     o = c.expect_offset(5)
     assert o["disposition"] == "START", o
     c.roundtrip()

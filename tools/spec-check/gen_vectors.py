@@ -240,8 +240,8 @@ def valid_vectors():
         OFFSET(1, "RESUME", 65536, "000102030405060708090a0b0c0d0e0f"))
     add("offset-stored", "OFFSET STORED: already stored, offset = size, empty token (§3.4, §7).",
         OFFSET(7, "STORED", 6))
-    add("open-probe", "OPEN with SIZE_KNOWN|PROBE: sha1 is the SHA-1 of the first 1048576 bytes (§3.3, §7.1).",
-        OPEN(13, key="clips/big.mp4", size=3 * 1048576, probe=sha1hex(bytes(1048576))))
+    add("open-probe", "OPEN with SIZE_KNOWN|PROBE: sha1 is the SHA-1 of the first 262144 bytes (§3.3, §7.1).",
+        OPEN(13, key="clips/big.mp4", size=3 * 1048576, probe=sha1hex(bytes(262144))))
     add("offset-confirm", "OFFSET CONFIRM: the relay may hold the bytes; offset 0, empty token (§3.4, §7.1).",
         OFFSET(13, "CONFIRM"))
     add("chunk", "CHUNK, plain; crc32 is zlib crc32 of the data (§3.5, §8).",
@@ -331,8 +331,8 @@ def invalid_vectors():
         R, hs, raw_frame(T("OPEN"), 0x09, 1, p_open(b"a", size=2 << 20, sha1=probe)), "PROTOCOL_ERROR")
     add("open-probe-and-sha1-known", "OPEN with both PROBE and SHA1_KNOWN (§3.3, §7.1).",
         R, phs, raw_frame(T("OPEN"), 0x0B, 1, p_open(b"a", size=2 << 20, sha1=probe)), "PROTOCOL_ERROR")
-    add("open-probe-small", "OPEN with PROBE and size 1048576: a probe needs a blob above 1048576 bytes (§3.3, §7.1).",
-        R, phs, raw_frame(T("OPEN"), 0x09, 1, p_open(b"a", size=1 << 20, sha1=probe)), "PROTOCOL_ERROR")
+    add("open-probe-small", "OPEN with PROBE and size 262144: a probe needs a blob above 262144 bytes (§3.3, §7.1).",
+        R, phs, raw_frame(T("OPEN"), 0x09, 1, p_open(b"a", size=1 << 18, sha1=probe)), "PROTOCOL_ERROR")
     add("open-probe-without-size-known", "OPEN with PROBE but without SIZE_KNOWN (§3.3, §7.1).",
         R, phs, raw_frame(T("OPEN"), 0x08, 1, p_open(b"a", sha1=probe)), "PROTOCOL_ERROR")
     add("offset-confirm-with-offset", "OFFSET CONFIRM with offset 5; CONFIRM carries offset 0 (§3.4).",

@@ -36,7 +36,7 @@ MAX_SEGMENT = 255
 
 FEATURE_DEFLATE = 0x00000001
 FEATURE_DEDUP_PROBE = 0x00000002
-PROBE_LENGTH = 1048576
+PROBE_LENGTH = 262144
 PROTOCOL_VERSION = 1
 
 TYPES = {
@@ -357,7 +357,7 @@ def _check_values(name, sid, flags, v, max_frame_size, defer_key) -> dict:
             if flags & FLAG_SHA1_KNOWN:
                 raise _pe(name, "PROBE with SHA1_KNOWN")
             if not flags & FLAG_SIZE_KNOWN or v["size"] <= PROBE_LENGTH:
-                raise _pe(name, "PROBE without SIZE_KNOWN and a size above 1048576")
+                raise _pe(name, "PROBE without SIZE_KNOWN and a size above 262144")
         if len(v["fingerprint"]) > MAX_OPAQUE8:
             raise _pe(name, "fingerprint longer than 64 bytes")
         if len(v["resume_token"]) > MAX_OPAQUE8:

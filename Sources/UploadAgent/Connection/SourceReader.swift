@@ -157,7 +157,7 @@ enum SourceReader {
     /// journal's hash cache knows the SHA-1 of this fingerprint.
     ///
     /// With `probe` (the relay granted the dedup probe, SPEC §7.1) a source larger than the probe length is hashed over
-    /// its first MiB only: the whole SHA-1 comes while it is sent, in the same read, unless the relay answers CONFIRM.
+    /// its first 256 KiB only: the whole SHA-1 comes while it is sent, in the same read, unless the relay answers CONFIRM.
     static func prepare(
         _ source: any BlobSource, info known: SourceInfo?, knownSHA1: SHA1Digest?, dedup: Bool, probe: Bool = false, reopenLimit: Int,
         journal: (any JobJournal)?

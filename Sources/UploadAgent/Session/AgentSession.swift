@@ -32,7 +32,7 @@ struct AgentSession {
         case schedule(Timer, in: TimeAmount)
         /// Open the job's source and, for dedup, hash it (``SourceReader/prepare(_:info:knownSHA1:dedup:reopenLimit:journal:)``); then
         /// call ``prepared(_:_:)``.
-        /// With `probe`, a large source is hashed over its first MiB only (SPEC §7.1).
+        /// With `probe`, a large source is hashed over its first 256 KiB only (SPEC §7.1).
         case prepare(UploadJob, dedup: Bool, probe: Bool)
         /// Read a batch (credit already reserved); then call ``readFinished(_:_:)``.
         case read(SourceReader.Request)

@@ -24,8 +24,8 @@ public struct AgentConfiguration: Sendable {
     public var smallUploadsPerSlot: Int = 8
     /// The largest chunk payload (capped by the relay's frame size).
     public var chunkSize: Int = 1 << 20
-    /// Hash files before OPEN so the relay can answer "already stored" without a byte sent (SPEC §7). A file over 1 MiB
-    /// is hashed over its first MiB only when the relay grants the dedup probe, and whole only if it answers CONFIRM
+    /// Hash files before OPEN so the relay can answer "already stored" without a byte sent (SPEC §7). A file over 256 KiB
+    /// is hashed over its first 256 KiB only when the relay grants the dedup probe, and whole only if it answers CONFIRM
     /// (SPEC §7.1).
     public var dedup = true
     /// The most payload bytes per second read and sent, over all uploads (`--bwlimit`); nil for no limit. The relay's

@@ -18,7 +18,7 @@ final class UploadJob: @unchecked Sendable {
     var knownSHA1: SHA1Digest? = nil
     /// The relay answered a probe with CONFIRM (SPEC §7.1): the next OPEN carries the whole SHA-1.
     var probeConfirmed = false
-    /// The SHA-1 of the first MiB, when it was opened with the dedup probe.
+    /// The SHA-1 of the first 256 KiB, when it was opened with the dedup probe.
     var probe: SHA1Digest? = nil
 
     /// What says, before a byte is sent, that two jobs hold the same bytes: their SHA-1, or their size and probe.

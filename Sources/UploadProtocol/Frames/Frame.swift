@@ -166,7 +166,7 @@ extension Frame {
         public static let probeFlag: UInt8 = 0x08
         public static let allFlags: UInt8 = 0x0F
         /// The bytes a probe digest covers, and the size a blob opened with PROBE must exceed (SPEC §7.1).
-        public static let probeLength: UInt64 = 1 << 20
+        public static let probeLength: UInt64 = 1 << 18
 
         public var streamID: StreamID
         /// The key as sent. It may not be valid UTF-8: the relay checks it (``ObjectKey``) and answers INVALID_KEY.

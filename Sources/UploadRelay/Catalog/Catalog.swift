@@ -122,7 +122,7 @@ public struct StoredObject: Hashable, Sendable {
     /// interrupted one (startup recovery settles it).
     public var identity: ObjectIdentity?
     public var committedAt: Date
-    /// Lowercase hex SHA-1 of the first 1 MiB, for a blob larger than that (the dedup probe, SPEC §7.1); nil when not
+    /// Lowercase hex SHA-1 of the first 256 KiB, for a blob larger than that (the dedup probe, SPEC §7.1); nil when not
     /// known (smaller, committed before the probe existed, or recovered after a crash).
     public var probeSHA1: String?
 
@@ -205,7 +205,7 @@ public protocol Catalog: Sendable {
 
     func object(account: String, key: String) throws -> StoredObject?
     func object(account: String, size: Int64, sha1: String) throws -> [StoredObject]
-    /// Objects of the account with this size whose first 1 MiB may have the SHA-1 `probe`: a recorded probe that
+    /// Objects of the account with this size whose first 256 KiB may have the SHA-1 `probe`: a recorded probe that
     /// matches, or none recorded (SPEC §7.1). At most a few.
     func probeCandidates(account: String, size: Int64, probe: String) throws -> [StoredObject]
 

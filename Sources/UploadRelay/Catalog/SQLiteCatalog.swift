@@ -78,7 +78,7 @@ public final class SQLiteCatalog: Catalog {
             )
         }
         migrator.registerMigration("v3: dedup probe digests") { db in
-            // NULL: not known (objects from before, recovered commits, blobs of 1 MiB or less).
+            // NULL: not known (objects from before, recovered commits, blobs of 256 KiB or less).
             try db.execute(sql: "ALTER TABLE object ADD COLUMN probe_sha1 TEXT")
         }
         return migrator

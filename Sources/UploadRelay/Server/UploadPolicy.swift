@@ -169,7 +169,7 @@ struct UploadPolicy {
         var size: Int64
         var sha1: SHA1Digest
         var overwrite: Bool
-        /// The SHA-1 of the first 1 MiB, for a blob above that (SPEC §7.1); nil when not known.
+        /// The SHA-1 of the first 256 KiB, for a blob above that (SPEC §7.1); nil when not known.
         var probeSHA1: String? = nil
     }
 
