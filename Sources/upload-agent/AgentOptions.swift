@@ -26,7 +26,7 @@ struct ConnectionOptions: ParsableArguments {
 
     @Option(
         name: .long,
-        help: "Uploads in flight at once (default 5: keeps a phone-class host responsive). Files of 1 MiB or less count as 1/8 of one."
+        help: "Uploads in flight at once (default 5: keeps a phone-class host responsive). Files of 256 KiB or less count as 1/8 of one."
     )
     var concurrency: Int = 5
 

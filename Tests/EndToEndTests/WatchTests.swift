@@ -311,7 +311,7 @@ struct WatchTests {
             }
             most = max(most, inFlight.count)
         }
-        // Files of 1 MiB or less count as an eighth of a place of --concurrency.
+        // Files of 256 KiB or less count as an eighth of a place of --concurrency.
         #expect(most <= 24, "\(most) small uploads at once with --concurrency 3")
         #expect(most > 3, "small uploads did not share the places of --concurrency 3: at most \(most) at once")
         let finished = agent.events.filter { $0["event"] as? String == "finished" }

@@ -120,7 +120,7 @@ struct AgentSessionTests {
         #expect(try next(request, shrunk).deflate)
     }
 
-    @Test("--concurrency: a job being prepared takes a whole place; once small (<= 1 MiB) it takes an eighth; large ones a place each")
+    @Test("--concurrency: a job being prepared takes a whole place; once small (<= 256 KiB) it takes an eighth; large ones a place each")
     func smallUploadsShareAPlace() {
         // 2 places: 16 shares.
         var small = AgentHarness(files: 40, size: 100_000) { $0.concurrency = 2 }

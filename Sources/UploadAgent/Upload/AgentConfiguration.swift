@@ -18,8 +18,9 @@ public struct AgentConfiguration: Sendable {
     /// 1/``smallUploadsPerSlot`` of one: a photo costs a round trip and a commit, not a slot's memory, and small files
     /// went at a third of the rate they could with 5 at once.
     public var concurrency: Int = 5
-    /// The largest upload that counts as small for ``concurrency``.
-    public var smallUploadBytes: UInt64 = 1 << 20
+    /// The largest upload that counts as small for ``concurrency``: its read block (at most this) is all it holds. At
+    /// 1 MiB, 33 one-MiB files in flight each held a block read for its probe: 61 MiB of agent.
+    public var smallUploadBytes: UInt64 = 256 << 10
     /// How many small uploads share one place of ``concurrency``.
     public var smallUploadsPerSlot: Int = 8
     /// The largest chunk payload (capped by the relay's frame size).
