@@ -39,6 +39,44 @@ struct CommandLineTests {
 
     static let stateHome = TestRelay.makeDirectory()
 
+    /// `upload-relay serve --dev` in a temporary directory, and the environment that points an agent at it.
+    struct DevRelay {
+        let child: ChildProcess
+        let data: String
+        let port: Int
+        let environment: [String: String]
+
+        init() throws {
+            self.data = TestRelay.makeDirectory()
+            self.child = try ChildProcess(
+                try relayBinary(),
+                ["serve", "--dev", "--data", data, "--listen", "127.0.0.1:0", "--ready-file", data + "/ready", "--log-level", "warning"],
+                readyFile: data + "/ready", logFile: data + "/relay.log"
+            )
+            do {
+                self.port = try self.child.waitUntilReady()
+                let token = try String(contentsOfFile: data + "/dev/token", encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
+                self.environment = ["UPLOAD_RELAY": "127.0.0.1:\(port)", "UPLOAD_CA": data + "/dev/ca.pem", "UPLOAD_TOKEN": token]
+            } catch {
+                self.child.kill(SIGTERM)
+                _ = self.child.waitForExit()
+                throw error
+            }
+        }
+
+        func stop() {
+            self.child.kill(SIGTERM)
+            _ = self.child.waitForExit()
+        }
+    }
+
+    /// `--json` output: one object per line.
+    static func jsonLines(_ stdout: String) throws -> [[String: Any]] {
+        try stdout.split(separator: "\n").map { line in
+            try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any], "not a JSON object: \(line)")
+        }
+    }
+
     static func agentBinary() throws -> String {
         let path = packageRoot + "/.build/debug/upload-agent"
         guard FileManager.default.isExecutableFile(atPath: path) else {
@@ -49,25 +87,14 @@ struct CommandLineTests {
 
     @Test("send --json: exit 0, one JSON object per item with the documented fields; then dedup; then exit 1 on a bad token")
     func sendJSON() throws {
-        let data = TestRelay.makeDirectory()
-        let relay = try ChildProcess(
-            try relayBinary(), ["serve", "--dev", "--data", data, "--listen", "127.0.0.1:0", "--ready-file", data + "/ready", "--log-level", "warning"],
-            readyFile: data + "/ready", logFile: data + "/relay.log"
-        )
-        defer {
-            relay.kill(SIGTERM)
-            _ = relay.waitForExit()
-        }
-        let port = try relay.waitUntilReady()
+        let relay = try DevRelay()
+        defer { relay.stop() }
+        let (data, port, environment) = (relay.data, relay.port, relay.environment)
         // --dev prints the command to use, with the address and port it listens on (issue 6 finding 22).
-        #expect(relay.log.contains("upload with: upload-agent send --relay 127.0.0.1:\(port) --ca \(data)/dev/ca.pem"), "\(relay.log)")
+        #expect(relay.child.log.contains("upload with: upload-agent send --relay 127.0.0.1:\(port) --ca \(data)/dev/ca.pem"), "\(relay.child.log)")
         let source = TestRelay.makeDirectory()
         let file = makeFile(source + "/trip", "day1/IMG_1.jpg", size: 300_000, seed: 31)
         _ = makeFile(source + "/trip", "notes.txt", size: 12, seed: 32)
-        let environment = [
-            "UPLOAD_RELAY": "127.0.0.1:\(port)", "UPLOAD_CA": data + "/dev/ca.pem",
-            "UPLOAD_TOKEN": try String(contentsOfFile: data + "/dev/token", encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines),
-        ]
         let agent = try Self.agentBinary()
 
         let first = try Self.run(agent, ["send", "--json", source + "/trip"], environment: environment)
@@ -98,30 +125,17 @@ struct CommandLineTests {
 
     @Test("send --deflate --json: wire_bytes shows what deflate saved on text, and nothing on random bytes; both stored exactly")
     func wireBytes() throws {
-        let data = TestRelay.makeDirectory()
-        let relay = try ChildProcess(
-            try relayBinary(), ["serve", "--dev", "--data", data, "--listen", "127.0.0.1:0", "--ready-file", data + "/ready", "--log-level", "warning"],
-            readyFile: data + "/ready", logFile: data + "/relay.log"
-        )
-        defer {
-            relay.kill(SIGTERM)
-            _ = relay.waitForExit()
-        }
-        let port = try relay.waitUntilReady()
+        let relay = try DevRelay()
+        defer { relay.stop() }
+        let (data, environment) = (relay.data, relay.environment)
         let source = TestRelay.makeDirectory()
         let text = Data((0..<40_000).map { "line \($0 % 100): the relay acknowledged the upload\n" }.joined().utf8)
         try FileManager.default.createDirectory(atPath: source + "/logs", withIntermediateDirectories: true)
         try text.write(to: URL(fileURLWithPath: source + "/logs/app.log"))
         let random = makeFile(source + "/logs", "clip.bin", size: 3_000_000, seed: 77)
-        let environment = [
-            "UPLOAD_RELAY": "127.0.0.1:\(port)", "UPLOAD_CA": data + "/dev/ca.pem",
-            "UPLOAD_TOKEN": try String(contentsOfFile: data + "/dev/token", encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines),
-        ]
         let run = try Self.run(try Self.agentBinary(), ["send", "--deflate", "--no-dedup", "--json", source + "/logs"], environment: environment)
         #expect(run.status == 0, "\(run.stderr)")
-        let lines = try run.stdout.split(separator: "\n").map { line in
-            try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])
-        }
+        let lines = try Self.jsonLines(run.stdout)
         let log = try #require(lines.first { $0["key"] as? String == "logs/app.log" })
         let clip = try #require(lines.first { $0["key"] as? String == "logs/clip.bin" })
         let (logSent, logWire) = (log["sent_bytes"] as? Int ?? 0, log["wire_bytes"] as? Int ?? 0)
@@ -133,27 +147,15 @@ struct CommandLineTests {
 
     @Test("dedup probe: a new 3 MiB file is hashed over its first 256 KiB only and sent in one read; the same bytes again are confirmed, hashed whole and not sent")
     func dedupProbe() throws {
-        let data = TestRelay.makeDirectory()
-        let relay = try ChildProcess(
-            try relayBinary(), ["serve", "--dev", "--data", data, "--listen", "127.0.0.1:0", "--ready-file", data + "/ready", "--log-level", "warning"],
-            readyFile: data + "/ready", logFile: data + "/relay.log"
-        )
-        defer {
-            relay.kill(SIGTERM)
-            _ = relay.waitForExit()
-        }
-        let port = try relay.waitUntilReady()
+        let relay = try DevRelay()
+        defer { relay.stop() }
+        let (data, environment) = (relay.data, relay.environment)
         let source = TestRelay.makeDirectory()
         let clip = makeFile(source, "clip.mp4", size: 3 << 20, seed: 88)
-        let environment = [
-            "UPLOAD_RELAY": "127.0.0.1:\(port)", "UPLOAD_CA": data + "/dev/ca.pem",
-            "UPLOAD_TOKEN": try String(contentsOfFile: data + "/dev/token", encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines),
-        ]
         func send(_ arguments: [String]) throws -> [String: Any] {
             let run = try Self.run(try Self.agentBinary(), ["send", "--json"] + arguments, environment: environment)
             #expect(run.status == 0, "\(run.stderr)")
-            let line = try #require(run.stdout.split(separator: "\n").first)
-            return try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])
+            return try #require(try Self.jsonLines(run.stdout).first)
         }
         let first = try send([clip.path])
         #expect(first["status"] as? String == "stored")
@@ -169,28 +171,15 @@ struct CommandLineTests {
 
     @Test("send --json: names with quotes and accents come out as valid JSON, byte for byte")
     func jsonEscapes() throws {
-        let data = TestRelay.makeDirectory()
-        let relay = try ChildProcess(
-            try relayBinary(), ["serve", "--dev", "--data", data, "--listen", "127.0.0.1:0", "--ready-file", data + "/ready", "--log-level", "warning"],
-            readyFile: data + "/ready", logFile: data + "/relay.log"
-        )
-        defer {
-            relay.kill(SIGTERM)
-            _ = relay.waitForExit()
-        }
-        let port = try relay.waitUntilReady()
+        let relay = try DevRelay()
+        defer { relay.stop() }
+        let environment = relay.environment
         let source = TestRelay.makeDirectory()
         // (Names with control characters or backslashes are refused before anything is sent: not valid keys.)
         let names = ["say \"hi\" & 'bye'.txt", "ünïcødé 写真.jpg", "dir/x {y}: [z].txt"]
         for (index, name) in names.enumerated() { _ = makeFile(source + "/odd", name, size: 100 + index, seed: UInt64(40 + index)) }
-        let environment = [
-            "UPLOAD_RELAY": "127.0.0.1:\(port)", "UPLOAD_CA": data + "/dev/ca.pem",
-            "UPLOAD_TOKEN": try String(contentsOfFile: data + "/dev/token", encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines),
-        ]
         let run = try Self.run(try Self.agentBinary(), ["send", "--json", source + "/odd"], environment: environment)
-        let lines = try run.stdout.split(separator: "\n").map { line in
-            try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any], "not a JSON object: \(line)")
-        }
+        let lines = try Self.jsonLines(run.stdout)
         #expect(run.status == 0 && lines.count == names.count, "\(run.stdout) \(run.stderr)")
         for name in names {
             let line = lines.first { $0["path"] as? String == source + "/odd/" + name }

@@ -143,14 +143,19 @@ struct WorkloadTests {
         #expect(use.refusal(account: "small", needed: 60).contains("held by unfinished uploads"))
     }
 
+    /// A catalog whose account "small" (quota 100) holds the object `key` of `size` bytes.
+    static func catalog(holding key: String, size: Int64) throws -> SQLiteCatalog {
+        let catalog = try SQLiteCatalog(path: TestRelay.makeDirectory() + "/catalog.sqlite")
+        try catalog.addAccount(name: "small", tokenHash: [1], quota: 100)
+        let stored = PendingCommit(account: "small", key: key, size: size, sha1: "a", sessionID: nil)
+        try catalog.beginCommit(stored)
+        try catalog.finishCommit(stored, identity: ObjectIdentity(device: 1, inode: 2, size: size, modified: 3))
+        return catalog
+    }
+
     @Test("an open upload whose session is not recorded yet holds what it announced, beyond the object it replaces")
     func openUploadWithoutSessionCounts() throws {
-        let directory = TestRelay.makeDirectory()
-        let catalog = try SQLiteCatalog(path: directory + "/catalog.sqlite")
-        try catalog.addAccount(name: "small", tokenHash: [1], quota: 100)
-        let stored = PendingCommit(account: "small", key: "old", size: 30, sha1: "a", sessionID: nil)
-        try catalog.beginCommit(stored)
-        try catalog.finishCommit(stored, identity: ObjectIdentity(device: 1, inode: 2, size: 30, modified: 3))
+        let catalog = try Self.catalog(holding: "old", size: 30)
         // "new" announced 40 and replaces nothing; "old" announced 50 and replaces its 30; "stdin" announced nothing.
         var use = try catalog.quotaUse(account: "small", excludingKey: "asking", active: ["new": 40, "old": 50, "stdin": 0, "asking": 99])
         #expect(use.staged == 60)
@@ -163,12 +168,7 @@ struct WorkloadTests {
 
     @Test("an upload that will replace an object counts only what it adds to it (soak seed 424242 round 21)")
     func replacingUploadCountsItsGrowth() throws {
-        let directory = TestRelay.makeDirectory()
-        let catalog = try SQLiteCatalog(path: directory + "/catalog.sqlite")
-        try catalog.addAccount(name: "small", tokenHash: [1], quota: 100)
-        let stored = PendingCommit(account: "small", key: "big", size: 80, sha1: "a", sessionID: nil)
-        try catalog.beginCommit(stored)
-        try catalog.finishCommit(stored, identity: ObjectIdentity(device: 1, inode: 2, size: 80, modified: 3))
+        let catalog = try Self.catalog(holding: "big", size: 80)
         // The same key sent again from stdin (size unknown), 70 bytes in: the commit will charge nothing.
         try catalog.putSession(
             UploadSession(

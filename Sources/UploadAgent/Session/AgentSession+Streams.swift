@@ -18,12 +18,12 @@ extension AgentSession {
         while self.machine.canOpenStream, used + perSlot <= budget, let job = self.queue.next() {
             self.preparing += 1
             used += perSlot
-            let probing = self.machine.features.contains(.dedupProbe)
+            let dedup = job.item.dedup ?? self.configuration.dedup
+            let probing = dedup && !job.probeConfirmed && self.machine.features.contains(.dedupProbe)
             // With the probe, a job that made progress in an earlier run asks nothing before OPEN: its session is on the
             // relay, and hashing it first (whole or probe) would re-read what the resume does not need.
             let resuming = job.recorded != nil || !job.resumeToken.isEmpty
-            let dedup = (job.item.dedup ?? self.configuration.dedup) && !(probing && resuming && !job.probeConfirmed)
-            actions.append(.prepare(job, dedup: dedup, probe: dedup && probing && !job.probeConfirmed))
+            actions.append(.prepare(job, dedup: dedup && !(probing && resuming), probe: probing && !resuming))
         }
         return actions
     }
@@ -66,7 +66,7 @@ extension AgentSession {
             let id = self.machine.nextStreamID
             let open = Frame.Open(
                 streamID: id, key: job.key, size: info.size, sha1: sha1, overwrite: job.item.overwrite ?? self.configuration.overwrite,
-                fingerprint: info.fingerprint, resumeToken: job.resumeToken, probe: sha1 == nil ? prepared.probe : nil
+                fingerprint: info.fingerprint, resumeToken: job.resumeToken, probe: job.probe
             )
             guard let frame = self.machine.sendOpen(open) else {
                 self.queue.requeue(job)

@@ -242,9 +242,15 @@ public protocol Catalog: Sendable {
 extension Catalog {
     /// One transaction per commit, for catalogs with nothing better.
     public func beginCommits(_ commits: [PendingCommit]) throws -> [CatalogError?] {
+        try Self.reserving(commits, with: self.beginCommit)
+    }
+
+    /// `begin` of each commit in turn: nil where it reserved, its ``CatalogError`` where it was refused; any other error
+    /// stops them all.
+    static func reserving(_ commits: [PendingCommit], with begin: (PendingCommit) throws -> Void) rethrows -> [CatalogError?] {
         try commits.map { commit in
             do {
-                try self.beginCommit(commit)
+                try begin(commit)
                 return nil
             } catch let error as CatalogError {
                 return error

@@ -63,14 +63,7 @@ extension SQLiteCatalog {
 
     public func beginCommits(_ commits: [PendingCommit]) throws -> [CatalogError?] {
         try self.database.write { db in
-            try commits.map { commit in
-                do {
-                    try Self.beginCommit(db, commit)
-                    return nil
-                } catch let error as CatalogError {
-                    return error
-                }
-            }
+            try Self.reserving(commits) { try Self.beginCommit(db, $0) }
         }
     }
 
