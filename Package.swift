@@ -155,7 +155,7 @@ let package = Package(
         .testTarget(
             name: "UploadAgentTests",
             dependencies: [
-                "UploadAgent", "UploadProtocol", "UploadTestSupport",
+                "UploadAgent", "UploadProtocol", "UploadChecksums", "UploadTestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),

@@ -157,6 +157,24 @@ struct AgentSessionTests {
         #expect(large.session.openMore().isEmpty, "a third large upload started")
     }
 
+    @Test("a job whose HASH went out gives its place back: the next job is prepared while the relay commits")
+    func hashSentFreesThePlace() {
+        var h = AgentHarness(files: 2, size: 3 << 20) { $0.concurrency = 1 }
+        let ids = h.connect(connectionWindow: 32 << 20, streamWindow: 8 << 20)
+        #expect(ids.count == 1)
+        var actions = h.receive(.offset(Frame.Offset(streamID: ids[0], disposition: .start, offset: 0)))
+        var rounds = 0
+        while let read = AgentHarness.reads(actions).first, rounds < 100 {
+            rounds += 1
+            #expect(!actions.contains { if case .prepare = $0 { return true } else { return false } }, "prepared before HASH")
+            let ended = read.offset >= 3 << 20
+            actions = h.session.readFinished(read.streamID, .success(AgentHarness.batch(read, bytes: ended ? 0 : read.budget, ended: ended)))
+        }
+        #expect(AgentHarness.frames(actions).contains { $0.type == .hash })
+        let prepared = actions.compactMap { if case .prepare(let job, _, _) = $0 { return job } else { return nil } }
+        #expect(prepared.count == 1 && prepared.first === h.jobs[1], "\(actions)")
+    }
+
     @Test("dedup probe: a large file is opened with its first MiB's SHA-1; CONFIRM prepares it again, hashed whole, and opens it with its SHA-1")
     func probeThenConfirm() throws {
         var h = AgentHarness(files: 1, size: 8 << 20) { $0.dedup = true }

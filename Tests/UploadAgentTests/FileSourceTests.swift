@@ -1,7 +1,9 @@
 import Foundation
 import NIOCore
 import Testing
-import UploadAgent
+import UploadChecksums
+import UploadProtocol
+@testable import UploadAgent
 import UploadTestSupport
 
 /// The agent's file source: any offset and length reads the file's bytes, and no byte past the size at open.
@@ -50,6 +52,50 @@ struct FileSourceTests {
         third = try source.read(at: 3 << 16, maxLength: 1 << 16, allocator: allocator)
         #expect(third.map { Array($0.readableBytesView) } == Array(file.data[(3 << 16)..<(4 << 16)]))
         #expect(Array(second.readableBytesView) == Array(file.data[(1 << 16)..<(2 << 16)]))
+    }
+
+    @Test("the read of a file's last bytes lets go of its block: an upload waiting for its commit holds no block")
+    func lastReadLetsGoOfTheBlock() throws {
+        let file = makeFile(TemporaryDirectories.make(), "v.bin", size: 4 << 14, seed: 12)
+        let source = FileSource(path: file.path, blockSize: 1 << 20)
+        _ = try source.open()
+        defer { source.close() }
+        let allocator = ByteBufferAllocator()
+        // One block holds the whole file; the reads after the first are slices of it.
+        let first = try source.read(at: 0, maxLength: 1 << 14, allocator: allocator)
+        let last = try source.read(at: 3 << 14, maxLength: 1 << 14, allocator: allocator)
+        #expect(Array(first.readableBytesView) == Array(file.data[0..<(1 << 14)]))
+        #expect(Array(last.readableBytesView) == Array(file.data[(3 << 14)...]))
+        // New bytes in place of the old (same size): a block still held would return the old ones.
+        let fresh = [UInt8](repeating: 0xA5, count: 1 << 14)
+        let handle = try #require(FileHandle(forWritingAtPath: file.path))
+        try handle.write(contentsOf: fresh)
+        try handle.close()
+        let again = try source.read(at: 0, maxLength: 1 << 14, allocator: allocator)
+        #expect(again.readableBytesView.elementsEqual(fresh), "the block outlived the file's last read")
+    }
+
+    @Test("a read from the start with the probe's SHA-1 state (its first 256 KiB) hashes on from there: the whole SHA-1, once")
+    func readAfterProbe() throws {
+        let file = makeFile(TemporaryDirectories.make(), "p.bin", size: 600_000, seed: 13)
+        let bytes = [UInt8](file.data)
+        let source = FileSource(path: file.path)
+        let info = try source.open()
+        defer { source.close() }
+        var prefix = SHA1()
+        prefix.update(bytes.prefix(Int(Frame.Open.probeLength)))
+        let request = SourceReader.Request(
+            streamID: 1, source: source, size: 600_000, offset: 0, budget: 600_000, chunkSize: 100_000, deflate: false, sha1: prefix,
+            keepSnapshots: true, reopening: SourceReader.Reopening(fingerprint: info.fingerprint, limit: 1), corruptAt: nil
+        )
+        let batch = try SourceReader.read(request)
+        #expect(batch.chunks.map(\.offset) == [0, 100_000, 200_000, 300_000, 400_000, 500_000])
+        #expect(batch.sha1?.finalize() == SHA1.hash(bytes))
+        // A snapshot is a resume point: only where the state covers exactly the bytes before it.
+        #expect(batch.snapshots.map(\.0) == [300_000, 400_000, 500_000, 600_000])
+        for (offset, state) in batch.snapshots {
+            #expect(state.finalize() == SHA1.hash(bytes.prefix(Int(offset))), "snapshot at \(offset)")
+        }
     }
 
     @Test("a start offset past the end is refused with the sizes")

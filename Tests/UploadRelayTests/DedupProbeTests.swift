@@ -59,7 +59,7 @@ struct DedupProbeTests {
     func recordsProbeDigest() throws {
         let services = try CommitGroupTests.services(pool: .singleton)
         var rng = SeededGenerator(seed: 91)
-        for (key, size) in [("big.bin", 3 * Self.probeLength + 123), ("small.bin", Self.probeLength)] {
+        for (key, size, chunkSize) in [("big.bin", 3 * Self.probeLength + 123, 100_000), ("even.bin", 2 * Self.probeLength, 1 << 16), ("small.bin", Self.probeLength, 100_000)] {
             let bytes = (0..<size).map { _ in UInt8.random(in: 0...255, using: &rng) }
             let account = try #require(try services.catalog.account(named: "cam-7"))
             let open = Frame.Open(streamID: 1, key: key, size: UInt64(size))
@@ -73,11 +73,11 @@ struct DedupProbeTests {
                 key: try ObjectKey(validating: key), account: "cam-7", overwrite: false, session: session, recorded: recorded,
                 staging: staging, sha1: sha1, services: services, logger: Logger(label: "test")
             )
-            // Chunks of 100,000 bytes: one straddles the probe's end.
+            // Chunks of 100,000 bytes (one straddles the probe's end), or of 64 KiB (one ends there).
             var offset = 0
             var chunks: [Frame.Chunk] = []
             while offset < size {
-                let end = min(size, offset + 100_000)
+                let end = min(size, offset + chunkSize)
                 chunks.append(ChunkPayload.seal(ByteBuffer(bytes: bytes[offset..<end]), streamID: 1, offset: UInt64(offset), deflate: false))
                 offset = end
             }

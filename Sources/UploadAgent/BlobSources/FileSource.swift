@@ -99,6 +99,10 @@ public final class FileSource: BlobSource {
             if offset >= state.size { return allocator.buffer(capacity: 0) }
             if let block = state.block, offset >= state.blockOffset, offset < state.blockOffset + UInt64(block.readableBytes) {
                 let start = Int(offset - state.blockOffset)
+                if maxLength >= block.readableBytes - start && state.blockOffset + UInt64(block.readableBytes) >= state.size {
+                    // The file's last bytes: the block goes with its chunks (an upload waiting for its commit holds none).
+                    state.block = nil
+                }
                 return try Self.slice(block, from: start, length: maxLength, path: self.path)
             }
             let wanted = Int(min(UInt64(max(self.blockSize, maxLength)), state.size - offset))

@@ -17,7 +17,8 @@ enum SourceReader {
         var budget: Int
         var chunkSize: Int
         var deflate: Bool
-        /// The SHA-1 of the bytes before `offset`, when the agent computes it while sending.
+        /// The SHA-1 of the bytes before `offset`, when the agent computes it while sending; or of more bytes (the probe's,
+        /// read before OPEN), which the read then does not hash again.
         var sha1: SHA1?
         var keepSnapshots: Bool
         /// What the source was when opened, and how often it may be reopened in a row (``BlobSource/reopen()``).
@@ -94,7 +95,9 @@ enum SourceReader {
             }
             bandwidth?.take(data.readableBytes)
             if var sha1 = batch.sha1 {
-                data.withUnsafeReadableBytes { sha1.update($0) }
+                // A state ahead of the read (the probe's first bytes, SPEC §7.1) holds the read's first bytes already.
+                let skip = Int(clamping: min(UInt64(data.readableBytes), sha1.byteCount - min(sha1.byteCount, batch.nextOffset)))
+                data.withUnsafeReadableBytes { sha1.update(UnsafeRawBufferPointer(rebasing: $0.dropFirst(skip))) }
                 batch.sha1 = sha1
             }
             var chunk = ChunkPayload.seal(data, streamID: request.streamID, offset: batch.nextOffset, deflate: request.deflate, allocator: allocator)
@@ -104,7 +107,7 @@ enum SourceReader {
             batch.chunks.append(chunk)
             batch.nextOffset += UInt64(data.readableBytes)
             used += data.readableBytes
-            if request.keepSnapshots, let sha1 = batch.sha1 {
+            if request.keepSnapshots, let sha1 = batch.sha1, sha1.byteCount == batch.nextOffset {
                 batch.snapshots.append((batch.nextOffset, sha1))
             }
             // A stream that paused (a short read) sends what came now instead of waiting to fill the batch.
@@ -151,6 +154,8 @@ enum SourceReader {
         var hashedBytes: UInt64 = 0
         /// The SHA-1 of the first ``Frame/Open/probeLength`` bytes, when dedup asks the relay with a probe (SPEC §7.1).
         var probe: SHA1Digest? = nil
+        /// The running SHA-1 after those bytes: sending from the start hashes on from there.
+        var probePrefix: SHA1? = nil
     }
 
     /// Opens the source and, for dedup, hashes it whole before OPEN (seekable sources of known size only), unless the
@@ -173,7 +178,9 @@ enum SourceReader {
                 of: source, upTo: Frame.Open.probeLength, reopening: Reopening(fingerprint: info.fingerprint, limit: reopenLimit),
                 whenShort: "\(source.displayName) shrank while it was hashed"
             )
-            return Prepared(info: info, sha1: nil, hashedBytes: Frame.Open.probeLength, probe: SHA1Digest(bytes: prefix.finalize()))
+            return Prepared(
+                info: info, sha1: nil, hashedBytes: Frame.Open.probeLength, probe: SHA1Digest(bytes: prefix.finalize()), probePrefix: prefix
+            )
         }
         let sha1 = try Self.hashPrefix(
             of: source, upTo: size, reopening: Reopening(fingerprint: info.fingerprint, limit: reopenLimit),

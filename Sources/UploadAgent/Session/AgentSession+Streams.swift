@@ -13,8 +13,9 @@ extension AgentSession {
         var actions: [Action] = []
         let perSlot = max(1, self.configuration.smallUploadsPerSlot)
         let budget = max(1, self.configuration.concurrency) * perSlot
-        // A job being prepared takes a whole place until its size is known.
-        var used = self.senders.values.reduce(self.preparing * perSlot) { $0 + self.shares(of: $1.job) }
+        // A job being prepared takes a whole place until its size is known. One whose HASH went out takes none: it holds
+        // no read block, and only waits for the relay's commit (the relay's stream limit bounds how many do).
+        var used = self.senders.values.reduce(self.preparing * perSlot) { $0 + ($1.hashSent ? 0 : self.shares(of: $1.job)) }
         while self.machine.canOpenStream, used + perSlot <= budget, let job = self.queue.next() {
             self.preparing += 1
             used += perSlot
@@ -59,6 +60,7 @@ extension AgentSession {
                 return self.closeIfIdle()
             }
             job.probe = sha1 == nil ? prepared.probe : nil
+            job.probePrefix = sha1 == nil ? prepared.probePrefix : nil
             if let content = job.contentKey, self.senders.values.contains(where: { $0.job.contentKey == content }) {
                 self.twins[content, default: []].append(job)
                 return []
@@ -104,7 +106,7 @@ extension AgentSession {
         let started = Action.event(.started(key: job.key, size: job.info?.size, offset: offset.offset))
         if job.knownSHA1 == nil {
             if offset.offset == 0 {
-                sender.sha1 = SHA1()
+                sender.sha1 = job.probePrefix ?? SHA1()
             } else if let base, base.key == offset.offset {
                 sender.sha1 = base.value
             } else if job.item.source.isSeekable {
@@ -230,7 +232,7 @@ extension AgentSession {
             // What the read did not use goes back before the next read reserves again.
             self.machine.releaseReservation(on: id)
             if batch.ended {
-                return actions + self.sendHash(id, size: batch.nextOffset) + self.pumpInTurn(after: id, again: false)
+                return actions + self.sendHash(id, size: batch.nextOffset) + self.pumpInTurn(after: id, again: false) + self.openMore()
             }
             // An empty batch that did not end: a stream source waits for ACKs to free room; they pump it again.
             return actions + self.pumpInTurn(after: id, again: !batch.chunks.isEmpty)

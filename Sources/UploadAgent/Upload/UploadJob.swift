@@ -20,6 +20,8 @@ final class UploadJob: @unchecked Sendable {
     var probeConfirmed = false
     /// The SHA-1 of the first 256 KiB, when it was opened with the dedup probe.
     var probe: SHA1Digest? = nil
+    /// The running SHA-1 after those 256 KiB: an upload from offset 0 hashes on from there, not again from the start.
+    var probePrefix: SHA1? = nil
 
     /// What says, before a byte is sent, that two jobs hold the same bytes: their SHA-1, or their size and probe.
     struct ContentKey: Hashable {

@@ -25,9 +25,10 @@ final class UploadStorage: Sendable {
     private let sha1: NIOLockedValueBox<SHA1>
     /// Whether the catalog holds the session: a resumed one does; a new one from its first durable sync on.
     private let recorded: NIOLockedValueBox<Bool>
-    /// The SHA-1 of the first ``Frame/Open/probeLength`` bytes written, recorded with the object for the dedup probe
-    /// (SPEC §7.1). Nil for an upload resumed past its start: the relay does not read its staged prefix back for it.
-    private let probe: NIOLockedValueBox<SHA1?>
+    /// The SHA-1 of the first ``Frame/Open/probeLength`` bytes, recorded with the object for the dedup probe (SPEC §7.1):
+    /// taken from ``sha1`` as it passes that length, so those bytes are hashed once. Nil until then, and for an upload
+    /// resumed past it (the relay does not read its staged prefix back for it).
+    private let probe: NIOLockedValueBox<SHA1Digest?>
 
     init(
         key: ObjectKey, account: String, overwrite: Bool, session: UploadSession, recorded: Bool, staging: any StagingFile, sha1: SHA1,
@@ -40,7 +41,7 @@ final class UploadStorage: Sendable {
         self.recorded = NIOLockedValueBox(recorded)
         self.staging = staging
         self.sha1 = NIOLockedValueBox(sha1)
-        self.probe = NIOLockedValueBox(session.durableOffset == 0 ? SHA1() : nil)
+        self.probe = NIOLockedValueBox(nil)
         self.services = services
         self.logger = logger
     }
@@ -98,8 +99,7 @@ final class UploadStorage: Sendable {
                     } catch {
                         return (consumed, .stream(chunk.streamID, .storageError, "\(error)"))
                     }
-                    raw.withUnsafeReadableBytes { sha1.update($0) }
-                    self.updateProbe(raw, at: offset)
+                    raw.withUnsafeReadableBytes { self.hash($0, into: &sha1) }
                     offset += Int64(raw.readableBytes)
                     consumed.append(chunk.payloadLength)
                 }
@@ -108,29 +108,25 @@ final class UploadStorage: Sendable {
         }
     }
 
-    /// Feeds the part of `raw` (at `offset`) that lies in the probe's first bytes.
-    private func updateProbe(_ raw: ByteBuffer, at offset: Int64) {
-        let limit = Int64(Frame.Open.probeLength)
-        guard offset < limit else { return }
-        let count = Int(min(Int64(raw.readableBytes), limit - offset))
-        self.probe.withLockedValue { probe in
-            guard var digest = probe, digest.byteCount == UInt64(offset) else {
-                probe = nil
-                return
-            }
-            raw.withUnsafeReadableBytes { digest.update(UnsafeRawBufferPointer(rebasing: $0.prefix(count))) }
-            probe = digest
+    /// Hashes `bytes`, keeping the digest of the first ``Frame/Open/probeLength`` bytes when they end within them.
+    private func hash(_ bytes: UnsafeRawBufferPointer, into sha1: inout SHA1) {
+        let limit = Frame.Open.probeLength
+        guard sha1.byteCount < limit, sha1.byteCount + UInt64(bytes.count) >= limit else {
+            sha1.update(bytes)
+            return
         }
+        let head = Int(limit - sha1.byteCount)
+        sha1.update(UnsafeRawBufferPointer(rebasing: bytes.prefix(head)))
+        let digest = SHA1Digest(bytes: sha1.finalize())
+        self.probe.withLockedValue { $0 = digest }
+        sha1.update(UnsafeRawBufferPointer(rebasing: bytes.dropFirst(head)))
     }
 
-    /// The probe digest to record for a blob of `size` bytes: only above the probe length, and only when every one of
-    /// its first bytes went through this upload.
+    /// The probe digest to record for a blob of `size` bytes: only above the probe length, and only when this upload
+    /// wrote the bytes at that length.
     private func probeDigest(size: UInt64) -> String? {
         guard size > Frame.Open.probeLength else { return nil }
-        return self.probe.withLockedValue { probe in
-            guard let probe, probe.byteCount == Frame.Open.probeLength else { return nil }
-            return SHA1Digest(bytes: probe.finalize())?.hex
-        }
+        return self.probe.withLockedValue { $0?.hex }
     }
 
     /// SPEC §6.1: fsync first, then record offset and SHA-1 state; only then acknowledge.
