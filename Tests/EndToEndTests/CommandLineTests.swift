@@ -145,7 +145,7 @@ struct CommandLineTests {
         #expect(FileManager.default.contents(atPath: data + "/store/dev/logs/clip.bin") == random.data)
     }
 
-    @Test("dedup probe: a new 3 MiB file is hashed over its first 256 KiB only and sent in one read; the same bytes again are confirmed, hashed whole and not sent")
+    @Test("dedup probe: a new 3 MiB file is hashed over its first 256 KiB only and sent in one read; a copy of it is confirmed, hashed whole and not sent; the file itself again is known by its fingerprint, not read")
     func dedupProbe() throws {
         let relay = try DevRelay()
         defer { relay.stop() }
@@ -162,11 +162,19 @@ struct CommandLineTests {
         #expect(first["hashed_bytes"] as? Int == Int(Frame.Open.probeLength), "only the probe is read before OPEN: \(first)")
         #expect(first["sent_bytes"] as? Int == 3 << 20)
         #expect(FileManager.default.contents(atPath: data + "/store/dev/clip.mp4") == clip.data)
-        let again = try send(["--prefix", "copy", clip.path])
+        // A copy: the same bytes under another fingerprint, so the agent's hash cache cannot know them.
+        try FileManager.default.createDirectory(atPath: source + "/copy", withIntermediateDirectories: true)
+        try clip.data.write(to: URL(fileURLWithPath: source + "/copy/clip.mp4"))
+        let again = try send(["--prefix", "copy", source + "/copy/clip.mp4"])
         #expect(again["status"] as? String == "deduplicated", "\(again)")
         #expect(again["sent_bytes"] as? Int == 0)
         #expect(again["hashed_bytes"] as? Int == Int(Frame.Open.probeLength) + (3 << 20), "probe, then the whole file after CONFIRM: \(again)")
         #expect(FileManager.default.contents(atPath: data + "/store/dev/copy/clip.mp4") == clip.data)
+        // The first file again: its upload taught the hash cache its SHA-1, so nothing is read at all.
+        let third = try send(["--prefix", "third", clip.path])
+        #expect(third["status"] as? String == "deduplicated", "\(third)")
+        #expect(third["sent_bytes"] as? Int == 0 && third["hashed_bytes"] as? Int == 0, "\(third)")
+        #expect(FileManager.default.contents(atPath: data + "/store/dev/third/clip.mp4") == clip.data)
     }
 
     @Test("send --json: names with quotes and accents come out as valid JSON, byte for byte")

@@ -268,6 +268,13 @@ extension AgentStateStore {
                         progress.error, progress.rate, now, id, fingerprint, fingerprint,
                     ]
                 )
+                // A finished upload's SHA-1 is the relay's, of the bytes read while the fingerprint held: the hash cache
+                // learns it, so the next run's dedup needs no read (a probed or --no-dedup upload hashed it only while
+                // sending).
+                if progress.status == .done, progress.outcome != nil, let sha1 = progress.sha1, let fingerprint, !fingerprint.isEmpty {
+                    try db.cachedStatement(sql: "INSERT OR REPLACE INTO hash_cache (fingerprint, sha1, used_at) VALUES (?, ?, ?)")
+                        .execute(arguments: [fingerprint, sha1, now])
+                }
             }
         }
     }
