@@ -30,6 +30,15 @@ struct ConnectionOptions: ParsableArguments {
     )
     var concurrency: Int = 5
 
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "TLS connections to the relay at once (default 1), sharing --concurrency. One connection carries about 26 MB/s over a 100 ms round trip with Linux's default socket buffers: on a long fat link, 4 move several files about 4 times as fast.",
+            valueName: "n"
+        )
+    )
+    var connections: Int = 1
+
     @Flag(name: .long, help: "Do not ask the relay for the bytes before sending (no dedup): nothing hashed before OPEN, one read pass.")
     var noDedup = false
 
@@ -44,6 +53,7 @@ struct ConnectionOptions: ParsableArguments {
 
     func validate() throws {
         guard self.concurrency >= 1 else { throw ValidationError("--concurrency must be at least 1") }
+        guard (1...64).contains(self.connections) else { throw ValidationError("--connections must be between 1 and 64") }
         if let bwlimit = self.bwlimit, try ByteCount.parse(bwlimit, option: "--bwlimit") < 1 {
             throw ValidationError("--bwlimit must be at least 1 byte per second, e.g. 10M")
         }
@@ -81,6 +91,7 @@ struct ConnectionOptions: ParsableArguments {
             caPath: self.ca ?? Self.environment("UPLOAD_CA")
         )
         configuration.concurrency = self.concurrency
+        configuration.connections = self.connections
         configuration.serverName = self.serverName
         configuration.dedup = !self.noDedup
         configuration.deflate = self.deflate

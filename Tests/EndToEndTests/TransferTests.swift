@@ -1,6 +1,6 @@
 import Foundation
 import Testing
-import UploadAgent
+@testable import UploadAgent
 import UploadChecksums
 import UploadProtocol
 import UploadRelay
@@ -51,6 +51,46 @@ struct TransferTests {
         #expect(connections.value == 1)
         #expect(relay.stored("album/img-999.jpg")?.count == 1099)
         await relay.stop()
+    }
+
+    @Test("--connections 3: 30 files of 1 MiB go over three connections sharing --concurrency 6; every object exact")
+    func severalConnections() async throws {
+        let relay = try await TestRelay().start()
+        let source = TestRelay.makeDirectory()
+        var files: [String: Data] = [:]
+        for i in 0..<30 {
+            files["clips/c\(i).bin"] = makeFile(source + "/clips", "c\(i).bin", size: (1 << 20) + i, seed: UInt64(500 + i)).data
+        }
+        let items = try ItemPlanner.plan(paths: [source + "/clips"], prefix: nil, stdinName: nil)
+        let connections = Counter()
+        let results = try await upload(
+            items, port: relay.port, token: relay.token, ca: relay.caPath,
+            configure: {
+                $0.connections = 3
+                $0.concurrency = 6
+            },
+            onEvent: { event in
+                if case .connected = event { connections.increment() }
+            }
+        )
+        #expect(results.count == 30 && results.allSatisfy { $0.status == .stored }, "\(results.filter { $0.status != .stored })")
+        #expect(connections.value == 3 && relay.server.connectionsAdmitted == 3, "\(connections.value) connected, \(relay.server.connectionsAdmitted) admitted")
+        for (key, data) in files { #expect(relay.stored(key) == data, "\(key)") }
+        await relay.stop()
+    }
+
+    @Test("--connections shares --concurrency: never a connection without a place, never more places than asked")
+    func connectionShares() {
+        func shares(_ connections: Int, _ concurrency: Int) -> [Int] {
+            var configuration = AgentConfiguration(relayHost: "relay", relayPort: 1, token: "t", caPath: nil)
+            configuration.connections = connections
+            configuration.concurrency = concurrency
+            return Uploader.connectionShares(configuration).map(\.concurrency)
+        }
+        #expect(shares(1, 5) == [5])
+        #expect(shares(3, 5) == [2, 2, 1])
+        #expect(shares(4, 8) == [2, 2, 2, 2])
+        #expect(shares(8, 5) == [1, 1, 1, 1, 1])
     }
 
     @Test("stdin: a stream of unknown length")

@@ -301,7 +301,7 @@ struct AgentSessionTests {
         while let more = next.nextFrame(now: .now) { opened += more }
         #expect(!opened.contains { if case .prepare = $0 { return true } else { return false } })
         let woken = NIOLockedValueBox(0)
-        old.queue.setListener { woken.withLockedValue { $0 += 1 } }
+        old.queue.setListener(ObjectIdentifier(old.queue)) { woken.withLockedValue { $0 += 1 } }
         #expect(old.session.prepared(job, .success(SourceReader.Prepared(info: job.info!, sha1: nil))).isEmpty)
         #expect(woken.withLockedValue { $0 } == 1, "the queue tells the running connection")
         #expect(next.jobsChanged().contains { if case .prepare = $0 { return true } else { return false } })
@@ -312,14 +312,30 @@ struct AgentSessionTests {
         let job = UploadJob(item: UploadItem(key: "k", displayPath: "k", source: FileSource(path: "/nonexistent")))
         let queue = JobQueue([job])
         let told = NIOLockedValueBox(0)
-        queue.setListener { told.withLockedValue { $0 += 1 } }
+        queue.setListener(ObjectIdentifier(queue)) { told.withLockedValue { $0 += 1 } }
         for _ in 0..<300_000 {
             guard let next = queue.next() else { break }
             queue.requeue(next)
         }
         // Releasing the listener released a chain of conversion thunks one per access, recursively, past the stack.
-        queue.setListener(nil)
+        queue.setListener(ObjectIdentifier(queue), nil)
         #expect(told.withLockedValue { $0 } == 300_000)
+    }
+
+    @Test("--connections: every running connection hears that a job came back, and one that closed hears nothing more")
+    func everyConnectionIsTold() {
+        let jobs = (0..<2).map { UploadJob(item: UploadItem(key: "k\($0)", displayPath: "k\($0)", source: FileSource(path: "/nonexistent"))) }
+        let queue = JobQueue(jobs)
+        final class Owner: Sendable {}
+        let (first, second) = (Owner(), Owner())
+        let told = NIOLockedValueBox([0, 0])
+        queue.setListener(ObjectIdentifier(first)) { told.withLockedValue { $0[0] += 1 } }
+        queue.setListener(ObjectIdentifier(second)) { told.withLockedValue { $0[1] += 1 } }
+        if let job = queue.next() { queue.requeue(job) }
+        #expect(told.withLockedValue { $0 } == [1, 1])
+        queue.setListener(ObjectIdentifier(first), nil)
+        if let job = queue.next() { queue.requeue(job) }
+        #expect(told.withLockedValue { $0 } == [1, 2])
     }
 
     @Test("keepalive: one silent period sends PING, the second takes the link for dead")

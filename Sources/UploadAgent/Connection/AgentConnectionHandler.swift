@@ -47,13 +47,13 @@ final class AgentConnectionHandler: ChannelInboundHandler {
         // always through the event loop, never from inside an action.
         let handler = NIOLoopBound(WeakHandler(self), eventLoop: context.eventLoop)
         let loop = context.eventLoop
-        self.session.queue.setListener { loop.execute { handler.value.handler?.act { $0.jobsChanged() } } }
+        self.session.queue.setListener(ObjectIdentifier(self)) { loop.execute { handler.value.handler?.act { $0.jobsChanged() } } }
         self.act { $0.connected() }
         context.fireChannelActive()
     }
 
     func channelInactive(context: ChannelHandlerContext) {
-        self.session.queue.setListener(nil)
+        self.session.queue.setListener(ObjectIdentifier(self), nil)
         self.act { $0.connectionClosed() }
         context.fireChannelInactive()
     }

@@ -14,7 +14,12 @@ public struct AgentConfiguration: Sendable {
     /// A name for the relay's logs.
     public var agentName: String = "upload-agent"
 
-    /// Uploads in flight at once on the connection (streams). An upload of at most ``smallUploadBytes`` counts as
+    /// TLS connections to the relay at once, each carrying streams (`--connections`). One TCP connection is held to
+    /// its window by the host's socket buffers (about 26 MB/s over a 100 ms round trip with Linux's 4 MiB default):
+    /// on a long fat link several carry several files at once. ``concurrency`` is shared among them; each has its
+    /// own reads in flight (``maxReadsInFlight``), socket buffer (``writeBufferBytes``) and TLS buffer.
+    public var connections = 1
+    /// Uploads in flight at once over all connections (streams). An upload of at most ``smallUploadBytes`` counts as
     /// 1/``smallUploadsPerSlot`` of one: a photo costs a round trip and a commit, not a slot's memory, and small files
     /// went at a third of the rate they could with 5 at once.
     public var concurrency: Int = 5

@@ -46,9 +46,10 @@ final class JobQueue: Sendable {
     let journal: (any JobJournal)?
     /// Keep the results of finished jobs (a `send` reports them all; a long-running agent does not grow).
     private let keepResults: Bool
-    /// Told whenever a job goes back to wait or finishes: the connection now running, which may have nothing else to
-    /// wake it (a job's preparation on an earlier connection can end after that connection closed).
-    private let listener = NIOLockedValueBox<Listener?>(nil)
+    /// Told whenever a job goes back to wait or finishes: the connections now running, which may have nothing else to
+    /// wake them (a job's preparation on an earlier connection can end after that connection closed; with
+    /// ``AgentConfiguration/connections`` above 1, an idle connection waits for jobs another one gives back).
+    private let listeners = NIOLockedValueBox<[ObjectIdentifier: Listener]>([:])
 
     /// The closure, held in a class: a closure stored directly in the generic box is re-wrapped in two conversion
     /// thunks at every locked access, and the chain grew until releasing it overflowed the stack (soak seed 5511
@@ -58,11 +59,11 @@ final class JobQueue: Sendable {
         init(_ call: @escaping @Sendable () -> Void) { self.call = call }
     }
 
-    /// Sets (or clears) what is told when a job goes back to wait or finishes. It must not call back into the queue's
-    /// caller synchronously: hop to the listener's event loop.
-    func setListener(_ listener: (@Sendable () -> Void)?) {
+    /// Sets (or clears) what is told, for the connection `owner`, when a job goes back to wait or finishes. It must not
+    /// call back into the queue's caller synchronously: hop to the listener's event loop.
+    func setListener(_ owner: ObjectIdentifier, _ listener: (@Sendable () -> Void)?) {
         let boxed = listener.map(Listener.init)
-        self.listener.withLockedValue { $0 = boxed }
+        self.listeners.withLockedValue { $0[owner] = boxed }
     }
 
     init(_ jobs: [UploadJob], journal: (any JobJournal)? = nil, keepResults: Bool = true) {
@@ -209,7 +210,7 @@ final class JobQueue: Sendable {
             return state.waiters
         }
         for waiter in waiters { waiter.resume() }
-        self.listener.withLockedValue { $0 }?.call()
+        for listener in self.listeners.withLockedValue({ Array($0.values) }) { listener.call() }
     }
 
     var isDone: Bool { self.state.withLockedValue { $0.waiting.isEmpty && $0.active == 0 && !$0.unloaded } }

@@ -4,8 +4,8 @@ import NIOPosix
 import NIOSSL
 import UploadProtocol
 
-/// Uploads items to a relay: one TLS connection at a time carrying many streams, reconnecting
-/// with backoff when it breaks, and resuming every unfinished item from the relay's durable offset.
+/// Uploads items to a relay: one TLS connection (or ``AgentConfiguration/connections`` of them) carrying many streams,
+/// reconnecting with backoff when it breaks, and resuming every unfinished item from the relay's durable offset.
 public final class Uploader: Sendable {
     public let configuration: AgentConfiguration
     private let group: any EventLoopGroup
@@ -59,6 +59,35 @@ public final class Uploader: Sendable {
     ) async throws {
         let tls = try self.makeTLSContext()
         let bandwidth = self.configuration.bandwidthLimit.map(BandwidthLimit.init(bytesPerSecond:))
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for configuration in Self.connectionShares(self.configuration) {
+                group.addTask {
+                    try await self.runConnections(
+                        queue, service: service, pool: pool, configuration: configuration, tls: tls, bandwidth: bandwidth, onEvent: onEvent
+                    )
+                }
+            }
+            try await group.waitForAll()
+        }
+    }
+
+    /// The configuration of each of ``AgentConfiguration/connections``: ``AgentConfiguration/concurrency`` shared among
+    /// them (none gets less than one place, so there are never more connections than places).
+    static func connectionShares(_ configuration: AgentConfiguration) -> [AgentConfiguration] {
+        let count = max(1, min(configuration.connections, configuration.concurrency))
+        return (0..<count).map { index in
+            var share = configuration
+            share.connections = 1
+            share.concurrency = max(1, configuration.concurrency / count + (index < configuration.concurrency % count ? 1 : 0))
+            return share
+        }
+    }
+
+    /// One connection at a time, reconnecting with backoff, until the queue's work is over.
+    private func runConnections(
+        _ queue: JobQueue, service: Bool, pool: NIOThreadPool, configuration: AgentConfiguration, tls: NIOSSLContext,
+        bandwidth: BandwidthLimit?, onEvent: @escaping @Sendable (UploadEvent) -> Void
+    ) async throws {
         let clock = ContinuousClock()
         var deadline: ContinuousClock.Instant? = nil
         var backoff = Duration.milliseconds(200)
@@ -66,9 +95,11 @@ public final class Uploader: Sendable {
             let started = clock.now
             let outcome: ConnectionOutcome
             do {
-                outcome = try await self.runConnection(queue: queue, pool: pool, bandwidth: bandwidth, tls: tls, onEvent: onEvent)
+                outcome = try await self.runConnection(
+                    queue: queue, pool: pool, configuration: configuration, bandwidth: bandwidth, tls: tls, onEvent: onEvent
+                )
             } catch {
-                outcome = ConnectionOutcome(reason: Self.describe(connectError: error, configuration: self.configuration), fatal: false, madeProgress: false)
+                outcome = ConnectionOutcome(reason: Self.describe(connectError: error, configuration: configuration), fatal: false, madeProgress: false)
             }
             if let full = queue.relayFullWait {
                 // The relay has no room for this account: wait, then try the queue again (a stop ends the wait).
@@ -95,11 +126,11 @@ public final class Uploader: Sendable {
                 break
             }
             if outcome.madeProgress || deadline == nil {
-                deadline = (outcome.madeProgress ? clock.now : started) + self.configuration.retryFor
+                deadline = (outcome.madeProgress ? clock.now : started) + configuration.retryFor
                 if outcome.madeProgress { backoff = .milliseconds(200) }
             }
-            if let deadline, clock.now >= deadline, !self.configuration.retryForever {
-                for result in queue.failWaiting("gave up after \(self.configuration.retryFor) without progress: \(reason)") {
+            if let deadline, clock.now >= deadline, !configuration.retryForever {
+                for result in queue.failWaiting("gave up after \(configuration.retryFor) without progress: \(reason)") {
                     onEvent(.finished(result))
                 }
                 if service { continue }
@@ -107,7 +138,7 @@ public final class Uploader: Sendable {
             }
             onEvent(.reconnecting(reason: reason, delay: backoff))
             try await Task.sleep(for: backoff)
-            backoff = min(backoff * 2, self.configuration.maxBackoff)
+            backoff = min(backoff * 2, configuration.maxBackoff)
         }
     }
 
@@ -130,10 +161,9 @@ public final class Uploader: Sendable {
     }
 
     private func runConnection(
-        queue: JobQueue, pool: NIOThreadPool, bandwidth: BandwidthLimit?, tls: NIOSSLContext,
+        queue: JobQueue, pool: NIOThreadPool, configuration: AgentConfiguration, bandwidth: BandwidthLimit?, tls: NIOSSLContext,
         onEvent: @escaping @Sendable (UploadEvent) -> Void
     ) async throws -> ConnectionOutcome {
-        let configuration = self.configuration
         let logger = self.logger
         let host = configuration.relayHost
         let serverName = configuration.serverName ?? (Self.isIPAddress(host) ? nil : host)

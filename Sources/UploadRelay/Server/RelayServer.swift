@@ -16,6 +16,10 @@ public final class RelayServer: Service, Sendable {
     private let group: any EventLoopGroup
     private let tls: NIOSSLContext
     private let state = NIOLockedValueBox<State>(.starting(waiting: [], stopRequested: false))
+    private let admittedTotal = NIOLockedValueBox(0)
+
+    /// Connections admitted since the server started (refused ones not counted).
+    public var connectionsAdmitted: Int { self.admittedTotal.withLockedValue { $0 } }
 
     /// Where the server is in its life (in the way of Hummingbird's `Server`).
     private enum State {
@@ -210,6 +214,7 @@ public final class RelayServer: Service, Sendable {
             return true
         }
         if admitted {
+            self.admittedTotal.withLockedValue { $0 += 1 }
             channel.closeFuture.whenComplete { _ in
                 let listener = self.state.withLockedValue { state -> (any Channel)? in
                     switch state {
