@@ -44,6 +44,7 @@ class Job:
     stdin_name: str | None = None
     prefix: str | None = None
     concurrency: int = 8
+    connections: int = 1
     no_dedup: bool = False
     retry_for: str | None = None
     twin_of: int | None = None      # same key names as that job, another account
@@ -54,6 +55,8 @@ class Job:
     def argv(self, agent_bin: str, relay: str, token: str, ca: str) -> list[str]:
         a = [agent_bin, "send", "--relay", relay, "--token", token, "--ca", ca, "--json", "--quiet",
              "--concurrency", str(self.concurrency)]
+        if self.connections > 1:
+            a += ["--connections", str(self.connections)]
         if self.prefix:
             a += ["--prefix", self.prefix]
         if self.no_dedup:
@@ -103,7 +106,8 @@ class Plan:
     def describe(self) -> str:
         acc = ",".join(f"{a.name}" + (f"(quota {a.quota})" if a.quota is not None else "") for a in self.accounts)
         jobs = " ".join(f"j{j.idx}:{j.kind}/{j.account}/{len(j.expected) or len(j.files) or 1}"
-                        + ("/nodedup" if j.no_dedup else "") + (f"/twin{j.twin_of}" if j.twin_of is not None else "")
+                        + ("/nodedup" if j.no_dedup else "") + (f"/conn{j.connections}" if j.connections > 1 else "")
+                        + (f"/twin{j.twin_of}" if j.twin_of is not None else "")
                         + (f"/dup{j.dup_of}" if j.dup_of is not None else "")
                         for j in self.jobs)
         ev = " ".join(f"{e.target}{'' if e.job is None else e.job}:{e.action}@{e.trigger}" for e in self.events)
@@ -152,6 +156,8 @@ def _mode(rng: random.Random) -> str:
 
 def plan_round(index: int, seed: int, short: bool) -> Plan:
     rng = random.Random(seed)
+    # Drawn apart from `rng`, so that the seeds replayed before --connections existed keep their plans.
+    connections_rng = random.Random(f"{seed}-connections")
     large_cap = 32 * MiB if short else 200 * MiB
     budget = rng.choice([8, 16, 24, 40] if short else [24, 48, 96, 160, 240]) * MiB
     max_dir_files = 600 if short else 3000
@@ -179,6 +185,7 @@ def plan_round(index: int, seed: int, short: bool) -> Plan:
             kind = "files"
         job = Job(idx=len(jobs), account=rng.choice(accounts).name, kind=kind, root=f"j{len(jobs)}")
         job.concurrency = rng.choice([1, 2, 3, 4, 8, 16, 32])
+        job.connections = connections_rng.choice([1, 1, 2, 3])
         job.no_dedup = rng.random() < 0.25
         if rng.random() < 0.3:
             job.prefix = rng.choice(["p", "up/load", "préfixe", "a b"]) + str(job.idx)
