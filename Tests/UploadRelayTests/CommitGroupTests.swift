@@ -83,6 +83,42 @@ struct CommitGroupTests {
         #expect(used == Int64(expected.values.map(\.count).reduce(20, +)))
     }
 
+    @Test("an upload whose commit finished, with its RESULT not yet sent, counts once against the quota, not twice")
+    func committedUploadCountsOnce() throws {
+        let services = try Self.services(pool: .singleton, quota: 1000)
+        let bytes = [UInt8](repeating: 7, count: 600)
+        let name = KeyClaims.name(account: "cam-7", key: "a.bin")
+        // The upload's OPEN claimed the key and announced its size; its stream stays open until RESULT goes out.
+        #expect(services.claims.claim(name, whenFree: {}) == .claimed)
+        services.claims.announce(name, size: 600)
+        let results = UploadPolicy(services: services).commit([try Self.staged("a.bin", bytes, services: services)])
+        guard case .success(.stored)? = results.first else {
+            Issue.record("\(results)")
+            return
+        }
+        let use = try services.catalog.quotaUse(account: "cam-7", excludingKey: "b.bin", active: services.claims.activeUploads(of: "cam-7"))
+        #expect(use.left == 400, "\(use)")
+        services.claims.release(name)
+    }
+
+    @Test("an OPEN refused for the quota does not count against the OPENs beside it while its stream closes")
+    func refusedOpenCountsNothing() throws {
+        let services = try Self.services(pool: .singleton, quota: 1000)
+        let account = try #require(try services.catalog.account(named: "cam-7"))
+        let name = KeyClaims.name(account: "cam-7", key: "big.bin")
+        #expect(services.claims.claim(name, whenFree: {}) == .claimed)
+        let open = Frame.Open(streamID: 1, key: "big.bin", size: 5000)
+        guard case .refuse(.quotaExceeded, _) = UploadPolicy(services: services).open(account: account, open: open, key: try ObjectKey(validating: "big.bin"))
+        else {
+            Issue.record("not refused")
+            return
+        }
+        // Its claim lives until the refusal has gone out; meanwhile a 900-byte file still fits.
+        let use = try services.catalog.quotaUse(account: "cam-7", excludingKey: "small.bin", active: services.claims.activeUploads(of: "cam-7"))
+        #expect(use.left == 1000, "\(use)")
+        services.claims.release(name)
+    }
+
     @Test("commits that arrive while a group runs wait for the next one: 64 commits behind a busy pool make one group")
     func commitsGroupWhileBusy() throws {
         let pool = NIOThreadPool(numberOfThreads: 1)
