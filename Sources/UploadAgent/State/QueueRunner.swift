@@ -177,10 +177,14 @@ public final class QueueRunner: Sendable {
             return state.generation != generation
         }) else { return }
         self.hold("pause", try self.store.isPaused() ? "paused (upload-agent resume lets uploads go on)" : nil)
-        try self.load()
+        // On the journal's queue, as every load: a load that read the rows before a job's end was written, and looked at
+        // the jobs after that write, took the finished row for a new one and uploaded it again (soak seed 414290630
+        // round 16: a `send --connections 2` reported a key twice).
+        try self.journal.onQueueAndWait { try self.load() }
     }
 
-    /// Loads pending rows not in memory, oldest first, up to the window (blocking: never on an event loop).
+    /// Loads pending rows not in memory, oldest first, up to the window (blocking: never on an event loop). Only on the
+    /// journal's queue, so that no end is written between its read of the rows and its look at the jobs.
     private func load() throws {
         let (known, room) = self.state.withLockedValue { ($0.jobs.count + $0.ending.count, self.window - $0.jobs.count) }
         guard room > 0 else { return }
@@ -379,6 +383,12 @@ final class QueueJournal: JobJournal {
     /// Runs `body` on the queue that writes to the database, after the writes scheduled before it.
     func onQueue(_ body: @escaping @Sendable () -> Void) {
         self.writes.async(execute: body)
+    }
+
+    /// Runs `body` on the queue that writes to the database, after the writes scheduled before it, and waits for it.
+    /// Never from that queue itself.
+    func onQueueAndWait<T>(_ body: () throws -> T) rethrows -> T {
+        try self.writes.sync(execute: body)
     }
 
     /// Writes what is pending now (at the end of a run).
