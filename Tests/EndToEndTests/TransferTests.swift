@@ -79,18 +79,25 @@ struct TransferTests {
         await relay.stop()
     }
 
-    @Test("--connections shares --concurrency: never a connection without a place, never more places than asked")
+    @Test("--connections shares --concurrency, reads in flight and socket buffers: never a connection without a place, never more than asked")
     func connectionShares() {
-        func shares(_ connections: Int, _ concurrency: Int) -> [Int] {
+        func shares(_ connections: Int, _ concurrency: Int) -> [AgentConfiguration] {
             var configuration = AgentConfiguration(relayHost: "relay", relayPort: 1, token: "t", caPath: nil)
             configuration.connections = connections
             configuration.concurrency = concurrency
-            return Uploader.connectionShares(configuration).map(\.concurrency)
+            return Uploader.connectionShares(configuration)
         }
-        #expect(shares(1, 5) == [5])
-        #expect(shares(3, 5) == [2, 2, 1])
-        #expect(shares(4, 8) == [2, 2, 2, 2])
-        #expect(shares(8, 5) == [1, 1, 1, 1, 1])
+        #expect(shares(1, 5).map(\.concurrency) == [5])
+        #expect(shares(3, 5).map(\.concurrency) == [2, 2, 1])
+        #expect(shares(4, 8).map(\.concurrency) == [2, 2, 2, 2])
+        #expect(shares(8, 5).map(\.concurrency) == [1, 1, 1, 1, 1])
+        let defaults = AgentConfiguration(relayHost: "relay", relayPort: 1, token: "t", caPath: nil)
+        #expect(shares(1, 5).map(\.maxReadsInFlight) == [defaults.maxReadsInFlight])
+        #expect(shares(4, 8).map(\.maxReadsInFlight) == [1, 1, 1, 1], "each connection reads at least once at a time")
+        // The bytes waiting for the sockets, together, stay what one connection has (each holds at least a chunk).
+        #expect(shares(2, 8).map(\.writeBufferBytes).reduce(0, +) == defaults.writeBufferBytes)
+        #expect(shares(4, 8).allSatisfy { $0.writeBufferBytes >= defaults.chunkSize })
+        #expect(shares(4, 8).allSatisfy { $0.connections == 1 })
     }
 
     @Test("stdin: a stream of unknown length")

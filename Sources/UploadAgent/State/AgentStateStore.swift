@@ -172,7 +172,8 @@ public final class AgentStateStore: Sendable {
     public func cachedSHA1(fingerprint: [UInt8]) throws -> String? {
         guard !fingerprint.isEmpty else { return nil }
         return try self.read { db in
-            try String.fetchOne(db, sql: "SELECT sha1 FROM hash_cache WHERE fingerprint = ?", arguments: [Data(fingerprint)])
+            // Cached: asked once per file before OPEN.
+            try String.fetchOne(db.cachedStatement(sql: "SELECT sha1 FROM hash_cache WHERE fingerprint = ?"), arguments: [Data(fingerprint)])
         }
     }
 

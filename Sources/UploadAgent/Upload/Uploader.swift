@@ -71,14 +71,21 @@ public final class Uploader: Sendable {
         }
     }
 
-    /// The configuration of each of ``AgentConfiguration/connections``: ``AgentConfiguration/concurrency`` shared among
-    /// them (none gets less than one place, so there are never more connections than places).
+    /// The configuration of each of ``AgentConfiguration/connections``: ``AgentConfiguration/concurrency``, the reads
+    /// in flight and the bytes waiting for the sockets shared among them, so that the agent's memory stays about what
+    /// one connection takes (none gets less than one place, one read and a chunk's worth of buffer, so there are never
+    /// more connections than places).
     static func connectionShares(_ configuration: AgentConfiguration) -> [AgentConfiguration] {
         let count = max(1, min(configuration.connections, configuration.concurrency))
+        func part(of total: Int, _ index: Int) -> Int {
+            total / count + (index < total % count ? 1 : 0)
+        }
         return (0..<count).map { index in
             var share = configuration
             share.connections = 1
-            share.concurrency = max(1, configuration.concurrency / count + (index < configuration.concurrency % count ? 1 : 0))
+            share.concurrency = max(1, part(of: configuration.concurrency, index))
+            share.maxReadsInFlight = max(1, part(of: configuration.maxReadsInFlight, index))
+            share.writeBufferBytes = max(configuration.chunkSize, part(of: configuration.writeBufferBytes, index))
             return share
         }
     }
