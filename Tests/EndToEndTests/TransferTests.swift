@@ -79,6 +79,31 @@ struct TransferTests {
         await relay.stop()
     }
 
+    @Test("--connections 2 against a relay that admits one connection: the refused one waits while the other carries the queue; nothing fails")
+    func connectionRefusedWhileOthersProgress() async throws {
+        let relay = try await TestRelay { $0.maxConnections = 1 }.start()
+        let source = TestRelay.makeDirectory()
+        var files: [String: Data] = [:]
+        for i in 0..<12 {
+            files["slow/s\(i).bin"] = makeFile(source + "/slow", "s\(i).bin", size: 300_000, seed: UInt64(900 + i)).data
+        }
+        let items = try ItemPlanner.plan(paths: [source + "/slow"], prefix: nil, stdinName: nil)
+        // 3.6 MB at 1 MB/s takes over 3 s: longer than --retry-for, which the refused connection must not give up at.
+        let results = try await upload(
+            items, port: relay.port, token: relay.token, ca: relay.caPath,
+            configure: {
+                $0.connections = 2
+                $0.concurrency = 4
+                $0.bandwidthLimit = 1_000_000
+                $0.retryFor = .seconds(1)
+                $0.maxBackoff = .milliseconds(200)
+            }
+        )
+        #expect(results.count == 12 && results.allSatisfy { $0.status == .stored }, "\(results.filter { $0.status != .stored }.map { $0.error ?? "" })")
+        for (key, data) in files { #expect(relay.stored(key) == data, "\(key)") }
+        await relay.stop()
+    }
+
     @Test("--connections shares --concurrency, reads in flight and socket buffers: never a connection without a place, never more than asked")
     func connectionShares() {
         func shares(_ connections: Int, _ concurrency: Int) -> [AgentConfiguration] {

@@ -19,6 +19,12 @@ extension TransportFailure {
         case let tls as NIOSSLError:
             if case .handshakeFailed = tls {
                 let text = "\(tls)"
+                if text.contains("EOF during handshake") {
+                    // No alert, the socket just closed: a relay at its connection limit, or restarting, or a balancer
+                    // with no relay behind it. Not the certificate's fault: retried like any broken link.
+                    self = .io("the relay closed the connection during the TLS handshake (full, restarting, or not behind this address): \(text)")
+                    return
+                }
                 self = .handshake(text, untrustedCertificate: text.contains("CERTIFICATE_VERIFY_FAILED"))
             } else {
                 self = .tls("\(tls)")

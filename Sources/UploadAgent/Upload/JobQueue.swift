@@ -40,6 +40,8 @@ final class JobQueue: Sendable {
         /// a run is not done while there are.
         var unloaded = false
         var waiters: [CheckedContinuation<Void, Never>] = []
+        /// Jobs finished and durable offsets moved, on any connection.
+        var progress = 0
     }
 
     private let state: NIOLockedValueBox<State>
@@ -104,6 +106,7 @@ final class JobQueue: Sendable {
     func finished(_ job: UploadJob, _ result: UploadResult) {
         self.changed { state in
             state.active -= 1
+            state.progress += 1
             if result.status != .failed { state.relayFullCount = 0 }
             if self.keepResults { state.finished.append(result) }
             state.activeKeys.remove(job.key)
@@ -114,8 +117,13 @@ final class JobQueue: Sendable {
 
     /// The job's durable offset moved.
     func progressed(_ job: UploadJob) {
+        self.state.withLockedValue { $0.progress += 1 }
         self.journal?.progressed(job)
     }
+
+    /// Grows whenever a job finishes or an upload's durable offset moves, on any connection: a connection that cannot
+    /// get through gives up only when none of the others makes progress either.
+    var progressMark: Int { self.state.withLockedValue { $0.progress } }
 
     /// Stops new jobs from starting (`reason` says why) or, with nil, lets them start again. Uploads in flight stop
     /// at once: the connection closes, and the relay keeps every acknowledged byte for the resume.
@@ -227,15 +235,17 @@ final class JobQueue: Sendable {
 
     /// Gives up on every job still waiting.
     func failWaiting(_ message: String) -> [UploadResult] {
-        let failed: [(UploadJob, UploadResult)] = self.state.withLockedValue { state in
-            let results = state.waiting.map { job in
+        var failed: [(UploadJob, UploadResult)] = []
+        // Through `changed`: with --connections, the others hear that the queue may be done now (else an idle one
+        // waited for jobs forever).
+        self.changed { state in
+            failed = state.waiting.map { job in
                 (job, job.finish(.failed, sha1: job.knownSHA1?.hex ?? "", error: job.lastError.map { "\(message); last error: \($0)" } ?? message))
             }
             state.waiting.removeAll()
             // Items not loaded stay queued in the state database, for the next run.
             state.unloaded = false
-            if self.keepResults { state.finished += results.map(\.1) }
-            return results
+            if self.keepResults { state.finished += failed.map(\.1) }
         }
         for (job, result) in failed { self.journal?.finished(job, result) }
         return failed.map(\.1)

@@ -98,6 +98,7 @@ public final class Uploader: Sendable {
         let clock = ContinuousClock()
         var deadline: ContinuousClock.Instant? = nil
         var backoff = Duration.milliseconds(200)
+        var mark = queue.progressMark
         while await queue.waitForWork(service: service) {
             let started = clock.now
             let outcome: ConnectionOutcome
@@ -132,8 +133,12 @@ public final class Uploader: Sendable {
                 if service { throw Stopped(description: reason) }
                 break
             }
-            if outcome.madeProgress || deadline == nil {
-                deadline = (outcome.madeProgress ? clock.now : started) + configuration.retryFor
+            // With --connections, another connection's progress counts too: this one may only be refused (a relay at
+            // its connection limit) while the others carry the queue.
+            let othersProgressed = queue.progressMark != mark
+            mark = queue.progressMark
+            if outcome.madeProgress || othersProgressed || deadline == nil {
+                deadline = (outcome.madeProgress || othersProgressed ? clock.now : started) + configuration.retryFor
                 if outcome.madeProgress { backoff = .milliseconds(200) }
             }
             if let deadline, clock.now >= deadline, !configuration.retryForever {
