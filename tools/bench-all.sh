@@ -7,13 +7,15 @@
 #   medium  1,000 files of 1 MiB, loopback
 #   wan     one file of 256 MiB over ../shared/netem/wan.sh's emulated link (100 ms RTT, 1 Gbit/s,
 #           the host's TCP buffers), servers and clients in two network namespaces
+#   wanfiles  16 files of 16 MiB over the same link, our agent with --connections 4 (curl -Z 8 is the peer
+#           that also uses several connections; the issue sets no goal for it)
 # and prints, per workload and tool: median seconds, MB/s and files/s, the spread of MB/s over the
 # runs (min..max), median CPU-seconds per GB (client, server), the highest peak RSS, and the ratios
 # of ours (dedup on, the default) to each peer with the issue's goals.
 #
-# Usage:  tools/bench-all.sh                      # everything, 3 runs each (about 15 minutes)
+# Usage:  tools/bench-all.sh                      # everything, 3 runs each (about 20 minutes)
 #         BENCH_RUNS=1 BENCH_WORKLOADS="small wan" tools/bench-all.sh
-# Env:    BENCH_RUNS=N  BENCH_WORKLOADS="big small medium wan"  BENCH_BIG_MIB=N
+# Env:    BENCH_RUNS=N  BENCH_WORKLOADS="big small medium wan wanfiles"  BENCH_BIG_MIB=N
 #         BENCH_BIN_DIR=DIR (skip the build)  BENCH_AGENT_ARGS / BENCH_RELAY_ARGS (passed on)
 # Needs root (peers, network namespaces). Each bench-upload.sh run stops what it started and
 # removes its temp dir; this script keeps only its results file, removed at exit unless BENCH_KEEP=1.
@@ -21,7 +23,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 RUNS=${BENCH_RUNS:-3}
-WORKLOADS=${BENCH_WORKLOADS:-big small medium wan}
+WORKLOADS=${BENCH_WORKLOADS:-big small medium wan wanfiles}
 BIG_MIB=${BENCH_BIG_MIB:-1024}
 [[ $RUNS =~ ^[1-9][0-9]*$ ]] || { echo "BENCH_RUNS must be a positive integer" >&2; exit 2; }
 for w in $WORKLOADS; do
@@ -52,6 +54,8 @@ for w in $WORKLOADS; do
             small) env BENCH_TAG=small BENCH_FILES=10000 BENCH_FILE_KIB=16 tools/bench-upload.sh ;;
             medium) env BENCH_TAG=medium BENCH_FILES=1000 BENCH_FILE_KIB=1024 tools/bench-upload.sh ;;
             wan) env BENCH_TAG=wan BENCH_WAN=1 BENCH_SIZE_MIB=256 tools/bench-upload.sh ;;
+            wanfiles) env BENCH_TAG=wanfiles BENCH_WAN=1 BENCH_FILES=16 BENCH_FILE_KIB=16384 \
+                BENCH_AGENT_ARGS="--connections 4 ${BENCH_AGENT_ARGS:-}" tools/bench-upload.sh ;;
         esac >"$RESULTS.log" 2>&1 || { echo "   bench-upload.sh failed:"; tail -30 "$RESULTS.log"; rm -f "$RESULTS.log"; exit 1; }
         grep -E '^(upload-agent|scp|rsync|curl)' "$RESULTS.log" | sed 's/^/   /' || true
         rm -f "$RESULTS.log"
@@ -63,9 +67,11 @@ python3 - "$RESULTS" "$BIG_MIB" <<'EOF'
 import statistics, sys
 rows = [l.rstrip("\n").split("|") for l in open(sys.argv[1]) if l.strip()]
 big_mib = int(sys.argv[2])
-sizes = {"big": (big_mib << 20, 0), "small": (10000 * 16384, 10000), "medium": (1000 << 20, 1000), "wan": (256 << 20, 0)}
+sizes = {"big": (big_mib << 20, 0), "small": (10000 * 16384, 10000), "medium": (1000 << 20, 1000), "wan": (256 << 20, 0),
+         "wanfiles": (256 << 20, 16)}
 titles = {"big": f"{big_mib} MiB file, loopback", "small": "10,000 x 16 KiB, loopback",
-          "medium": "1,000 x 1 MiB, loopback", "wan": "256 MiB over 100 ms RTT, 1 Gbit/s (wan.sh)"}
+          "medium": "1,000 x 1 MiB, loopback", "wan": "256 MiB over 100 ms RTT, 1 Gbit/s (wan.sh)",
+          "wanfiles": "16 x 16 MiB over 100 ms RTT, 1 Gbit/s (wan.sh), ours with --connections 4"}
 # the issue's goals: (workload, peer name prefix, ratio of ours (dedup) wanted)
 goals = [("big", "curl -T", 1.0), ("big", "scp", 1.6), ("small", "rsync", 2.0), ("medium", "curl -Z 8", 1.0),
          ("wan", "scp", 3.0), ("wan", "curl -T", 1.5)]
@@ -74,7 +80,7 @@ OURS = "upload-agent (dedup check)"
 def fmt(x, d=1): return "-" if x is None else f"{x:.{d}f}"
 
 summary = {}
-for tag in ["big", "small", "medium", "wan"]:
+for tag in ["big", "small", "medium", "wan", "wanfiles"]:
     mine = [r for r in rows if r[0] == tag]
     if not mine:
         continue
