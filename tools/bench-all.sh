@@ -27,7 +27,7 @@ WORKLOADS=${BENCH_WORKLOADS:-big small medium wan wanfiles}
 BIG_MIB=${BENCH_BIG_MIB:-1024}
 [[ $RUNS =~ ^[1-9][0-9]*$ ]] || { echo "BENCH_RUNS must be a positive integer" >&2; exit 2; }
 for w in $WORKLOADS; do
-    case $w in big | small | medium | wan) ;; *) echo "unknown workload $w (big, small, medium, wan)" >&2; exit 2 ;; esac
+    case $w in big | small | medium | wan | wanfiles) ;; *) echo "unknown workload $w (big, small, medium, wan, wanfiles)" >&2; exit 2 ;; esac
 done
 
 RESULTS=$(mktemp /tmp/bench-all.XXXXXX)
