@@ -86,6 +86,12 @@ struct Serve: AsyncParsableCommand {
 
     @Option(
         name: .long,
+        help: "Threads for storage and catalog work (writes, fsyncs, commits, lookups); each upload uses one at a time."
+    )
+    var ioThreads: Int = 4
+
+    @Option(
+        name: .long,
         help: ArgumentHelp(
             "Most chunk bytes all connections together may make the relay hold; each connection's window is a share of it.",
             valueName: "bytes"
@@ -134,8 +140,8 @@ struct Serve: AsyncParsableCommand {
         guard try ByteCount.parse(self.memoryBudget, option: "--memory-budget") >= 1 << 20 else {
             throw ValidationError("--memory-budget must be at least 1M")
         }
-        guard self.maxStreams >= 1, self.maxConnections >= 1, self.commitGroup >= 1 else {
-            throw ValidationError("--max-streams, --max-connections and --commit-group must be at least 1")
+        guard self.maxStreams >= 1, self.maxConnections >= 1, self.commitGroup >= 1, self.ioThreads >= 1 else {
+            throw ValidationError("--max-streams, --max-connections, --commit-group and --io-threads must be at least 1")
         }
         guard Logger.Level(rawValue: self.logLevel) != nil else {
             throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error")
@@ -179,6 +185,7 @@ struct Serve: AsyncParsableCommand {
         configuration.limits.maxConcurrentStreams = self.maxStreams
         configuration.maxConnections = self.maxConnections
         configuration.commitGroup = self.commitGroup
+        configuration.ioThreads = self.ioThreads
         configuration.memoryBudget = Int(try ByteCount.parse(self.memoryBudget, option: "--memory-budget"))
         configuration.limits.idleTimeout = try DurationText.parse(self.idleTimeout, option: "--idle-timeout")
         configuration.limits.frameTimeout = try DurationText.parse(self.frameTimeout, option: "--frame-timeout")
