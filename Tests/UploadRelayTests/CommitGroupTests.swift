@@ -34,6 +34,11 @@ struct CommitGroupTests {
         )
     }
 
+    /// The quota as an OPEN of `key` sees it now, with the uploads open beside it.
+    static func quotaUse(_ services: RelayServices, openingAnother key: String) throws -> QuotaUse {
+        try services.catalog.quotaUse(account: "cam-7", excludingKey: key, active: services.claims.activeUploads(of: "cam-7"))
+    }
+
     static func stored(_ key: String, services: RelayServices) -> [UInt8]? {
         FileManager.default.contents(atPath: "\(services.configuration.storePath)/cam-7/\(key)").map { Array($0) }
     }
@@ -96,7 +101,7 @@ struct CommitGroupTests {
             Issue.record("\(results)")
             return
         }
-        let use = try services.catalog.quotaUse(account: "cam-7", excludingKey: "b.bin", active: services.claims.activeUploads(of: "cam-7"))
+        let use = try Self.quotaUse(services, openingAnother: "b.bin")
         #expect(use.left == 400, "\(use)")
         services.claims.release(name)
     }
@@ -114,7 +119,7 @@ struct CommitGroupTests {
             return
         }
         // Its claim lives until the refusal has gone out; meanwhile a 900-byte file still fits.
-        let use = try services.catalog.quotaUse(account: "cam-7", excludingKey: "small.bin", active: services.claims.activeUploads(of: "cam-7"))
+        let use = try Self.quotaUse(services, openingAnother: "small.bin")
         #expect(use.left == 1000, "\(use)")
         services.claims.release(name)
     }

@@ -97,49 +97,54 @@ public final class FileSource: BlobSource {
         try self.state.withLockedValue { state in
             guard state.descriptor >= 0 else { throw SourceError("\(self.path) is not open") }
             if offset >= state.size { return allocator.buffer(capacity: 0) }
-            if let block = state.block, offset >= state.blockOffset, offset < state.blockOffset + UInt64(block.readableBytes) {
-                let start = Int(offset - state.blockOffset)
-                if maxLength >= block.readableBytes - start && state.blockOffset + UInt64(block.readableBytes) >= state.size {
-                    // The file's last bytes: the block goes with its chunks (an upload waiting for its commit holds none).
-                    state.block = nil
-                }
-                return try Self.slice(block, from: start, length: maxLength, path: self.path)
-            }
-            let wanted = Int(min(UInt64(max(self.blockSize, maxLength)), state.size - offset))
-            // The last block's memory is used again when no chunk of it is still alive (all sent): no allocation.
-            var block: ByteBuffer
-            if var previous = state.block {
-                state.block = nil
-                previous.clear(minimumCapacity: wanted)
-                block = previous
+            let block: ByteBuffer
+            if let cached = state.block, offset >= state.blockOffset, offset < state.blockOffset + UInt64(cached.readableBytes) {
+                block = cached
             } else {
-                block = allocator.buffer(capacity: wanted)
+                block = try self.readBlock(&state, at: offset, maxLength: maxLength, allocator: allocator)
             }
-            let fd = state.descriptor
-            let path = self.path
-            let fileOffset = off_t(offset + self.startOffset)
-            try block.writeWithUnsafeMutableBytes(minimumWritableBytes: wanted) { raw in
-                guard let base = raw.baseAddress else { return 0 }
-                var done = 0
-                while done < wanted {
-                    let n = pread(fd, base + done, wanted - done, fileOffset + off_t(done))
-                    if n < 0 && errno == EINTR { continue }
-                    guard n >= 0 else { throw SourceError("cannot read \(path) at \(offset): \(String(cString: strerror(errno)))") }
-                    if n == 0 { break }
-                    done += n
-                }
-                return done
-            }
-            guard block.readableBytes > 0 else {
-                throw SourceError("\(path) ended at \(offset) bytes but was \(state.size) when opened: it changed during the upload")
-            }
-            // Kept for the reads to come, unless this one took the file's last bytes: a small file's block then goes with
-            // its chunks, not with the source (many small uploads at once must not hold a block each).
-            let last = maxLength >= block.readableBytes && offset + UInt64(block.readableBytes) >= state.size
+            let start = Int(offset - state.blockOffset)
+            // Kept for the reads to come, unless this one takes the file's last bytes: the block then goes with its
+            // chunks, not with the source (many small uploads at once, or uploads waiting for their commit, must not
+            // hold a block each).
+            let last = maxLength >= block.readableBytes - start && state.blockOffset + UInt64(block.readableBytes) >= state.size
             state.block = last ? nil : block
-            state.blockOffset = offset
-            return try Self.slice(block, from: 0, length: maxLength, path: self.path)
+            return try Self.slice(block, from: start, length: maxLength, path: self.path)
         }
+    }
+
+    /// Reads the block at `offset`: at least `maxLength` bytes, up to the size at open.
+    private func readBlock(_ state: inout State, at offset: UInt64, maxLength: Int, allocator: ByteBufferAllocator) throws -> ByteBuffer {
+        let wanted = Int(min(UInt64(max(self.blockSize, maxLength)), state.size - offset))
+        // The last block's memory is used again when no chunk of it is still alive (all sent): no allocation.
+        var block: ByteBuffer
+        if var previous = state.block {
+            state.block = nil
+            previous.clear(minimumCapacity: wanted)
+            block = previous
+        } else {
+            block = allocator.buffer(capacity: wanted)
+        }
+        let fd = state.descriptor
+        let path = self.path
+        let fileOffset = off_t(offset + self.startOffset)
+        try block.writeWithUnsafeMutableBytes(minimumWritableBytes: wanted) { raw in
+            guard let base = raw.baseAddress else { return 0 }
+            var done = 0
+            while done < wanted {
+                let n = pread(fd, base + done, wanted - done, fileOffset + off_t(done))
+                if n < 0 && errno == EINTR { continue }
+                guard n >= 0 else { throw SourceError("cannot read \(path) at \(offset): \(String(cString: strerror(errno)))") }
+                if n == 0 { break }
+                done += n
+            }
+            return done
+        }
+        guard block.readableBytes > 0 else {
+            throw SourceError("\(path) ended at \(offset) bytes but was \(state.size) when opened: it changed during the upload")
+        }
+        state.blockOffset = offset
+        return block
     }
 
     /// Up to `length` bytes of `block` from `start`, sharing its storage.

@@ -232,7 +232,7 @@ struct AgentSession {
         case .acknowledged(let id, let offset):
             guard let sender = self.senders[id] else { return [] }
             sender.job.acknowledge(offset)
-            self.queue.progressed(sender.job)
+            self.queue.acknowledged(sender.job)
             self.outcome.madeProgress = true
             return [.event(.acknowledged(key: sender.job.key, offset: offset))] + self.pump(id)
         case .creditGranted(let id):

@@ -40,7 +40,7 @@ final class JobQueue: Sendable {
         /// a run is not done while there are.
         var unloaded = false
         var waiters: [CheckedContinuation<Void, Never>] = []
-        /// Jobs finished and durable offsets moved, on any connection.
+        /// Jobs finished and acknowledgements received, on any connection.
         var progress = 0
     }
 
@@ -115,14 +115,20 @@ final class JobQueue: Sendable {
         self.journal?.finished(job, result)
     }
 
-    /// The job's durable offset moved.
+    /// The job's durable offset moved (or its SHA-1 became known): recorded.
     func progressed(_ job: UploadJob) {
+        self.journal?.progressed(job)
+    }
+
+    /// The relay acknowledged more of the job's bytes: recorded, and counted as progress (``progressMark``).
+    func acknowledged(_ job: UploadJob) {
         self.state.withLockedValue { $0.progress += 1 }
         self.journal?.progressed(job)
     }
 
-    /// Grows whenever a job finishes or an upload's durable offset moves, on any connection: a connection that cannot
-    /// get through gives up only when none of the others makes progress either.
+    /// Grows whenever a job finishes or the relay acknowledges bytes, on any connection (what a connection's own
+    /// ``ConnectionOutcome/madeProgress`` counts): a connection that cannot get through gives up only when none of the
+    /// others makes progress either.
     var progressMark: Int { self.state.withLockedValue { $0.progress } }
 
     /// Stops new jobs from starting (`reason` says why) or, with nil, lets them start again. Uploads in flight stop

@@ -133,12 +133,12 @@ public final class Uploader: Sendable {
                 if service { throw Stopped(description: reason) }
                 break
             }
-            // With --connections, another connection's progress counts too: this one may only be refused (a relay at
-            // its connection limit) while the others carry the queue.
-            let othersProgressed = queue.progressMark != mark
+            // The queue's progress, not only this connection's: with --connections this one may only be refused (a
+            // relay at its connection limit) while the others carry the queue.
+            let progressed = queue.progressMark != mark
             mark = queue.progressMark
-            if outcome.madeProgress || othersProgressed || deadline == nil {
-                deadline = (outcome.madeProgress || othersProgressed ? clock.now : started) + configuration.retryFor
+            if progressed || deadline == nil {
+                deadline = (progressed ? clock.now : started) + configuration.retryFor
                 if outcome.madeProgress { backoff = .milliseconds(200) }
             }
             if let deadline, clock.now >= deadline, !configuration.retryForever {
