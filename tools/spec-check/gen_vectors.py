@@ -48,13 +48,17 @@ def WELCOME(features=0, connection_window=16777216, stream_window=4194304, max_s
 
 
 def OPEN(sid, key="cam-7/clips/a.mp4", size=None, sha1=None, overwrite=False, fingerprint="",
-         resume_token="", probe=None):
+         resume_token="", probe=None, striped=False, part=None):
     flags = (0x01 if size is not None else 0) | (0x02 if sha1 is not None else 0) | \
-        (0x04 if overwrite else 0) | (0x08 if probe is not None else 0)
+        (0x04 if overwrite else 0) | (0x08 if probe is not None else 0) | \
+        (0x10 if striped else 0) | (0x20 if part is not None else 0)
     digest = sha1 if sha1 is not None else probe if probe is not None else Z20
-    return {"type": "OPEN", "stream": sid, "flags": flags, "key": key,
-            "size": size if size is not None else 0, "sha1": digest,
-            "fingerprint": fingerprint, "resume_token": resume_token}
+    f = {"type": "OPEN", "stream": sid, "flags": flags, "key": key,
+         "size": size if size is not None else 0, "sha1": digest,
+         "fingerprint": fingerprint, "resume_token": resume_token}
+    if part is not None:
+        f["part"] = part
+    return f
 
 
 def OFFSET(sid, disposition="START", offset=0, resume_token=""):
@@ -149,9 +153,9 @@ def p_str16(b: bytes) -> bytes:
     return struct.pack(">H", len(b)) + b
 
 
-def p_open(key: bytes, size=0, sha1=bytes(20), fp=b"", tok=b"") -> bytes:
+def p_open(key: bytes, size=0, sha1=bytes(20), fp=b"", tok=b"", part=None) -> bytes:
     return p_str16(key) + struct.pack(">Q", size) + sha1 + bytes([len(fp)]) + fp + \
-        bytes([len(tok)]) + tok
+        bytes([len(tok)]) + tok + (b"" if part is None else struct.pack(">I", part))
 
 
 def p_hello(magic=b"UPLD", minv=1, maxv=1, mfs=1114112, features=0, auth=1, cred=b"tok-0123456789",
@@ -168,6 +172,60 @@ def p_welcome(version=1, mfs=1114112, features=0, max_streams=64, cw=16777216, s
 
 def T(name):
     return wire.TYPE_CODES[name]
+
+
+# ---------------------------------------------------------------- striping (§6.7)
+
+MIB = 1 << 20
+TOKEN = bytes(range(16))
+
+
+def stripes(add, R, A, hs):
+    shs = relay_hs(features=4)
+    big = 100 * MIB  # 7 stripes: 6 of 16 MiB, the last of 4 MiB
+    add("open-striped-not-negotiated", "OPEN with STRIPED while STRIPES is not in force (§3.3, §4.6, §6.7).",
+        R, hs, raw_frame(T("OPEN"), 0x11, 1, p_open(b"a", size=big)), "PROTOCOL_ERROR")
+    add("open-part-not-negotiated", "OPEN with PART while STRIPES is not in force (§3.3, §4.6, §6.7).",
+        R, hs, raw_frame(T("OPEN"), 0x21, 1, p_open(b"a", size=big, tok=TOKEN, part=1)), "PROTOCOL_ERROR")
+    add("open-striped-one-stripe", "OPEN with STRIPED of a 16777216-byte blob, one stripe (§3.3, §6.7).",
+        R, shs, raw_frame(T("OPEN"), 0x11, 1, p_open(b"a", size=16 * MIB)), "PROTOCOL_ERROR")
+    add("open-striped-without-size-known", "OPEN with STRIPED but without SIZE_KNOWN (§3.3, §6.7).",
+        R, shs, raw_frame(T("OPEN"), 0x10, 1, p_open(b"a")), "PROTOCOL_ERROR")
+    add("open-striped-and-part", "OPEN with both STRIPED and PART (§3.3, §6.7).",
+        R, shs, raw_frame(T("OPEN"), 0x31, 1, p_open(b"a", size=big, tok=TOKEN, part=1)), "PROTOCOL_ERROR")
+    add("open-part-zero", "OPEN with PART 0: stripe 0 travels on the main stream (§3.3, §6.7).",
+        R, shs, raw_frame(T("OPEN"), 0x21, 1, p_open(b"a", size=big, tok=TOKEN, part=0)), "PROTOCOL_ERROR")
+    add("open-part-past-last", "OPEN with PART 7 of a blob of 7 stripes (§3.3, §6.7).",
+        R, shs, raw_frame(T("OPEN"), 0x21, 1, p_open(b"a", size=big, tok=TOKEN, part=7)), "PROTOCOL_ERROR")
+    add("open-part-without-token", "OPEN with PART and an empty resume token (§3.3, §6.7).",
+        R, shs, raw_frame(T("OPEN"), 0x21, 1, p_open(b"a", size=big, part=1)), "PROTOCOL_ERROR")
+    add("open-part-with-sha1-known", "OPEN with PART and SHA1_KNOWN (§3.3, §6.7).",
+        R, shs, raw_frame(T("OPEN"), 0x23, 1, p_open(b"a", size=big, sha1=bytes.fromhex(EMPTY_SHA1), tok=TOKEN, part=1)),
+        "PROTOCOL_ERROR")
+    add("open-part-field-missing", "OPEN with PART but no part field: the payload is too short (§1.8, §3.3).",
+        R, shs, raw_frame(T("OPEN"), 0x21, 1, p_open(b"a", size=big, tok=TOKEN)), "FRAME_SIZE_ERROR")
+    tok = TOKEN.hex()
+    main = [rcv(OPEN(1, key="b", size=big, striped=True)), snd(OFFSET(1, "RESUME", 16 * MIB - 2, tok))]
+    add("chunk-beyond-first-stripe", "CHUNK on a STRIPED stream crossing the end of stripe 0 (§4.6, §6.7).",
+        R, shs + main, CHUNK(1, 16 * MIB - 2, b"abcd"), "SIZE_MISMATCH", scope="stream", stream=1)
+    part = [rcv(OPEN(3, key="b", size=big, resume_token=tok, part=6)), snd(OFFSET(3, "RESUME", 4 * MIB - 2))]
+    add("chunk-beyond-stripe", "CHUNK on a PART stream crossing the end of its stripe (the last, 4 MiB) (§4.6, §6.7).",
+        R, shs + part, CHUNK(3, 4 * MIB - 2, b"abcd"), "SIZE_MISMATCH", scope="stream", stream=3)
+    done = [rcv(OPEN(1, key="b", size=big, striped=True)), snd(OFFSET(1, "RESUME", 16 * MIB, tok))]
+    add("hash-striped-first-stripe-size", "HASH on a STRIPED stream stating stripe 0's length, not the blob's (§4.6, §6.7).",
+        R, shs + done, HASH(1, 16 * MIB, EMPTY_SHA1), "SIZE_MISMATCH", scope="stream", stream=1)
+    add("hash-striped-short", "HASH on a STRIPED stream before stripe 0 is all sent (§4.6, §6.7).",
+        R, shs + main, HASH(1, big, EMPTY_SHA1), "SIZE_MISMATCH", scope="stream", stream=1)
+    ahs = agent_hs(hello_features=4, features=4)
+    add("offset-resume-beyond-stripe", "OFFSET RESUME on a PART stream beyond its stripe's length (§4.6, §6.7).",
+        A, ahs + [snd(OPEN(1, key="b", size=big, resume_token=tok, part=6))], OFFSET(1, "RESUME", 4 * MIB + 1),
+        "PROTOCOL_ERROR")
+    add("offset-stored-part-blob-size", "OFFSET STORED on a PART stream saying the blob's size, not the stripe's (§4.6, §6.7).",
+        A, ahs + [snd(OPEN(1, key="b", size=big, resume_token=tok, part=1))], OFFSET(1, "STORED", big),
+        "PROTOCOL_ERROR")
+    add("offset-resume-striped-beyond-first-stripe", "OFFSET RESUME on a STRIPED stream beyond stripe 0 (§4.6, §6.7).",
+        A, ahs + [snd(OPEN(1, key="b", size=big, striped=True))], OFFSET(1, "RESUME", 16 * MIB + 1, tok),
+        "PROTOCOL_ERROR")
 
 
 # ---------------------------------------------------------------- setups (receiver's view)
@@ -244,6 +302,11 @@ def valid_vectors():
         OPEN(13, key="clips/big.mp4", size=3 * 1048576, probe=sha1hex(bytes(262144))))
     add("offset-confirm", "OFFSET CONFIRM: the relay may hold the bytes; offset 0, empty token (§3.4, §7.1).",
         OFFSET(13, "CONFIRM"))
+    add("open-striped", "OPEN with SIZE_KNOWN|STRIPED: a 100 MiB blob of 7 stripes of 16 MiB; this stream carries stripe 0 "
+        "(§3.3, §6.7).", OPEN(15, key="clips/long.mp4", size=100 << 20, fingerprint="0a0b", striped=True))
+    add("open-part", "OPEN with SIZE_KNOWN|PART: stripe 6, the last (4 MiB) of the 100 MiB blob named by the resume token "
+        "(§3.3, §6.7).", OPEN(17, key="clips/long.mp4", size=100 << 20, resume_token="000102030405060708090a0b0c0d0e0f",
+                              part=6))
     add("chunk", "CHUNK, plain; crc32 is zlib crc32 of the data (§3.5, §8).",
         CHUNK(1, 0, b"hello\n"))
     add("chunk-at-offset", "CHUNK at a non-zero offset (§3.5).", CHUNK(3, 1048570, b"\x00\xff" * 3))
@@ -323,8 +386,9 @@ def invalid_vectors():
     add("reserved-flag-chunk", "CHUNK with flag bit 0x02 set; CHUNK defines only DEFLATED 0x01 (§1.6, §3.5).",
         R, relay_streams(1), raw_frame(T("CHUNK"), 0x02, 1, struct.pack(">QI", 0, zlib.crc32(b"ab")) + b"ab"),
         "PROTOCOL_ERROR")
-    add("reserved-flag-open", "OPEN with flag bit 0x10 set; OPEN defines only 0x01, 0x02, 0x04, 0x08 (§1.6, §3.3).",
-        R, hs, raw_frame(T("OPEN"), 0x10, 1, p_open(b"a")), "PROTOCOL_ERROR")
+    add("reserved-flag-open", "OPEN with flag bit 0x40 set; OPEN defines only 0x01 to 0x20 (§1.6, §3.3).",
+        R, hs, raw_frame(T("OPEN"), 0x40, 1, p_open(b"a")), "PROTOCOL_ERROR")
+    stripes(add, R, A, hs)
     probe = bytes.fromhex(EMPTY_SHA1)
     phs = relay_hs(features=2)
     add("open-probe-not-negotiated", "OPEN with PROBE while DEDUP_PROBE is not in force (§3.3, §4.6, §7.1).",

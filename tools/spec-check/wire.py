@@ -36,7 +36,29 @@ MAX_SEGMENT = 255
 
 FEATURE_DEFLATE = 0x00000001
 FEATURE_DEDUP_PROBE = 0x00000002
+FEATURE_STRIPES = 0x00000004
 PROBE_LENGTH = 262144
+STRIPE_MIN = 16777216  # §6.7
+STRIPE_MAX_COUNT = 256
+
+
+def stripe_length(size):
+    """§6.7: the smallest 16 MiB x 2^k with size <= 256 x it."""
+    length = STRIPE_MIN
+    while size > STRIPE_MAX_COUNT * length:
+        length *= 2
+    return length
+
+
+def stripe_count(size):
+    length = stripe_length(size)
+    return (size + length - 1) // length
+
+
+def stripe_size(size, index):
+    """Bytes of stripe `index` of a blob of `size` bytes."""
+    length = stripe_length(size)
+    return max(0, min(length, size - index * length))
 PROTOCOL_VERSION = 1
 
 TYPES = {
@@ -50,9 +72,11 @@ FLAG_SIZE_KNOWN = 0x01
 FLAG_SHA1_KNOWN = 0x02
 FLAG_OVERWRITE = 0x04
 FLAG_PROBE = 0x08
+FLAG_STRIPED = 0x10
+FLAG_PART = 0x20
 FLAG_DEFLATED = 0x01
 ALLOWED_FLAGS = {name: 0 for name in TYPE_CODES}
-ALLOWED_FLAGS["OPEN"] = FLAG_SIZE_KNOWN | FLAG_SHA1_KNOWN | FLAG_OVERWRITE | FLAG_PROBE
+ALLOWED_FLAGS["OPEN"] = FLAG_SIZE_KNOWN | FLAG_SHA1_KNOWN | FLAG_OVERWRITE | FLAG_PROBE | FLAG_STRIPED | FLAG_PART
 ALLOWED_FLAGS["CHUNK"] = FLAG_DEFLATED
 
 # "zero": stream id MUST be 0; "nonzero": MUST be non-zero; "any": either (§1.5)
@@ -265,6 +289,8 @@ def _parse_layout(name: str, flags: int, p: bytes) -> dict:
         v["sha1"] = r.take(20)
         v["fingerprint"] = r.bytes8()
         v["resume_token"] = r.bytes8()
+        if flags & FLAG_PART:
+            v["part"] = r.u32()
     elif name == "OFFSET":
         v["disposition"] = r.u8()
         v["offset"] = r.u64()
@@ -358,6 +384,18 @@ def _check_values(name, sid, flags, v, max_frame_size, defer_key) -> dict:
                 raise _pe(name, "PROBE with SHA1_KNOWN")
             if not flags & FLAG_SIZE_KNOWN or v["size"] <= PROBE_LENGTH:
                 raise _pe(name, "PROBE without SIZE_KNOWN and a size above 262144")
+        if flags & FLAG_STRIPED:
+            if flags & FLAG_PART:
+                raise _pe(name, "STRIPED with PART")
+            if not flags & FLAG_SIZE_KNOWN or v["size"] <= stripe_length(v["size"]):
+                raise _pe(name, "STRIPED without SIZE_KNOWN and at least 2 stripes")
+        if flags & FLAG_PART:
+            if flags & (FLAG_SHA1_KNOWN | FLAG_PROBE | FLAG_OVERWRITE):
+                raise _pe(name, "PART with SHA1_KNOWN, PROBE or OVERWRITE")
+            if not flags & FLAG_SIZE_KNOWN or not v["resume_token"]:
+                raise _pe(name, "PART without SIZE_KNOWN or a resume token")
+            if not 1 <= v["part"] < stripe_count(v["size"]):
+                raise _pe(name, "part not a stripe after the first")
         if len(v["fingerprint"]) > MAX_OPAQUE8:
             raise _pe(name, "fingerprint longer than 64 bytes")
         if len(v["resume_token"]) > MAX_OPAQUE8:
@@ -367,6 +405,8 @@ def _check_values(name, sid, flags, v, max_frame_size, defer_key) -> dict:
             raise _strm("INVALID_KEY", sid, "key is not valid UTF-8")
         out = {"key": key, "size": v["size"], "sha1": v["sha1"].hex(),
                "fingerprint": v["fingerprint"].hex(), "resume_token": v["resume_token"].hex()}
+        if "part" in v:
+            out["part"] = v["part"]
         if key is None:
             out["key_raw"] = v["key"]
     elif name == "OFFSET":
@@ -476,6 +516,8 @@ def encode(f: dict) -> bytes:
     elif t == "OPEN":
         p = _s16(f["key"]) + struct.pack(">Q", f["size"]) + bytes.fromhex(f["sha1"]) + \
             _b8(f["fingerprint"]) + _b8(f["resume_token"])
+        if "part" in f:
+            p += struct.pack(">I", f["part"])
     elif t == "OFFSET":
         d = f["disposition"]
         d = DISPOSITION_NUMBERS[d] if isinstance(d, str) else d
@@ -545,6 +587,14 @@ class _Stream:
         self.size = open_frame["size"]
         self.sha1_known = bool(fl & FLAG_SHA1_KNOWN)
         self.probe = bool(fl & FLAG_PROBE)
+        self.striped = bool(fl & FLAG_STRIPED)
+        self.part = open_frame.get("part")
+        # The bytes this stream carries (§6.7): the size, the first stripe, or stripe `part`.
+        self.length = self.size
+        if self.size_known and self.striped:
+            self.length = stripe_size(self.size, 0)
+        elif self.size_known and self.part is not None:
+            self.length = stripe_size(self.size, self.part)
         self.sha1 = bytes.fromhex(open_frame["sha1"])
         self.window = 0
         self.offset = 0       # relay: next expected offset; agent: bytes sent (next offset)
@@ -754,7 +804,10 @@ class Peer:
         if st.state != "RECEIVING":
             raise _conn("PROTOCOL_ERROR", f"HASH in {st.state}")
         st.state = "VERIFYING"
-        if f["size"] != st.offset or (st.size_known and f["size"] != st.size):
+        if st.striped:
+            if f["size"] != st.size or st.offset != st.length:
+                raise _strm("SIZE_MISMATCH", sid, "HASH size of a striped upload")
+        elif f["size"] != st.offset or (st.size_known and f["size"] != st.length):
             raise _strm("SIZE_MISMATCH", sid, "HASH size")
         h = bytes.fromhex(f["sha1"])
         if st.sha1_known and h != st.sha1:
@@ -768,6 +821,8 @@ class Peer:
             raise _conn("PROTOCOL_ERROR", f"OPEN stream id {sid} not greater than {self.highest}")
         if f["flags"] & FLAG_PROBE and not self.welcome["features"] & FEATURE_DEDUP_PROBE:
             raise _conn("PROTOCOL_ERROR", "PROBE but the dedup probe is not in force")
+        if f["flags"] & (FLAG_STRIPED | FLAG_PART) and not self.welcome["features"] & FEATURE_STRIPES:
+            raise _conn("PROTOCOL_ERROR", "STRIPED or PART but stripes are not in force")
         if self.goaway_received is not None:
             raise _conn("PROTOCOL_ERROR", "OPEN after the agent sent GOAWAY")
         self.highest = sid
@@ -808,8 +863,8 @@ class Peer:
             raise _conn("PROTOCOL_ERROR", f"CHUNK in {st.state}")
         if f["offset"] != st.offset:
             raise _strm("INVALID_OFFSET", sid, f"offset {f['offset']} != {st.offset}")
-        if st.size_known and f["offset"] + n > st.size:
-            raise _strm("SIZE_MISMATCH", sid, "beyond OPEN size")
+        if st.size_known and f["offset"] + n > st.length:
+            raise _strm("SIZE_MISMATCH", sid, "beyond the stream's length")
         if n > st.window:
             raise _strm("FLOW_CONTROL_ERROR", sid, "CHUNK exceeds the stream window")
         st.window -= n
@@ -883,10 +938,11 @@ class Peer:
             if st.state != "OPENING":
                 raise _conn("PROTOCOL_ERROR", f"OFFSET in {st.state}")
             d, off = f["disposition"], f["offset"]
-            if d == "RESUME" and st.size_known and off > st.size:
-                raise _conn("PROTOCOL_ERROR", "RESUME offset beyond OPEN size")
+            if d == "RESUME" and st.size_known and off > st.length:
+                raise _conn("PROTOCOL_ERROR", "RESUME offset beyond the stream's length")
             if d == "STORED":
-                if st.size_known and off != st.size:
+                stored = st.length if st.part is not None else st.size
+                if st.size_known and off != stored:
                     raise _conn("PROTOCOL_ERROR", "STORED offset != OPEN size")
                 st.state = "CLOSED"
                 return

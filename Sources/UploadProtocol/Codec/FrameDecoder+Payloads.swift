@@ -69,10 +69,13 @@ extension FrameDecoder {
         let sha1 = try payload.readDigestBytes("sha1", of: type)
         let fingerprint = try payload.readBytes(lengthPrefix: 1, "fingerprint", of: type)
         let token = try payload.readBytes(lengthPrefix: 1, "resume token", of: type)
+        let isPart = flags & Frame.Open.partFlag != 0
+        let part = isPart ? try payload.readField(UInt32.self, "part", of: type) : nil
         try Self.expectEnd(payload, type)
         let sizeKnown = flags & Frame.Open.sizeKnownFlag != 0
         let sha1Known = flags & Frame.Open.sha1KnownFlag != 0
         let probe = flags & Frame.Open.probeFlag != 0
+        let striped = flags & Frame.Open.stripedFlag != 0
         guard sizeKnown || size == 0 else {
             throw ProtocolError.connection(.protocolError, "OPEN size is \(size) but SIZE_KNOWN is not set")
         }
@@ -87,13 +90,36 @@ extension FrameDecoder {
                 )
             }
         }
+        // SPEC §3.3, §6.7.
+        if striped || isPart {
+            // Before any stripe arithmetic: the size's rule first.
+            _ = try FieldRules.size(size, "size", of: type)
+        }
+        if striped {
+            guard !isPart else { throw ProtocolError.connection(.protocolError, "OPEN sets both STRIPED and PART") }
+            guard sizeKnown, size > Frame.Stripes(size: size).length else {
+                throw ProtocolError.connection(.protocolError, "OPEN with STRIPED needs SIZE_KNOWN and at least 2 stripes (a size above 16777216 bytes)")
+            }
+        }
+        if let part {
+            guard !sha1Known, !probe, flags & Frame.Open.overwriteFlag == 0 else {
+                throw ProtocolError.connection(.protocolError, "OPEN with PART sets SHA1_KNOWN, PROBE or OVERWRITE")
+            }
+            guard sizeKnown, !token.isEmpty else {
+                throw ProtocolError.connection(.protocolError, "OPEN with PART needs SIZE_KNOWN and the striped upload's resume token")
+            }
+            let count = Frame.Stripes(size: size).count
+            guard part >= 1, Int(part) < count else {
+                throw ProtocolError.connection(.protocolError, "OPEN part \(part) is not a stripe after the first of a \(size)-byte blob (\(count) stripes)")
+            }
+        }
         let digest = SHA1Digest(bytes: sha1)
         return Frame.Open(
             streamID: stream, rawKey: key, size: sizeKnown ? try FieldRules.size(size, "size", of: type) : nil,
             sha1: sha1Known ? digest : nil, overwrite: flags & Frame.Open.overwriteFlag != 0,
             fingerprint: try FieldRules.length(fingerprint, max: self.limits.maxTokenLength, "fingerprint", of: type),
             resumeToken: try FieldRules.length(token, max: self.limits.maxTokenLength, "resume token", of: type),
-            probe: probe ? digest : nil
+            probe: probe ? digest : nil, striped: striped, part: part
         )
     }
 

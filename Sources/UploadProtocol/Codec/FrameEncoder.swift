@@ -73,6 +73,7 @@ public enum FrameEncoder {
             buffer.writeBytes(f.sha1?.bytes ?? f.probe?.bytes ?? Self.zeroDigest)
             buffer.writeBytes8(f.fingerprint)
             buffer.writeBytes8(f.resumeToken)
+            if let part = f.part { buffer.writeInteger(part) }
         case .offset(let f):
             buffer.writeMultipleIntegers(f.disposition.rawValue, f.offset)
             buffer.writeBytes8(f.resumeToken)

@@ -113,8 +113,10 @@ extension Frame {
         public static let deflate = Features(rawValue: 1 << 0)
         /// OPEN with a probe digest instead of the whole blob's SHA-1; OFFSET CONFIRM (SPEC §7.1).
         public static let dedupProbe = Features(rawValue: 1 << 1)
+        /// One blob on several streams, OPEN with STRIPED and PART (SPEC §6.7).
+        public static let stripes = Features(rawValue: 1 << 2)
         /// Every feature this implementation knows.
-        public static let known: Features = [.deflate, .dedupProbe]
+        public static let known: Features = [.deflate, .dedupProbe, .stripes]
     }
 
     /// WELCOME, relay → agent, stream 0: the agent is authenticated; these are the relay's terms (SPEC §3.2).
@@ -164,7 +166,11 @@ extension Frame {
         public static let overwriteFlag: UInt8 = 0x04
         /// Flag: the sha1 field is the probe digest (SPEC §7.1).
         public static let probeFlag: UInt8 = 0x08
-        public static let allFlags: UInt8 = 0x0F
+        /// Flag: this stream carries the blob's first stripe only; PART streams carry the others (SPEC §6.7).
+        public static let stripedFlag: UInt8 = 0x10
+        /// Flag: this stream carries stripe ``part`` of the striped upload named by the resume token (SPEC §6.7).
+        public static let partFlag: UInt8 = 0x20
+        public static let allFlags: UInt8 = 0x3F
         /// The bytes a probe digest covers, and the size a blob opened with PROBE must exceed (SPEC §7.1).
         public static let probeLength: UInt64 = 1 << 18
 
@@ -181,12 +187,17 @@ extension Frame {
         public var overwrite: Bool
         /// Opaque bytes identifying this version of the source (SPEC §6.2).
         public var fingerprint: [UInt8]
-        /// A token from an earlier OFFSET, to resume that upload (SPEC §6.2).
+        /// A token from an earlier OFFSET, to resume that upload (SPEC §6.2); with ``part``, the striped upload's.
         public var resumeToken: [UInt8]
+        /// STRIPED: the stream carries stripe 0 only (SPEC §6.7).
+        public var striped: Bool
+        /// PART: the index of the stripe the stream carries, at least 1 (SPEC §6.7).
+        public var part: UInt32?
 
         public init(
             streamID: StreamID, rawKey: [UInt8], size: UInt64? = nil, sha1: SHA1Digest? = nil,
-            overwrite: Bool = false, fingerprint: [UInt8] = [], resumeToken: [UInt8] = [], probe: SHA1Digest? = nil
+            overwrite: Bool = false, fingerprint: [UInt8] = [], resumeToken: [UInt8] = [], probe: SHA1Digest? = nil,
+            striped: Bool = false, part: UInt32? = nil
         ) {
             self.streamID = streamID
             self.rawKey = rawKey
@@ -196,16 +207,28 @@ extension Frame {
             self.overwrite = overwrite
             self.fingerprint = fingerprint
             self.resumeToken = resumeToken
+            self.striped = striped
+            self.part = part
         }
 
         public init(
             streamID: StreamID, key: String, size: UInt64? = nil, sha1: SHA1Digest? = nil,
-            overwrite: Bool = false, fingerprint: [UInt8] = [], resumeToken: [UInt8] = [], probe: SHA1Digest? = nil
+            overwrite: Bool = false, fingerprint: [UInt8] = [], resumeToken: [UInt8] = [], probe: SHA1Digest? = nil,
+            striped: Bool = false, part: UInt32? = nil
         ) {
             self.init(
                 streamID: streamID, rawKey: Array(key.utf8), size: size, sha1: sha1, overwrite: overwrite,
-                fingerprint: fingerprint, resumeToken: resumeToken, probe: probe
+                fingerprint: fingerprint, resumeToken: resumeToken, probe: probe, striped: striped, part: part
             )
+        }
+
+        /// The bytes this stream carries (SPEC §6.7): the blob's size; with STRIPED the first stripe's length; with
+        /// PART the stripe's length. Nil when the size is unknown.
+        public var streamLength: UInt64? {
+            guard let size = self.size else { return nil }
+            if let part = self.part { return Stripes(size: size).length(of: Int(part)) }
+            if self.striped { return Stripes(size: size).length(of: 0) }
+            return size
         }
 
         /// The key as a string, or nil when it is not valid UTF-8.
@@ -214,6 +237,39 @@ extension Frame {
         var flags: UInt8 {
             (self.size != nil ? Self.sizeKnownFlag : 0) | (self.sha1 != nil ? Self.sha1KnownFlag : 0)
                 | (self.overwrite ? Self.overwriteFlag : 0) | (self.probe != nil ? Self.probeFlag : 0)
+                | (self.striped ? Self.stripedFlag : 0) | (self.part != nil ? Self.partFlag : 0)
+        }
+    }
+
+    /// The stripes of a blob (SPEC §6.7): stripe i holds [i × length, min((i + 1) × length, size)), where the length is
+    /// the smallest 16 MiB × 2^k for which 256 stripes hold the blob.
+    public struct Stripes: Hashable, Sendable {
+        /// The smallest stripe, and the size a blob must exceed to be striped.
+        public static let minimumLength: UInt64 = 1 << 24
+        /// The most stripes a blob has.
+        public static let maximumCount: UInt64 = 256
+
+        public let size: UInt64
+        /// Every stripe's length but the last's.
+        public let length: UInt64
+
+        public init(size: UInt64) {
+            self.size = size
+            var length = Self.minimumLength
+            // Sizes are at most 2^62 (SPEC §12.1): 2^54 holds any; the bound keeps the product from overflowing for others.
+            while length < 1 << 55, size > Self.maximumCount * length { length <<= 1 }
+            self.length = length
+        }
+
+        public var count: Int { Int(self.size / self.length + (self.size % self.length == 0 ? 0 : 1)) }
+
+        /// The first byte of stripe `index`.
+        public func start(of index: Int) -> UInt64 { UInt64(index) * self.length }
+
+        /// The length of stripe `index` (0 past the last).
+        public func length(of index: Int) -> UInt64 {
+            let start = self.start(of: index)
+            return start >= self.size ? 0 : min(self.length, self.size - start)
         }
     }
 

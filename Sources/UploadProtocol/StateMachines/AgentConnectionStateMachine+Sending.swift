@@ -22,6 +22,8 @@ extension AgentConnectionStateMachine {
         guard self.canOpenStream, open.streamID > self.highestStreamID else { return nil }
         // PROBE only while the relay granted the dedup probe (SPEC §7.1).
         if open.probe != nil && !(self.welcome?.features.contains(.dedupProbe) ?? false) { return nil }
+        // STRIPED and PART only while the relay granted stripes (SPEC §6.7).
+        if (open.striped || open.part != nil) && !(self.welcome?.features.contains(.stripes) ?? false) { return nil }
         self.highestStreamID = open.streamID
         self.streams[open.streamID] = AgentStreamStateMachine(open: open)
         return .open(open)

@@ -30,13 +30,14 @@ struct AgentStreamStateMachine: Sendable {
         guard self.state == .opening else {
             return .connection(.protocolError, "second OFFSET on stream \(self.id)")
         }
-        if let size = self.open.size, offset.offset > size {
+        // A striped upload's streams carry their stripe only (SPEC §6.7).
+        if let size = offset.disposition == .stored && self.open.part == nil ? self.open.size : self.open.streamLength, offset.offset > size {
             return .connection(.protocolError, "OFFSET \(offset.offset) on stream \(self.id) is beyond the size \(size)")
         }
         if offset.disposition == .confirm && self.open.probe == nil {
             return .connection(.protocolError, "OFFSET CONFIRM on stream \(self.id), whose OPEN had no PROBE")
         }
-        if offset.disposition == .stored, let size = self.open.size, offset.offset != size {
+        if offset.disposition == .stored, let size = self.open.part == nil ? self.open.size : self.open.streamLength, offset.offset != size {
             return .connection(
                 .protocolError, "OFFSET STORED on stream \(self.id) says \(offset.offset) bytes; OPEN announced \(size)"
             )
@@ -119,7 +120,7 @@ struct AgentStreamStateMachine: Sendable {
         guard chunk.offset == self.nextOffset else {
             return "CHUNK at \(chunk.offset) on stream \(self.id), expected \(self.nextOffset)"
         }
-        if let size = self.open.size, chunk.offset + UInt64(chunk.payloadLength) > size {
+        if let size = self.open.streamLength, chunk.offset + UInt64(chunk.payloadLength) > size {
             return "CHUNK ends at \(chunk.offset + UInt64(chunk.payloadLength)) on stream \(self.id), beyond the size \(size)"
         }
         guard chunk.payloadLength > 0 else {
@@ -141,6 +142,13 @@ struct AgentStreamStateMachine: Sendable {
     func refusal(of hash: Frame.Hash) -> String? {
         guard self.state == .sending else {
             return "HASH on stream \(self.id) outside the sending state"
+        }
+        if self.open.striped {
+            // The main stream of a striped upload states the whole blob, having sent its first stripe (SPEC §6.7).
+            guard hash.size == self.open.size, self.nextOffset == self.open.streamLength else {
+                return "HASH size \(hash.size) on striped stream \(self.id) after \(self.nextOffset) bytes sent"
+            }
+            return nil
         }
         guard hash.size == self.nextOffset else {
             return "HASH size \(hash.size) on stream \(self.id), but \(self.nextOffset) bytes were sent"

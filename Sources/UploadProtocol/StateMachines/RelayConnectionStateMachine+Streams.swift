@@ -10,6 +10,9 @@ extension RelayConnectionStateMachine {
         if open.probe != nil && !self.features.contains(.dedupProbe) {
             return self.fail(.protocolError, "OPEN with PROBE on stream \(id), but the dedup probe was not negotiated")
         }
+        if (open.striped || open.part != nil) && !self.features.contains(.stripes) {
+            return self.fail(.protocolError, "OPEN with STRIPED or PART on stream \(id), but stripes were not negotiated")
+        }
         if self.agentGoAway != nil {
             return self.fail(.protocolError, "OPEN on stream \(id) after the agent's own GOAWAY")
         }

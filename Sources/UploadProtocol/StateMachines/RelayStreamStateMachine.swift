@@ -43,9 +43,10 @@ struct RelayStreamStateMachine: Sendable {
                 self.id, .invalidOffset, "CHUNK at offset \(chunk.offset); the next expected offset is \(self.nextOffset)"
             )
         }
-        if let size = self.open.size, self.nextOffset + UInt64(length) > size {
+        if let size = self.open.streamLength, self.nextOffset + UInt64(length) > size {
+            let what = self.open.part != nil ? "the stripe's length" : self.open.striped ? "the first stripe's length" : "the announced size"
             return .stream(
-                self.id, .sizeMismatch, "CHUNK ends at \(self.nextOffset + UInt64(length)), beyond the announced size \(size)"
+                self.id, .sizeMismatch, "CHUNK ends at \(self.nextOffset + UInt64(length)), beyond \(what) \(size)"
             )
         }
         guard self.window!.receive(length) else {
@@ -68,10 +69,15 @@ struct RelayStreamStateMachine: Sendable {
         case .receiving:
             break
         }
-        guard hash.size == self.nextOffset else {
+        if self.open.striped {
+            // The main stream states the whole blob; it carried the first stripe (SPEC §6.7).
+            if let first = self.open.streamLength, self.nextOffset != first {
+                return .stream(self.id, .sizeMismatch, "HASH after \(self.nextOffset) bytes of the first stripe's \(first)")
+            }
+        } else if hash.size != self.nextOffset {
             return .stream(self.id, .sizeMismatch, "HASH says \(hash.size) bytes but \(self.nextOffset) were sent")
         }
-        if let size = self.open.size, size != hash.size {
+        if let size = self.open.part == nil ? self.open.size : self.open.streamLength, size != hash.size {
             return .stream(self.id, .sizeMismatch, "HASH says \(hash.size) bytes but OPEN announced \(size)")
         }
         if let sha1 = self.open.sha1, sha1 != hash.sha1 {

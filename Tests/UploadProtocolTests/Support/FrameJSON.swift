@@ -34,6 +34,7 @@ enum FrameJSON {
             f["sha1"] = o.sha1?.hex ?? o.probe?.hex ?? String(repeating: "0", count: 40)
             f["fingerprint"] = o.fingerprint.hexString
             f["resume_token"] = o.resumeToken.hexString
+            if let part = o.part { f["part"] = "\(part)" }
         case .offset(let o):
             f["disposition"] = ["START", "RESUME", "STORED", "CONFIRM"][Int(o.disposition.rawValue)]
             f["offset"] = "\(o.offset)"
