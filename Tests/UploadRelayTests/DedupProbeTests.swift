@@ -29,6 +29,9 @@ struct DedupProbeTests {
             staging.close()
             try services.store.removeStaging(staging.name)
             return "upload"
+        case .stripe(_, let staging, _):
+            staging.close()
+            return "stripe"
         case .refuse(let code, _): return "refuse \(code.name)"
         }
     }

@@ -16,11 +16,31 @@ public struct MemoryAgent {
         /// Claims this SHA-1 in HASH instead of the real one.
         public var lie: SHA1Digest? = nil
         public var deflate = false
+        /// OPEN with STRIPED: the stream carries stripe 0 (SPEC §6.7).
+        public var striped = false
+        /// OPEN with PART: the stream carries this stripe of the upload named by ``resumeToken``.
+        public var part: UInt32? = nil
+        /// Sends no HASH at the end of the data until cleared (a striped upload waits for its stripes).
+        public var holdHash = false
+
+        /// The bytes this job's stream carries, as offsets into ``data``.
+        public var range: Range<Int> {
+            let stripes = Frame.Stripes(size: UInt64(self.data.count))
+            if let part = self.part {
+                let start = Int(stripes.start(of: Int(part)))
+                return start..<start + Int(stripes.length(of: Int(part)))
+            }
+            return 0..<(self.striped ? Int(stripes.length(of: 0)) : self.data.count)
+        }
 
         public init(
             key: String, data: [UInt8], announceSize: Bool = true, announceSHA1: Bool = false, fingerprint: [UInt8] = [],
-            resumeToken: [UInt8] = [], lie: SHA1Digest? = nil, deflate: Bool = false
+            resumeToken: [UInt8] = [], lie: SHA1Digest? = nil, deflate: Bool = false, striped: Bool = false, part: UInt32? = nil,
+            holdHash: Bool = false
         ) {
+            self.striped = striped
+            self.part = part
+            self.holdHash = holdHash
             self.key = key
             self.data = data
             self.announceSize = announceSize
@@ -73,7 +93,7 @@ public struct MemoryAgent {
         let sha1 = job.announceSHA1 ? SHA1Digest(bytes: SHA1.hash(job.data)) : nil
         let open = Frame.Open(
             streamID: id, key: job.key, size: job.announceSize ? UInt64(job.data.count) : nil, sha1: sha1,
-            fingerprint: job.fingerprint, resumeToken: job.resumeToken
+            fingerprint: job.fingerprint, resumeToken: job.resumeToken, striped: job.striped, part: job.part
         )
         return (id, [self.machine.sendOpen(open)!])
     }
@@ -129,16 +149,20 @@ public struct MemoryAgent {
         var out: [Frame] = []
         for id in self.machine.openStreamIDs {
             guard let job = self.jobs[id] else { continue }
+            // A PART stream's offsets start at its stripe (SPEC §6.7).
+            let range = job.range
             while let next = self.machine.nextOffset(on: id) {
-                let offset = Int(next)
-                if offset == job.data.count {
-                    let real = SHA1Digest(bytes: SHA1.hash(job.data))!
-                    out.append(self.machine.sendHash(Frame.Hash(streamID: id, size: next, sha1: job.lie ?? real)).frame!)
+                let offset = range.lowerBound + Int(next)
+                if offset == range.upperBound {
+                    guard !job.holdHash else { break }
+                    let real = job.part == nil ? SHA1Digest(bytes: SHA1.hash(job.data))! : SHA1Digest(bytes: [UInt8](repeating: 0, count: 20))!
+                    let size = job.part == nil ? UInt64(job.data.count) : next
+                    out.append(self.machine.sendHash(Frame.Hash(streamID: id, size: size, sha1: job.lie ?? real)).frame!)
                     break
                 }
                 let credit = self.machine.sendableBytes(on: id)
                 guard credit > 0 else { break }
-                let n = min(credit, self.chunkSize, job.data.count - offset)
+                let n = min(credit, self.chunkSize, range.upperBound - offset)
                 let raw = Array(job.data[offset..<offset + n])
                 let chunk = ChunkPayload.seal(ByteBuffer(bytes: raw), streamID: id, offset: next, deflate: job.deflate)
                 self.sentPayload[id, default: 0] += n

@@ -91,13 +91,17 @@ public struct UploadSession: Hashable, Sendable {
     public var stagingName: String
     /// The SHA-1 the OPEN that created the session stated, if any (SPEC §6.2).
     public var declaredSHA1: String?
+    /// Created by an OPEN with STRIPED: `durableOffset` covers stripe 0, PART streams bring the others (SPEC §6.7).
+    public var striped: Bool
     public var updatedAt: Date
 
     public init(
         id: String, account: String, key: String, resumeToken: [UInt8], fingerprint: [UInt8], declaredSize: Int64?,
-        durableOffset: Int64, sha1State: [UInt8], stagingName: String, declaredSHA1: String? = nil, updatedAt: Date = Date()
+        durableOffset: Int64, sha1State: [UInt8], stagingName: String, declaredSHA1: String? = nil, striped: Bool = false,
+        updatedAt: Date = Date()
     ) {
         self.declaredSHA1 = declaredSHA1
+        self.striped = striped
         self.id = id
         self.account = account
         self.key = key
@@ -202,6 +206,11 @@ public protocol Catalog: Sendable {
     func updateDurable(sessionID: String, offset: Int64, sha1State: [UInt8]) throws
     func deleteSession(id: String) throws
     func sessions(updatedBefore date: Date) throws -> [UploadSession]
+    /// Records that stripe `index` of the striped session is durable in its staging file (SPEC §6.7); throws
+    /// ``CatalogError/unknownSession(_:)`` when the session is gone. Deleting the session forgets its stripes.
+    func completeStripe(sessionID: String, index: Int) throws
+    /// The stripes of the session recorded complete.
+    func completeStripes(sessionID: String) throws -> Set<Int>
 
     func object(account: String, key: String) throws -> StoredObject?
     func object(account: String, size: Int64, sha1: String) throws -> [StoredObject]

@@ -81,6 +81,18 @@ public final class SQLiteCatalog: Catalog {
             // NULL: not known (objects from before, recovered commits, blobs of 256 KiB or less).
             try db.execute(sql: "ALTER TABLE object ADD COLUMN probe_sha1 TEXT")
         }
+        migrator.registerMigration("v4: striped sessions") { db in
+            try db.execute(
+                sql: """
+                    ALTER TABLE session ADD COLUMN striped INTEGER NOT NULL DEFAULT 0;
+                    CREATE TABLE session_stripe (
+                        session_id TEXT NOT NULL REFERENCES session(id) ON DELETE CASCADE,
+                        stripe INTEGER NOT NULL,
+                        PRIMARY KEY (session_id, stripe)
+                    );
+                    """
+            )
+        }
         return migrator
     }
 
@@ -136,7 +148,7 @@ public final class SQLiteCatalog: Catalog {
             resumeToken: [UInt8]((row["resume_token"] as Data?) ?? Data()),
             fingerprint: [UInt8]((row["fingerprint"] as Data?) ?? Data()), declaredSize: row["declared_size"],
             durableOffset: row["durable_offset"], sha1State: [UInt8]((row["sha1_state"] as Data?) ?? Data()),
-            stagingName: row["staging_name"], declaredSHA1: row["declared_sha1"],
+            stagingName: row["staging_name"], declaredSHA1: row["declared_sha1"], striped: row["striped"],
             updatedAt: Date(timeIntervalSince1970: row["updated_at"])
         )
     }
@@ -154,12 +166,12 @@ public final class SQLiteCatalog: Catalog {
             try db.execute(
                 cached: """
                     INSERT INTO session (id, account, key, resume_token, fingerprint, declared_size, durable_offset,
-                        sha1_state, staging_name, declared_sha1, updated_at)
-                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                        sha1_state, staging_name, declared_sha1, striped, updated_at)
+                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                     """,
                 arguments: [
                     s.id, s.account, s.key, Data(s.resumeToken), Data(s.fingerprint), s.declaredSize, s.durableOffset,
-                    Data(s.sha1State), s.stagingName, s.declaredSHA1, s.updatedAt.timeIntervalSince1970,
+                    Data(s.sha1State), s.stagingName, s.declaredSHA1, s.striped, s.updatedAt.timeIntervalSince1970,
                 ]
             )
         }
@@ -173,6 +185,23 @@ public final class SQLiteCatalog: Catalog {
             )
             // A session that is gone cannot vouch for durable bytes: never acknowledge them.
             guard db.changesCount > 0 else { throw CatalogError.unknownSession(sessionID) }
+        }
+    }
+
+    public func completeStripe(sessionID: String, index: Int) throws {
+        try self.database.write { db in
+            // Also keeps a striped upload whose main stream waits from expiring while its stripes arrive.
+            try db.execute(cached: "UPDATE session SET updated_at = ? WHERE id = ?", arguments: [Date().timeIntervalSince1970, sessionID])
+            guard db.changesCount > 0 else { throw CatalogError.unknownSession(sessionID) }
+            try db.execute(
+                cached: "INSERT OR IGNORE INTO session_stripe (session_id, stripe) VALUES (?, ?)", arguments: [sessionID, index]
+            )
+        }
+    }
+
+    public func completeStripes(sessionID: String) throws -> Set<Int> {
+        try self.reading { db in
+            Set(try Row.fetchAll(cached: db, sql: "SELECT stripe FROM session_stripe WHERE session_id = ?", arguments: [sessionID]).map { $0["stripe"] as Int })
         }
     }
 

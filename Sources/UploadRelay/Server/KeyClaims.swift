@@ -35,6 +35,12 @@ final class KeyClaims: Sendable {
         account + "\u{0}" + key
     }
 
+    /// The claim of one stripe of a striped upload (SPEC §6.7): one stream writes it at a time. Outside every account's
+    /// names, so that it is never counted as an upload of the account.
+    static func stripeName(account: String, key: String, index: Int) -> String {
+        "\u{1}" + account + "\u{0}" + key + "\u{0}\(index)"
+    }
+
     func claim(_ name: String, whenFree: @escaping @Sendable () -> Void) -> Outcome {
         self.claims.withLockedValue { claims in
             guard var claim = claims[name] else {

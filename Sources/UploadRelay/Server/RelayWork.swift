@@ -1,5 +1,6 @@
 import Logging
 import NIOCore
+import UploadChecksums
 import UploadProtocol
 
 /// A connection's blocking work, run on the I/O thread pool, each answer delivered on the connection's event loop:
@@ -55,6 +56,12 @@ struct RelayWork {
                 durableOffset: session.durableOffset, resumeToken: session.resumeToken, resumed: resumed, byteLimit: byteLimit
             )
             return (decision, storage)
+        case .stripe(let session, let staging, let index):
+            let storage = UploadStorage(
+                key: key, account: account.name, overwrite: false, session: session, recorded: true, staging: staging, sha1: SHA1(),
+                services: services, logger: logger, stripe: index
+            )
+            return (.stripe, storage)
         }
     }
 }

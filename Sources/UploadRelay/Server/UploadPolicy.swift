@@ -15,6 +15,8 @@ struct UploadPolicy {
         /// `recorded`: the catalog holds the session (a new one is recorded by its first durable sync).
         /// `byteLimit` bounds an upload of unknown size by the quota left and the relay's largest blob.
         case upload(UploadSession, any StagingFile, SHA1, recorded: Bool, resumed: Bool, byteLimit: Int64?)
+        /// A PART stream's stripe `index` of the striped `session`, written into its staging file (SPEC §6.7).
+        case stripe(UploadSession, any StagingFile, index: Int)
         case refuse(WireErrorCode, String)
     }
 
@@ -34,6 +36,9 @@ struct UploadPolicy {
             // Quota, revocation and dedup decisions read the account as it is now, not as it was at HELLO.
             guard let current = try self.services.catalog.account(named: account.name), !current.revoked else {
                 return .refuse(.unauthenticated, "the token of account \"\(account.name)\" was revoked")
+            }
+            if let part = open.part {
+                return try self.openStripe(account: current, open: open, key: key, index: Int(part))
             }
             return try self.openThrowing(account: current, open: open, key: key)
         } catch {
@@ -140,9 +145,9 @@ struct UploadPolicy {
             let byFingerprint = !open.fingerprint.isEmpty && open.fingerprint == session.fingerprint
             let sameSource = open.fingerprint.isEmpty || session.fingerprint.isEmpty || open.fingerprint == session.fingerprint
             let sameSHA1 = open.sha1 == nil || session.declaredSHA1 == nil || open.sha1?.hex == session.declaredSHA1
-            if (byToken || byFingerprint) && sameSource && sameSHA1 && session.declaredSize == size,
+            if (byToken || byFingerprint) && sameSource && sameSHA1 && session.declaredSize == size && session.striped == open.striped,
                 let sha1 = try? SHA1(importing: session.sha1State), sha1.byteCount == UInt64(session.durableOffset),
-                let staging = try? store.openStaging(session.stagingName, truncatingTo: session.durableOffset, expectedSize: size)
+                let staging = try? self.openStaging(session, size: size)
             {
                 return .upload(session, staging, sha1, recorded: true, resumed: session.durableOffset > 0, byteLimit: byteLimit)
             }
@@ -153,11 +158,54 @@ struct UploadPolicy {
         let id = Self.randomID()
         let session = UploadSession(
             id: id, account: name, key: key.value, resumeToken: Self.randomBytes(), fingerprint: open.fingerprint,
-            declaredSize: size, durableOffset: 0, sha1State: SHA1().exportState(), stagingName: id, declaredSHA1: open.sha1?.hex
+            declaredSize: size, durableOffset: 0, sha1State: SHA1().exportState(), stagingName: id, declaredSHA1: open.sha1?.hex,
+            striped: open.striped
         )
+        if let size, open.striped {
+            // Recorded now: PART streams on other connections look it up by its token before stripe 0 syncs (SPEC §6.7).
+            let staging = try store.openStripedStaging(session.stagingName, size: size, creating: true)
+            do {
+                try catalog.putSession(session)
+            } catch {
+                staging.close()
+                try? store.removeStaging(session.stagingName)
+                throw error
+            }
+            return .upload(session, staging, SHA1(), recorded: true, resumed: false, byteLimit: byteLimit)
+        }
         // Recorded by its first durable sync (``UploadStorage``): an upload committed at once never writes a session.
         let staging = try store.openStaging(session.stagingName, truncatingTo: 0, expectedSize: size)
         return .upload(session, staging, SHA1(), recorded: false, resumed: false, byteLimit: byteLimit)
+    }
+
+    /// The staging file of a session being resumed: cut to its durable offset, or, striped, as it is.
+    private func openStaging(_ session: UploadSession, size: Int64?) throws -> any StagingFile {
+        if session.striped, let size {
+            return try self.services.store.openStripedStaging(session.stagingName, size: size, creating: false)
+        }
+        return try self.services.store.openStaging(session.stagingName, truncatingTo: session.durableOffset, expectedSize: size)
+    }
+
+    /// The answer to a PART (SPEC §6.7): the striped session its token names, and its staging file to write stripe
+    /// `index` into; OFFSET STORED when that stripe is complete.
+    private func openStripe(account: Account, open: Frame.Open, key: ObjectKey, index: Int) throws -> OpenDecision {
+        let catalog = self.services.catalog
+        guard let size = open.size, let length = open.streamLength else {
+            return .refuse(.internalError, "PART without a size")
+        }
+        guard let session = try catalog.session(account: account.name, key: key.value), session.striped,
+            !open.resumeToken.isEmpty, session.resumeToken == open.resumeToken, session.declaredSize == Int64(size)
+        else {
+            return .refuse(
+                .storageError,
+                "no striped upload of \"\(key)\" with this token and size \(size) is open on the relay (expired, cancelled or committed); open the blob again"
+            )
+        }
+        if try catalog.completeStripes(sessionID: session.id).contains(index) {
+            return .stored(size: length)
+        }
+        let staging = try self.services.store.openStripedStaging(session.stagingName, size: Int64(size), creating: false)
+        return .stripe(session, staging, index: index)
     }
 
     /// One upload's verified bytes, ready to become its object.

@@ -29,11 +29,18 @@ final class UploadStorage: Sendable {
     /// taken from ``sha1`` as it passes that length, so those bytes are hashed once. Nil until then, and for an upload
     /// resumed past it (the relay does not read its staged prefix back for it).
     private let probe: NIOLockedValueBox<SHA1Digest?>
+    /// For a PART stream (SPEC §6.7): the stripe it writes, whose offset 0 is `base` in the staging file. Its bytes are
+    /// hashed with the whole blob when the main stream commits; its "commit" makes them durable and records the stripe.
+    private let stripe: (index: Int, base: Int64)?
+    /// The claim the upload holds: its key's, or for a PART stream its stripe's (``KeyClaims/stripeName(account:key:index:)``).
+    private let claim: String
 
     init(
         key: ObjectKey, account: String, overwrite: Bool, session: UploadSession, recorded: Bool, staging: any StagingFile, sha1: SHA1,
-        services: RelayServices, logger: Logger
+        services: RelayServices, logger: Logger, stripe: Int? = nil
     ) {
+        self.stripe = stripe.map { index in (index, Int64(Frame.Stripes(size: UInt64(session.declaredSize ?? 0)).start(of: index))) }
+        self.claim = stripe.map { KeyClaims.stripeName(account: account, key: key.value, index: $0) } ?? KeyClaims.name(account: account, key: key.value)
         self.key = key
         self.account = account
         self.overwrite = overwrite
@@ -86,7 +93,8 @@ final class UploadStorage: Sendable {
     /// Opens each chunk (inflate, CRC-32), writes its raw bytes and hashes them; the payload bytes consumed per chunk, and
     /// the error that stopped the batch.
     private func write(_ chunks: [Frame.Chunk], at startOffset: Int64) -> ([Int], ProtocolError?) {
-        self.sha1.withLockedValue { sha1 in
+        let base = self.stripe?.base ?? 0
+        return self.sha1.withLockedValue { sha1 in
             var offset = startOffset
             var consumed: [Int] = []
             for chunk in chunks {
@@ -95,11 +103,12 @@ final class UploadStorage: Sendable {
                     return (consumed, error)
                 case .success(let raw):
                     do {
-                        try self.staging.write(raw, at: offset)
+                        try self.staging.write(raw, at: base + offset)
                     } catch {
                         return (consumed, .stream(chunk.streamID, .storageError, "\(error)"))
                     }
-                    raw.withUnsafeReadableBytes { self.hash($0, into: &sha1) }
+                    // A stripe's bytes are hashed in order with the whole blob, at the main stream's commit.
+                    if self.stripe == nil { raw.withUnsafeReadableBytes { self.hash($0, into: &sha1) } }
                     offset += Int64(raw.readableBytes)
                     consumed.append(chunk.payloadLength)
                 }
@@ -131,6 +140,10 @@ final class UploadStorage: Sendable {
 
     /// SPEC §6.1: fsync first, then record offset and SHA-1 state; only then acknowledge.
     private func sync(through offset: Int64) throws -> Int64 {
+        if self.stripe != nil {
+            // A stripe records nothing before it is complete: its pipeline asks for no sync (an ACK would claim a record).
+            throw StoreError("a stripe is made durable only when complete")
+        }
         let state = self.sha1.withLockedValue { $0.exportState() }
         try self.staging.sync()
         try self.recorded.withLockedValue { recorded in
@@ -150,6 +163,18 @@ final class UploadStorage: Sendable {
 
     /// Checks the SHA-1 of the bytes written against HASH, then commits by the relay's rules with the next group.
     private func commit(_ hash: Frame.Hash, written: Int64, then done: @escaping CommitGroup.Completion) {
+        if let stripe = self.stripe {
+            done(Result { try self.completeStripe(stripe.index) }.mapError { UploadPolicy.refusal(for: $0, doing: "record the stripe") })
+            return
+        }
+        if self.session.striped {
+            do {
+                try self.hashStripes(size: hash.size)
+            } catch {
+                done(.failure(UploadPolicy.refusal(for: error, doing: "verify the stripes")))
+                return
+            }
+        }
         let actual = SHA1Digest(bytes: self.sha1.withLockedValue { $0.finalize() })
         guard let actual, actual == hash.sha1 else {
             let message = "SHA-1 of the \(written) bytes received is \(actual.map { "\($0)" } ?? "unknown"); HASH says \(hash.sha1)"
@@ -164,6 +189,45 @@ final class UploadStorage: Sendable {
         self.services.commits.submit(request, services: self.services, completion: done)
     }
 
+    /// A PART stream's HASH: its stripe is durable, then recorded complete (SPEC §6.7).
+    private func completeStripe(_ index: Int) throws -> Frame.Result.Status {
+        try self.staging.sync()
+        try self.services.catalog.completeStripe(sessionID: self.session.id, index: index)
+        return .stored
+    }
+
+    /// The main stream of a striped upload sent stripe 0 and HASH: every other stripe must be complete; their bytes,
+    /// read back from the staging file, go into the SHA-1 after stripe 0's (SPEC §6.7, §4.6).
+    private func hashStripes(size: UInt64) throws {
+        let stripes = Frame.Stripes(size: size)
+        let complete = try self.services.catalog.completeStripes(sessionID: self.session.id)
+        let missing = (1..<stripes.count).filter { !complete.contains($0) }
+        guard missing.isEmpty else {
+            let list = missing.prefix(8).map(String.init).joined(separator: ", ") + (missing.count > 8 ? ", ..." : "")
+            throw UploadPolicy.Refusal(
+                code: .sizeMismatch, message: "HASH before every stripe is complete: stripes \(list) of \(stripes.count) are not",
+                keepSession: true
+            )
+        }
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: Self.readBackBytes, alignment: 16)
+        defer { buffer.deallocate() }
+        try self.sha1.withLockedValue { sha1 in
+            var offset = stripes.start(of: 1)
+            while offset < size {
+                let want = Int(min(UInt64(buffer.count), size - offset))
+                let got = try self.staging.read(into: UnsafeMutableRawBufferPointer(rebasing: buffer[0..<want]), at: Int64(offset))
+                guard got == want else {
+                    throw StoreError("staging file \(self.staging.name) ends at \(offset + UInt64(got)), before the blob's \(size) bytes")
+                }
+                self.hash(UnsafeRawBufferPointer(rebasing: buffer[0..<want]), into: &sha1)
+                offset += UInt64(want)
+            }
+        }
+    }
+
+    /// The bytes read back at a time to hash a striped upload's stripes.
+    static let readBackBytes = 1 << 20
+
     /// Closes the staging file, forgets the session when asked, then gives the upload slot and the key back.
     ///
     /// The key stays claimed until the session is gone, so a new OPEN of the same key (waiting meanwhile) can never
@@ -171,9 +235,11 @@ final class UploadStorage: Sendable {
     private func release(discardSession: Bool) {
         defer {
             self.services.uploadSlots.give(1)
-            self.services.claims.release(KeyClaims.name(account: self.account, key: self.key.value))
+            self.services.claims.release(self.claim)
         }
         self.staging.close()
+        // A stripe never owns the session or the staging file: the main stream's upload does.
+        guard self.stripe == nil else { return }
         let recorded = self.recorded.withLockedValue { $0 }
         // A session never recorded holds nothing durable: its staging file goes whatever the ending.
         guard discardSession || !recorded else { return }

@@ -15,13 +15,17 @@ extension RelaySession {
         guard self.machine.isOpening(id) else {
             // Closed while it waited for its key: nothing was claimed for it, but a CANCEL still abandons the session
             // the OPEN named (SPEC §3.11).
-            return cancelledWhileWaiting ? [.discardSession(open, key, account)] : []
+            // A PART's CANCEL gives its stripe up, never the striped upload (SPEC §6.7).
+            return cancelledWhileWaiting && open.part == nil ? [.discardSession(open, key, account)] : []
         }
-        let claim = KeyClaims.name(account: account.name, key: key.value)
+        // A PART stream claims its stripe: the main stream holds the key meanwhile (SPEC §6.7).
+        let claim = open.part.map { KeyClaims.stripeName(account: account.name, key: key.value, index: Int($0)) }
+            ?? KeyClaims.name(account: account.name, key: key.value)
         let keyFreed = self.keyFreed
         switch self.resources.claims.claim(claim, whenFree: { keyFreed(open, key) }) {
         case .busy:
-            return self.write(self.machine.resetStream(id, .keyBusy, "another upload of \"\(key)\" is in progress; retry when it ends"))
+            let what = open.part.map { "stripe \($0) of \"\(key)\" is being sent on another stream" } ?? "another upload of \"\(key)\" is in progress"
+            return self.write(self.machine.resetStream(id, .keyBusy, "\(what); retry when it ends"))
         case .queued:
             // The key's last upload is closing: this OPEN goes on once it is released.
             self.waitingForKey[id] = false
@@ -61,15 +65,21 @@ extension RelaySession {
             self.resources.uploadSlots.give(1)
             self.resources.claims.release(claim)
             if !self.closed { actions += self.write(self.machine.resetStream(id, code, message)) }
-        case .upload(let durableOffset, let resumeToken, let resumed, let byteLimit):
+        case .upload, .stripe:
+            var durableOffset: Int64 = 0
+            var resumeToken: [UInt8] = []
+            var resumed = false
+            var byteLimit: Int64? = nil
+            if case .upload(let offset, let token, let resumedUpload, let limit) = decision {
+                (durableOffset, resumeToken, resumed, byteLimit) = (offset, token, resumedUpload, limit)
+            }
             let configuration = self.resources.configuration
-            self.pipelines[id] = UploadPipeline(
-                settings: UploadPipeline.Settings(
-                    streamID: id, key: key.value, account: self.account?.name ?? "", byteLimit: byteLimit,
-                    maxBlobSize: configuration.maxBlobSize, syncBytes: Int64(configuration.syncBytes)
-                ),
-                durableOffset: durableOffset
+            var settings = UploadPipeline.Settings(
+                streamID: id, key: key.value, account: self.account?.name ?? "", byteLimit: byteLimit,
+                maxBlobSize: configuration.maxBlobSize, syncBytes: Int64(configuration.syncBytes)
             )
+            if case .stripe = decision { settings.syncs = false }
+            self.pipelines[id] = UploadPipeline(settings: settings, durableOffset: durableOffset)
             self.uploadClaims[id] = claim
             let offset = Frame.Offset(
                 streamID: id, disposition: resumed ? .resume : .start, offset: UInt64(durableOffset), resumeToken: resumeToken

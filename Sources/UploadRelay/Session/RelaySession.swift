@@ -62,6 +62,8 @@ struct RelaySession {
         case confirm
         case refuse(WireErrorCode, String)
         case upload(durableOffset: Int64, resumeToken: [UInt8], resumed: Bool, byteLimit: Int64?)
+        /// A PART stream's stripe, sent from its start (SPEC §6.7).
+        case stripe
     }
 
     /// Where a connection is in its graceful shutdown.
@@ -110,7 +112,7 @@ struct RelaySession {
         self.keyFreed = keyFreed
         self.lastFrameAt = now
         self.machine = RelayConnectionStateMachine(
-            limits: resources.configuration.limits, supportedFeatures: resources.configuration.allowDeflate ? [.deflate, .dedupProbe] : [.dedupProbe]
+            limits: resources.configuration.limits, supportedFeatures: resources.configuration.allowDeflate ? [.deflate, .dedupProbe, .stripes] : [.dedupProbe, .stripes]
         )
     }
 

@@ -61,5 +61,8 @@ extension UploadPipeline {
         var syncBytes: Int64
         /// The most chunk bytes written in one trip to the thread pool.
         var batchBytes: Int = 2 << 20
+        /// Whether bytes are made durable (and acknowledged) as they arrive. A PART stream's stripe is not: it is made
+        /// durable and recorded once complete, and sent again whole if its stream ends before (SPEC §6.7).
+        var syncs: Bool = true
     }
 }

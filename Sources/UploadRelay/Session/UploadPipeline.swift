@@ -44,7 +44,7 @@ struct UploadPipeline {
     }
 
     /// Whether every received byte is durable and no work is in flight.
-    var isQuiet: Bool { !self.busy && self.queued.isEmpty && self.written == self.durable }
+    var isQuiet: Bool { !self.busy && self.queued.isEmpty && (self.written == self.durable || !self.settings.syncs) }
     /// Whether HASH arrived and the upload is verifying or committing (SPEC §4.4 VERIFYING).
     var isVerifying: Bool { self.pendingHash != nil }
     var isOpen: Bool { self.phase == .open }
@@ -82,7 +82,7 @@ struct UploadPipeline {
 
     /// Make everything received durable and acknowledged soon (graceful shutdown).
     mutating func requestSync() -> [Action] {
-        guard self.isOpen, self.written > self.durable || !self.queued.isEmpty else { return [] }
+        guard self.isOpen, self.settings.syncs, self.written > self.durable || !self.queued.isEmpty else { return [] }
         self.syncRequested = true
         return self.next()
     }
@@ -119,7 +119,7 @@ struct UploadPipeline {
             actions += self.fail(code, message, keep: true)
         }
         // After HASH the commit makes the rest durable: no sync is due.
-        if self.isOpen, self.written > self.durable, self.pendingHash == nil {
+        if self.isOpen, self.settings.syncs, self.written > self.durable, self.pendingHash == nil {
             if self.written - self.durable >= self.settings.syncBytes {
                 self.syncRequested = true
             } else if !self.timerArmed {
@@ -199,9 +199,9 @@ struct UploadPipeline {
             }
             return []
         case .ending(let keep):
-            if keep && !self.queued.isEmpty {
+            if keep && self.settings.syncs && !self.queued.isEmpty {
                 return self.write()
-            } else if keep && self.written > self.durable {
+            } else if keep && self.settings.syncs && self.written > self.durable {
                 return self.sync()
             }
             self.phase = .released

@@ -16,6 +16,11 @@ public protocol BlobStore: Sendable {
     /// ``openStaging(_:truncatingTo:)`` for an upload that announced `expectedSize` bytes (nil: unknown), so the store
     /// can write a small one the cheap way.
     func openStaging(_ name: String, truncatingTo offset: Int64, expectedSize: Int64?) throws -> any StagingFile
+    /// Opens the staging file of a striped upload of `size` bytes (SPEC §6.7) for one of its streams: never cut (its
+    /// other stripes are in it, written through other handles), its end at `size`. With `creating`, a missing file is
+    /// made and its name made durable at once (a stripe may be recorded complete before stripe 0 syncs); without, a
+    /// missing file is an error.
+    func openStripedStaging(_ name: String, size: Int64, creating: Bool) throws -> any StagingFile
     /// Deletes a staging file; missing is fine.
     func removeStaging(_ name: String) throws
     /// Whether the staging file `name` exists.
@@ -88,6 +93,8 @@ public protocol StagingFile: AnyObject, Sendable {
     func write(_ bytes: ByteBuffer, at offset: Int64) throws
     /// Makes every written byte survive a crash.
     func sync() throws
+    /// Reads up to `buffer.count` bytes at `offset` (fewer only at the end of the file); how many were read.
+    func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws -> Int
     func close()
 }
 

@@ -104,6 +104,29 @@ public final class LocalDirectoryStore: BlobStore {
         )
     }
 
+    public func openStripedStaging(_ name: String, size: Int64, creating: Bool) throws -> any StagingFile {
+        guard !name.isEmpty, !name.contains("/"), name != ".", name != ".." else {
+            throw StoreError("staging name \"\(name)\" is not a plain file name")
+        }
+        let path = self.stagingDirectory + "/" + name
+        let fd = open(path, O_RDWR | O_CLOEXEC | (creating ? O_CREAT : 0), 0o644)
+        guard fd >= 0 else {
+            throw StoreError("cannot open staging file \(path): \(Self.reason())", isNoSpace: errno == ENOSPC)
+        }
+        if creating {
+            do {
+                try Self.syncDirectory(self.stagingDirectory)
+            } catch {
+                Glibc.close(fd)
+                throw error
+            }
+        }
+        // No direct I/O: its buffer writes in order from one offset and cuts the file to what it wrote on close.
+        return LocalStagingFile(
+            name: name, path: path, directory: self.stagingDirectory, descriptor: fd, offset: size, directBuffer: 0, nameIsDurable: true
+        )
+    }
+
     public func removeStaging(_ name: String) throws {
         let path = self.stagingDirectory + "/" + name
         if unlink(path) != 0 && errno != ENOENT {

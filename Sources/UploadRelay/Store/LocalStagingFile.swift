@@ -230,6 +230,23 @@ final class LocalStagingFile: StagingFile, @unchecked Sendable {
         }
     }
 
+    func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws -> Int {
+        if let unusable = self.unusable { throw unusable }
+        // Plain reads need plain I/O: what the direct buffer holds goes to the file first.
+        try self.leaveDirect()
+        var done = 0
+        while done < buffer.count {
+            let n = pread(self.descriptor, buffer.baseAddress! + done, buffer.count - done, off_t(offset) + off_t(done))
+            if n < 0 && errno == EINTR { continue }
+            guard n >= 0 else {
+                throw StoreError("cannot read \(buffer.count) bytes at offset \(offset) of \(self.path): \(LocalDirectoryStore.reason())")
+            }
+            if n == 0 { break }
+            done += n
+        }
+        return done
+    }
+
     /// Makes the file exactly the bytes written, durable: what commit renames into place. No write follows.
     func seal() throws {
         try self.guardingUse {

@@ -1,0 +1,182 @@
+import Foundation
+import NIOCore
+import Testing
+import UploadChecksums
+import UploadProtocol
+import UploadTestSupport
+
+/// One blob in stripes over several connections (SPEC §6.7), against the relay's real session, catalog and store.
+@Suite("Striped uploads, in memory")
+struct StripeTests {
+    static let mib = 1 << 20
+
+    /// `count` bytes in which every 4 KiB block differs (a repeated block would hide a stripe written at the wrong place).
+    static func blob(_ count: Int, seed: UInt64 = 3) -> [UInt8] {
+        var rng = SeededGenerator(seed: seed)
+        let block = (0..<4096).map { _ in UInt8.random(in: 0...255, using: &rng) }
+        var bytes = [UInt8](repeating: 0, count: count)
+        for start in stride(from: 0, to: count, by: 4096) {
+            let n = min(4096, count - start)
+            bytes.replaceSubrange(start..<start + n, with: block[0..<n])
+            withUnsafeBytes(of: UInt32(start / 4096)) { bytes.replaceSubrange(start..<start + min(4, n), with: $0.prefix(min(4, n))) }
+        }
+        return bytes
+    }
+
+    /// A connection to `backend` that negotiated stripes, sending 256 KiB chunks.
+    static func connection(_ backend: RelayBackend) -> Pump {
+        var pump = Pump(backend: backend)
+        pump.agent.chunkSize = 256 << 10
+        pump.connect(features: .stripes)
+        return pump
+    }
+
+    static func stored(_ outcome: MemoryAgent.Outcome?) -> Bool {
+        if case .stored = outcome { return true }
+        return false
+    }
+
+    @Test("a blob of three stripes: stripe 0 on one connection, 1 and 2 on another; HASH on the first commits the exact bytes")
+    func threeStripes() throws {
+        let backend = try RelayBackend()
+        let bytes = Self.blob(32 * Self.mib + 100_000)
+        #expect(Frame.Stripes(size: UInt64(bytes.count)).count == 3)
+        var main = Self.connection(backend)
+        var parts = Self.connection(backend)
+        let id = main.upload(MemoryAgent.Job(key: "clips/long.mp4", data: bytes, striped: true, holdHash: true))
+        main.run()
+        let token = try #require(main.agent.resumeTokens[id])
+        #expect(!token.isEmpty)
+        #expect(main.agent.sentPayload[id] == 16 * Self.mib)
+
+        let one = parts.upload(MemoryAgent.Job(key: "clips/long.mp4", data: bytes, resumeToken: token, part: 1))
+        let two = parts.upload(MemoryAgent.Job(key: "clips/long.mp4", data: bytes, resumeToken: token, part: 2))
+        parts.run()
+        #expect(Self.stored(parts.agent.outcomes[one]))
+        #expect(Self.stored(parts.agent.outcomes[two]))
+        #expect(parts.agent.sentPayload[two] == 100_000)
+        // A complete stripe opened again: nothing to send.
+        let again = parts.upload(MemoryAgent.Job(key: "clips/long.mp4", data: bytes, resumeToken: token, part: 2))
+        parts.run()
+        #expect(parts.agent.outcomes[again] == .deduplicated)
+        #expect(backend.object("clips/long.mp4") == nil)
+
+        main.agent.jobs[id]?.holdHash = false
+        main.agentSends(main.agent.sendWhatCreditAllows())
+        main.run()
+        guard case .stored(let result) = main.agent.outcomes[id] else {
+            Issue.record("main stream: \(String(describing: main.agent.outcomes[id]))")
+            return
+        }
+        #expect(result.size == UInt64(bytes.count))
+        #expect(backend.object("clips/long.mp4") == bytes)
+        #expect(backend.durableOffset("clips/long.mp4") == nil)
+        // Committed: the token names no striped upload any more.
+        let late = parts.upload(MemoryAgent.Job(key: "clips/long.mp4", data: bytes, resumeToken: token, part: 1))
+        parts.run()
+        #expect(parts.agent.outcomes[late] == .failed(.storageError))
+        main.relay.connectionClosed()
+        parts.relay.connectionClosed()
+        #expect(!backend.holdsResources)
+    }
+
+    @Test("HASH with a stripe missing is SIZE_MISMATCH and keeps stripe 0; once the stripe arrives the main stream resumes at its end")
+    func hashBeforeStripes() throws {
+        let backend = try RelayBackend()
+        let bytes = Self.blob(16 * Self.mib + 5000, seed: 9)
+        var main = Self.connection(backend)
+        let id = main.upload(MemoryAgent.Job(key: "v.mov", data: bytes, striped: true))
+        main.run()
+        #expect(main.agent.outcomes[id] == .failed(.sizeMismatch))
+        let token = try #require(main.agent.resumeTokens[id])
+        #expect(backend.durableOffset("v.mov") == Int64(16 * Self.mib))
+
+        var parts = Self.connection(backend)
+        let one = parts.upload(MemoryAgent.Job(key: "v.mov", data: bytes, resumeToken: token, part: 1))
+        parts.run()
+        #expect(Self.stored(parts.agent.outcomes[one]))
+
+        let resumed = main.upload(MemoryAgent.Job(key: "v.mov", data: bytes, resumeToken: token, striped: true))
+        main.run()
+        #expect(main.agent.startedAt[resumed] == UInt64(16 * Self.mib))
+        #expect(Self.stored(main.agent.outcomes[resumed]))
+        #expect(backend.object("v.mov") == bytes)
+    }
+
+    @Test("a stripe whose bytes differ from what was hashed fails the commit with HASH_MISMATCH, nothing visible")
+    func lyingStripe() throws {
+        let backend = try RelayBackend()
+        let bytes = Self.blob(16 * Self.mib + 4096, seed: 11)
+        var other = bytes
+        other[other.count - 1] ^= 0xFF
+        var main = Self.connection(backend)
+        let id = main.upload(MemoryAgent.Job(key: "x", data: bytes, striped: true, holdHash: true))
+        main.run()
+        let token = try #require(main.agent.resumeTokens[id])
+        var parts = Self.connection(backend)
+        parts.upload(MemoryAgent.Job(key: "x", data: other, resumeToken: token, part: 1))
+        parts.run()
+        main.agent.jobs[id]?.holdHash = false
+        main.agentSends(main.agent.sendWhatCreditAllows())
+        main.run()
+        #expect(main.agent.outcomes[id] == .failed(.hashMismatch))
+        #expect(backend.object("x") == nil)
+        #expect(backend.durableOffset("x") == nil)
+    }
+
+    @Test("one stream per stripe: a second PART of an open stripe is KEY_BUSY; a PART of a key with no striped upload, or with another token, is STORAGE_ERROR")
+    func refusals() throws {
+        let backend = try RelayBackend()
+        let bytes = Self.blob(16 * Self.mib + 10, seed: 5)
+        var main = Self.connection(backend)
+        let id = main.upload(MemoryAgent.Job(key: "k", data: bytes, striped: true, holdHash: true))
+        main.run()
+        let token = try #require(main.agent.resumeTokens[id])
+        var first = Self.connection(backend)
+        var second = Self.connection(backend)
+        let open = first.upload(MemoryAgent.Job(key: "k", data: bytes, resumeToken: token, part: 1, holdHash: true))
+        first.run()
+        #expect(first.agent.outcomes[open] == nil)
+        let busy = second.upload(MemoryAgent.Job(key: "k", data: bytes, resumeToken: token, part: 1))
+        let noUpload = second.upload(MemoryAgent.Job(key: "other", data: bytes, resumeToken: token, part: 1))
+        second.run()
+        #expect(second.agent.outcomes[busy] == .failed(.keyBusy))
+        #expect(second.agent.outcomes[noUpload] == .failed(.storageError))
+        // The first PART's stream ends without HASH: its stripe is not complete, and a new stream sends it again.
+        first.relay.connectionClosed()
+        let wrongToken = second.upload(MemoryAgent.Job(key: "k", data: bytes, resumeToken: [1, 2, 3], part: 1))
+        second.run()
+        #expect(second.agent.outcomes[wrongToken] == .failed(.storageError))
+        let retry = second.upload(MemoryAgent.Job(key: "k", data: bytes, resumeToken: token, part: 1))
+        second.run()
+        #expect(Self.stored(second.agent.outcomes[retry]))
+        #expect(second.agent.sentPayload[retry] == 10)
+        main.agent.jobs[id]?.holdHash = false
+        main.agentSends(main.agent.sendWhatCreditAllows())
+        main.run()
+        #expect(backend.object("k") == bytes)
+    }
+
+    @Test("OPEN of a striped session without STRIPED starts over; CANCEL of a PART keeps the upload")
+    func sessionRules() throws {
+        let backend = try RelayBackend()
+        let bytes = Self.blob(16 * Self.mib + 100, seed: 7)
+        var main = Self.connection(backend)
+        let id = main.upload(MemoryAgent.Job(key: "s", data: bytes, striped: true, holdHash: true))
+        main.run()
+        let token = try #require(main.agent.resumeTokens[id])
+        var parts = Self.connection(backend)
+        let part = parts.upload(MemoryAgent.Job(key: "s", data: bytes, resumeToken: token, part: 1, holdHash: true))
+        parts.run()
+        parts.agentSends([parts.agent.machine.sendCancel(part, .cancelled, "test")].compactMap { $0 })
+        parts.run()
+        #expect(backend.durableOffset("s") != nil)
+        main.relay.connectionClosed()
+        var plain = Self.connection(backend)
+        let whole = plain.upload(MemoryAgent.Job(key: "s", data: bytes, resumeToken: token))
+        plain.run()
+        #expect(plain.agent.startedAt[whole] == 0)
+        #expect(Self.stored(plain.agent.outcomes[whole]))
+        #expect(backend.object("s") == bytes)
+    }
+}
