@@ -114,7 +114,7 @@ final class ProgressPrinter: Sendable {
         var object: [String: Any] = [
             "key": result.key, "path": result.path, "bytes": result.bytes, "sha1": result.sha1,
             "status": result.status.rawValue, "sent_bytes": result.sentBytes, "hashed_bytes": result.hashedBytes,
-            "wire_bytes": result.wireBytes,
+            "wire_bytes": result.wireBytes, "stripes": result.stripes,
         ]
         if let error = result.error { object["error"] = error }
         if let event { object["event"] = event }

@@ -79,6 +79,30 @@ struct TransferTests {
         await relay.stop()
     }
 
+    @Test("--connections 3: a 50 MiB file goes in 4 stripes over the connections, the 5 MiB one beside it whole; both exact")
+    func stripedFile() async throws {
+        let relay = try await TestRelay().start()
+        let source = TestRelay.makeDirectory()
+        let big = makeFile(source + "/v", "long.mp4", size: 50 << 20, seed: 77).data
+        let small = makeFile(source + "/v", "short.mp4", size: 5 << 20, seed: 78).data
+        let items = try ItemPlanner.plan(paths: [source + "/v"], prefix: nil, stdinName: nil)
+        let results = try await upload(
+            items, port: relay.port, token: relay.token, ca: relay.caPath,
+            configure: {
+                $0.connections = 3
+                $0.concurrency = 6
+            }
+        )
+        let byKey = Dictionary(uniqueKeysWithValues: results.map { ($0.key, $0) })
+        #expect(results.count == 2 && results.allSatisfy { $0.status == .stored }, "\(results.map { $0.error ?? "" })")
+        #expect(byKey["v/long.mp4"]?.stripes == 4)
+        #expect(byKey["v/long.mp4"]?.sentBytes == UInt64(50 << 20))
+        #expect(byKey["v/short.mp4"]?.stripes == 1)
+        #expect(relay.stored("v/long.mp4") == big)
+        #expect(relay.stored("v/short.mp4") == small)
+        await relay.stop()
+    }
+
     @Test("--connections 2 against a relay that admits one connection: the refused one waits while the other carries the queue; nothing fails")
     func connectionRefusedWhileOthersProgress() async throws {
         let relay = try await TestRelay { $0.maxConnections = 1 }.start()
@@ -122,7 +146,9 @@ struct TransferTests {
         // The bytes waiting for the sockets, together, stay what one connection has (each holds at least a chunk).
         #expect(shares(2, 8).map(\.writeBufferBytes).reduce(0, +) == defaults.writeBufferBytes)
         #expect(shares(4, 8).allSatisfy { $0.writeBufferBytes >= defaults.chunkSize })
-        #expect(shares(4, 8).allSatisfy { $0.connections == 1 })
+        // Each knows how many run (a large file is striped only when there are others to carry stripes).
+        #expect(shares(4, 8).allSatisfy { $0.connections == 4 })
+        #expect(shares(8, 5).allSatisfy { $0.connections == 5 })
     }
 
     @Test("stdin: a stream of unknown length")

@@ -72,7 +72,7 @@ def test_reserved_stream_bit(relay, which):
 # -- flags (§1.6)
 
 FLAG_CASES = {
-    "OPEN-0x10": lambda: frame(0x03, 0x10, 3, open_payload("flags/x")),
+    "OPEN-0x40": lambda: frame(0x03, 0x40, 3, open_payload("flags/x")),
     "CHUNK-0x02": lambda: frame(0x05, 0x02, 1, struct.pack(">QI", 0, 0) + b"x"),
     "CHUNK-0x80": lambda: frame(0x05, 0x80, 1, struct.pack(">QI", 0, 0) + b"x"),
     "HASH-0x01": lambda: frame(0x08, 0x01, 1, struct.pack(">Q", 0) + ZERO_SHA1),

@@ -25,6 +25,8 @@ enum SourceReader {
         var reopening: Reopening
         /// Test-only fault: corrupt the chunk holding this offset after its CRC was computed.
         var corruptAt: UInt64?
+        /// Where offset 0 of the stream is in the source: a PART stream's offsets start at its stripe (SPEC §6.7).
+        var base: UInt64 = 0
     }
 
     /// What one read produced.
@@ -85,9 +87,11 @@ enum SourceReader {
             }
             var limit = min(request.chunkSize, request.budget - used)
             if let size = request.size { limit = Int(clamping: min(UInt64(limit), size - batch.nextOffset)) }
-            let data = try Self.read(source, at: batch.nextOffset, maxLength: limit, allocator: allocator, reopening: request.reopening)
+            let data = try Self.read(
+                source, at: request.base + batch.nextOffset, maxLength: limit, allocator: allocator, reopening: request.reopening
+            )
             if data.readableBytes == 0 {
-                batch.ended = source.isEnd(at: batch.nextOffset)
+                batch.ended = source.isEnd(at: request.base + batch.nextOffset)
                 if let size = request.size, batch.ended, batch.nextOffset < size {
                     throw SourceError("\(source.displayName) ended at \(batch.nextOffset) bytes but was \(size) when opened: it changed during the upload")
                 }

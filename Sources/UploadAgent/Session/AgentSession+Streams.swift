@@ -15,8 +15,17 @@ extension AgentSession {
         let budget = max(1, self.configuration.concurrency) * perSlot
         // A job being prepared takes a whole place until its size is known. One whose HASH went out takes none: it holds
         // no read block, and only waits for the relay's commit (the relay's stream limit bounds how many do).
-        var used = self.senders.values.reduce(self.preparing * perSlot) { $0 + ($1.hashSent ? 0 : self.shares(of: $1.job)) }
+        var used = self.senders.values.reduce(self.preparing * perSlot) {
+            $0 + ($1.hashSent || $1.waitingForStripes ? 0 : self.shares(of: $1.job))
+        }
         while self.machine.canOpenStream, used + perSlot <= budget, let job = self.queue.next() {
+            if job.stripe != nil {
+                // A PART job needs no preparing: its source is the main job's, open already (SPEC §6.7).
+                let opened = self.openStripe(job)
+                if !opened.isEmpty { used += perSlot }
+                actions += opened
+                continue
+            }
             self.preparing += 1
             used += perSlot
             let dedup = job.item.dedup ?? self.configuration.dedup
@@ -66,9 +75,13 @@ extension AgentSession {
                 return []
             }
             let id = self.machine.nextStreamID
+            // With several connections a large file goes in stripes, one stream each, on whichever connection is free:
+            // one TCP connection is held to its window per round trip (SPEC §6.7).
+            job.striped = self.configuration.connections > 1 && self.machine.features.contains(.stripes) && job.item.source.isSeekable
+                && info.size.map { $0 > Frame.Stripes(size: $0).length } ?? false
             let open = Frame.Open(
                 streamID: id, key: job.key, size: info.size, sha1: sha1, overwrite: job.item.overwrite ?? self.configuration.overwrite,
-                fingerprint: info.fingerprint, resumeToken: job.resumeToken, probe: job.probe
+                fingerprint: info.fingerprint, resumeToken: job.resumeToken, probe: job.probe, striped: job.striped
             )
             guard let frame = self.machine.sendOpen(open) else {
                 self.queue.requeue(job)
@@ -86,6 +99,15 @@ extension AgentSession {
         let id = offset.streamID
         guard var sender = self.senders[id] else { return [] }
         let job = sender.job
+        if job.stripe != nil {
+            guard offset.disposition != .stored else {
+                self.senders[id] = nil
+                return self.stripeEnded(job, failure: nil)
+            }
+            sender.started = true
+            self.senders[id] = sender
+            return self.pump(id)
+        }
         job.resumeToken = offset.resumeToken
         if offset.disposition == .stored {
             self.senders[id] = nil
@@ -126,13 +148,19 @@ extension AgentSession {
         self.queue.progressed(job)
         sender.started = true
         self.senders[id] = sender
-        return [started] + self.pump(id)
+        return [started] + self.spawnStripes(job) + self.pump(id)
     }
 
     mutating func prefixHashed(_ id: StreamID, _ result: Result<SHA1, any Error>) -> [Action] {
         guard var sender = self.senders[id] else { return [] }
         sender.reading = false
         switch result {
+        case .success(let sha1) where sender.waitingForStripes:
+            // The stripes' bytes hashed on from stripe 0's state: the whole source's SHA-1.
+            sender.sha1 = sha1
+            sender.wholeSHA1Ready = true
+            self.senders[id] = sender
+            return self.hashWhenStriped(id)
         case .success(let sha1):
             sender.sha1 = sha1
             sender.job.snapshots[sender.job.acked] = sha1
@@ -156,7 +184,7 @@ extension AgentSession {
             let offset = self.machine.nextOffset(on: id)
         else { return [] }
         let job = sender.job
-        let size = job.info?.size
+        let size = job.streamLength
         let atEnd = size.map { offset >= $0 } ?? false
         // Small batches keep reading here overlapped with the relay's work on the previous batch.
         let batch = max(1, self.configuration.readBatchBytes)
@@ -170,7 +198,9 @@ extension AgentSession {
         let request = SourceReader.Request(
             streamID: id, source: job.item.source, size: size, offset: offset, budget: budget,
             chunkSize: max(1, min(self.configuration.chunkSize, self.machine.maxChunkPayload)), deflate: deflate,
-            sha1: sender.sha1, keepSnapshots: job.knownSHA1 == nil, reopening: self.reopening(job), corruptAt: self.configuration.faults.corruptChunkAtOffset
+            sha1: sender.sha1, keepSnapshots: job.knownSHA1 == nil && job.stripe == nil, reopening: self.reopening(job),
+            corruptAt: self.configuration.faults.corruptChunkAtOffset,
+            base: job.stripe.map { $0.set.stripes.start(of: $0.index) } ?? 0
         )
         return [.read(request)]
     }
@@ -213,12 +243,14 @@ extension AgentSession {
             for (offset, sha1) in batch.snapshots {
                 job.snapshots[offset] = sha1
             }
+            // A stripe's bytes count for the item its main job reports.
+            let owner = job.stripe?.main ?? job
             var actions: [Action] = []
             for chunk in batch.chunks {
                 switch self.machine.sendChunk(chunk) {
                 case .send(let frame):
-                    job.sentBytes += UInt64(chunk.payloadLength)
-                    job.wireBytes += UInt64(chunk.data.readableBytes)
+                    owner.sentBytes += UInt64(chunk.payloadLength)
+                    owner.wireBytes += UInt64(chunk.data.readableBytes)
                     actions += self.write(frame)
                     actions.append(.event(.sent(key: job.key, bytes: chunk.payloadLength)))
                 case .streamGone:
@@ -232,7 +264,8 @@ extension AgentSession {
             // What the read did not use goes back before the next read reserves again.
             self.machine.releaseReservation(on: id)
             if batch.ended {
-                return actions + self.sendHash(id, size: batch.nextOffset) + self.pumpInTurn(after: id, again: false) + self.openMore()
+                let end = job.striped ? self.stripeZeroSent(id) : self.sendHash(id, size: batch.nextOffset)
+                return actions + end + self.pumpInTurn(after: id, again: false) + self.openMore()
             }
             // An empty batch that did not end: a stream source waits for ACKs to free room; they pump it again.
             return actions + self.pumpInTurn(after: id, again: !batch.chunks.isEmpty)
@@ -243,7 +276,10 @@ extension AgentSession {
     }
 
     private mutating func sendHash(_ id: StreamID, size: UInt64) -> [Action] {
-        guard var sender = self.senders[id], let digest = sender.job.knownSHA1 ?? sender.sha1.flatMap({ SHA1Digest(bytes: $0.finalize()) }) else {
+        guard var sender = self.senders[id],
+            let digest = sender.job.stripe != nil
+                ? Self.noDigest : sender.job.knownSHA1 ?? sender.sha1.flatMap({ SHA1Digest(bytes: $0.finalize()) })
+        else {
             return []
         }
         sender.hashSent = true
@@ -327,6 +363,9 @@ extension AgentSession {
     }
 
     mutating func complete(_ job: UploadJob, _ result: UploadResult) -> [Action] {
+        if job.stripe != nil {
+            return self.stripeEnded(job, failure: result.status == .failed ? result.error ?? "failed" : nil)
+        }
         self.outcome.madeProgress = true
         self.queue.finished(job, result)
         if let content = job.contentKey, let twins = self.twins.removeValue(forKey: content) {
@@ -335,5 +374,88 @@ extension AgentSession {
             for twin in twins { self.queue.requeue(twin) }
         }
         return [.event(.finished(result))] + self.openMore() + self.closeIfIdle()
+    }
+
+    // MARK: Stripes (SPEC §6.7)
+
+    /// The SHA-1 field of a PART stream's HASH: the relay does not check it.
+    static let noDigest = SHA1Digest(bytes: [UInt8](repeating: 0, count: SHA1Digest.size))!
+
+    /// Opens a PART job's stream, or drops the job when its stripe is no longer wanted (complete, its upload failed or
+    /// started over under another token). Empty when nothing was opened.
+    mutating func openStripe(_ job: UploadJob) -> [Action] {
+        guard let stripe = job.stripe, let size = job.info?.size else { return [] }
+        if stripe.set.isComplete(stripe.index) || stripe.set.failure != nil || stripe.main.stripes !== stripe.set
+            || stripe.main.result != nil || self.queue.dropReason(job) != nil
+        {
+            self.queue.finishedStripe(job)
+            return []
+        }
+        let id = self.machine.nextStreamID
+        let open = Frame.Open(streamID: id, key: job.key, size: size, resumeToken: stripe.set.token, part: UInt32(stripe.index))
+        guard let frame = self.machine.sendOpen(open) else {
+            self.queue.requeue(job)
+            return []
+        }
+        self.senders[id] = Sender(job: job)
+        return self.write(frame)
+    }
+
+    /// A striped upload's OFFSET named it: its stripes go to the queue, for every connection to send (once per upload:
+    /// a main stream that resumes under the same token finds them there, in flight or complete).
+    mutating func spawnStripes(_ job: UploadJob) -> [Action] {
+        guard job.striped, let size = job.info?.size, !job.resumeToken.isEmpty else { return [] }
+        if let set = job.stripes, set.token == job.resumeToken, set.failure == nil { return [] }
+        let set = StripeSet(token: job.resumeToken, size: size)
+        job.stripes = set
+        self.queue.addStripes((1..<set.stripes.count).map { UploadJob(stripe: $0, of: job, set: set) })
+        return [.log(.debug, "striped upload", ["upload.key": "\(job.key)", "stripes": "\(set.stripes.count)"])]
+    }
+
+    /// Stripe 0 is sent: HASH waits for the other stripes and for the SHA-1 of their bytes, hashed on from stripe 0's
+    /// state while they travel (or known before OPEN).
+    mutating func stripeZeroSent(_ id: StreamID) -> [Action] {
+        guard var sender = self.senders[id], let size = sender.job.info?.size else { return [] }
+        sender.waitingForStripes = true
+        if sender.job.knownSHA1 != nil {
+            sender.wholeSHA1Ready = true
+            self.senders[id] = sender
+            return self.hashWhenStriped(id)
+        }
+        guard let sha1 = sender.sha1 else {
+            self.senders[id] = sender
+            return self.failStream(id, "agent bug, upload stopped: no SHA-1 state after stripe 0")
+        }
+        sender.reading = true
+        self.senders[id] = sender
+        let job = sender.job
+        return [.hashPrefix(id, job.item.source, from: (sha1.byteCount, sha1), upTo: size, reopening: self.reopening(job))]
+    }
+
+    /// HASH for a striped upload once every stripe is complete and the whole SHA-1 is known; the upload fails when a
+    /// stripe was given up.
+    mutating func hashWhenStriped(_ id: StreamID) -> [Action] {
+        guard var sender = self.senders[id], sender.waitingForStripes, let size = sender.job.info?.size else { return [] }
+        if let failure = sender.job.stripes?.failure {
+            return self.failStream(id, "a stripe of \"\(sender.job.key)\" failed: \(failure)")
+        }
+        guard sender.wholeSHA1Ready, sender.job.stripes?.allComplete == true else { return [] }
+        sender.waitingForStripes = false
+        sender.reading = false
+        self.senders[id] = sender
+        return self.sendHash(id, size: size)
+    }
+
+    /// A PART job ended: its stripe complete (`failure` nil) or given up. The connections hear it through the queue.
+    mutating func stripeEnded(_ job: UploadJob, failure: String?) -> [Action] {
+        guard let stripe = job.stripe else { return [] }
+        self.outcome.madeProgress = true
+        if let failure {
+            stripe.set.fail("stripe \(stripe.index): \(failure)")
+        } else {
+            stripe.set.complete(stripe.index)
+        }
+        self.queue.finishedStripe(job)
+        return self.openMore() + self.closeIfIdle()
     }
 }

@@ -52,6 +52,11 @@ struct AgentSession {
         var started = false
         var reading = false
         var hashSent = false
+        /// A striped upload's stream sent stripe 0 and waits for the other stripes (and the SHA-1 of their bytes) before
+        /// HASH (SPEC §6.7). It holds no read block meanwhile, and no place of ``AgentConfiguration/concurrency``.
+        var waitingForStripes = false
+        /// The SHA-1 of the whole source is known for that HASH (hashed on from stripe 0's state, or known before OPEN).
+        var wholeSHA1Ready = false
         /// Reads left that send their chunks raw without trying deflate: the last try did not pay (see ``DeflatePolicy``).
         var deflateRest = 0
     }
@@ -102,7 +107,7 @@ struct AgentSession {
     /// TCP and TLS are up: HELLO.
     mutating func connected() -> [Action] {
         let hello = Frame.Hello(
-            maxFrameSize: UInt32(self.configuration.limits.maxFrameSize), features: self.configuration.deflate ? [.deflate, .dedupProbe] : .dedupProbe,
+            maxFrameSize: UInt32(self.configuration.limits.maxFrameSize), features: self.configuration.deflate ? [.deflate, .dedupProbe, .stripes] : [.dedupProbe, .stripes],
             credential: Array(self.configuration.token.utf8), agentName: self.configuration.agentName
         )
         return self.write(self.machine.sendHello(hello))
@@ -194,6 +199,10 @@ struct AgentSession {
                 actions += self.failStream(id, reason)
             }
         }
+        // A stripe may have ended on another connection.
+        for id in self.senders.keys.sorted() where self.senders[id]?.waitingForStripes == true {
+            actions += self.hashWhenStriped(id)
+        }
         return actions + self.openMore() + self.closeIfIdle()
     }
 
@@ -231,6 +240,11 @@ struct AgentSession {
             return self.receivedOffset(offset)
         case .acknowledged(let id, let offset):
             guard let sender = self.senders[id] else { return [] }
+            guard sender.job.stripe == nil else {
+                // A stripe's offsets are its own: nothing of the source is released by them.
+                self.outcome.madeProgress = true
+                return self.pump(id)
+            }
             sender.job.acknowledge(offset)
             self.queue.acknowledged(sender.job)
             self.outcome.madeProgress = true
@@ -242,6 +256,7 @@ struct AgentSession {
             return self.pump(id)
         case .completed(let result):
             guard let sender = self.senders.removeValue(forKey: result.streamID) else { return [] }
+            if sender.job.stripe != nil { return self.stripeEnded(sender.job, failure: nil) }
             return self.complete(sender.job, sender.job.finish(.stored, sha1: result.sha1.hex))
         case .streamFailed(let id, let code, let message):
             return self.streamFailed(id, code, message, now: now)

@@ -80,11 +80,27 @@ final class JobQueue: Sendable {
             guard state.hold == nil, state.relayFull == nil, !state.stopped, !state.waiting.isEmpty else { return nil }
             state.active += 1
             let job = state.waiting.removeFirst()
-            state.activeKeys.insert(job.key)
+            if job.stripe == nil { state.activeKeys.insert(job.key) }
             return job
         }
-        if let job { self.journal?.started(job) }
+        if let job, job.stripe == nil { self.journal?.started(job) }
         return job
+    }
+
+    /// PART jobs of a striped upload (SPEC §6.7): first in line, so that its stripes go out together on every connection.
+    /// They are the agent's own: never journaled, never reported.
+    func addStripes(_ jobs: [UploadJob]) {
+        guard !jobs.isEmpty else { return }
+        self.changed { $0.waiting.insert(contentsOf: jobs, at: 0) }
+    }
+
+    /// A PART job ended (its stripe complete, given up, or no longer wanted); every connection hears it, so the main
+    /// stream's connection sends HASH once the last stripe is in.
+    func finishedStripe(_ job: UploadJob) {
+        self.changed { state in
+            state.active -= 1
+            state.progress += 1
+        }
     }
 
     /// More jobs, after those waiting.
@@ -97,10 +113,10 @@ final class JobQueue: Sendable {
     func requeue(_ job: UploadJob) {
         self.changed { state in
             state.active -= 1
-            state.activeKeys.remove(job.key)
+            if job.stripe == nil { state.activeKeys.remove(job.key) }
             state.waiting.insert(job, at: 0)
         }
-        self.journal?.requeued(job)
+        if job.stripe == nil { self.journal?.requeued(job) }
     }
 
     func finished(_ job: UploadJob, _ result: UploadResult) {
@@ -117,7 +133,7 @@ final class JobQueue: Sendable {
 
     /// The job's durable offset moved (or its SHA-1 became known): recorded.
     func progressed(_ job: UploadJob) {
-        self.journal?.progressed(job)
+        if job.stripe == nil { self.journal?.progressed(job) }
     }
 
     /// The relay acknowledged more of the job's bytes: recorded, and counted as progress (``progressMark``).
@@ -245,7 +261,8 @@ final class JobQueue: Sendable {
         // Through `changed`: with --connections, the others hear that the queue may be done now (else an idle one
         // waited for jobs forever).
         self.changed { state in
-            failed = state.waiting.map { job in
+            // PART jobs are the agent's own: their main job fails, they are not reported.
+            failed = state.waiting.filter { $0.stripe == nil }.map { job in
                 (job, job.finish(.failed, sha1: job.knownSHA1?.hex ?? "", error: job.lastError.map { "\(message); last error: \($0)" } ?? message))
             }
             state.waiting.removeAll()

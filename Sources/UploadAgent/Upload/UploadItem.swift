@@ -44,6 +44,8 @@ public struct UploadResult: Hashable, Sendable {
     /// What ``sentBytes`` took on the wire: CHUNK data after deflate (frame headers and TLS not counted). Equal to
     /// ``sentBytes`` without deflate, and for an item recorded by an earlier run.
     public var wireBytes: UInt64
+    /// The streams its bytes went on: more than 1 when it was striped over the agent's connections (SPEC §6.7).
+    public var stripes: Int = 1
     public var error: String?
 
     public init(

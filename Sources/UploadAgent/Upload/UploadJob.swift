@@ -58,9 +58,27 @@ final class UploadJob: @unchecked Sendable {
     var lastError: String? = nil
     var result: UploadResult? = nil
 
+    /// For a PART job (SPEC §6.7): the main job whose upload it belongs to, the stripe it sends, and the stripes' state
+    /// it was made for (a main stream that started over makes a new one, and the old PART jobs are dropped).
+    let stripe: (main: UploadJob, index: Int, set: StripeSet)?
+    /// The job's OPEN was STRIPED: it sends stripe 0, PART jobs send the others.
+    var striped = false
+    /// The stripes of the striped upload this job opened, once the relay named it (its resume token).
+    var stripes: StripeSet? = nil
+
     init(item: UploadItem, queueID: Int64? = nil) {
         self.item = item
         self.queueID = queueID
+        self.stripe = nil
+    }
+
+    /// A PART job: stripe `index` of `main`'s striped upload, whose resume token `set` holds.
+    init(stripe index: Int, of main: UploadJob, set: StripeSet) {
+        self.item = main.item
+        self.queueID = nil
+        self.stripe = (main, index, set)
+        self.info = main.info
+        self.resumeToken = set.token
     }
 
     var key: String { self.item.key }
@@ -73,13 +91,23 @@ final class UploadJob: @unchecked Sendable {
         self.item.source.acknowledge(upTo: offset)
     }
 
+    /// The bytes this job's stream carries (SPEC §6.7): its stripe for a PART job, stripe 0 for a striped one, else the
+    /// whole source (nil when its size is unknown).
+    var streamLength: UInt64? {
+        guard let size = self.info?.size else { return nil }
+        if let stripe = self.stripe { return stripe.set.stripes.length(of: stripe.index) }
+        return self.striped ? Frame.Stripes(size: size).length(of: 0) : size
+    }
+
     func finish(_ status: UploadResult.Status, sha1: String, error: String? = nil) -> UploadResult {
-        let result = UploadResult(
+        var result = UploadResult(
             key: self.key, path: self.item.displayPath, bytes: self.info?.size ?? self.bytesRead, sha1: sha1, status: status,
             sentBytes: self.sentBytes, hashedBytes: self.hashedBytes, wireBytes: self.wireBytes, error: error
         )
+        if self.striped, let stripes = self.stripes { result.stripes = stripes.stripes.count }
         self.result = result
-        self.item.source.close()
+        // A PART job shares its main job's source.
+        if self.stripe == nil { self.item.source.close() }
         return result
     }
 }

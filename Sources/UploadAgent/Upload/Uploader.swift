@@ -82,7 +82,8 @@ public final class Uploader: Sendable {
         }
         return (0..<count).map { index in
             var share = configuration
-            share.connections = 1
+            // How many connections run: each stripes a large file only when others can carry its stripes (SPEC §6.7).
+            share.connections = count
             share.concurrency = max(1, part(of: configuration.concurrency, index))
             share.maxReadsInFlight = max(1, part(of: configuration.maxReadsInFlight, index))
             share.writeBufferBytes = max(configuration.chunkSize, part(of: configuration.writeBufferBytes, index))
