@@ -131,6 +131,63 @@ struct ResumeTests {
         #expect(relay.waitForExit() == 0, "relay did not exit 0 on SIGTERM: \(relay.log)")
     }
 
+    @Test("a striped upload whose relay was killed after stripe 0 was durable: a new agent run, with no SHA-1 state kept, hashes stripe 0 back, sends the other stripes and commits")
+    func stripedResumeInANewRun() async throws {
+        let binary = try relayBinary()
+        let data = TestRelay.makeDirectory()
+        let source = TestRelay.makeDirectory()
+        let size = (20 << 20) + 5
+        let file = makeFile(source, "long.mov", size: size, seed: 21)
+        func startRelay(port: Int) throws -> (ChildProcess, Int) {
+            let child = try ChildProcess(
+                binary, ["serve", "--dev", "--data", data, "--listen", "127.0.0.1:\(port)", "--ready-file", data + "/ready", "--sync-bytes", "1M", "--log-level", "warning"],
+                readyFile: data + "/ready", logFile: data + "/relay.log"
+            )
+            return (child, try child.waitUntilReady())
+        }
+        var (relay, port) = try startRelay(port: 0)
+        let token = try String(contentsOfFile: data + "/dev/token", encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
+        let path = file.path
+        let items = [UploadItem(key: "long.mov", displayPath: path, source: FileSource(path: path))]
+        let stripeZero = SentCounter()
+        let firstPort = port
+        let first = Task {
+            try await upload(
+                items, port: firstPort, token: token, ca: data + "/dev/ca.pem",
+                configure: {
+                    $0.dedup = false
+                    $0.connections = 2
+                    $0.retryFor = .milliseconds(300)
+                    // Slow enough that stripe 1 (4 MiB) is not complete when stripe 0 is.
+                    $0.bandwidthLimit = 16 << 20
+                }
+            ) { event in
+                if case .acknowledged(_, let offset) = event, offset >= 16 << 20 { stripeZero.add(1) }
+            }
+        }
+        await stripeZero.wait(for: 1)
+        relay.kill(SIGKILL)
+        _ = relay.waitForExit()
+        let failed = try await first.value
+        #expect(failed.first?.status == .failed)
+        (relay, port) = try startRelay(port: port)
+        let results = try await upload(
+            [UploadItem(key: "long.mov", displayPath: path, source: FileSource(path: path))], port: port, token: token,
+            ca: data + "/dev/ca.pem",
+            configure: {
+                $0.dedup = false
+                $0.connections = 2
+            }
+        )
+        #expect(results.first?.status == .stored, "\(results.first?.error ?? "")")
+        #expect(results.first?.stripes == 2)
+        // Stripe 0 was durable: the new run sent at most stripe 1 again.
+        #expect((results.first?.sentBytes ?? .max) <= UInt64(size - (16 << 20)))
+        #expect(FileManager.default.contents(atPath: data + "/store/dev/long.mov") == file.data)
+        relay.kill(SIGTERM)
+        #expect(relay.waitForExit() == 0, "relay did not exit 0 on SIGTERM: \(relay.log)")
+    }
+
     @Test("SIGTERM: the relay says GOAWAY, makes in-flight bytes durable, exits 0; the agent resumes on a restart")
     func gracefulShutdown() async throws {
         let binary = try relayBinary()

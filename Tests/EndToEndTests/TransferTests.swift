@@ -103,6 +103,31 @@ struct TransferTests {
         await relay.stop()
     }
 
+    @Test("large videos and photos at once, --connections 2, a relay allowing 2 streams per connection: every file exact, no wait for stripes that cannot open")
+    func videosAndPhotosStriped() async throws {
+        let relay = try await TestRelay { $0.limits.maxConcurrentStreams = 2 }.start()
+        let source = TestRelay.makeDirectory()
+        var files: [String: Data] = [:]
+        for i in 0..<3 {
+            files["gallery/v\(i).mp4"] = makeFile(source + "/gallery", "v\(i).mp4", size: (20 << 20) + i, seed: UInt64(700 + i)).data
+        }
+        for i in 0..<60 {
+            files["gallery/p\(i).jpg"] = makeFile(source + "/gallery", "p\(i).jpg", size: 30_000 + i, seed: UInt64(800 + i)).data
+        }
+        let items = try ItemPlanner.plan(paths: [source + "/gallery"], prefix: nil, stdinName: nil)
+        let results = try await upload(
+            items, port: relay.port, token: relay.token, ca: relay.caPath,
+            configure: {
+                $0.connections = 2
+                $0.concurrency = 4
+            }
+        )
+        #expect(results.count == 63 && results.allSatisfy { $0.status == .stored }, "\(results.filter { $0.status != .stored }.map { $0.error ?? "" })")
+        #expect(results.contains { $0.stripes == 2 }, "no video went in stripes")
+        for (key, data) in files { #expect(relay.stored(key) == data, "\(key)") }
+        await relay.stop()
+    }
+
     @Test("--connections 2 against a relay that admits one connection: the refused one waits while the other carries the queue; nothing fails")
     func connectionRefusedWhileOthersProgress() async throws {
         let relay = try await TestRelay { $0.maxConnections = 1 }.start()

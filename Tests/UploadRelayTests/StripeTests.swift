@@ -5,6 +5,8 @@ import UploadChecksums
 import UploadProtocol
 import UploadTestSupport
 
+@testable import UploadRelay
+
 /// One blob in stripes over several connections (SPEC §6.7), against the relay's real session, catalog and store.
 @Suite("Striped uploads, in memory")
 struct StripeTests {
@@ -95,6 +97,9 @@ struct StripeTests {
         let one = parts.upload(MemoryAgent.Job(key: "v.mov", data: bytes, resumeToken: token, part: 1))
         parts.run()
         #expect(Self.stored(parts.agent.outcomes[one]))
+        // The session holds stripe 0's durable bytes and the complete stripe against the quota.
+        let use = try backend.services.catalog.quotaUse(account: "cam-7", excludingKey: "other", active: [:])
+        #expect(use.staged == Int64(bytes.count))
 
         let resumed = main.upload(MemoryAgent.Job(key: "v.mov", data: bytes, resumeToken: token, striped: true))
         main.run()

@@ -20,6 +20,7 @@ from .workload import Job, Plan, Source, materialize
 MiB = 1024 * 1024
 SYNC_BATCH = 8 * MiB           # the relay's default --sync-bytes
 DIRECT_IO_SLACK = 4 * MiB      # staging files may hold an aligned, not yet durable tail
+STRIPE = 16 * MiB              # SPEC §6.7: the stripe of a blob below 4 GiB
 CRASH_RE = re.compile(r"precondition|Fatal error", re.IGNORECASE)
 CRASH_CODES = (132, 134, 139)  # 128 + SIGILL / SIGABRT / SIGSEGV (as a shell reports them)
 OK_STATUSES = ("stored", "deduplicated")
@@ -155,7 +156,8 @@ class Round:
         return total
 
     def staging_state(self) -> tuple[int, int]:
-        """(bytes, files) the relay keeps under --data outside the store, its catalog and dev/."""
+        """(bytes, files) the relay keeps under --data outside the store, its catalog and dev/. Bytes are those on disk:
+        a striped upload's staging file (SPEC §6.7) has holes where its stripes have not arrived."""
         total = n = 0
         for root, dirs, files in os.walk(self.data):
             if root == self.data:
@@ -163,7 +165,8 @@ class Round:
                 files = [f for f in files if not f.startswith("catalog")]
             for f in files:
                 try:
-                    total += os.lstat(os.path.join(root, f)).st_size
+                    st = os.lstat(os.path.join(root, f))
+                    total += min(st.st_size, st.st_blocks * 512)
                     n += 1
                 except OSError:
                     pass
@@ -539,6 +542,11 @@ class Round:
                     stdin_unstored += src.size
         resumable = max(0, staged_bytes - stdin_unstored)
         bound = allowed - resumable + staged_files * (self.plan.stream_window + SYNC_BATCH + DIRECT_IO_SLACK)
+        # A stripe cut off before it was complete is sent again whole (SPEC §6.7): with several connections each
+        # staging file may hold one partial stripe per connection, and a stripe is at most 16 MiB below 4 GiB.
+        connections = max((j.connections for j in self.plan.jobs), default=1)
+        if connections > 1:
+            bound += staged_files * connections * STRIPE
         self.ctx.log(f"  re-run sent {sent} B; bound {bound} B (sizes {allowed} - staged {resumable} + "
                      f"{staged_files} staging files x slack)")
         if sent > bound:

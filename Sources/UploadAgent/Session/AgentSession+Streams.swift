@@ -76,9 +76,15 @@ extension AgentSession {
             }
             let id = self.machine.nextStreamID
             // With several connections a large file goes in stripes, one stream each, on whichever connection is free:
-            // one TCP connection is held to its window per round trip (SPEC §6.7).
+            // one TCP connection is held to its window per round trip (SPEC §6.7). One striped upload per connection at a
+            // time, and only where the relay allows a stream beside it: a main stream waits for its stripes holding a
+            // stream, and mains alone in every stream a relay allows would wait for stripes that can never open (a
+            // directory of large videos). Large files meanwhile go whole, which keeps the link as full.
+            // A job striped earlier in this run stays striped: its relay session is (another OPEN would discard it).
+            let stripingHere = self.senders.values.contains { $0.job.striped }
+            let room = job.stripes != nil || (!stripingHere && (self.machine.terms?.maxStreams ?? 0) >= 2)
             job.striped = self.configuration.connections > 1 && self.machine.features.contains(.stripes) && job.item.source.isSeekable
-                && info.size.map { $0 > Frame.Stripes(size: $0).length } ?? false
+                && room && info.size.map { $0 > Frame.Stripes(size: $0).length } ?? false
             let open = Frame.Open(
                 streamID: id, key: job.key, size: info.size, sha1: sha1, overwrite: job.item.overwrite ?? self.configuration.overwrite,
                 fingerprint: info.fingerprint, resumeToken: job.resumeToken, probe: job.probe, striped: job.striped
@@ -125,7 +131,8 @@ extension AgentSession {
         // The latest SHA-1 state at or below the relay's offset: kept by this run, or by the state database's record.
         let base = job.knownSHA1 == nil ? job.snapshots.filter { $0.key <= offset.offset }.max { $0.key < $1.key } : nil
         job.acknowledge(offset.offset)
-        let started = Action.event(.started(key: job.key, size: job.info?.size, offset: offset.offset))
+        // Every way on from here sends stripe 0 first (a resume hashes its prefix before): the stripes go out meanwhile.
+        let started = [Action.event(.started(key: job.key, size: job.info?.size, offset: offset.offset))] + self.spawnStripes(job)
         if job.knownSHA1 == nil {
             if offset.offset == 0 {
                 sender.sha1 = job.probePrefix ?? SHA1()
@@ -137,18 +144,17 @@ extension AgentSession {
                 job.hashedBytes += offset.offset - (base?.key ?? 0)
                 sender.reading = true
                 self.senders[id] = sender
-                return [
-                    started,
-                    .hashPrefix(id, job.item.source, from: base.map { ($0.key, $0.value) }, upTo: offset.offset, reopening: self.reopening(job)),
+                return started + [
+                    .hashPrefix(id, job.item.source, from: base.map { ($0.key, $0.value) }, upTo: offset.offset, reopening: self.reopening(job))
                 ]
             } else {
-                return [started] + self.failStream(id, "\(job.item.source.displayName) cannot resume at \(offset.offset): those bytes are no longer held")
+                return started + self.failStream(id, "\(job.item.source.displayName) cannot resume at \(offset.offset): those bytes are no longer held")
             }
         }
         self.queue.progressed(job)
         sender.started = true
         self.senders[id] = sender
-        return [started] + self.spawnStripes(job) + self.pump(id)
+        return started + self.pump(id)
     }
 
     mutating func prefixHashed(_ id: StreamID, _ result: Result<SHA1, any Error>) -> [Action] {

@@ -206,9 +206,10 @@ public protocol Catalog: Sendable {
     func updateDurable(sessionID: String, offset: Int64, sha1State: [UInt8]) throws
     func deleteSession(id: String) throws
     func sessions(updatedBefore date: Date) throws -> [UploadSession]
-    /// Records that stripe `index` of the striped session is durable in its staging file (SPEC §6.7); throws
-    /// ``CatalogError/unknownSession(_:)`` when the session is gone. Deleting the session forgets its stripes.
-    func completeStripe(sessionID: String, index: Int) throws
+    /// Records that stripe `index` of the striped session, `bytes` long, is durable in its staging file (SPEC §6.7);
+    /// throws ``CatalogError/unknownSession(_:)`` when the session is gone. Deleting the session forgets its stripes.
+    /// The session holds them against the quota, as it holds its durable bytes.
+    func completeStripe(sessionID: String, index: Int, bytes: Int64) throws
     /// The stripes of the session recorded complete.
     func completeStripes(sessionID: String) throws -> Set<Int>
 

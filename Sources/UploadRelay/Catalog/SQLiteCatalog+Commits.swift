@@ -23,7 +23,9 @@ extension SQLiteCatalog {
         for row in try Row.fetchAll(
             cached: db,
             sql: """
-                SELECT s.key, s.declared_size, s.durable_offset, COALESCE(o.size, 0) AS replaced
+                SELECT s.key, s.declared_size,
+                    s.durable_offset + (SELECT COALESCE(SUM(bytes), 0) FROM session_stripe WHERE session_id = s.id) AS durable_offset,
+                    COALESCE(o.size, 0) AS replaced
                 FROM session s LEFT JOIN object o ON o.account = s.account AND o.key = s.key
                 WHERE s.account = ? AND s.key != ? AND s.key NOT IN (SELECT key FROM pending_commit WHERE account = ?)
                 """,

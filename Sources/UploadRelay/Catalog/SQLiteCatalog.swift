@@ -88,6 +88,7 @@ public final class SQLiteCatalog: Catalog {
                     CREATE TABLE session_stripe (
                         session_id TEXT NOT NULL REFERENCES session(id) ON DELETE CASCADE,
                         stripe INTEGER NOT NULL,
+                        bytes INTEGER NOT NULL,
                         PRIMARY KEY (session_id, stripe)
                     );
                     """
@@ -188,13 +189,13 @@ public final class SQLiteCatalog: Catalog {
         }
     }
 
-    public func completeStripe(sessionID: String, index: Int) throws {
+    public func completeStripe(sessionID: String, index: Int, bytes: Int64) throws {
         try self.database.write { db in
             // Also keeps a striped upload whose main stream waits from expiring while its stripes arrive.
             try db.execute(cached: "UPDATE session SET updated_at = ? WHERE id = ?", arguments: [Date().timeIntervalSince1970, sessionID])
             guard db.changesCount > 0 else { throw CatalogError.unknownSession(sessionID) }
             try db.execute(
-                cached: "INSERT OR IGNORE INTO session_stripe (session_id, stripe) VALUES (?, ?)", arguments: [sessionID, index]
+                cached: "INSERT OR IGNORE INTO session_stripe (session_id, stripe, bytes) VALUES (?, ?, ?)", arguments: [sessionID, index, bytes]
             )
         }
     }

@@ -192,7 +192,8 @@ final class UploadStorage: Sendable {
     /// A PART stream's HASH: its stripe is durable, then recorded complete (SPEC §6.7).
     private func completeStripe(_ index: Int) throws -> Frame.Result.Status {
         try self.staging.sync()
-        try self.services.catalog.completeStripe(sessionID: self.session.id, index: index)
+        let bytes = Frame.Stripes(size: UInt64(self.session.declaredSize ?? 0)).length(of: index)
+        try self.services.catalog.completeStripe(sessionID: self.session.id, index: index, bytes: Int64(bytes))
         return .stored
     }
 
