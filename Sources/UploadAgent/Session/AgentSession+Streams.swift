@@ -157,8 +157,10 @@ extension AgentSession {
         return started + self.pump(id)
     }
 
+    /// A prefix hash ended. It took one of the reads in flight: the other streams go on in turn, or one that wanted to
+    /// read meanwhile would wait for an event that may never come (a stripe gets no ACK; soak seed 649671024 round 1).
     mutating func prefixHashed(_ id: StreamID, _ result: Result<SHA1, any Error>) -> [Action] {
-        guard var sender = self.senders[id] else { return [] }
+        guard var sender = self.senders[id] else { return self.pumpAll() }
         sender.reading = false
         switch result {
         case .success(let sha1) where sender.waitingForStripes:
@@ -166,17 +168,17 @@ extension AgentSession {
             sender.sha1 = sha1
             sender.wholeSHA1Ready = true
             self.senders[id] = sender
-            return self.hashWhenStriped(id)
+            return self.hashWhenStriped(id) + self.pumpInTurn(after: id, again: false)
         case .success(let sha1):
             sender.sha1 = sha1
             sender.job.snapshots[sender.job.acked] = sha1
             self.queue.progressed(sender.job)
             sender.started = true
             self.senders[id] = sender
-            return self.pump(id)
+            return self.pumpInTurn(after: id, again: true)
         case .failure(let error):
             self.senders[id] = sender
-            return self.failStream(id, "\(error)")
+            return self.failStream(id, "\(error)") + self.pumpInTurn(after: id, again: false)
         }
     }
 
