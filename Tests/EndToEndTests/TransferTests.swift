@@ -103,7 +103,7 @@ struct TransferTests {
         await relay.stop()
     }
 
-    @Test("large videos and photos at once, --connections 2, a relay allowing 2 streams per connection: every file exact, no wait for stripes that cannot open")
+    @Test("large videos and photos at once, --connections 2, a relay allowing 2 streams per connection: every video striped, every file exact, no wait for stripes that cannot open")
     func videosAndPhotosStriped() async throws {
         let relay = try await TestRelay { $0.limits.maxConcurrentStreams = 2 }.start()
         let source = TestRelay.makeDirectory()
@@ -123,7 +123,9 @@ struct TransferTests {
             }
         )
         #expect(results.count == 63 && results.allSatisfy { $0.status == .stored }, "\(results.filter { $0.status != .stored }.map { $0.error ?? "" })")
-        #expect(results.contains { $0.stripes == 2 }, "no video went in stripes")
+        // Striped whatever else runs (a file's striping never depends on scheduling: a resume would discard it).
+        let videos = results.filter { $0.key.hasSuffix(".mp4") }
+        #expect(videos.count == 3 && videos.allSatisfy { $0.stripes == 2 }, "\(videos.map { "\($0.key): \($0.stripes)" })")
         for (key, data) in files { #expect(relay.stored(key) == data, "\(key)") }
         await relay.stop()
     }

@@ -76,15 +76,19 @@ extension AgentSession {
             }
             let id = self.machine.nextStreamID
             // With several connections a large file goes in stripes, one stream each, on whichever connection is free:
-            // one TCP connection is held to its window per round trip (SPEC §6.7). One striped upload per connection at a
-            // time, and only where the relay allows a stream beside it: a main stream waits for its stripes holding a
-            // stream, and mains alone in every stream a relay allows would wait for stripes that can never open (a
-            // directory of large videos). Large files meanwhile go whole, which keeps the link as full.
-            // A job striped earlier in this run stays striped: its relay session is (another OPEN would discard it).
-            let stripingHere = self.senders.values.contains { $0.job.striped }
-            let room = job.stripes != nil || (!stripingHere && (self.machine.terms?.maxStreams ?? 0) >= 2)
-            job.striped = self.configuration.connections > 1 && self.machine.features.contains(.stripes) && job.item.source.isSeekable
-                && room && info.size.map { $0 > Frame.Stripes(size: $0).length } ?? false
+            // one TCP connection is held to its window per round trip (SPEC §6.7). Whether a file is striped depends on
+            // the file, the agent's connections and the relay alone, never on what else runs: a resumed session whose
+            // striping differs is discarded (soak seed 1488301500 round 32 re-sent 88 MB). A main stream waits for its
+            // stripes holding a stream, and mains in every stream a relay allows would wait for stripes that can never
+            // open (a directory of large videos): one striped upload per connection at a time, the next waits for it
+            // while the connection carries other files, and only where the relay allows a stream beside it.
+            let stripable = self.configuration.connections > 1 && self.machine.features.contains(.stripes) && job.item.source.isSeekable
+                && (self.machine.terms?.maxStreams ?? 0) >= 2 && info.size.map { $0 > Frame.Stripes(size: $0).length } ?? false
+            if stripable && self.senders.values.contains(where: { $0.job.striped }) {
+                self.deferred.append(job)
+                return []
+            }
+            job.striped = stripable
             let open = Frame.Open(
                 streamID: id, key: job.key, size: info.size, sha1: sha1, overwrite: job.item.overwrite ?? self.configuration.overwrite,
                 fingerprint: info.fingerprint, resumeToken: job.resumeToken, probe: job.probe, striped: job.striped
@@ -321,6 +325,7 @@ extension AgentSession {
     mutating func streamFailed(_ id: StreamID, _ code: WireErrorCode, _ message: String, now: ContinuousClock.Instant) -> [Action] {
         guard let sender = self.senders.removeValue(forKey: id) else { return [] }
         let job = sender.job
+        if job.striped { self.releaseDeferred() }
         job.lastError = "\(code.name): \(message)"
         if self.configuration.retryForever && (code == .quotaExceeded || code == .storageError) {
             // No room on the relay for this account: every item would fail alike. The queue holds with a growing
@@ -374,6 +379,7 @@ extension AgentSession {
         if job.stripe != nil {
             return self.stripeEnded(job, failure: result.status == .failed ? result.error ?? "failed" : nil)
         }
+        if job.striped { self.releaseDeferred() }
         self.outcome.madeProgress = true
         self.queue.finished(job, result)
         if let content = job.contentKey, let twins = self.twins.removeValue(forKey: content) {
@@ -452,6 +458,12 @@ extension AgentSession {
         sender.reading = false
         self.senders[id] = sender
         return self.sendHash(id, size: size)
+    }
+
+    /// This connection's striped upload left it: the large files that waited for it go back to the queue.
+    mutating func releaseDeferred() {
+        for job in self.deferred { self.queue.requeue(job) }
+        self.deferred.removeAll()
     }
 
     /// A PART job ended: its stripe complete (`failure` nil) or given up. The connections hear it through the queue.

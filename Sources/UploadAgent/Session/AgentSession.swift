@@ -86,6 +86,8 @@ struct AgentSession {
     /// Jobs whose content (SHA-1) another stream of this connection is uploading now: they open once it ended, so the
     /// relay's dedup finds it and their bytes never move (the same photo under two names).
     var twins: [UploadJob.ContentKey: [UploadJob]] = [:]
+    /// Large files this connection stripes once its striped upload is over: one at a time (SPEC §6.7).
+    var deferred: [UploadJob] = []
     var outcome = ConnectionOutcome(reason: nil, fatal: false, madeProgress: false)
     var closed = false
     var deflate = false
@@ -220,6 +222,7 @@ struct AgentSession {
             self.queue.requeue(job)
         }
         self.twins.removeAll()
+        self.releaseDeferred()
         if self.outcome.reason == nil && !self.queue.isDone {
             self.outcome.reason = "the relay closed the connection"
         }
@@ -277,6 +280,8 @@ struct AgentSession {
             for id in self.senders.keys.sorted() where id > goAway.lastStreamID {
                 if let sender = self.senders.removeValue(forKey: id) { self.queue.requeue(sender.job) }
             }
+            // They would open here only after this connection's striped upload: another connection takes them.
+            self.releaseDeferred()
             return self.closeIfIdle()
         }
     }
@@ -295,7 +300,7 @@ struct AgentSession {
 
     /// Closes once nothing is in flight and nothing more will go out on this connection.
     mutating func closeIfIdle() -> [Action] {
-        guard self.senders.isEmpty, self.preparing == 0, self.delayed.isEmpty, self.twins.isEmpty else { return [] }
+        guard self.senders.isEmpty, self.preparing == 0, self.delayed.isEmpty, self.twins.isEmpty, self.deferred.isEmpty else { return [] }
         return self.queue.isDone || self.goingAway ? self.close() : []
     }
 }
