@@ -338,6 +338,28 @@ struct AgentSessionTests {
         #expect(told.withLockedValue { $0 } == [1, 2])
     }
 
+    @Test("stripes in the queue: dropping the key drops the main job, not a stripe; giving up the waiting jobs fails the striped upload they belong to")
+    func stripesInTheQueue() throws {
+        let main = UploadJob(item: UploadItem(key: "v.mov", displayPath: "v.mov", source: FileSource(path: "/nonexistent")))
+        main.info = SourceInfo(size: 40 << 20, fingerprint: [1])
+        main.striped = true
+        let other = UploadJob(item: UploadItem(key: "w.mov", displayPath: "w.mov", source: FileSource(path: "/nonexistent")))
+        let queue = JobQueue([main, other])
+        #expect(queue.next() === main)
+        let set = StripeSet(token: [7], size: 40 << 20)
+        main.stripes = set
+        queue.addStripes((1..<set.stripes.count).map { UploadJob(stripe: $0, of: main, set: set) })
+        // The main job is active, its stripes wait first in line: the drop marks the main job, and removes nothing.
+        #expect(queue.drop(key: "v.mov", reason: "deleted") == nil)
+        #expect(queue.dropReason(main) == "deleted")
+        let stripe = try #require(queue.next())
+        #expect(stripe.stripe?.index == 1)
+        queue.requeue(stripe)
+        let failed = queue.failWaiting("the relay is unreachable")
+        #expect(failed.map(\.key) == ["w.mov"], "stripes are the agent's own, never reported")
+        #expect(set.failure?.contains("the relay is unreachable") == true, "the main job, still active, learns its stripes are gone")
+    }
+
     @Test("keepalive: one silent period sends PING, the second takes the link for dead")
     func keepalive() {
         var h = AgentHarness(files: 1)

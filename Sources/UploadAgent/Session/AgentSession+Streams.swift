@@ -127,8 +127,9 @@ extension AgentSession {
             // The relay may hold these bytes (SPEC §7.1): hash the whole source, then OPEN again with its SHA-1.
             self.senders[id] = nil
             job.probeConfirmed = true
+            if job.striped { self.releaseDeferred() }
             self.queue.requeue(job)
-            return self.openMore()
+            return self.openMore() + self.closeIfIdle()
         }
         job.busySince = nil
         job.busyRetries = 0
@@ -242,7 +243,9 @@ extension AgentSession {
 
     /// A read finished: its chunks go out within the reservation, the rest of which is given back; HASH at the end.
     mutating func readFinished(_ id: StreamID, _ result: Result<SourceReader.Batch, any Error>) -> [Action] {
-        guard var sender = self.senders[id], !self.closed else { return [] }
+        // A stream that ended while its read ran gave its read place back: the others go on (a stripe gets no ACK that
+        // would wake it).
+        guard var sender = self.senders[id], !self.closed else { return self.closed ? [] : self.pumpAll() }
         sender.reading = false
         let job = sender.job
         switch result {
@@ -318,7 +321,7 @@ extension AgentSession {
         if let sender = self.senders.removeValue(forKey: id) {
             actions += self.complete(sender.job, sender.job.finish(.failed, sha1: "", error: message))
         }
-        return actions
+        return actions + self.pumpAll()
     }
 
     /// The relay ended a stream with an error: retry (at once, or after a backoff for "not now"), or give the job up.
@@ -327,7 +330,8 @@ extension AgentSession {
         let job = sender.job
         if job.striped { self.releaseDeferred() }
         job.lastError = "\(code.name): \(message)"
-        if self.configuration.retryForever && (code == .quotaExceeded || code == .storageError) {
+        // A stripe's STORAGE_ERROR says its upload is gone from the relay (SPEC §6.7), not that the relay is full.
+        if self.configuration.retryForever && (code == .quotaExceeded || (code == .storageError && job.stripe == nil)) {
             // No room on the relay for this account: every item would fail alike. The queue holds with a growing
             // wait (its change closes this connection), and the item goes back to it, not counted as an attempt.
             self.queue.requeue(job)
@@ -363,7 +367,8 @@ extension AgentSession {
         } else {
             self.queue.requeue(job)
         }
-        return actions + self.openMore() + self.closeIfIdle()
+        // Its read place, if it held one, is free.
+        return actions + self.openMore() + self.pumpAll() + self.closeIfIdle()
     }
 
     mutating func timerFired(_ timer: Timer) -> [Action] {
@@ -399,6 +404,12 @@ extension AgentSession {
     /// started over under another token). Empty when nothing was opened.
     mutating func openStripe(_ job: UploadJob) -> [Action] {
         guard let stripe = job.stripe, let size = job.info?.size else { return [] }
+        guard self.machine.features.contains(.stripes) else {
+            // A relay behind the same address without stripes (a mixed rollout): this stripe cannot go here.
+            stripe.set.fail("stripe \(stripe.index): a relay connection without STRIPES")
+            self.queue.finishedStripe(job)
+            return []
+        }
         if stripe.set.isComplete(stripe.index) || stripe.set.failure != nil || stripe.main.stripes !== stripe.set
             || stripe.main.result != nil || self.queue.dropReason(job) != nil
         {

@@ -182,7 +182,8 @@ final class JobQueue: Sendable {
     func drop(key: String, reason: String) -> UploadJob? {
         var removed: UploadJob? = nil
         self.changed { state in
-            if let index = state.waiting.firstIndex(where: { $0.key == key }) {
+            // A PART job carries its main job's key: the main job is the one dropped (its stripes are dropped with it).
+            if let index = state.waiting.firstIndex(where: { $0.key == key && $0.stripe == nil }) {
                 removed = state.waiting.remove(at: index)
             } else if state.activeKeys.contains(key) {
                 state.dropped[key] = reason
@@ -261,7 +262,10 @@ final class JobQueue: Sendable {
         // Through `changed`: with --connections, the others hear that the queue may be done now (else an idle one
         // waited for jobs forever).
         self.changed { state in
-            // PART jobs are the agent's own: their main job fails, they are not reported.
+            // PART jobs are the agent's own: not reported; their main job, waiting on another connection, fails.
+            for job in state.waiting {
+                if let stripe = job.stripe { stripe.set.fail("stripe \(stripe.index): \(message)") }
+            }
             failed = state.waiting.filter { $0.stripe == nil }.map { job in
                 (job, job.finish(.failed, sha1: job.knownSHA1?.hex ?? "", error: job.lastError.map { "\(message); last error: \($0)" } ?? message))
             }
