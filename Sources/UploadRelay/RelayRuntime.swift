@@ -57,6 +57,17 @@ public enum RelayRuntime {
         /// At startup: no upload runs.
         public static let idle = KeyGuard(take: { _, _ in true }, give: { _, _ in })
 
+        /// While the relay runs: a key is taken only when no upload holds it, nor any stream one of its stripes (a
+        /// striped upload's main stream may be away while its stripes arrive, SPEC §6.7).
+        static func claiming(_ claims: KeyClaims) -> KeyGuard {
+            KeyGuard(
+                take: { account, key in
+                    !claims.hasStripes(account: account, key: key) && claims.tryClaim(KeyClaims.name(account: account, key: key))
+                },
+                give: { claims.release(KeyClaims.name(account: $0, key: $1)) }
+            )
+        }
+
         func holding<T>(_ account: String, _ key: String, _ body: () throws -> T) rethrows -> T? {
             guard self.take(account, key) else { return nil }
             defer { self.give(account, key) }

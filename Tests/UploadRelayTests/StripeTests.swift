@@ -184,4 +184,26 @@ struct StripeTests {
         #expect(Self.stored(plain.agent.outcomes[whole]))
         #expect(backend.object("s") == bytes)
     }
+
+    @Test("expiry spares a striped session while a stream writes one of its stripes, its main stream away; then it expires")
+    func expiryWhileStriping() throws {
+        let backend = try RelayBackend()
+        let bytes = Self.blob(16 * Self.mib + 300, seed: 13)
+        var main = Self.connection(backend)
+        let id = main.upload(MemoryAgent.Job(key: "e", data: bytes, striped: true, holdHash: true))
+        main.run()
+        let token = try #require(main.agent.resumeTokens[id])
+        main.relay.connectionClosed()
+        var parts = Self.connection(backend)
+        parts.upload(MemoryAgent.Job(key: "e", data: bytes, resumeToken: token, part: 1, holdHash: true))
+        parts.run()
+        let services = backend.services
+        let keys = RelayRuntime.KeyGuard.claiming(services.claims)
+        try RelayRuntime.cleanUp(catalog: services.catalog, store: services.store, expiry: .zero, logger: services.logger, keys: keys)
+        #expect(backend.durableOffset("e") != nil, "a session with a stripe being written expired")
+        parts.relay.connectionClosed()
+        try RelayRuntime.cleanUp(catalog: services.catalog, store: services.store, expiry: .zero, logger: services.logger, keys: keys)
+        #expect(backend.durableOffset("e") == nil)
+        #expect(!backend.holdsResources)
+    }
 }

@@ -38,7 +38,17 @@ final class KeyClaims: Sendable {
     /// The claim of one stripe of a striped upload (SPEC §6.7): one stream writes it at a time. Outside every account's
     /// names, so that it is never counted as an upload of the account.
     static func stripeName(account: String, key: String, index: Int) -> String {
-        "\u{1}" + account + "\u{0}" + key + "\u{0}\(index)"
+        Self.stripePrefix(account: account, key: key) + "\(index)"
+    }
+
+    private static func stripePrefix(account: String, key: String) -> String {
+        "\u{1}" + account + "\u{0}" + key + "\u{0}"
+    }
+
+    /// Whether a stream writes a stripe of the key's striped upload now: its session is live, whatever its age (SPEC §6.6).
+    func hasStripes(account: String, key: String) -> Bool {
+        let prefix = Self.stripePrefix(account: account, key: key)
+        return self.claims.withLockedValue { claims in claims.keys.contains { $0.hasPrefix(prefix) } }
     }
 
     func claim(_ name: String, whenFree: @escaping @Sendable () -> Void) -> Outcome {

@@ -164,10 +164,7 @@ public final class RelayServer: Service, Sendable {
                     last = .now()
                     return true
                 }
-                let keys = RelayRuntime.KeyGuard(
-                    take: { services.claims.tryClaim(KeyClaims.name(account: $0, key: $1)) },
-                    give: { services.claims.release(KeyClaims.name(account: $0, key: $1)) }
-                )
+                let keys = RelayRuntime.KeyGuard.claiming(services.claims)
                 // Commits a failure left pending are settled under their key (review: they held quota until a restart).
                 try RelayRuntime.recover(catalog: services.catalog, store: services.store, logger: services.logger, keys: keys, objects: false)
                 if due {
