@@ -401,6 +401,10 @@ struct RandomScheduleTests {
                 pump.agentSends(pump.agent.sendWhatCreditAllows())
             }
         }
+        // The last RESULT may have reached the agent without the CREDIT(0) right behind it (seed 248419): what is
+        // still on the wire arrives before the credit is counted.
+        agentInbox.writeBuffer(&pump.toAgent)
+        pump.agentSends(pump.agent.receive(&agentInbox))
         for (id, (key, bytes)) in expected.sorted(by: { $0.key < $1.key }) {
             guard case .stored(let result) = pump.agent.outcomes[id] else {
                 Issue.record("seed \(seed): \(key) ended \(String(describing: pump.agent.outcomes[id]))")
