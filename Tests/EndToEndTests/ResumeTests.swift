@@ -8,6 +8,17 @@ import UploadTestSupport
 /// Breaks in the link or the relay, and the resume that follows.
 @Suite("End to end: resume after breaks", .serialized)
 struct ResumeTests {
+
+    /// `upload-relay serve --dev` on `data`, at `port` (0: any), with `options`: the process and the port it listens on.
+    static func startRelay(_ binary: String, data: String, port: Int, _ options: [String] = []) throws -> (ChildProcess, Int) {
+        let child = try ChildProcess(
+            binary,
+            ["serve", "--dev", "--data", data, "--listen", "127.0.0.1:\(port)", "--ready-file", data + "/ready"] + options + ["--log-level", "warning"],
+            readyFile: data + "/ready", logFile: data + "/relay.log"
+        )
+        return (child, try child.waitUntilReady())
+    }
+
     @Test("the link is cut at a random point: the upload completes and only the remainder plus at most one window is sent again", arguments: [UInt64(1), 2, 3])
     func cutLink(seed: UInt64) async throws {
         let relay = try await TestRelay { $0.syncBytes = 1 << 20 }.start()
@@ -87,11 +98,7 @@ struct ResumeTests {
         let size = 48 << 20
         let file = makeFile(source, "raw.dng", size: size, seed: 8)
         func startRelay(port: Int) throws -> (ChildProcess, Int) {
-            let child = try ChildProcess(
-                binary, ["serve", "--dev", "--data", data, "--listen", "127.0.0.1:\(port)", "--ready-file", data + "/ready", "--sync-bytes", "1M", "--log-level", "warning"],
-                readyFile: data + "/ready", logFile: data + "/relay.log"
-            )
-            return (child, try child.waitUntilReady())
+            try Self.startRelay(binary, data: data, port: port, ["--sync-bytes", "1M"])
         }
         var (relay, port) = try startRelay(port: 0)
         let token = try String(contentsOfFile: data + "/dev/token", encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
@@ -139,11 +146,7 @@ struct ResumeTests {
         let size = (20 << 20) + 5
         let file = makeFile(source, "long.mov", size: size, seed: 21)
         func startRelay(port: Int) throws -> (ChildProcess, Int) {
-            let child = try ChildProcess(
-                binary, ["serve", "--dev", "--data", data, "--listen", "127.0.0.1:\(port)", "--ready-file", data + "/ready", "--sync-bytes", "1M", "--log-level", "warning"],
-                readyFile: data + "/ready", logFile: data + "/relay.log"
-            )
-            return (child, try child.waitUntilReady())
+            try Self.startRelay(binary, data: data, port: port, ["--sync-bytes", "1M"])
         }
         var (relay, port) = try startRelay(port: 0)
         let token = try String(contentsOfFile: data + "/dev/token", encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
@@ -196,13 +199,7 @@ struct ResumeTests {
         let source = TestRelay.makeDirectory()
         let size = 32 << 20
         let file = makeFile(source, "clip.mov", size: size, seed: 12)
-        func startRelay(port: Int) throws -> (ChildProcess, Int) {
-            let child = try ChildProcess(
-                binary, ["serve", "--dev", "--data", data, "--listen", "127.0.0.1:\(port)", "--ready-file", data + "/ready", "--log-level", "warning"],
-                readyFile: data + "/ready", logFile: data + "/relay.log"
-            )
-            return (child, try child.waitUntilReady())
-        }
+        func startRelay(port: Int) throws -> (ChildProcess, Int) { try Self.startRelay(binary, data: data, port: port) }
         var (relay, port) = try startRelay(port: 0)
         let token = try String(contentsOfFile: data + "/dev/token", encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
         let sent = SentCounter()

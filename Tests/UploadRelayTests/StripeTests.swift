@@ -33,6 +33,22 @@ struct StripeTests {
         return pump
     }
 
+    /// A new connection that opened `bytes` under `key` with STRIPED and sent stripe 0, its HASH held back: the connection,
+    /// the stream, and the upload's token that PART streams name.
+    static func openStriped(_ backend: RelayBackend, _ key: String, _ bytes: [UInt8]) throws -> (Pump, StreamID, [UInt8]) {
+        var main = Self.connection(backend)
+        let id = main.upload(MemoryAgent.Job(key: key, data: bytes, striped: true, holdHash: true))
+        main.run()
+        return (main, id, try #require(main.agent.resumeTokens[id]))
+    }
+
+    /// The main stream's HASH goes out (its stripes are in, or the test says they are not).
+    static func sendHash(_ main: inout Pump, _ id: StreamID) {
+        main.agent.jobs[id]?.holdHash = false
+        main.agentSends(main.agent.sendWhatCreditAllows())
+        main.run()
+    }
+
     static func stored(_ outcome: MemoryAgent.Outcome?) -> Bool {
         if case .stored = outcome { return true }
         return false
@@ -43,11 +59,9 @@ struct StripeTests {
         let backend = try RelayBackend()
         let bytes = Self.blob(32 * Self.mib + 100_000)
         #expect(Frame.Stripes(size: UInt64(bytes.count)).count == 3)
-        var main = Self.connection(backend)
+        let (opened, id, token) = try Self.openStriped(backend, "clips/long.mp4", bytes)
+        var main = opened
         var parts = Self.connection(backend)
-        let id = main.upload(MemoryAgent.Job(key: "clips/long.mp4", data: bytes, striped: true, holdHash: true))
-        main.run()
-        let token = try #require(main.agent.resumeTokens[id])
         #expect(!token.isEmpty)
         #expect(main.agent.sentPayload[id] == 16 * Self.mib)
 
@@ -63,9 +77,7 @@ struct StripeTests {
         #expect(parts.agent.outcomes[again] == .deduplicated)
         #expect(backend.object("clips/long.mp4") == nil)
 
-        main.agent.jobs[id]?.holdHash = false
-        main.agentSends(main.agent.sendWhatCreditAllows())
-        main.run()
+        Self.sendHash(&main, id)
         guard case .stored(let result) = main.agent.outcomes[id] else {
             Issue.record("main stream: \(String(describing: main.agent.outcomes[id]))")
             return
@@ -114,16 +126,12 @@ struct StripeTests {
         let bytes = Self.blob(16 * Self.mib + 4096, seed: 11)
         var other = bytes
         other[other.count - 1] ^= 0xFF
-        var main = Self.connection(backend)
-        let id = main.upload(MemoryAgent.Job(key: "x", data: bytes, striped: true, holdHash: true))
-        main.run()
-        let token = try #require(main.agent.resumeTokens[id])
+        let (opened, id, token) = try Self.openStriped(backend, "x", bytes)
+        var main = opened
         var parts = Self.connection(backend)
         parts.upload(MemoryAgent.Job(key: "x", data: other, resumeToken: token, part: 1))
         parts.run()
-        main.agent.jobs[id]?.holdHash = false
-        main.agentSends(main.agent.sendWhatCreditAllows())
-        main.run()
+        Self.sendHash(&main, id)
         #expect(main.agent.outcomes[id] == .failed(.hashMismatch))
         #expect(backend.object("x") == nil)
         #expect(backend.durableOffset("x") == nil)
@@ -133,10 +141,8 @@ struct StripeTests {
     func refusals() throws {
         let backend = try RelayBackend()
         let bytes = Self.blob(16 * Self.mib + 10, seed: 5)
-        var main = Self.connection(backend)
-        let id = main.upload(MemoryAgent.Job(key: "k", data: bytes, striped: true, holdHash: true))
-        main.run()
-        let token = try #require(main.agent.resumeTokens[id])
+        let (opened, id, token) = try Self.openStriped(backend, "k", bytes)
+        var main = opened
         var first = Self.connection(backend)
         var second = Self.connection(backend)
         let open = first.upload(MemoryAgent.Job(key: "k", data: bytes, resumeToken: token, part: 1, holdHash: true))
@@ -156,9 +162,7 @@ struct StripeTests {
         second.run()
         #expect(Self.stored(second.agent.outcomes[retry]))
         #expect(second.agent.sentPayload[retry] == 10)
-        main.agent.jobs[id]?.holdHash = false
-        main.agentSends(main.agent.sendWhatCreditAllows())
-        main.run()
+        Self.sendHash(&main, id)
         #expect(backend.object("k") == bytes)
     }
 
@@ -166,10 +170,8 @@ struct StripeTests {
     func sessionRules() throws {
         let backend = try RelayBackend()
         let bytes = Self.blob(16 * Self.mib + 100, seed: 7)
-        var main = Self.connection(backend)
-        let id = main.upload(MemoryAgent.Job(key: "s", data: bytes, striped: true, holdHash: true))
-        main.run()
-        let token = try #require(main.agent.resumeTokens[id])
+        let (opened, _, token) = try Self.openStriped(backend, "s", bytes)
+        var main = opened
         var parts = Self.connection(backend)
         let part = parts.upload(MemoryAgent.Job(key: "s", data: bytes, resumeToken: token, part: 1, holdHash: true))
         parts.run()
@@ -189,10 +191,8 @@ struct StripeTests {
     func expiryWhileStriping() throws {
         let backend = try RelayBackend()
         let bytes = Self.blob(16 * Self.mib + 300, seed: 13)
-        var main = Self.connection(backend)
-        let id = main.upload(MemoryAgent.Job(key: "e", data: bytes, striped: true, holdHash: true))
-        main.run()
-        let token = try #require(main.agent.resumeTokens[id])
+        let (opened, _, token) = try Self.openStriped(backend, "e", bytes)
+        var main = opened
         main.relay.connectionClosed()
         var parts = Self.connection(backend)
         parts.upload(MemoryAgent.Job(key: "e", data: bytes, resumeToken: token, part: 1, holdHash: true))

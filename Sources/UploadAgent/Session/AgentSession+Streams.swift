@@ -10,6 +10,10 @@ extension AgentSession {
     /// Opens streams while the relay allows more, places of ``AgentConfiguration/concurrency`` are free and jobs wait.
     mutating func openMore() -> [Action] {
         guard !self.closed else { return [] }
+        if !self.deferred.isEmpty && !self.senders.values.contains(where: { $0.job.striped }) {
+            // The striped upload they waited for left this connection (finished, failed, confirmed, retried).
+            self.releaseDeferred()
+        }
         var actions: [Action] = []
         let perSlot = max(1, self.configuration.smallUploadsPerSlot)
         let budget = max(1, self.configuration.concurrency) * perSlot
@@ -127,7 +131,6 @@ extension AgentSession {
             // The relay may hold these bytes (SPEC §7.1): hash the whole source, then OPEN again with its SHA-1.
             self.senders[id] = nil
             job.probeConfirmed = true
-            if job.striped { self.releaseDeferred() }
             self.queue.requeue(job)
             return self.openMore() + self.closeIfIdle()
         }
@@ -328,7 +331,6 @@ extension AgentSession {
     mutating func streamFailed(_ id: StreamID, _ code: WireErrorCode, _ message: String, now: ContinuousClock.Instant) -> [Action] {
         guard let sender = self.senders.removeValue(forKey: id) else { return [] }
         let job = sender.job
-        if job.striped { self.releaseDeferred() }
         job.lastError = "\(code.name): \(message)"
         // A stripe's STORAGE_ERROR says its upload is gone from the relay (SPEC §6.7), not that the relay is full.
         if self.configuration.retryForever && (code == .quotaExceeded || (code == .storageError && job.stripe == nil)) {
@@ -384,7 +386,6 @@ extension AgentSession {
         if job.stripe != nil {
             return self.stripeEnded(job, failure: result.status == .failed ? result.error ?? "failed" : nil)
         }
-        if job.striped { self.releaseDeferred() }
         self.outcome.madeProgress = true
         self.queue.finished(job, result)
         if let content = job.contentKey, let twins = self.twins.removeValue(forKey: content) {

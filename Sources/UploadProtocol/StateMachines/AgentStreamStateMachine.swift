@@ -18,8 +18,12 @@ struct AgentStreamStateMachine: Sendable {
     /// Stream credit; nil before OFFSET.
     private(set) var window: OutboundWindow? = nil
 
+    /// The bytes the stream carries (``Frame/Open/streamLength``), read for every CHUNK.
+    private let streamLength: UInt64?
+
     init(open: Frame.Open) {
         self.open = open
+        self.streamLength = open.streamLength
     }
 
     var id: StreamID { self.open.streamID }
@@ -31,13 +35,13 @@ struct AgentStreamStateMachine: Sendable {
             return .connection(.protocolError, "second OFFSET on stream \(self.id)")
         }
         // A striped upload's streams carry their stripe only (SPEC §6.7).
-        if let size = offset.disposition == .stored && self.open.part == nil ? self.open.size : self.open.streamLength, offset.offset > size {
+        if let size = offset.disposition == .stored && self.open.part == nil ? self.open.size : self.streamLength, offset.offset > size {
             return .connection(.protocolError, "OFFSET \(offset.offset) on stream \(self.id) is beyond the size \(size)")
         }
         if offset.disposition == .confirm && self.open.probe == nil {
             return .connection(.protocolError, "OFFSET CONFIRM on stream \(self.id), whose OPEN had no PROBE")
         }
-        if offset.disposition == .stored, let size = self.open.part == nil ? self.open.size : self.open.streamLength, offset.offset != size {
+        if offset.disposition == .stored, let size = self.open.part == nil ? self.open.size : self.streamLength, offset.offset != size {
             return .connection(
                 .protocolError, "OFFSET STORED on stream \(self.id) says \(offset.offset) bytes; OPEN announced \(size)"
             )
@@ -120,7 +124,7 @@ struct AgentStreamStateMachine: Sendable {
         guard chunk.offset == self.nextOffset else {
             return "CHUNK at \(chunk.offset) on stream \(self.id), expected \(self.nextOffset)"
         }
-        if let size = self.open.streamLength, chunk.offset + UInt64(chunk.payloadLength) > size {
+        if let size = self.streamLength, chunk.offset + UInt64(chunk.payloadLength) > size {
             return "CHUNK ends at \(chunk.offset + UInt64(chunk.payloadLength)) on stream \(self.id), beyond the size \(size)"
         }
         guard chunk.payloadLength > 0 else {
@@ -145,7 +149,7 @@ struct AgentStreamStateMachine: Sendable {
         }
         if self.open.striped {
             // The main stream of a striped upload states the whole blob, having sent its first stripe (SPEC §6.7).
-            guard hash.size == self.open.size, self.nextOffset == self.open.streamLength else {
+            guard hash.size == self.open.size, self.nextOffset == self.streamLength else {
                 return "HASH size \(hash.size) on striped stream \(self.id) after \(self.nextOffset) bytes sent"
             }
             return nil

@@ -21,8 +21,12 @@ struct RelayStreamStateMachine: Sendable {
     /// The stream's credit window; nil until OFFSET grants it.
     private(set) var window: InboundWindow? = nil
 
+    /// The bytes the stream carries (``Frame/Open/streamLength``), read for every CHUNK.
+    private let streamLength: UInt64?
+
     init(open: Frame.Open) {
         self.open = open
+        self.streamLength = open.streamLength
     }
 
     var id: StreamID { self.open.streamID }
@@ -43,7 +47,7 @@ struct RelayStreamStateMachine: Sendable {
                 self.id, .invalidOffset, "CHUNK at offset \(chunk.offset); the next expected offset is \(self.nextOffset)"
             )
         }
-        if let size = self.open.streamLength, self.nextOffset + UInt64(length) > size {
+        if let size = self.streamLength, self.nextOffset + UInt64(length) > size {
             let what = self.open.part != nil ? "the stripe's length" : self.open.striped ? "the first stripe's length" : "the announced size"
             return .stream(
                 self.id, .sizeMismatch, "CHUNK ends at \(self.nextOffset + UInt64(length)), beyond \(what) \(size)"
@@ -71,13 +75,13 @@ struct RelayStreamStateMachine: Sendable {
         }
         if self.open.striped {
             // The main stream states the whole blob; it carried the first stripe (SPEC §6.7).
-            if let first = self.open.streamLength, self.nextOffset != first {
+            if let first = self.streamLength, self.nextOffset != first {
                 return .stream(self.id, .sizeMismatch, "HASH after \(self.nextOffset) bytes of the first stripe's \(first)")
             }
         } else if hash.size != self.nextOffset {
             return .stream(self.id, .sizeMismatch, "HASH says \(hash.size) bytes but \(self.nextOffset) were sent")
         }
-        if let size = self.open.part == nil ? self.open.size : self.open.streamLength, size != hash.size {
+        if let size = self.open.part == nil ? self.open.size : self.streamLength, size != hash.size {
             return .stream(self.id, .sizeMismatch, "HASH says \(hash.size) bytes but OPEN announced \(size)")
         }
         if let sha1 = self.open.sha1, sha1 != hash.sha1 {

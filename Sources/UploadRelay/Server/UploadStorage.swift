@@ -31,7 +31,7 @@ final class UploadStorage: Sendable {
     private let probe: NIOLockedValueBox<SHA1Digest?>
     /// For a PART stream (SPEC §6.7): the stripe it writes, whose offset 0 is `base` in the staging file. Its bytes are
     /// hashed with the whole blob when the main stream commits; its "commit" makes them durable and records the stripe.
-    private let stripe: (index: Int, base: Int64)?
+    private let stripe: (index: Int, base: Int64, length: Int64)?
     /// The claim the upload holds: its key's, or for a PART stream its stripe's (``KeyClaims/stripeName(account:key:index:)``).
     private let claim: String
 
@@ -39,7 +39,8 @@ final class UploadStorage: Sendable {
         key: ObjectKey, account: String, overwrite: Bool, session: UploadSession, recorded: Bool, staging: any StagingFile, sha1: SHA1,
         services: RelayServices, logger: Logger, stripe: Int? = nil
     ) {
-        self.stripe = stripe.map { index in (index, Int64(Frame.Stripes(size: UInt64(session.declaredSize ?? 0)).start(of: index))) }
+        let stripes = Frame.Stripes(size: UInt64(session.declaredSize ?? 0))
+        self.stripe = stripe.map { ($0, Int64(stripes.start(of: $0)), Int64(stripes.length(of: $0))) }
         self.claim = stripe.map { KeyClaims.stripeName(account: account, key: key.value, index: $0) } ?? KeyClaims.name(account: account, key: key.value)
         self.key = key
         self.account = account
@@ -164,7 +165,11 @@ final class UploadStorage: Sendable {
     /// Checks the SHA-1 of the bytes written against HASH, then commits by the relay's rules with the next group.
     private func commit(_ hash: Frame.Hash, written: Int64, then done: @escaping CommitGroup.Completion) {
         if let stripe = self.stripe {
-            done(Result { try self.completeStripe(stripe.index) }.mapError { UploadPolicy.refusal(for: $0, doing: "record the stripe") })
+            done(
+                Result { try self.completeStripe(stripe.index, bytes: stripe.length) }.mapError {
+                    UploadPolicy.refusal(for: $0, doing: "record the stripe")
+                }
+            )
             return
         }
         if self.session.striped {
@@ -190,10 +195,9 @@ final class UploadStorage: Sendable {
     }
 
     /// A PART stream's HASH: its stripe is durable, then recorded complete (SPEC §6.7).
-    private func completeStripe(_ index: Int) throws -> Frame.Result.Status {
+    private func completeStripe(_ index: Int, bytes: Int64) throws -> Frame.Result.Status {
         try self.staging.sync()
-        let bytes = Frame.Stripes(size: UInt64(self.session.declaredSize ?? 0)).length(of: index)
-        try self.services.catalog.completeStripe(sessionID: self.session.id, index: index, bytes: Int64(bytes))
+        try self.services.catalog.completeStripe(sessionID: self.session.id, index: index, bytes: bytes)
         return .stored
     }
 

@@ -76,10 +76,7 @@ public final class LocalDirectoryStore: BlobStore {
     /// An upload that announced fewer bytes than the direct buffer's most writes through the page cache: direct I/O's
     /// set-up (flags, aligned buffer, padded last block, the cut at commit) costs more than the copy it saves.
     public func openStaging(_ name: String, truncatingTo offset: Int64, expectedSize: Int64?) throws -> any StagingFile {
-        guard !name.isEmpty, !name.contains("/"), name != ".", name != ".." else {
-            throw StoreError("staging name \"\(name)\" is not a plain file name")
-        }
-        let path = self.stagingDirectory + "/" + name
+        let path = try self.stagingPath(name)
         // A resume never creates: a missing staging file (a crash between commit's rename and
         // its catalog record) must not turn into a file of zeros below the durable offset.
         let fd = open(path, O_RDWR | O_CLOEXEC | (offset == 0 ? O_CREAT | O_TRUNC : 0), 0o644)
@@ -105,10 +102,7 @@ public final class LocalDirectoryStore: BlobStore {
     }
 
     public func openStripedStaging(_ name: String, size: Int64, creating: Bool) throws -> any StagingFile {
-        guard !name.isEmpty, !name.contains("/"), name != ".", name != ".." else {
-            throw StoreError("staging name \"\(name)\" is not a plain file name")
-        }
-        let path = self.stagingDirectory + "/" + name
+        let path = try self.stagingPath(name)
         let fd = open(path, O_RDWR | O_CLOEXEC | (creating ? O_CREAT : 0), 0o644)
         guard fd >= 0 else {
             throw StoreError("cannot open staging file \(path): \(Self.reason())", isNoSpace: errno == ENOSPC)
@@ -125,6 +119,14 @@ public final class LocalDirectoryStore: BlobStore {
         return LocalStagingFile(
             name: name, path: path, directory: self.stagingDirectory, descriptor: fd, offset: size, directBuffer: 0, nameIsDurable: true
         )
+    }
+
+    /// Where the staging file `name` is; `name` must be a plain file name.
+    private func stagingPath(_ name: String) throws -> String {
+        guard !name.isEmpty, !name.contains("/"), name != ".", name != ".." else {
+            throw StoreError("staging name \"\(name)\" is not a plain file name")
+        }
+        return self.stagingDirectory + "/" + name
     }
 
     public func removeStaging(_ name: String) throws {
