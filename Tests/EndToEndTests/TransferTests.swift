@@ -172,7 +172,21 @@ struct TransferTests {
         #expect(shares(4, 8).map(\.maxReadsInFlight) == [1, 1, 1, 1], "each connection reads at least once at a time")
         // The bytes waiting for the sockets, together, stay what one connection has (each holds at least a chunk).
         #expect(shares(2, 8).map(\.writeBufferBytes).reduce(0, +) == defaults.writeBufferBytes)
-        #expect(shares(4, 8).allSatisfy { $0.writeBufferBytes >= defaults.chunkSize })
+        #expect(shares(4, 8).allSatisfy { $0.writeBufferBytes >= $0.chunkSize })
+        #expect(shares(4, 8).map(\.writeBufferBytes).reduce(0, +) == defaults.writeBufferBytes)
+        // Chunks shrink with the connections (a connection holds about two), never below 256 KiB, and each TLS buffer
+        // keeps its records' room above its chunk.
+        #expect(shares(1, 5).map(\.chunkSize) == [defaults.chunkSize])
+        #expect(shares(2, 8).map(\.chunkSize) == [512 << 10, 512 << 10])
+        #expect(shares(4, 8).map(\.chunkSize) == Array(repeating: 256 << 10, count: 4))
+        #expect(shares(8, 8).map(\.chunkSize) == Array(repeating: 256 << 10, count: 8))
+        // So do the reads in flight: their batches together are what one connection reads at once.
+        let readBytes = defaults.maxReadsInFlight * defaults.readBatchBytes
+        #expect(shares(1, 5).map { $0.maxReadsInFlight * $0.readBatchBytes } == [readBytes])
+        #expect(shares(2, 8).map { $0.maxReadsInFlight * $0.readBatchBytes }.reduce(0, +) == readBytes)
+        #expect(shares(4, 8).map { $0.maxReadsInFlight * $0.readBatchBytes }.reduce(0, +) == readBytes)
+        #expect(shares(8, 8).allSatisfy { $0.readBatchBytes == $0.chunkSize }, "a read holds at least a chunk")
+        #expect(shares(4, 8).allSatisfy { $0.tlsBufferBytes - $0.chunkSize == defaults.tlsBufferBytes - defaults.chunkSize })
         // Each knows how many run (a large file is striped only when there are others to carry stripes).
         #expect(shares(4, 8).allSatisfy { $0.connections == 4 })
         #expect(shares(8, 5).allSatisfy { $0.connections == 5 })

@@ -17,8 +17,9 @@ public struct AgentConfiguration: Sendable {
     /// TLS connections to the relay at once, each carrying streams (`--connections`). One TCP connection is held to
     /// its window by the host's socket buffers (about 26 MB/s over a 100 ms round trip with Linux's 4 MiB default):
     /// on a long fat link several carry several files at once. ``concurrency``, ``maxReadsInFlight`` and
-    /// ``writeBufferBytes`` are shared among them (each keeps at least one place, one read and a chunk's worth); each
-    /// has its own TLS buffer (``tlsBufferBytes``).
+    /// ``writeBufferBytes`` are shared among them (each keeps at least one place, one read and a chunk's worth), and
+    /// so are ``chunkSize`` and ``readBatchBytes`` (each connection's chunks and reads are smaller, down to 256 KiB), so
+    /// that the memory of several connections, each with its own TLS buffer, stays about that of one.
     public var connections = 1
     /// Uploads in flight at once over all connections (streams). An upload of at most ``smallUploadBytes`` counts as
     /// 1/``smallUploadsPerSlot`` of one: a photo costs a round trip and a commit, not a slot's memory, and small files

@@ -86,9 +86,29 @@ public final class Uploader: Sendable {
             share.connections = count
             share.concurrency = max(1, part(of: configuration.concurrency, index))
             share.maxReadsInFlight = max(1, part(of: configuration.maxReadsInFlight, index))
-            share.writeBufferBytes = max(configuration.chunkSize, part(of: configuration.writeBufferBytes, index))
+            // A connection's buffers hold a chunk or two (its TLS buffer, a write the socket has not taken): chunks
+            // shrink with the connections, down to ``smallestSharedChunk``, so that 4 connections take about the memory
+            // of one (with 1 MiB chunks they took 2.4 MiB each: 51 MiB of agent on a long fat link).
+            share.chunkSize = Self.sharedChunkSize(configuration.chunkSize, connections: count)
+            share.tlsBufferBytes = share.chunkSize + max(0, configuration.tlsBufferBytes - configuration.chunkSize)
+            share.writeBufferBytes = max(share.chunkSize, part(of: configuration.writeBufferBytes, index))
+            // The bytes of reads in flight, together, stay what one connection reads at once: a connection that gets
+            // one read of several reads with a smaller batch (never below a chunk).
+            let readBytes = configuration.maxReadsInFlight * configuration.readBatchBytes / count / share.maxReadsInFlight
+            share.readBatchBytes = min(configuration.readBatchBytes, max(share.chunkSize, readBytes / (64 << 10) * (64 << 10)))
             return share
         }
+    }
+
+    /// Chunks are never shrunk below this for sharing (more frames cost CPU; 256 KiB is still 16 TLS records).
+    static let smallestSharedChunk = 256 << 10
+
+    /// The chunk size of each of `connections`: `chunkSize` divided among them, in whole 64 KiB, never below
+    /// ``smallestSharedChunk`` (nor above `chunkSize`).
+    static func sharedChunkSize(_ chunkSize: Int, connections: Int) -> Int {
+        guard connections > 1 else { return chunkSize }
+        let divided = chunkSize / connections / (64 << 10) * (64 << 10)
+        return min(chunkSize, max(Self.smallestSharedChunk, divided))
     }
 
     /// One connection at a time, reconnecting with backoff, until the queue's work is over.
