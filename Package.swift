@@ -10,6 +10,7 @@ let package = Package(
         .library(name: "UploadPayload", targets: ["UploadPayload"]),
         .library(name: "UploadAgent", targets: ["UploadAgent"]),
         .library(name: "UploadRelay", targets: ["UploadRelay"]),
+        .library(name: "UploadS3", targets: ["UploadS3"]),
         // For the fuzz harness (tools/fuzz): the relay's session run without sockets.
         .library(name: "UploadTestSupport", targets: ["UploadTestSupport"]),
         .executable(name: "upload-agent", targets: ["upload-agent"]),
@@ -76,6 +77,14 @@ let package = Package(
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
             exclude: ["README.md"]
+        ),
+        // An S3 client of our own (no Swift package signs S3 requests here): SigV4 on swift-crypto's HMAC-SHA256, the
+        // requests the relay's S3 store makes, over async-http-client.
+        .target(
+            name: "UploadS3",
+            dependencies: [
+                .product(name: "Crypto", package: "swift-crypto"),
+            ]
         ),
         // Values both command-line programs parse (byte counts, durations, host:port).
         .target(
@@ -162,6 +171,11 @@ let package = Package(
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ]
+        ),
+        .testTarget(
+            name: "UploadS3Tests",
+            dependencies: ["UploadS3"],
+            exclude: ["Fixtures"]
         ),
         .testTarget(
             name: "UploadRelayTests",
