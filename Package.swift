@@ -26,6 +26,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-crypto.git", from: "4.5.2"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
         .package(url: "https://github.com/groue/GRDB.swift.git", from: "7.10.0"),
+        .package(url: "https://github.com/swift-server/async-http-client.git", from: "1.37.0"),
     ],
     targets: [
         // Pure wire protocol: frames, codec, limits, error codes, state machines. No I/O.
@@ -84,6 +85,10 @@ let package = Package(
             name: "UploadS3",
             dependencies: [
                 .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
             ]
         ),
         // Values both command-line programs parse (byte counts, durations, host:port).
@@ -174,7 +179,11 @@ let package = Package(
         ),
         .testTarget(
             name: "UploadS3Tests",
-            dependencies: ["UploadS3"],
+            dependencies: [
+                "UploadS3", "UploadChecksums", "UploadTestSupport",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOCore", package: "swift-nio"),
+            ],
             exclude: ["Fixtures"]
         ),
         .testTarget(
