@@ -113,6 +113,33 @@ struct UploadPipelineTests {
         #expect(p.syncFinished(.success(20)) == [.release(discardSession: false)])
     }
 
+    @Test("a store that keeps a short tail back (S3 parts): no ACK for it, no second sync until more arrives, quiet, and a cut lets go")
+    func storeKeepsTailBack() {
+        var p = Self.pipeline(syncBytes: 100)
+        _ = p.enqueue(Self.chunk(at: 0, 100))
+        #expect(p.writeFinished(consumed: [100], error: nil) == [.report(.consumed(100)), .sync(through: 100)])
+        #expect(p.syncFinished(.success(100)) == [.report(.durable(100))])
+        _ = p.enqueue(Self.chunk(at: 100, 30))
+        #expect(p.writeFinished(consumed: [30], error: nil) == [.report(.consumed(30)), .armSyncTimer])
+        #expect(p.syncTimerFired() == [.sync(through: 130)])
+        // The store kept the 30 bytes back: nothing is acknowledged, and nothing asks it again with nothing new.
+        #expect(p.syncFinished(.success(0)).isEmpty)
+        #expect(p.durable == 100)
+        #expect(p.isQuiet, "what it could make durable, it did: a graceful close does not wait for the tail")
+        #expect(p.requestSync().isEmpty)
+        #expect(p.syncTimerFired().isEmpty)
+        // More bytes: the next sync takes the tail with them.
+        _ = p.enqueue(Self.chunk(at: 130, 80))
+        #expect(p.writeFinished(consumed: [80], error: nil) == [.report(.consumed(80)), .sync(through: 210)])
+        #expect(p.syncFinished(.success(210)) == [.report(.durable(210))])
+        // A cut with a tail kept back: one sync on the way out, then released (never a loop of syncs).
+        _ = p.enqueue(Self.chunk(at: 210, 10))
+        _ = p.writeFinished(consumed: [10], error: nil)
+        #expect(p.abort(keepSession: true) == [.markClosing, .cancelSyncTimer, .sync(through: 220)])
+        #expect(p.syncFinished(.success(0)) == [.release(discardSession: false)])
+        #expect(p.durable == 210)
+    }
+
     @Test("a bad chunk is never written: the bytes before it are made durable for a resume, the error reported once")
     func badChunkKeepsPrefix() {
         var p = Self.pipeline()

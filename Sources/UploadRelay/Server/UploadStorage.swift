@@ -146,7 +146,9 @@ final class UploadStorage: Sendable {
             throw StoreError("a stripe is made durable only when complete")
         }
         let state = self.sha1.withLockedValue { $0.exportState() }
-        try self.staging.sync()
+        // A store that keeps bytes in parts may hold them all back: the record (and its SHA-1 state) stays as it was,
+        // and the offset returned (0) acknowledges nothing new.
+        guard try self.staging.sync(through: offset) else { return 0 }
         try self.recorded.withLockedValue { recorded in
             if recorded {
                 try self.services.catalog.updateDurable(sessionID: self.session.id, offset: offset, sha1State: state)
@@ -154,6 +156,7 @@ final class UploadStorage: Sendable {
                 var session = self.session
                 session.durableOffset = offset
                 session.sha1State = state
+                session.stagingName = self.staging.currentName
                 session.updatedAt = Date()
                 try self.services.catalog.putSession(session)
                 recorded = true

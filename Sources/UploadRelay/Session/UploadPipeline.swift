@@ -24,6 +24,9 @@ struct UploadPipeline {
     private(set) var written: Int64
     /// Bytes synced and recorded in the catalog.
     private(set) var durable: Int64
+    /// Bytes handed to the last sync. A store that keeps bytes in parts (S3: at least 5 MiB each, but the last) may make
+    /// fewer durable than it was handed, keeping the rest for the next sync: it is asked again only once more is written.
+    private var attempted: Int64
     /// Bytes the stream has carried: durable at OPEN, plus every chunk accepted since (written, in flight or queued).
     private var received: Int64
     /// Bytes received but not yet handed to storage.
@@ -40,11 +43,12 @@ struct UploadPipeline {
         self.settings = settings
         self.written = durableOffset
         self.durable = durableOffset
+        self.attempted = durableOffset
         self.received = durableOffset
     }
 
-    /// Whether every received byte is durable and no work is in flight.
-    var isQuiet: Bool { !self.busy && self.queued.isEmpty && (self.written == self.durable || !self.settings.syncs) }
+    /// Whether every received byte was made as durable as the store can make it, and no work is in flight.
+    var isQuiet: Bool { !self.busy && self.queued.isEmpty && (self.written == self.attempted || !self.settings.syncs) }
     /// Whether HASH arrived and the upload is verifying or committing (SPEC §4.4 VERIFYING).
     var isVerifying: Bool { self.pendingHash != nil }
     var isOpen: Bool { self.phase == .open }
@@ -82,7 +86,7 @@ struct UploadPipeline {
 
     /// Make everything received durable and acknowledged soon (graceful shutdown).
     mutating func requestSync() -> [Action] {
-        guard self.isOpen, self.settings.syncs, self.written > self.durable || !self.queued.isEmpty else { return [] }
+        guard self.isOpen, self.settings.syncs, self.written > self.attempted || !self.queued.isEmpty else { return [] }
         self.syncRequested = true
         return self.next()
     }
@@ -119,7 +123,7 @@ struct UploadPipeline {
             actions += self.fail(code, message, keep: true)
         }
         // After HASH the commit makes the rest durable: no sync is due.
-        if self.isOpen, self.settings.syncs, self.written > self.durable, self.pendingHash == nil {
+        if self.isOpen, self.settings.syncs, self.written > self.attempted, self.pendingHash == nil {
             if self.written - self.durable >= self.settings.syncBytes {
                 self.syncRequested = true
             } else if !self.timerArmed {
@@ -130,19 +134,23 @@ struct UploadPipeline {
         return actions + self.next()
     }
 
-    /// A sync finished: the bytes through `offset` are durable and recorded, or the failure says why not.
+    /// A sync finished: the bytes through `offset` are durable and recorded (an offset not above the durable one: the
+    /// store kept the new bytes back, see ``attempted``), or the failure says why not.
     mutating func syncFinished(_ result: Result<Int64, SyncFailure>) -> [Action] {
         self.busy = false
         var actions: [Action] = []
         switch result {
         case .success(let offset):
-            self.durable = offset
-            if self.isOpen { actions.append(.report(.durable(UInt64(offset)))) }
+            // A store that keeps bytes in parts may have made none of the new ones durable: nothing to acknowledge.
+            let advanced = offset > self.durable
+            self.durable = max(self.durable, offset)
+            if self.isOpen && advanced { actions.append(.report(.durable(UInt64(offset)))) }
         case .failure(let failure):
             actions += self.fail(.storageError, "cannot make bytes durable: \(failure.description)", keep: true)
             // Nothing more can be made durable: let go.
             self.dropQueue()
             self.written = self.durable
+            self.attempted = self.durable
         }
         return actions + self.next()
     }
@@ -179,7 +187,7 @@ struct UploadPipeline {
         case .released:
             return []
         case .open:
-            if self.syncRequested && self.written > self.durable && self.pendingHash == nil {
+            if self.syncRequested && self.written > self.attempted && self.pendingHash == nil {
                 return self.sync()
             } else if !self.queued.isEmpty {
                 return self.write()
@@ -194,14 +202,14 @@ struct UploadPipeline {
                 self.syncRequested = false
                 self.busy = true
                 return actions + [.commit(hash, written: self.written)]
-            } else if self.syncRequested && self.written > self.durable {
+            } else if self.syncRequested && self.written > self.attempted {
                 return self.sync()
             }
             return []
         case .ending(let keep):
             if keep && self.settings.syncs && !self.queued.isEmpty {
                 return self.write()
-            } else if keep && self.settings.syncs && self.written > self.durable {
+            } else if keep && self.settings.syncs && self.written > self.attempted {
                 return self.sync()
             }
             self.phase = .released
@@ -232,6 +240,7 @@ struct UploadPipeline {
             actions.append(.cancelSyncTimer)
         }
         self.busy = true
+        self.attempted = self.written
         return actions + [.sync(through: self.written)]
     }
 

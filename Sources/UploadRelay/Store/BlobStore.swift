@@ -93,9 +93,25 @@ public protocol StagingFile: AnyObject, Sendable {
     func write(_ bytes: ByteBuffer, at offset: Int64) throws
     /// Makes every written byte survive a crash.
     func sync() throws
+    /// Makes the bytes below `offset` (every one written, in order) survive a crash: true when they all do. A file
+    /// makes them all durable; a store that keeps bytes in parts of a least size (S3) may keep back whatever came since
+    /// its last part, whole, for the next sync, and answers false: what was durable before still is, nothing more.
+    func sync(through offset: Int64) throws -> Bool
+    /// What the store calls this staging now: a store may rename it once it holds durable bytes (S3: the name comes to
+    /// carry its multipart upload). Recorded with the session at its first durable sync.
+    var currentName: String { get }
     /// Reads up to `buffer.count` bytes at `offset` (fewer only at the end of the file); how many were read.
     func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws -> Int
     func close()
+}
+
+extension StagingFile {
+    public func sync(through offset: Int64) throws -> Bool {
+        try self.sync()
+        return true
+    }
+
+    public var currentName: String { self.name }
 }
 
 /// A storage failure, for people: it names the path and the system's reason.
