@@ -65,7 +65,8 @@ let package = Package(
         .target(
             name: "UploadRelay",
             dependencies: [
-                "UploadProtocol", "UploadChecksums", "UploadPayload", "CUploadSystem",
+                "UploadProtocol", "UploadChecksums", "UploadPayload", "CUploadSystem", "UploadS3",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
@@ -109,7 +110,7 @@ let package = Package(
         .executableTarget(
             name: "upload-relay",
             dependencies: [
-                "UploadRelay", "UploadCommandLine",
+                "UploadRelay", "UploadCommandLine", "UploadS3",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
@@ -136,7 +137,8 @@ let package = Package(
         .target(
             name: "UploadTestSupport",
             dependencies: [
-                "UploadRelay", "UploadProtocol", "UploadPayload", "UploadChecksums",
+                "UploadRelay", "UploadProtocol", "UploadPayload", "UploadChecksums", "UploadS3",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -154,7 +156,8 @@ let package = Package(
         .testTarget(
             name: "EndToEndTests",
             dependencies: [
-                "UploadTestSupport", "UploadAgent", "UploadRelay", "UploadProtocol", "UploadChecksums", "CUploadSystem",
+                "UploadTestSupport", "UploadAgent", "UploadRelay", "UploadProtocol", "UploadChecksums", "CUploadSystem", "UploadS3",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),

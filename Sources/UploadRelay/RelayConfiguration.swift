@@ -1,4 +1,6 @@
+import Foundation
 import UploadProtocol
+import UploadS3
 
 /// Everything `upload-relay serve` can be told, typed (the CLI only fills this in).
 public struct RelayConfiguration: Sendable {
@@ -14,6 +16,11 @@ public struct RelayConfiguration: Sendable {
     public var dataDirectory: String
     /// The directory objects are committed to; the object for key K of account A is the file `<store>/A/K`.
     public var storePath: String
+
+    /// Objects in an S3-compatible bucket instead of ``storePath`` (`--store s3://BUCKET/PREFIX`); nil: the local store.
+    public var s3: S3StoreConfiguration? = nil
+    /// Whether agents may send one blob as stripes on several streams (SPEC §6.7). An S3 store does not take stripes.
+    public var allowStripes = true
 
     /// Wire limits announced in WELCOME and enforced by the codec (SPEC §12).
     public var limits = ProtocolLimits()
@@ -66,5 +73,25 @@ public struct RelayConfiguration: Sendable {
     }
 
     public var catalogPath: String { self.dataDirectory + "/catalog.sqlite" }
+    /// Where an S3 store spools the bytes since an upload's last part.
+    public var spoolDirectory: String { self.dataDirectory + "/spool" }
     public var stagingDirectory: String { self.dataDirectory + "/staging" }
+}
+
+/// Where an S3 store keeps objects, and how it signs (issue 10).
+public struct S3StoreConfiguration: Sendable {
+    public var endpoint: S3Endpoint
+    public var credentials: S3Credentials
+    public var bucket: String
+    /// Put before every `ACCOUNT/KEY`; may be empty.
+    public var prefix: String
+    /// The least part but the last (S3's least is 5 MiB; some servers take less).
+    public var minPartBytes: Int64 = S3Store.s3MinPartBytes
+
+    public init(endpoint: S3Endpoint, credentials: S3Credentials, bucket: String, prefix: String) {
+        self.endpoint = endpoint
+        self.credentials = credentials
+        self.bucket = bucket
+        self.prefix = prefix
+    }
 }

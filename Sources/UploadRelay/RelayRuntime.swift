@@ -3,8 +3,10 @@ import Glibc
 #endif
 import Foundation
 import Logging
+import AsyncHTTPClient
 import NIOPosix
 import UploadProtocol
+import UploadS3
 
 /// Puts a relay together from its configuration: directories, catalog, store, thread pool.
 public enum RelayRuntime {
@@ -136,14 +138,12 @@ public enum RelayRuntime {
     public static func makeServices(
         configuration: RelayConfiguration, catalog: any Catalog, logger: Logger
     ) throws -> RelayServices {
-        let store = try LocalDirectoryStore(
-            root: configuration.storePath, stagingDirectory: configuration.stagingDirectory, directBuffer: configuration.directIOBuffer
-        )
+        var configuration = configuration
+        let store = try Self.makeStore(&configuration)
         try Self.recover(catalog: catalog, store: store, logger: logger)
         try Self.cleanUp(catalog: catalog, store: store, expiry: configuration.sessionExpiry, logger: logger)
         let pool = NIOThreadPool(numberOfThreads: configuration.ioThreads)
         pool.start()
-        var configuration = configuration
         if configuration.maxOpenUploads == nil {
             let descriptors = Self.raiseDescriptorLimit()
             // One descriptor per connection, a reserve for the catalog, the listener and the libraries, the rest for uploads.
@@ -158,6 +158,21 @@ public enum RelayRuntime {
             }
         }
         return RelayServices(configuration: configuration, catalog: catalog, store: store, threadPool: pool, logger: logger)
+    }
+
+    /// The store the configuration names: an S3 bucket (which takes no stripes), or the local directory.
+    static func makeStore(_ configuration: inout RelayConfiguration) throws -> any BlobStore {
+        if let s3 = configuration.s3 {
+            configuration.allowStripes = false
+            let client = S3Client(endpoint: s3.endpoint, credentials: s3.credentials, http: HTTPClient.shared)
+            return try S3Store(
+                client: client, bucket: s3.bucket, prefix: s3.prefix, spoolDirectory: configuration.spoolDirectory,
+                minPartBytes: s3.minPartBytes
+            )
+        }
+        return try LocalDirectoryStore(
+            root: configuration.storePath, stagingDirectory: configuration.stagingDirectory, directBuffer: configuration.directIOBuffer
+        )
     }
 
     /// Raises the soft limit of open descriptors to the hard limit; returns the limit in force.

@@ -114,6 +114,11 @@ public final class S3Client: Sendable {
         }
     }
 
+    /// Deletes `bucket`, which must be empty; one already gone is fine.
+    public func deleteBucket(_ bucket: String) async throws {
+        _ = try await self.send("DeleteBucket", bucket: bucket, key: nil, method: .DELETE, accept: [200, 204, 404])
+    }
+
     // MARK: Objects
 
     /// Stores `body` as `key` in one request. With `ifNoneMatch`, refuses (``S3Error/isPreconditionFailed``) when the key

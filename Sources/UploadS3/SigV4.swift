@@ -193,3 +193,48 @@ public struct SigV4Signer: Sendable {
         return out
     }
 }
+
+extension S3Credentials {
+    /// The usual places, in the usual order: `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY` (and
+    /// `AWS_SESSION_TOKEN`), else the profile `AWS_PROFILE` (default `default`) of the shared credentials file
+    /// (`AWS_SHARED_CREDENTIALS_FILE`, default `~/.aws/credentials`). Nil when neither has a key; a file that names the
+    /// profile without both keys is an error that says so.
+    public static func load(environment: [String: String]) throws -> S3Credentials? {
+        if let id = environment["AWS_ACCESS_KEY_ID"], let secret = environment["AWS_SECRET_ACCESS_KEY"], !id.isEmpty, !secret.isEmpty {
+            return S3Credentials(accessKeyID: id, secretAccessKey: secret, sessionToken: environment["AWS_SESSION_TOKEN"].flatMap { $0.isEmpty ? nil : $0 })
+        }
+        let home = environment["HOME"] ?? NSHomeDirectory()
+        let path = environment["AWS_SHARED_CREDENTIALS_FILE"] ?? home + "/.aws/credentials"
+        guard let text = try? String(contentsOfFile: path, encoding: .utf8) else { return nil }
+        let profile = environment["AWS_PROFILE"] ?? "default"
+        guard let values = Self.profile(profile, in: text) else { return nil }
+        guard let id = values["aws_access_key_id"], let secret = values["aws_secret_access_key"] else {
+            throw CredentialsError(description: "\(path): profile [\(profile)] lacks aws_access_key_id or aws_secret_access_key")
+        }
+        return S3Credentials(accessKeyID: id, secretAccessKey: secret, sessionToken: values["aws_session_token"])
+    }
+
+    /// The `key = value` lines of `[name]` in an INI text (comments with `#` or `;`), nil when there is no such section.
+    static func profile(_ name: String, in text: String) -> [String: String]? {
+        var values: [String: String]? = nil
+        var inside = false
+        for raw in text.split(whereSeparator: \.isNewline) {
+            let line = raw.trimmingCharacters(in: .whitespaces)
+            if line.isEmpty || line.hasPrefix("#") || line.hasPrefix(";") { continue }
+            if line.hasPrefix("[") && line.hasSuffix("]") {
+                inside = line.dropFirst().dropLast().trimmingCharacters(in: .whitespaces) == name
+                if inside && values == nil { values = [:] }
+                continue
+            }
+            guard inside, let equals = line.firstIndex(of: "=") else { continue }
+            let key = line[..<equals].trimmingCharacters(in: .whitespaces).lowercased()
+            values?[key] = line[line.index(after: equals)...].trimmingCharacters(in: .whitespaces)
+        }
+        return values
+    }
+}
+
+/// Credentials that were found but cannot be used.
+public struct CredentialsError: Error, CustomStringConvertible, Sendable {
+    public var description: String
+}

@@ -6,6 +6,7 @@ import NIOPosix
 import ServiceLifecycle
 import UploadCommandLine
 import UploadRelay
+import UploadS3
 
 struct Serve: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
@@ -15,6 +16,13 @@ struct Serve: AsyncParsableCommand {
             dev certificates (dev/) and, unless --store says otherwise, the objects: the object for \
             key K is the plain file <store>/K. SIGTERM or SIGINT stops it gracefully: agents get \
             GOAWAY, in-flight uploads become durable and are acknowledged, and it exits 0.
+
+            With --store s3://BUCKET/PREFIX the objects go to an S3-compatible bucket instead, as \
+            PREFIX/ACCOUNT/KEY: each upload is staged as a multipart upload (an acknowledgement means \
+            the bytes are in an uploaded part) and committed with CompleteMultipartUpload, or one \
+            PutObject when small, with If-None-Match: * unless the agent asked to overwrite. Keys come \
+            from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or the AWS_PROFILE profile of \
+            ~/.aws/credentials. Example: --store s3://photos/relay --s3-endpoint http://127.0.0.1:8333
             """
     )
 
@@ -24,8 +32,23 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .long, help: ArgumentHelp("Directory the relay owns.", valueName: "dir"))
     var data: String = "./upload-relay-data"
 
-    @Option(name: .long, help: ArgumentHelp("Directory objects are committed to (default: <data>/store). Must share a file system with --data.", valueName: "dir"))
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "Directory objects are committed to (default: <data>/store; must share a file system with --data), or s3://BUCKET[/PREFIX] for an S3-compatible bucket.",
+            valueName: "dir|s3-url"
+        )
+    )
     var store: String?
+
+    @Option(
+        name: .long,
+        help: ArgumentHelp("With an s3:// store: the S3 service's URL (default: AWS's, https://s3.<region>.amazonaws.com).", valueName: "url")
+    )
+    var s3Endpoint: String?
+
+    @Option(name: .long, help: ArgumentHelp("With an s3:// store: the region requests are signed for (default: AWS_REGION, else us-east-1).", valueName: "region"))
+    var s3Region: String?
 
     @Option(name: .long, help: ArgumentHelp("Server certificate chain, PEM.", valueName: "file"))
     var cert: String?
@@ -143,6 +166,18 @@ struct Serve: AsyncParsableCommand {
         guard self.maxStreams >= 1, self.maxConnections >= 1, self.commitGroup >= 1, self.ioThreads >= 1 else {
             throw ValidationError("--max-streams, --max-connections, --commit-group and --io-threads must be at least 1")
         }
+        if let store = self.store, store.hasPrefix("s3:") {
+            guard S3Store.parse(store) != nil else {
+                throw ValidationError("--store \(store): an S3 store is s3://BUCKET or s3://BUCKET/PREFIX")
+            }
+        } else if self.s3Endpoint != nil || self.s3Region != nil {
+            throw ValidationError("--s3-endpoint and --s3-region go with --store s3://BUCKET[/PREFIX]")
+        }
+        if let endpoint = self.s3Endpoint {
+            guard let url = URL(string: endpoint), ["http", "https"].contains(url.scheme ?? ""), url.host != nil else {
+                throw ValidationError("--s3-endpoint \(endpoint): give an http:// or https:// URL, e.g. http://127.0.0.1:8333")
+            }
+        }
         guard Logger.Level(rawValue: self.logLevel) != nil else {
             throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error")
         }
@@ -191,6 +226,9 @@ struct Serve: AsyncParsableCommand {
         configuration.limits.frameTimeout = try DurationText.parse(self.frameTimeout, option: "--frame-timeout")
         configuration.limits.handshakeTimeout = try DurationText.parse(self.handshakeTimeout, option: "--handshake-timeout")
         configuration.sessionExpiry = try DurationText.parse(self.sessionExpiry, option: "--session-expiry")
+        if let store = self.store, let (bucket, prefix) = S3Store.parse(store) {
+            configuration.s3 = try self.s3Configuration(bucket: bucket, prefix: prefix)
+        }
         let services = try RelayRuntime.makeServices(configuration: configuration, catalog: catalog, logger: logger)
         let group = MultiThreadedEventLoopGroup(numberOfThreads: System.coreCount)
         let server = try RelayServer(services: services, group: group)
@@ -229,3 +267,25 @@ struct Serve: AsyncParsableCommand {
     }
 }
 
+
+extension Serve {
+    /// The S3 store's settings: the bucket from --store, the endpoint and region, the keys from the environment.
+    func s3Configuration(bucket: String, prefix: String) throws -> S3StoreConfiguration {
+        let environment = ProcessInfo.processInfo.environment
+        let region = self.s3Region ?? environment["AWS_REGION"] ?? environment["AWS_DEFAULT_REGION"] ?? "us-east-1"
+        let address = self.s3Endpoint ?? "https://s3.\(region).amazonaws.com"
+        guard let url = URL(string: address) else { throw ValidationError("--s3-endpoint \(address) is not a URL") }
+        let credentials: S3Credentials?
+        do {
+            credentials = try S3Credentials.load(environment: environment)
+        } catch {
+            throw ValidationError("S3 credentials: \(error)")
+        }
+        guard let credentials else {
+            throw ValidationError(
+                "no S3 credentials for --store s3://\(bucket): set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or a profile in ~/.aws/credentials (AWS_PROFILE)"
+            )
+        }
+        return S3StoreConfiguration(endpoint: S3Endpoint(url: url, region: region), credentials: credentials, bucket: bucket, prefix: prefix)
+    }
+}

@@ -115,6 +115,24 @@ public struct UploadSession: Hashable, Sendable {
     }
 }
 
+/// One part of an upload a store keeps in parts (S3's multipart upload), as the catalog records it.
+public struct StagedPart: Hashable, Sendable {
+    /// 1, 2, ...
+    public var number: Int
+    /// The offset in the blob where the part ends.
+    public var end: Int64
+    public var etag: String
+    /// The part's SHA-1, base64 (`x-amz-checksum-sha1`).
+    public var sha1: String
+
+    public init(number: Int, end: Int64, etag: String, sha1: String) {
+        self.number = number
+        self.end = end
+        self.etag = etag
+        self.sha1 = sha1
+    }
+}
+
 /// A committed, verified object.
 public struct StoredObject: Hashable, Sendable {
     public var account: String
@@ -204,6 +222,13 @@ public protocol Catalog: Sendable {
     /// Records a new session, replacing any other session of the same account and key.
     func putSession(_ session: UploadSession) throws
     func updateDurable(sessionID: String, offset: Int64, sha1State: [UInt8]) throws
+    /// ``putSession(_:)`` and ``updateDurable(sessionID:offset:sha1State:)`` for a store that keeps bytes in parts
+    /// (S3): the parts made durable since the last record go in with the offset, in one transaction, so that any relay
+    /// can complete the upload (S3 lists a part's ETag, not its checksum). A part recorded again replaces the old.
+    func putSession(_ session: UploadSession, parts: [StagedPart]) throws
+    func updateDurable(sessionID: String, offset: Int64, sha1State: [UInt8], parts: [StagedPart]) throws
+    /// The parts recorded for the session, by number.
+    func stagedParts(sessionID: String) throws -> [StagedPart]
     func deleteSession(id: String) throws
     func sessions(updatedBefore date: Date) throws -> [UploadSession]
     /// Records that stripe `index` of the striped session, `bytes` long, is durable in its staging file (SPEC §6.7);

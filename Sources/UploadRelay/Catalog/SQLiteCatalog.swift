@@ -94,6 +94,20 @@ public final class SQLiteCatalog: Catalog {
                     """
             )
         }
+        migrator.registerMigration("v5: staged parts") { db in
+            try db.execute(
+                sql: """
+                    CREATE TABLE session_part (
+                        session_id TEXT NOT NULL REFERENCES session(id) ON DELETE CASCADE,
+                        number INTEGER NOT NULL,
+                        end_offset INTEGER NOT NULL,
+                        etag TEXT NOT NULL,
+                        sha1 TEXT NOT NULL,
+                        PRIMARY KEY (session_id, number)
+                    );
+                    """
+            )
+        }
         return migrator
     }
 
@@ -162,6 +176,10 @@ public final class SQLiteCatalog: Catalog {
     }
 
     public func putSession(_ s: UploadSession) throws {
+        try self.putSession(s, parts: [])
+    }
+
+    public func putSession(_ s: UploadSession, parts: [StagedPart]) throws {
         try self.database.write { db in
             try db.execute(cached: "DELETE FROM session WHERE account = ? AND key = ?", arguments: [s.account, s.key])
             try db.execute(
@@ -175,10 +193,15 @@ public final class SQLiteCatalog: Catalog {
                     Data(s.sha1State), s.stagingName, s.declaredSHA1, s.striped, s.updatedAt.timeIntervalSince1970,
                 ]
             )
+            try Self.insert(parts, of: s.id, db)
         }
     }
 
     public func updateDurable(sessionID: String, offset: Int64, sha1State: [UInt8]) throws {
+        try self.updateDurable(sessionID: sessionID, offset: offset, sha1State: sha1State, parts: [])
+    }
+
+    public func updateDurable(sessionID: String, offset: Int64, sha1State: [UInt8], parts: [StagedPart]) throws {
         try self.database.write { db in
             try db.execute(
                 cached: "UPDATE session SET durable_offset = ?, sha1_state = ?, updated_at = ? WHERE id = ?",
@@ -186,6 +209,24 @@ public final class SQLiteCatalog: Catalog {
             )
             // A session that is gone cannot vouch for durable bytes: never acknowledge them.
             guard db.changesCount > 0 else { throw CatalogError.unknownSession(sessionID) }
+            try Self.insert(parts, of: sessionID, db)
+        }
+    }
+
+    private static func insert(_ parts: [StagedPart], of sessionID: String, _ db: Database) throws {
+        for part in parts {
+            try db.execute(
+                cached: "INSERT OR REPLACE INTO session_part (session_id, number, end_offset, etag, sha1) VALUES (?, ?, ?, ?, ?)",
+                arguments: [sessionID, part.number, part.end, part.etag, part.sha1]
+            )
+        }
+    }
+
+    public func stagedParts(sessionID: String) throws -> [StagedPart] {
+        try self.reading { db in
+            try Row.fetchAll(
+                cached: db, sql: "SELECT * FROM session_part WHERE session_id = ? ORDER BY number", arguments: [sessionID]
+            ).map { StagedPart(number: $0["number"], end: $0["end_offset"], etag: $0["etag"], sha1: $0["sha1"]) }
         }
     }
 

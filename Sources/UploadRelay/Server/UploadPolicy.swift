@@ -52,6 +52,9 @@ struct UploadPolicy {
         switch error {
         case let refusal as Refusal:
             return refusal
+        case let error as StoreError where error.alreadyExists:
+            // Never to be stored there without an overwrite: like the catalog's own ALREADY_EXISTS, the session goes.
+            return Refusal(code: .alreadyExists, message: error.description, keepSession: false)
         case let error as StoreError:
             return Refusal(code: .storageError, message: error.description, keepSession: true)
         case let error as CatalogError:
@@ -147,7 +150,7 @@ struct UploadPolicy {
             let sameSHA1 = open.sha1 == nil || session.declaredSHA1 == nil || open.sha1?.hex == session.declaredSHA1
             if (byToken || byFingerprint) && sameSource && sameSHA1 && session.declaredSize == size && session.striped == open.striped,
                 let sha1 = try? SHA1(importing: session.sha1State), sha1.byteCount == UInt64(session.durableOffset),
-                let staging = try? self.openStaging(session, size: size)
+                let staging = try? self.openStaging(session, key: key, size: size)
             {
                 return .upload(session, staging, sha1, recorded: true, resumed: session.durableOffset > 0, byteLimit: byteLimit)
             }
@@ -174,16 +177,19 @@ struct UploadPolicy {
             return .upload(session, staging, SHA1(), recorded: true, resumed: false, byteLimit: byteLimit)
         }
         // Recorded by its first durable sync (``UploadStorage``): an upload committed at once never writes a session.
-        let staging = try store.openStaging(session.stagingName, truncatingTo: 0, expectedSize: size)
+        let staging = try store.openStaging(session.stagingName, for: key, account: name, truncatingTo: 0, expectedSize: size, parts: [])
         return .upload(session, staging, SHA1(), recorded: false, resumed: false, byteLimit: byteLimit)
     }
 
     /// The staging file of a session being resumed: cut to its durable offset, or, striped, as it is.
-    private func openStaging(_ session: UploadSession, size: Int64?) throws -> any StagingFile {
+    private func openStaging(_ session: UploadSession, key: ObjectKey, size: Int64?) throws -> any StagingFile {
         if session.striped, let size {
             return try self.services.store.openStripedStaging(session.stagingName, size: size, creating: false)
         }
-        return try self.services.store.openStaging(session.stagingName, truncatingTo: session.durableOffset, expectedSize: size)
+        let parts = session.durableOffset > 0 ? try self.services.catalog.stagedParts(sessionID: session.id) : []
+        return try self.services.store.openStaging(
+            session.stagingName, for: key, account: session.account, truncatingTo: session.durableOffset, expectedSize: size, parts: parts
+        )
     }
 
     /// The answer to a PART (SPEC §6.7): the striped session its token names, and its staging file to write stripe
@@ -258,7 +264,12 @@ struct UploadPolicy {
             for item in ready { refuse(item.index, error) }
         }
         let placed = self.services.store.commit(
-            reserved.map { StoreCommit(staging: requests[$0.index].staging, key: requests[$0.index].key, account: requests[$0.index].account) }
+            reserved.map {
+                let request = requests[$0.index]
+                return StoreCommit(
+                    staging: request.staging, key: request.key, account: request.account, sha1: request.sha1, overwrite: request.overwrite
+                )
+            }
         )
         var visible: [(index: Int, pending: PendingCommit, identity: ObjectIdentity)] = []
         for (item, outcome) in zip(reserved, placed) {
@@ -299,7 +310,7 @@ struct UploadPolicy {
             verified.size == request.size
         {
             if request.sessionRecorded { try catalog.deleteSession(id: request.sessionID) }
-            try self.services.store.removeStaging(request.staging.name)
+            try self.services.store.removeStaging(request.staging.currentName)
             request.staging.close()
             return .unchanged
         }

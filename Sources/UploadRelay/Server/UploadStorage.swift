@@ -149,16 +149,17 @@ final class UploadStorage: Sendable {
         // A store that keeps bytes in parts may hold them all back: the record (and its SHA-1 state) stays as it was,
         // and the offset returned (0) acknowledges nothing new.
         guard try self.staging.sync(through: offset) else { return 0 }
+        let parts = self.staging.takeNewParts()
         try self.recorded.withLockedValue { recorded in
             if recorded {
-                try self.services.catalog.updateDurable(sessionID: self.session.id, offset: offset, sha1State: state)
+                try self.services.catalog.updateDurable(sessionID: self.session.id, offset: offset, sha1State: state, parts: parts)
             } else {
                 var session = self.session
                 session.durableOffset = offset
                 session.sha1State = state
                 session.stagingName = self.staging.currentName
                 session.updatedAt = Date()
-                try self.services.catalog.putSession(session)
+                try self.services.catalog.putSession(session, parts: parts)
                 recorded = true
             }
         }
@@ -253,7 +254,7 @@ final class UploadStorage: Sendable {
         guard discardSession || !recorded else { return }
         do {
             if recorded { try self.services.catalog.deleteSession(id: self.session.id) }
-            try self.services.store.removeStaging(self.staging.name)
+            try self.services.store.removeStaging(self.staging.currentName)
         } catch {
             self.logger.warning("cleanup failed", metadata: ["upload.key": "\(self.key)", "error": "\(error)"])
         }

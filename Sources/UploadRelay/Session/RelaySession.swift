@@ -112,7 +112,10 @@ struct RelaySession {
         self.keyFreed = keyFreed
         self.lastFrameAt = now
         self.machine = RelayConnectionStateMachine(
-            limits: resources.configuration.limits, supportedFeatures: resources.configuration.allowDeflate ? [.deflate, .dedupProbe, .stripes] : [.dedupProbe, .stripes]
+            limits: resources.configuration.limits,
+            supportedFeatures: Frame.Features([.dedupProbe])
+                .union(resources.configuration.allowDeflate ? [.deflate] : [])
+                .union(resources.configuration.allowStripes ? [.stripes] : [])
         )
     }
 

@@ -16,6 +16,11 @@ public protocol BlobStore: Sendable {
     /// ``openStaging(_:truncatingTo:)`` for an upload that announced `expectedSize` bytes (nil: unknown), so the store
     /// can write a small one the cheap way.
     func openStaging(_ name: String, truncatingTo offset: Int64, expectedSize: Int64?) throws -> any StagingFile
+    /// ``openStaging(_:truncatingTo:expectedSize:)`` for the upload of `key` by `account`: a store whose staging is tied
+    /// to the object (S3's multipart upload) needs to know which, and, to resume, the parts the catalog recorded.
+    func openStaging(
+        _ name: String, for key: ObjectKey, account: String, truncatingTo offset: Int64, expectedSize: Int64?, parts: [StagedPart]
+    ) throws -> any StagingFile
     /// Opens the staging file of a striped upload of `size` bytes (SPEC §6.7) for one of its streams: never cut (its
     /// other stripes are in it, written through other handles), its end at `size`. With `creating`, a missing file is
     /// made and its name made durable at once (a stripe may be recorded complete before stripe 0 syncs); without, a
@@ -50,17 +55,29 @@ public struct StoreCommit: Sendable {
     public var staging: any StagingFile
     public var key: ObjectKey
     public var account: String
+    /// The verified SHA-1 of the bytes, for a store that has the server check them again (S3's `x-amz-checksum-sha1`).
+    public var sha1: SHA1Digest?
+    /// Replace an object the store holds under `key`; otherwise a store that can refuses (S3: `If-None-Match: *`).
+    public var overwrite: Bool
 
-    public init(staging: any StagingFile, key: ObjectKey, account: String) {
+    public init(staging: any StagingFile, key: ObjectKey, account: String, sha1: SHA1Digest? = nil, overwrite: Bool = true) {
         self.staging = staging
         self.key = key
         self.account = account
+        self.sha1 = sha1
+        self.overwrite = overwrite
     }
 }
 
 extension BlobStore {
     public func openStaging(_ name: String, truncatingTo offset: Int64, expectedSize: Int64?) throws -> any StagingFile {
         try self.openStaging(name, truncatingTo: offset)
+    }
+
+    public func openStaging(
+        _ name: String, for key: ObjectKey, account: String, truncatingTo offset: Int64, expectedSize: Int64?, parts: [StagedPart]
+    ) throws -> any StagingFile {
+        try self.openStaging(name, truncatingTo: offset, expectedSize: expectedSize)
     }
 
     /// One commit after the other, for stores with nothing better.
@@ -100,6 +117,8 @@ public protocol StagingFile: AnyObject, Sendable {
     /// What the store calls this staging now: a store may rename it once it holds durable bytes (S3: the name comes to
     /// carry its multipart upload). Recorded with the session at its first durable sync.
     var currentName: String { get }
+    /// The parts made durable since the last call, for the catalog to record with the offset (S3); none for a file.
+    func takeNewParts() -> [StagedPart]
     /// Reads up to `buffer.count` bytes at `offset` (fewer only at the end of the file); how many were read.
     func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws -> Int
     func close()
@@ -112,6 +131,8 @@ extension StagingFile {
     }
 
     public var currentName: String { self.name }
+
+    public func takeNewParts() -> [StagedPart] { [] }
 }
 
 /// A storage failure, for people: it names the path and the system's reason.
@@ -122,10 +143,14 @@ public struct StoreError: Error, Hashable, Sendable, CustomStringConvertible {
     /// True when the object was made visible before the failure (its directory could not be synced, say): the commit
     /// is left for startup recovery to settle, not given up.
     public var madeVisible: Bool
+    /// True when the store refused to replace an object under the key (S3's `If-None-Match: *`): one appeared there
+    /// that the catalog does not know, and the agent did not ask to overwrite.
+    public var alreadyExists: Bool
 
-    public init(_ description: String, isNoSpace: Bool = false, madeVisible: Bool = false) {
+    public init(_ description: String, isNoSpace: Bool = false, madeVisible: Bool = false, alreadyExists: Bool = false) {
         self.description = description
         self.isNoSpace = isNoSpace
         self.madeVisible = madeVisible
+        self.alreadyExists = alreadyExists
     }
 }

@@ -1,22 +1,21 @@
 import AsyncHTTPClient
 import Foundation
 import NIOCore
-import Testing
 
-@testable import UploadS3
+import UploadS3
 
 /// The real S3 server of the run: tools/test starts SeaweedFS (tools/s3/seaweedfs.sh) and exports its address and
 /// key; each test makes a bucket of its own in it and empties and deletes it after.
-struct S3TestServer {
-    static let missing = """
+public struct S3TestServer: Sendable {
+    public static let missing = """
         UPLOAD_S3_ENDPOINT is not set: these tests need a real S3 server. Run tools/test, which starts SeaweedFS, or \
         start one with: eval "$(tools/s3/seaweedfs.sh start /tmp/s3)" (and tools/s3/seaweedfs.sh stop /tmp/s3 after)
         """
 
-    let endpoint: S3Endpoint
-    let credentials: S3Credentials
+    public let endpoint: S3Endpoint
+    public let credentials: S3Credentials
 
-    init() throws {
+    public init() throws {
         let environment = ProcessInfo.processInfo.environment
         guard let address = environment["UPLOAD_S3_ENDPOINT"], let url = URL(string: address),
             let key = environment["AWS_ACCESS_KEY_ID"], let secret = environment["AWS_SECRET_ACCESS_KEY"]
@@ -29,7 +28,7 @@ struct S3TestServer {
 
     /// Runs `body` with a client and a new bucket, then deletes what the bucket holds, its unfinished uploads and the
     /// client, whether `body` threw or not.
-    static func withBucket(
+    public static func withBucket(
         credentials: ((S3Credentials) -> S3Credentials)? = nil, _ body: (S3Client, String) async throws -> Void
     ) async throws {
         let server = try S3TestServer()
@@ -51,7 +50,7 @@ struct S3TestServer {
             for object in try await client.listObjects(bucket: bucket, prefix: "") {
                 try await client.deleteObject(bucket: bucket, key: object.key)
             }
-            _ = try await client.send("DeleteBucket", bucket: bucket, key: nil, method: .DELETE, accept: [200, 204, 404])
+            try await client.deleteBucket(bucket)
         } catch {
             if failure == nil { failure = error }
         }
@@ -60,6 +59,6 @@ struct S3TestServer {
     }
 }
 
-struct TestSetupError: Error, CustomStringConvertible {
-    var description: String
+public struct TestSetupError: Error, CustomStringConvertible {
+    public var description: String
 }

@@ -1,0 +1,517 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+import AsyncHTTPClient
+import Dispatch
+import Foundation
+import NIOConcurrencyHelpers
+import NIOCore
+import UploadChecksums
+import UploadProtocol
+import UploadS3
+
+/// Objects in an S3-compatible bucket (`--store s3://BUCKET/PREFIX`): the object for key K of account A is
+/// `s3://BUCKET/PREFIX/A/K`.
+///
+/// **Staging is the multipart upload itself** (issue 10). The bytes since the last part wait in a local spool file
+/// (never in memory, never synced: nothing in it was acknowledged); a sync with at least a part's worth uploads them
+/// as the next part, and only then does the session record its offset and SHA-1 state (the part boundary), so an ACK
+/// means the bytes are in an uploaded part. A sync with less keeps them back whole (``StagingFile/sync(through:)``).
+/// Once it holds a part, the staging's name carries its upload id and key (`mpu.<hex id>.<hex key>`), recorded with the
+/// session: any relay sharing the catalog and the bucket continues the same multipart upload, after listing its parts.
+///
+/// Commit: the rest goes up as the last part and CompleteMultipartUpload makes the object; an upload that never
+/// reached a part goes up as one PutObject with `x-amz-checksum-sha1`. Both with `If-None-Match: *` unless the agent
+/// asked to overwrite. Parts carry their `x-amz-checksum-sha1`. Dedup is a server-side CopyObject.
+///
+/// Not supported: striped uploads (SPEC §6.7; the relay does not offer STRIPES with this store).
+///
+/// Calls block, as the protocol says: each runs its requests on a task of its own executor and waits for them, on
+/// the relay's I/O pool.
+public final class S3Store: BlobStore, Sendable {
+    public let client: S3Client
+    public let bucket: String
+    /// The prefix every object key gets (`photos/` in `s3://bucket/photos`), with its trailing slash; may be empty.
+    public let prefix: String
+    /// Where the bytes since the last part wait (local, same machine).
+    public let spoolDirectory: String
+    /// The least size of a part but the last: 5 MiB, S3's least.
+    public let minPartBytes: Int64
+    /// How long a multipart upload no session records must exist before cleanup aborts it: another relay sharing the
+    /// bucket creates one just before its first part and records it just after.
+    public let orphanGrace: TimeInterval
+
+    /// S3's least part size (but the last).
+    public static let s3MinPartBytes: Int64 = 5 << 20
+    /// S3's most parts in one upload.
+    public static let maxParts: Int64 = 10_000
+    /// The part size for a blob of unknown size: 10,000 of them make 160 GiB.
+    public static let unknownSizePartBytes: Int64 = 16 << 20
+
+    public init(
+        client: S3Client, bucket: String, prefix: String, spoolDirectory: String, minPartBytes: Int64 = S3Store.s3MinPartBytes,
+        orphanGrace: TimeInterval = 3600
+    ) throws {
+        self.client = client
+        self.bucket = bucket
+        let trimmed = prefix.split(separator: "/").joined(separator: "/")
+        self.prefix = trimmed.isEmpty ? "" : trimmed + "/"
+        self.spoolDirectory = LocalDirectoryStore.trimmed(spoolDirectory)
+        self.minPartBytes = max(1, minPartBytes)
+        self.orphanGrace = orphanGrace
+        try LocalDirectoryStore.makeDirectories(self.spoolDirectory)
+    }
+
+    /// Parses `s3://BUCKET[/PREFIX]`; nil when `url` is not one.
+    public static func parse(_ url: String) -> (bucket: String, prefix: String)? {
+        guard url.hasPrefix("s3://") else { return nil }
+        let rest = url.dropFirst(5)
+        let bucket = rest.prefix { $0 != "/" }
+        guard !bucket.isEmpty else { return nil }
+        return (String(bucket), String(rest.dropFirst(bucket.count)).trimmingCharacters(in: CharacterSet(charactersIn: "/")))
+    }
+
+    /// The bucket key of `key` of `account`.
+    public func objectKey(_ key: ObjectKey, account: String) -> String {
+        self.prefix + account + "/" + key.value
+    }
+
+    /// The least part for a blob of `size` bytes (nil: unknown) so that it fits in 10,000 parts.
+    func partBytes(forSize size: Int64?) -> Int64 {
+        guard let size else { return max(self.minPartBytes, Self.unknownSizePartBytes) }
+        return max(self.minPartBytes, (size + Self.maxParts - 1) / Self.maxParts)
+    }
+
+    // MARK: Staging
+
+    public func openStaging(_ name: String, truncatingTo offset: Int64) throws -> any StagingFile {
+        throw StoreError("the S3 store opens staging only for a known key (relay bug: \(name))")
+    }
+
+    public func openStaging(_ name: String, truncatingTo offset: Int64, expectedSize: Int64?) throws -> any StagingFile {
+        throw StoreError("the S3 store opens staging only for a known key (relay bug: \(name))")
+    }
+
+    public func openStaging(
+        _ name: String, for key: ObjectKey, account: String, truncatingTo offset: Int64, expectedSize: Int64?, parts recorded: [StagedPart]
+    ) throws -> any StagingFile {
+        let objectKey = self.objectKey(key, account: account)
+        var upload: (id: String, parts: [StagedPart])? = nil
+        if let named = Self.upload(inName: name) {
+            guard named.key == objectKey else {
+                throw StoreError("staging \(name) is a multipart upload of \(named.key), not of \(objectKey)")
+            }
+            guard offset > 0 else {
+                // Nothing of it is durable for this session: start clean.
+                try self.removeStaging(name)
+                return try self.newStaging(name: Self.randomName(), objectKey: objectKey, expectedSize: expectedSize, upload: nil, base: 0)
+            }
+            // The recorded parts that make exactly the durable offset, 1, 2, ... in order; any after them were uploaded
+            // by a relay that stopped before recording them, and are replaced.
+            var parts: [StagedPart] = []
+            for part in recorded.sorted(by: { $0.number < $1.number }) where part.number == parts.count + 1 && part.end <= offset {
+                parts.append(part)
+            }
+            guard parts.last?.end == offset else {
+                throw StoreError("the recorded parts of multipart upload \(named.id) of \(objectKey) do not end at the durable \(offset)")
+            }
+            // The upload must still be there, with those parts (an abort, or a lifecycle rule, may have taken it).
+            let listed = try self.blocking { try await self.client.listParts(bucket: self.bucket, key: objectKey, uploadID: named.id) }
+            let etags = Dictionary(listed.map { ($0.part.number, $0.part.etag) }, uniquingKeysWith: { a, _ in a })
+            guard parts.allSatisfy({ etags[$0.number] == $0.etag }) else {
+                throw StoreError("multipart upload \(named.id) of s3://\(self.bucket)/\(objectKey) no longer holds its recorded parts")
+            }
+            upload = (named.id, parts)
+        } else if offset > 0 {
+            throw StoreError("staging \(name) holds no multipart upload, so not its \(offset) durable bytes")
+        }
+        return try self.newStaging(name: name, objectKey: objectKey, expectedSize: expectedSize, upload: upload, base: offset)
+    }
+
+    private func newStaging(name: String, objectKey: String, expectedSize: Int64?, upload: (id: String, parts: [StagedPart])?, base: Int64)
+        throws -> S3StagingFile
+    {
+        let spool = self.spoolDirectory + "/" + Self.randomName() + ".spool"
+        let fd = open(spool, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        guard fd >= 0 else {
+            throw StoreError("cannot create spool file \(spool): \(LocalDirectoryStore.reason())", isNoSpace: errno == ENOSPC)
+        }
+        return S3StagingFile(
+            store: self, name: name, objectKey: objectKey, spoolPath: spool, descriptor: fd, base: base, upload: upload,
+            partBytes: self.partBytes(forSize: expectedSize)
+        )
+    }
+
+    public func openStripedStaging(_ name: String, size: Int64, creating: Bool) throws -> any StagingFile {
+        throw StoreError("striped uploads are not supported with an S3 store")
+    }
+
+    public func removeStaging(_ name: String) throws {
+        if let upload = Self.upload(inName: name) {
+            try self.blocking { try await self.client.abortMultipartUpload(bucket: self.bucket, key: upload.key, uploadID: upload.id) }
+        } else if name.hasSuffix(".spool"), !name.contains("/") {
+            unlink(self.spoolDirectory + "/" + name)
+        }
+    }
+
+    public func hasStaging(_ name: String) throws -> Bool {
+        guard let upload = Self.upload(inName: name) else { return false }
+        let uploads = try self.blocking { try await self.client.listMultipartUploads(bucket: self.bucket, prefix: upload.key) }
+        return uploads.contains { $0.uploadID == upload.id && $0.key == upload.key }
+    }
+
+    /// Spool files left by a relay that stopped, and multipart uploads under the prefix begun longer than
+    /// ``orphanGrace`` ago (by their names: those a session records are kept by cleanup).
+    public func stagingFiles() throws -> [(name: String, modified: Date)] {
+        var found: [(name: String, modified: Date)] = []
+        if let entries = try? FileManager.default.contentsOfDirectory(atPath: self.spoolDirectory) {
+            for entry in entries where entry.hasSuffix(".spool") {
+                var info = stat()
+                guard stat(self.spoolDirectory + "/" + entry, &info) == 0 else { continue }
+                found.append((entry, Date(timeIntervalSince1970: TimeInterval(info.st_mtim.tv_sec))))
+            }
+        }
+        let uploads = try self.blocking { try await self.client.listMultipartUploads(bucket: self.bucket, prefix: self.prefix) }
+        let cutoff = Date().addingTimeInterval(-self.orphanGrace)
+        for upload in uploads {
+            let begun = Self.date(upload.initiated) ?? .distantPast
+            guard begun < cutoff else { continue }
+            found.append((Self.name(uploadID: upload.uploadID, key: upload.key), begun))
+        }
+        return found
+    }
+
+    // MARK: Objects
+
+    public func commit(_ staging: any StagingFile, as key: ObjectKey, account: String) throws -> ObjectIdentity {
+        try self.commit(staging, as: key, account: account, sha1: nil, overwrite: true)
+    }
+
+    public func commit(_ batch: [StoreCommit]) -> [Result<ObjectIdentity, any Error>] {
+        batch.map { item in
+            Result { try self.commit(item.staging, as: item.key, account: item.account, sha1: item.sha1, overwrite: item.overwrite) }
+        }
+    }
+
+    private func commit(_ staging: any StagingFile, as key: ObjectKey, account: String, sha1: SHA1Digest?, overwrite: Bool) throws
+        -> ObjectIdentity
+    {
+        guard let staging = staging as? S3StagingFile else { throw StoreError("staging \(staging.name) is not an S3 upload") }
+        let objectKey = self.objectKey(key, account: account)
+        guard objectKey == staging.objectKey else {
+            throw StoreError("staging of s3://\(self.bucket)/\(staging.objectKey) cannot become \(objectKey)")
+        }
+        try staging.finish(sha1: sha1, ifNoneMatch: !overwrite)
+        do {
+            guard let identity = try self.identity(ofBucketKey: objectKey) else {
+                throw StoreError("s3://\(self.bucket)/\(objectKey) is not there after its commit")
+            }
+            return identity
+        } catch let error as StoreError {
+            throw StoreError(error.description, madeVisible: true)
+        } catch {
+            throw StoreError("\(error)", madeVisible: true)
+        }
+    }
+
+    public func duplicate(_ source: ObjectKey, expected: ObjectIdentity, as key: ObjectKey, account: String) throws -> ObjectIdentity {
+        let from = self.objectKey(source, account: account)
+        let to = self.objectKey(key, account: account)
+        guard try self.identity(ofBucketKey: from) == expected else {
+            throw StoreError("s3://\(self.bucket)/\(from) changed since it was verified")
+        }
+        try self.blocking { try await self.client.copyObject(bucket: self.bucket, from: from, to: to) }
+        guard let identity = try self.identity(ofBucketKey: to) else {
+            throw StoreError("s3://\(self.bucket)/\(to) is not there after its copy", madeVisible: true)
+        }
+        return identity
+    }
+
+    public func identity(of key: ObjectKey, account: String) throws -> ObjectIdentity? {
+        try self.identity(ofBucketKey: self.objectKey(key, account: account))
+    }
+
+    /// An object's identity is its size and ETag (there is no inode): the ETag's FNV-1a hash stands in the inode.
+    func identity(ofBucketKey key: String) throws -> ObjectIdentity? {
+        guard let info = try self.blocking({ try await self.client.headObject(bucket: self.bucket, key: key) }) else { return nil }
+        var hash: UInt64 = 0xcbf2_9ce4_8422_2325
+        for byte in info.etag.utf8 {
+            hash = (hash ^ UInt64(byte)) &* 0x100_0000_01b3
+        }
+        return ObjectIdentity(device: 0, inode: hash, size: info.size, modified: 0)
+    }
+
+    public func contentSHA1(of key: ObjectKey, account: String) throws -> SHA1Digest? {
+        let objectKey = self.objectKey(key, account: account)
+        guard let info = try self.blocking({ try await self.client.headObject(bucket: self.bucket, key: objectKey) }) else { return nil }
+        var sha1 = SHA1()
+        var offset: Int64 = 0
+        let piece: Int64 = 8 << 20
+        while offset < info.size {
+            let range = offset...(min(info.size, offset + piece) - 1)
+            let end = range.upperBound
+            let bytes = try self.blocking {
+                try await self.client.getObject(bucket: self.bucket, key: objectKey, range: range, maxBytes: Int(piece))
+            }
+            guard bytes.readableBytes == Int(end - offset + 1) else {
+                throw StoreError("s3://\(self.bucket)/\(objectKey) changed while it was read")
+            }
+            bytes.withUnsafeReadableBytes { sha1.update($0) }
+            offset = end + 1
+        }
+        return SHA1Digest(bytes: sha1.finalize())
+    }
+
+    /// S3 has no folders: any key goes beside any other.
+    public func conflict(for key: ObjectKey, account: String) throws -> String? { nil }
+
+    // MARK: Names
+
+    /// `mpu.<hex upload id>.<hex bucket key>`: what cleanup and a resume need, from the name alone.
+    static func name(uploadID: String, key: String) -> String {
+        "mpu." + Self.hex(uploadID) + "." + Self.hex(key)
+    }
+
+    static func upload(inName name: String) -> (id: String, key: String)? {
+        let parts = name.split(separator: ".", omittingEmptySubsequences: false)
+        guard parts.count == 3, parts[0] == "mpu", let id = Self.unhex(parts[1]), let key = Self.unhex(parts[2]) else { return nil }
+        return (id, key)
+    }
+
+    static func randomName() -> String {
+        UploadPolicy.randomID()
+    }
+
+    static func hex(_ text: String) -> String {
+        text.utf8.map { $0 < 16 ? "0" + String($0, radix: 16) : String($0, radix: 16) }.joined()
+    }
+
+    static func unhex(_ text: Substring) -> String? {
+        guard text.count % 2 == 0 else { return nil }
+        var bytes: [UInt8] = []
+        var index = text.startIndex
+        while index < text.endIndex {
+            let next = text.index(index, offsetBy: 2)
+            guard let byte = UInt8(text[index..<next], radix: 16) else { return nil }
+            bytes.append(byte)
+            index = next
+        }
+        return String(validating: bytes, as: UTF8.self)
+    }
+
+    static func date(_ text: String) -> Date? {
+        let formatter = ISO8601DateFormatter()
+        formatter.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
+        if let date = formatter.date(from: text) { return date }
+        formatter.formatOptions = [.withInternetDateTime]
+        return formatter.date(from: text)
+    }
+
+    // MARK: Waiting for requests
+
+    /// Runs `body` on the store's own executor (never the cooperative pool, which a blocked caller may be part of)
+    /// and waits for it.
+    func blocking<T: Sendable>(_ body: @escaping @Sendable () async throws -> T) throws -> T {
+        let done = DispatchSemaphore(value: 0)
+        let outcome = NIOLockedValueBox<Result<T, any Error>?>(nil)
+        Task(executorPreference: Self.executor) {
+            let result: Result<T, any Error>
+            do {
+                result = .success(try await body())
+            } catch {
+                result = .failure(error)
+            }
+            outcome.withLockedValue { $0 = result }
+            done.signal()
+        }
+        done.wait()
+        switch outcome.withLockedValue({ $0 }) {
+        case .success(let value)?: return value
+        case .failure(let error as S3Error)?:
+            throw StoreError(error.description, isNoSpace: error.code == "EntityTooLarge", alreadyExists: error.isPreconditionFailed)
+        case .failure(let error)?: throw error
+        case nil: throw StoreError("S3 request ended without an outcome")
+        }
+    }
+
+    static let executor = DispatchTaskExecutor()
+}
+
+/// Runs tasks' jobs on a concurrent dispatch queue: the S3 store's requests, waited for by threads that may be the
+/// cooperative pool's own.
+final class DispatchTaskExecutor: TaskExecutor, @unchecked Sendable {
+    private let queue = DispatchQueue(label: "upload-relay.s3", attributes: .concurrent)
+
+    func enqueue(_ job: consuming ExecutorJob) {
+        let job = UnownedJob(job)
+        self.queue.async { job.runSynchronously(on: self.asUnownedTaskExecutor()) }
+    }
+}
+
+/// One upload's staging in S3: its multipart upload (created at its first part) and the spool of the bytes since.
+final class S3StagingFile: StagingFile, @unchecked Sendable {
+    let name: String
+    let objectKey: String
+    private let store: S3Store
+    private let spoolPath: String
+    private let partBytes: Int64
+    private let lock = NIOLock()
+    private var descriptor: Int32
+    /// Bytes in uploaded parts.
+    private var base: Int64
+    /// Bytes in the spool, from `base` on.
+    private var spooled: Int64 = 0
+    private var upload: (id: String, parts: [StagedPart])?
+    /// Parts uploaded and not yet taken for the catalog.
+    private var unrecorded: [StagedPart] = []
+
+    init(
+        store: S3Store, name: String, objectKey: String, spoolPath: String, descriptor: Int32, base: Int64,
+        upload: (id: String, parts: [StagedPart])?, partBytes: Int64
+    ) {
+        self.store = store
+        self.name = name
+        self.objectKey = objectKey
+        self.spoolPath = spoolPath
+        self.descriptor = descriptor
+        self.base = base
+        self.upload = upload
+        self.partBytes = partBytes
+    }
+
+    deinit {
+        if self.descriptor >= 0 {
+            Glibc.close(self.descriptor)
+            unlink(self.spoolPath)
+        }
+    }
+
+    func takeNewParts() -> [StagedPart] {
+        self.lock.withLock {
+            defer { self.unrecorded = [] }
+            return self.unrecorded
+        }
+    }
+
+    var currentName: String {
+        self.lock.withLock { self.upload.map { S3Store.name(uploadID: $0.id, key: self.objectKey) } ?? self.name }
+    }
+
+    func write(_ bytes: ByteBuffer, at offset: Int64) throws {
+        try self.lock.withLock {
+            guard self.descriptor >= 0 else { throw StoreError("staging of \(self.objectKey) is closed") }
+            let at = offset - self.base
+            guard at >= 0 else { throw StoreError("write at \(offset), below the \(self.base) bytes in parts of \(self.objectKey)") }
+            var done = 0
+            let count = bytes.readableBytes
+            try bytes.withUnsafeReadableBytes { raw in
+                guard let start = raw.baseAddress else { return }
+                while done < count {
+                    let n = pwrite(self.descriptor, start + done, count - done, off_t(at) + off_t(done))
+                    if n < 0 {
+                        if errno == EINTR { continue }
+                        throw StoreError("cannot write spool file \(self.spoolPath): \(LocalDirectoryStore.reason())", isNoSpace: errno == ENOSPC)
+                    }
+                    done += n
+                }
+            }
+            self.spooled = max(self.spooled, at + Int64(count))
+        }
+    }
+
+    /// Nothing of S3's is durable short of a part: see ``sync(through:)``.
+    func sync() throws {
+        _ = try self.sync(through: self.lock.withLock { self.base + self.spooled })
+    }
+
+    func sync(through offset: Int64) throws -> Bool {
+        try self.lock.withLock {
+            let pending = offset - self.base
+            guard pending > 0 else { return true }
+            guard pending >= self.partBytes else { return false }
+            try self.uploadPart(bytes: pending)
+            return true
+        }
+    }
+
+    /// Uploads the first `count` spooled bytes as the next part (creating the upload first), then empties the spool.
+    private func uploadPart(bytes count: Int64) throws {
+        let body = try self.readSpool(count)
+        let sha1 = Data(SHA1.hash(body.readableBytesView)).base64EncodedString()
+        let (store, key) = (self.store, self.objectKey)
+        let id: String
+        if let upload = self.upload {
+            id = upload.id
+        } else {
+            id = try store.blocking { try await store.client.createMultipartUpload(bucket: store.bucket, key: key, sha1Checksums: true) }
+            self.upload = (id, [])
+        }
+        let number = (self.upload?.parts.count ?? 0) + 1
+        let part = try store.blocking {
+            try await store.client.uploadPart(bucket: store.bucket, key: key, uploadID: id, number: number, body: body, sha1: sha1)
+        }
+        let staged = StagedPart(number: number, end: self.base + count, etag: part.etag, sha1: sha1)
+        self.upload?.parts.append(staged)
+        self.unrecorded.append(staged)
+        self.base += count
+        self.spooled -= count
+        guard self.spooled == 0, ftruncate(self.descriptor, 0) == 0 else {
+            throw StoreError("cannot empty spool file \(self.spoolPath): \(LocalDirectoryStore.reason())")
+        }
+    }
+
+    private func readSpool(_ count: Int64) throws -> ByteBuffer {
+        var buffer = ByteBufferAllocator().buffer(capacity: Int(count))
+        try buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: Int(count)) { raw in
+            guard let start = raw.baseAddress else { return 0 }
+            var done = 0
+            while done < Int(count) {
+                let n = pread(self.descriptor, start + done, Int(count) - done, off_t(done))
+                if n < 0 && errno == EINTR { continue }
+                guard n > 0 else { throw StoreError("spool file \(self.spoolPath) ends at \(done) of \(count) bytes") }
+                done += n
+            }
+            return done
+        }
+        return buffer
+    }
+
+    /// The object: the spool as one PutObject when no part went up, else as the last part and CompleteMultipartUpload.
+    func finish(sha1: SHA1Digest?, ifNoneMatch: Bool) throws {
+        try self.lock.withLock {
+            let (store, key) = (self.store, self.objectKey)
+            if self.upload == nil {
+                let body = try self.readSpool(self.spooled)
+                let checksum = Data(sha1?.bytes ?? SHA1.hash(body.readableBytesView)).base64EncodedString()
+                try store.blocking {
+                    try await store.client.putObject(bucket: store.bucket, key: key, body: body, sha1: checksum, ifNoneMatch: ifNoneMatch)
+                }
+                return
+            }
+            if self.spooled > 0 { try self.uploadPart(bytes: self.spooled) }
+            guard let upload = self.upload else { return }
+            try store.blocking {
+                try await store.client.completeMultipartUpload(
+                    bucket: store.bucket, key: key, uploadID: upload.id,
+                    parts: upload.parts.map { S3Part(number: $0.number, etag: $0.etag, checksumSHA1: $0.sha1) }, ifNoneMatch: ifNoneMatch
+                )
+            }
+        }
+    }
+
+    /// Only the spool can be read back (striped uploads, which read back, are not offered with this store).
+    func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws -> Int {
+        throw StoreError("the bytes of s3://\(self.store.bucket)/\(self.objectKey) are in parts; they are not read back")
+    }
+
+    func close() {
+        self.lock.withLock {
+            guard self.descriptor >= 0 else { return }
+            Glibc.close(self.descriptor)
+            self.descriptor = -1
+            unlink(self.spoolPath)
+        }
+    }
+}

@@ -1,0 +1,150 @@
+import Foundation
+import NIOCore
+import Testing
+import UploadAgent
+import UploadRelay
+import UploadS3
+import UploadTestSupport
+
+/// The relay with its objects in an S3 bucket (issue 10), against the real SeaweedFS tools/test starts: every object
+/// read back from the bucket byte for byte.
+@Suite("End to end: an S3 store (SeaweedFS)")
+struct S3StoreTests {
+    /// The relay's S3 settings for `bucket` of the run's server.
+    static func configuration(_ server: S3TestServer, bucket: String) -> S3StoreConfiguration {
+        S3StoreConfiguration(endpoint: server.endpoint, credentials: server.credentials, bucket: bucket, prefix: "relay")
+    }
+
+    static func object(_ client: S3Client, _ bucket: String, _ key: String) async throws -> Data? {
+        guard let info = try await client.headObject(bucket: bucket, key: key) else { return nil }
+        let bytes = try await client.getObject(bucket: bucket, key: key, maxBytes: Int(info.size) + 1)
+        return Data(bytes.readableBytesView)
+    }
+
+    @Test("photos as one PutObject each, a video as a multipart upload: every object exact in the bucket, no upload left open, the spool empty")
+    func photosAndVideo() async throws {
+        let server = try S3TestServer()
+        try await S3TestServer.withBucket { client, bucket in
+            let relay = try await TestRelay { $0.s3 = Self.configuration(server, bucket: bucket) }.start()
+            let source = TestRelay.makeDirectory()
+            var files = [(key: String, data: Data)]()
+            var items: [UploadItem] = []
+            for index in 0..<12 {
+                let file = makeFile(source, "IMG_\(index).jpg", size: 20_000 + index * 997, seed: UInt64(100 + index))
+                files.append(("photos/IMG_\(index).jpg", file.data))
+                items.append(UploadItem(key: "photos/IMG_\(index).jpg", displayPath: file.path, source: FileSource(path: file.path)))
+            }
+            let video = makeFile(source, "clip.mp4", size: (21 << 20) + 333, seed: 7)
+            files.append(("videos/clip.mp4", video.data))
+            items.append(UploadItem(key: "videos/clip.mp4", displayPath: video.path, source: FileSource(path: video.path)))
+            let results = try await upload(items, port: relay.port, token: relay.token, ca: relay.caPath)
+            #expect(results.count == files.count)
+            #expect(results.allSatisfy { $0.status == .stored }, "\(results.compactMap(\.error))")
+            for (key, data) in files {
+                #expect(try await Self.object(client, bucket, "relay/dev/" + key) == data, "\(key)")
+            }
+            #expect(try await client.listMultipartUploads(bucket: bucket, prefix: "").isEmpty)
+            #expect((try? FileManager.default.contentsOfDirectory(atPath: relay.services.configuration.spoolDirectory)) == [])
+            // The same bytes under another key: a server-side copy, nothing sent.
+            let again = try await upload(
+                [UploadItem(key: "copy/clip.mp4", displayPath: video.path, source: FileSource(path: video.path))],
+                port: relay.port, token: relay.token, ca: relay.caPath
+            )
+            #expect(again.first?.status == .deduplicated, "\(again.first?.error ?? "")")
+            #expect(again.first?.sentBytes == 0)
+            #expect(try await Self.object(client, bucket, "relay/dev/copy/clip.mp4") == video.data)
+            await relay.stop()
+        }
+    }
+
+    @Test("a key taken in the bucket behind the relay's back is never replaced without --overwrite (If-None-Match), and is with it")
+    func ifNoneMatch() async throws {
+        let server = try S3TestServer()
+        try await S3TestServer.withBucket { client, bucket in
+            let relay = try await TestRelay { $0.s3 = Self.configuration(server, bucket: bucket) }.start()
+            let theirs = ByteBuffer(string: "someone else's bytes")
+            try await client.putObject(bucket: bucket, key: "relay/dev/taken.jpg", body: theirs)
+            let source = TestRelay.makeDirectory()
+            // One small (PutObject) and one large (CompleteMultipartUpload): both conditional.
+            for size in [5_000, (11 << 20) + 1] {
+                let file = makeFile(source, "taken-\(size).jpg", size: size, seed: UInt64(size))
+                let item = UploadItem(key: "taken.jpg", displayPath: file.path, source: FileSource(path: file.path))
+                let refused = try await upload([item], port: relay.port, token: relay.token, ca: relay.caPath) { $0.maxAttemptsPerItem = 1 }
+                #expect(refused.first?.status == .failed)
+                #expect(refused.first?.error?.contains("PreconditionFailed") == true, "\(refused.first?.error ?? "")")
+                #expect(try await Self.object(client, bucket, "relay/dev/taken.jpg") == Data(theirs.readableBytesView))
+                #expect(try await client.listMultipartUploads(bucket: bucket, prefix: "").isEmpty, "the refused upload's parts are gone")
+            }
+            let file = makeFile(source, "mine.jpg", size: 7_000, seed: 3)
+            let item = UploadItem(key: "taken.jpg", displayPath: file.path, source: FileSource(path: file.path))
+            let replaced = try await upload([item], port: relay.port, token: relay.token, ca: relay.caPath) { $0.overwrite = true }
+            #expect(replaced.first?.status == .stored, "\(replaced.first?.error ?? "")")
+            #expect(try await Self.object(client, bucket, "relay/dev/taken.jpg") == file.data)
+            await relay.stop()
+        }
+    }
+
+    @Test("kill -9 of the relay midway through a multipart upload, a restart on the same catalog: the same upload goes on, the object exact, re-sent at most a window and a part")
+    func killRelayMidway() async throws {
+        let server = try S3TestServer()
+        let binary = try relayBinary()
+        try await S3TestServer.withBucket { client, bucket in
+            let data = TestRelay.makeDirectory()
+            let source = TestRelay.makeDirectory()
+            let size = 48 << 20
+            let file = makeFile(source, "raw.dng", size: size, seed: 31)
+            var environment = ProcessInfo.processInfo.environment
+            environment["AWS_ACCESS_KEY_ID"] = server.credentials.accessKeyID
+            environment["AWS_SECRET_ACCESS_KEY"] = server.credentials.secretAccessKey
+            func startRelay(port: Int) throws -> (ChildProcess, Int) {
+                let child = try ChildProcess(
+                    binary,
+                    [
+                        "serve", "--dev", "--data", data, "--listen", "127.0.0.1:\(port)", "--ready-file", data + "/ready",
+                        "--store", "s3://\(bucket)/relay", "--s3-endpoint", server.endpoint.url.absoluteString,
+                        "--s3-region", server.endpoint.region, "--log-level", "warning",
+                    ],
+                    readyFile: data + "/ready", logFile: data + "/relay.log", environment: environment
+                )
+                return (child, try child.waitUntilReady())
+            }
+            var (relay, port) = try startRelay(port: 0)
+            let token = try String(contentsOfFile: data + "/dev/token", encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
+            let sent = SentCounter()
+            let (firstPort, path) = (port, file.path)
+            let uploadTask = Task {
+                try await upload(
+                    [UploadItem(key: "raw.dng", displayPath: path, source: FileSource(path: path))],
+                    port: firstPort, token: token, ca: data + "/dev/ca.pem",
+                    configure: {
+                        $0.dedup = false
+                        $0.retryFor = .seconds(60)
+                        $0.bandwidthLimit = 32 << 20
+                    }
+                ) { event in
+                    if case .sent(_, let bytes) = event { sent.add(bytes) }
+                }
+            }
+            await sent.wait(for: 24 << 20)
+            relay.kill(SIGKILL)
+            _ = relay.waitForExit()
+            // The acknowledged bytes are in the parts of the one open multipart upload; no object yet.
+            let open = try await client.listMultipartUploads(bucket: bucket, prefix: "relay/dev/")
+            #expect(open.count == 1)
+            if let upload = open.first {
+                #expect(try await client.listParts(bucket: bucket, key: upload.key, uploadID: upload.uploadID).count >= 1)
+            }
+            #expect(try await client.headObject(bucket: bucket, key: "relay/dev/raw.dng") == nil)
+            (relay, port) = try startRelay(port: port)
+            let results = try await uploadTask.value
+            #expect(results.first?.status == .stored, "\(results.first?.error ?? "")")
+            #expect(try await Self.object(client, bucket, "relay/dev/raw.dng") == file.data)
+            #expect(try await client.listMultipartUploads(bucket: bucket, prefix: "").isEmpty)
+            // Re-sent: what was in flight (a stream window, 8 MiB) and what waited for its part (8 MiB and a write batch).
+            let resent = Int(results.first?.sentBytes ?? 0) - size
+            #expect(resent <= (8 << 20) + (8 << 20) + (1 << 20), "re-sent \(resent) bytes")
+            relay.kill(SIGTERM)
+            #expect(relay.waitForExit() == 0, "relay did not exit 0 on SIGTERM: \(relay.log)")
+        }
+    }
+}
