@@ -192,6 +192,8 @@ struct Serve: AsyncParsableCommand {
         }
         let logger = Logger(label: "upload-relay")
         let (host, port) = try HostPort.parse(self.listen, option: "--listen")
+        // Before anything is created: missing S3 keys are a usage error.
+        let s3 = try self.store.flatMap(S3Store.parse).map { try self.s3Configuration(bucket: $0.bucket, prefix: $0.prefix) }
         let catalog = try RelayRuntime.openCatalog(dataDirectory: self.data)
         var certificate = self.cert
         var privateKey = self.key
@@ -226,9 +228,7 @@ struct Serve: AsyncParsableCommand {
         configuration.limits.frameTimeout = try DurationText.parse(self.frameTimeout, option: "--frame-timeout")
         configuration.limits.handshakeTimeout = try DurationText.parse(self.handshakeTimeout, option: "--handshake-timeout")
         configuration.sessionExpiry = try DurationText.parse(self.sessionExpiry, option: "--session-expiry")
-        if let store = self.store, let (bucket, prefix) = S3Store.parse(store) {
-            configuration.s3 = try self.s3Configuration(bucket: bucket, prefix: prefix)
-        }
+        configuration.s3 = s3
         let services = try RelayRuntime.makeServices(configuration: configuration, catalog: catalog, logger: logger)
         let group = MultiThreadedEventLoopGroup(numberOfThreads: System.coreCount)
         let server = try RelayServer(services: services, group: group)

@@ -134,6 +134,27 @@ struct CommandLineTests {
         #expect(!FileManager.default.fileExists(atPath: data), "a refused serve created its data directory")
     }
 
+    @Test("serve with an S3 store: no keys, no bucket, or S3 options without one are usage errors that say what to set, before anything is created")
+    func serveS3UsageErrors() throws {
+        let data = TestRelay.makeDirectory() + "/relay"
+        // Empty keys count as none (tools/test exports the test server's).
+        var environment = ["AWS_SHARED_CREDENTIALS_FILE": TestRelay.makeDirectory() + "/none"]
+        for name in ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"] { environment[name] = "" }
+        let base = ["serve", "--dev", "--data", data, "--listen", "127.0.0.1:0"]
+        let cases: [([String], String)] = [
+            (["--store", "s3://photos/relay", "--s3-endpoint", "http://127.0.0.1:9"], "AWS_ACCESS_KEY_ID"),
+            (["--store", "s3://", "--s3-endpoint", "http://127.0.0.1:9"], "s3://BUCKET"),
+            (["--s3-endpoint", "http://127.0.0.1:9"], "--store s3://"),
+            (["--store", "s3://photos", "--s3-endpoint", "ftp://x"], "http://"),
+        ]
+        for (options, hint) in cases {
+            let run = try Self.run(try relayBinary(), base + options, environment: environment)
+            #expect(run.status == 2, "\(options): exit \(run.status)")
+            #expect(run.stderr.contains(hint), "\(options): \(run.stderr)")
+        }
+        #expect(!FileManager.default.fileExists(atPath: data), "a refused serve created its data directory")
+    }
+
     @Test("send --deflate --json: wire_bytes shows what deflate saved on text, and nothing on random bytes; both stored exactly")
     func wireBytes() throws {
         let relay = try DevRelay()

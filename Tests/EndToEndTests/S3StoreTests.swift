@@ -1,4 +1,5 @@
 import Foundation
+import Logging
 import NIOCore
 import Testing
 import UploadAgent
@@ -19,6 +20,17 @@ struct S3StoreTests {
         guard let info = try await client.headObject(bucket: bucket, key: key) else { return nil }
         let bytes = try await client.getObject(bucket: bucket, key: key, maxBytes: Int(info.size) + 1)
         return Data(bytes.readableBytesView)
+    }
+
+    /// Whether `condition` came to hold within `timeout` seconds, asked every 20 ms (for what the relay does after its
+    /// answer went out).
+    static func eventually(timeout: Double = 10, _ condition: () async throws -> Bool) async throws -> Bool {
+        let deadline = Date().addingTimeInterval(timeout)
+        while Date() < deadline {
+            if try await condition() { return true }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        return try await condition()
     }
 
     @Test("photos as one PutObject each, a video as a multipart upload: every object exact in the bucket, no upload left open, the spool empty")
@@ -73,7 +85,8 @@ struct S3StoreTests {
                 #expect(refused.first?.status == .failed)
                 #expect(refused.first?.error?.contains("PreconditionFailed") == true, "\(refused.first?.error ?? "")")
                 #expect(try await Self.object(client, bucket, "relay/dev/taken.jpg") == Data(theirs.readableBytesView))
-                #expect(try await client.listMultipartUploads(bucket: bucket, prefix: "").isEmpty, "the refused upload's parts are gone")
+                // The refused upload's parts go as the relay lets go of it, right after the refusal went out.
+                #expect(try await Self.eventually { try await client.listMultipartUploads(bucket: bucket, prefix: "").isEmpty })
             }
             let file = makeFile(source, "mine.jpg", size: 7_000, seed: 3)
             let item = UploadItem(key: "taken.jpg", displayPath: file.path, source: FileSource(path: file.path))
@@ -81,6 +94,37 @@ struct S3StoreTests {
             #expect(replaced.first?.status == .stored, "\(replaced.first?.error ?? "")")
             #expect(try await Self.object(client, bucket, "relay/dev/taken.jpg") == file.data)
             await relay.stop()
+        }
+    }
+
+    @Test("an agent killed midway: its session expires and its multipart upload is aborted, parts and all")
+    func expiryAborts() async throws {
+        let server = try S3TestServer()
+        try await S3TestServer.withBucket { client, bucket in
+            let relay = try await TestRelay { $0.s3 = Self.configuration(server, bucket: bucket) }.start()
+            let source = TestRelay.makeDirectory()
+            let file = makeFile(source, "long.mov", size: 32 << 20, seed: 41)
+            let agent = try AgentProcess(
+                ["send", "--no-state", "--no-dedup", "--quiet", "--bwlimit", "8M", file.path],
+                environment: AgentProcess.environment(relay, state: source + "/state"), log: source + "/agent.log"
+            )
+            let catalog = relay.services.catalog
+            func session() -> UploadSession? { (try? catalog.sessions(updatedBefore: .distantFuture))?.first }
+            // Killed once a part is acknowledged: its session and multipart upload stay behind.
+            let acknowledged = AgentProcess.waitUntil { (session()?.durableOffset ?? 0) >= 5 << 20 }
+            agent.stop(SIGKILL)
+            #expect(acknowledged, "no part was acknowledged: \(agent.child.log)")
+            // The relay lets go of the cut upload (whole parts made durable on the way out), then stops.
+            await relay.stop()
+            let left = try #require(session())
+            #expect(try catalog.stagedParts(sessionID: left.id).last?.end == left.durableOffset)
+            #expect(try await client.listMultipartUploads(bucket: bucket, prefix: "").count == 1)
+            var logger = Logger(label: "test-expiry")
+            logger.logLevel = .critical
+            try RelayRuntime.cleanUp(catalog: catalog, store: relay.services.store, expiry: .zero, logger: logger)
+            #expect(session() == nil)
+            #expect(try await client.listMultipartUploads(bucket: bucket, prefix: "").isEmpty)
+            #expect(try await client.headObject(bucket: bucket, key: "relay/dev/long.mov") == nil)
         }
     }
 
