@@ -11,9 +11,11 @@
 #include <time.h>
 #include <unistd.h>
 int main(int argc, char **argv) {
-    int n = atoi(argv[1]), mode = atoi(argv[2]); const char *dir = argv[3];
-    char staging[512], store[512], a[600], b[600]; static char buf[1 << 20]; size_t size = argc > 4 ? (size_t)atoi(argv[4]) : 16384;
+    static char buf[1 << 20];
+    size_t size = argc > 4 ? (size_t)atoi(argv[4]) : 16384;
     if (argc < 4 || size > sizeof buf) { fprintf(stderr, "usage: floor N MODE DIR [SIZE <= 1048576]\n"); return 2; }
+    int n = atoi(argv[1]), mode = atoi(argv[2]); const char *dir = argv[3];
+    char staging[512], store[512], a[600], b[600];
     memset(buf, 7, size);
     snprintf(staging, sizeof staging, "%s/staging", dir); snprintf(store, sizeof store, "%s/store", dir);
     mkdir(staging, 0755); mkdir(store, 0755);
