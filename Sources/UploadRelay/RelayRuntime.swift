@@ -90,7 +90,13 @@ public enum RelayRuntime {
                 guard let current = try catalog.session(account: session.account, key: session.key), current.id == session.id,
                     current.updatedAt < cutoff
                 else { return }
-                try store.removeStaging(session.stagingName)
+                do {
+                    try store.removeStaging(session.stagingName)
+                } catch let error as StoreError where error.outcomeUnknown {
+                    // The store did not answer (S3 away): the session stays, to expire at the next pass.
+                    logger.warning("could not remove an expired upload's staging", metadata: ["upload.key": "\(session.key)", "error": "\(error)"])
+                    return
+                }
                 try catalog.deleteSession(id: session.id)
                 logger.info("expired upload session", metadata: ["upload.key": "\(session.key)", "account": "\(session.account)"])
             }
@@ -99,7 +105,11 @@ public enum RelayRuntime {
         let live = Set(try catalog.sessions(updatedBefore: .distantFuture).map(\.stagingName))
         for (name, modified) in try store.stagingFiles() where !live.contains(name) {
             if let orphansBefore, modified >= orphansBefore { continue }
-            try store.removeStaging(name)
+            do {
+                try store.removeStaging(name)
+            } catch {
+                logger.warning("could not remove an orphaned staging", metadata: ["staging": "\(name)", "error": "\(error)"])
+            }
         }
     }
 
@@ -127,7 +137,15 @@ public enum RelayRuntime {
         guard objects else { return }
         for object in try catalog.objects() {
             guard let key = try? ObjectKey(validating: object.key) else { continue }
-            if try store.identity(of: key, account: object.account) == nil {
+            let identity: ObjectIdentity?
+            do {
+                identity = try store.identity(of: key, account: object.account)
+            } catch let error as StoreError where error.outcomeUnknown {
+                // Not known to be gone (S3 did not answer): kept, looked at again at the next start.
+                logger.warning("could not look at a stored object", metadata: ["upload.key": "\(object.key)", "error": "\(error)"])
+                continue
+            }
+            if identity == nil {
                 try catalog.deleteObject(account: object.account, key: object.key)
                 logger.warning("forgot an object whose file is gone", metadata: ["upload.key": "\(object.key)", "account": "\(object.account)"])
             }
@@ -164,6 +182,7 @@ public enum RelayRuntime {
     static func makeStore(_ configuration: inout RelayConfiguration) throws -> any BlobStore {
         if let s3 = configuration.s3 {
             configuration.allowStripes = false
+            configuration.maxBlobSize = min(configuration.maxBlobSize, S3Store.maxObjectBytes)
             let client = S3Client(endpoint: s3.endpoint, credentials: s3.credentials, http: HTTPClient.shared)
             return try S3Store(
                 client: client, bucket: s3.bucket, prefix: s3.prefix, spoolDirectory: configuration.spoolDirectory,

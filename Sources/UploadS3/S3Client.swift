@@ -1,3 +1,6 @@
+#if canImport(Glibc)
+import Glibc
+#endif
 import AsyncHTTPClient
 import Crypto
 import Foundation
@@ -53,8 +56,27 @@ public struct S3Error: Error, Sendable, CustomStringConvertible {
 
     /// True when the key already holds an object (If-None-Match: * refused).
     public var isPreconditionFailed: Bool { self.status == 412 || self.code == "PreconditionFailed" }
+    /// True when the request may or may not have taken effect: no answer, or a server error (S3's 500 and 503 come with
+    /// "we may have done it").
+    public var outcomeUnknown: Bool { self.status == 0 || self.status >= 500 }
     /// True for a missing key, upload or object.
     public var isNotFound: Bool { self.status == 404 || self.code == "NoSuchKey" || self.code == "NoSuchUpload" }
+}
+
+/// A request body: bytes in memory, or a range of an open file read as it is sent (a part of many MiB never sits
+/// in memory whole).
+public enum S3Body: Sendable {
+    case bytes(ByteBuffer)
+    /// `length` bytes of the file `descriptor` from `offset`, and their SHA-256 in hex (signed over plain HTTP; the
+    /// caller hashes them in the same pass as their checksum). The descriptor stays the caller's.
+    case file(descriptor: Int32, offset: Int64, length: Int64, sha256: String)
+
+    var length: Int64 {
+        switch self {
+        case .bytes(let buffer): return Int64(buffer.readableBytes)
+        case .file(_, _, let length, _): return length
+        }
+    }
 }
 
 /// What HEAD says of an object.
@@ -127,6 +149,14 @@ public final class S3Client: Sendable {
     public func putObject(
         bucket: String, key: String, body: ByteBuffer, sha1: String? = nil, ifNoneMatch: Bool = false
     ) async throws -> String {
+        try await self.putObject(bucket: bucket, key: key, body: .bytes(body), sha1: sha1, ifNoneMatch: ifNoneMatch)
+    }
+
+    /// ``putObject(bucket:key:body:sha1:ifNoneMatch:)`` with the body read from a file as it is sent.
+    @discardableResult
+    public func putObject(
+        bucket: String, key: String, body: S3Body, sha1: String? = nil, ifNoneMatch: Bool = false
+    ) async throws -> String {
         var headers: [(name: String, value: String)] = [("content-type", "application/octet-stream")]
         if let sha1 { headers.append(("x-amz-checksum-sha1", sha1)) }
         if ifNoneMatch { headers.append(("if-none-match", "*")) }
@@ -163,10 +193,14 @@ public final class S3Client: Sendable {
 
     /// Copies `source` to `key` on the server (no bytes through the client). With `ifNoneMatch`, refuses when `key`
     /// holds an object already.
-    public func copyObject(bucket: String, from source: String, to key: String, ifNoneMatch: Bool = false) async throws {
+    public func copyObject(
+        bucket: String, from source: String, to key: String, ifNoneMatch: Bool = false, sourceETag: String? = nil
+    ) async throws {
         var headers: [(name: String, value: String)] = [
             ("x-amz-copy-source", "/\(bucket)/" + SigV4Signer.uriEncode(source, keepSlash: true))
         ]
+        // Only if the source is still the object looked at (its ETag): never copy bytes no one verified.
+        if let sourceETag { headers.append(("x-amz-copy-source-if-match", sourceETag)) }
         if ifNoneMatch { headers.append(("if-none-match", "*")) }
         let answer = try await self.send("CopyObject", bucket: bucket, key: key, method: .PUT, headers: headers)
         // A copy can fail after the 200 went out: the error is then in the body.
@@ -216,6 +250,13 @@ public final class S3Client: Sendable {
     /// Uploads part `number` (1...10,000) of the upload; `sha1` (base64) is checked by the server. Returns the part.
     public func uploadPart(
         bucket: String, key: String, uploadID: String, number: Int, body: ByteBuffer, sha1: String? = nil
+    ) async throws -> S3Part {
+        try await self.uploadPart(bucket: bucket, key: key, uploadID: uploadID, number: number, body: .bytes(body), sha1: sha1)
+    }
+
+    /// ``uploadPart(bucket:key:uploadID:number:body:sha1:)`` with the body read from a file as it is sent.
+    public func uploadPart(
+        bucket: String, key: String, uploadID: String, number: Int, body: S3Body, sha1: String? = nil
     ) async throws -> S3Part {
         var headers: [(name: String, value: String)] = []
         if let sha1 { headers.append(("x-amz-checksum-sha1", sha1)) }
@@ -321,13 +362,25 @@ public final class S3Client: Sendable {
         headers: [(name: String, value: String)] = [], body: ByteBuffer? = nil, accept: Set<Int> = [200, 204],
         maxAnswer: Int = S3Client.maxAnswerBytes
     ) async throws -> Answer {
+        try await self.send(
+            operation, bucket: bucket, key: key, method: method, query: query, headers: headers, body: body.map { .bytes($0) },
+            accept: accept, maxAnswer: maxAnswer
+        )
+    }
+
+    func send(
+        _ operation: String, bucket: String, key: String?, method: HTTPMethod, query: [(name: String, value: String)] = [],
+        headers: [(name: String, value: String)] = [], body: S3Body?, accept: Set<Int> = [200, 204],
+        maxAnswer: Int = S3Client.maxAnswerBytes
+    ) async throws -> Answer {
         let path = "/" + bucket + (key.map { "/" + $0 } ?? "")
         let encodedPath = SigV4Signer.uriEncode(path, keepSlash: true)
         let encodedQuery = query.map { SigV4Signer.uriEncode($0.name, keepSlash: false) + "=" + SigV4Signer.uriEncode($0.value, keepSlash: false) }
             .joined(separator: "&")
         let url = self.endpoint.url
         let scheme = url.scheme ?? "http"
-        let host = url.host ?? "127.0.0.1"
+        // An IPv6 address goes in brackets, in the Host header as in the URL.
+        let host = url.host.map { $0.contains(":") && !$0.hasPrefix("[") ? "[\($0)]" : $0 } ?? "127.0.0.1"
         let defaultPort = scheme == "https" ? 443 : 80
         let hostHeader = url.port.map { $0 == defaultPort ? host : "\(host):\($0)" } ?? host
         let base = "\(scheme)://\(hostHeader)"
@@ -335,7 +388,13 @@ public final class S3Client: Sendable {
         var signed = headers
         signed.append(("host", hostHeader))
         let unsigned = scheme == "https" && body != nil && headers.contains { $0.name == "x-amz-checksum-sha1" }
-        let payloadHash = unsigned ? SigV4Signer.unsignedPayload : Self.sha256Hex(body ?? ByteBuffer())
+        let payloadHash: String
+        switch body {
+        case _ where unsigned: payloadHash = SigV4Signer.unsignedPayload
+        case .bytes(let buffer)?: payloadHash = Self.sha256Hex(buffer)
+        case .file(_, _, _, let sha256)?: payloadHash = sha256
+        case nil: payloadHash = Self.sha256Hex(ByteBuffer())
+        }
         let signature = self.signer.sign(
             SigV4Signer.Request(method: method.rawValue, path: path, query: query, headers: signed, payloadHash: payloadHash),
             at: self.clock()
@@ -344,15 +403,22 @@ public final class S3Client: Sendable {
         var request = HTTPClientRequest(url: base + encodedPath + (encodedQuery.isEmpty ? "" : "?" + encodedQuery))
         request.method = method
         for (name, value) in signed + signature.headers { request.headers.add(name: name, value: value) }
-        if let body {
-            request.body = .bytes(body)
-        } else if method == .PUT || method == .POST {
+        switch body {
+        case .bytes(let buffer)?:
+            request.body = .bytes(buffer)
+        case .file(let descriptor, let offset, let length, _)?:
+            request.body = .stream(FileRangeSequence(descriptor: descriptor, offset: offset, length: length), length: .known(length))
+        case nil where method == .PUT || method == .POST:
             request.body = .bytes(ByteBuffer())
+        case nil:
+            break
         }
 
         let response: HTTPClientResponse
         do {
-            response = try await self.http.execute(request, timeout: self.timeout)
+            // The deadline grows with the body: a part of hundreds of MiB on a slow link is not a hung request.
+            let timeout = self.timeout + .seconds((body?.length ?? 0) / (1 << 20))
+            response = try await self.http.execute(request, timeout: timeout)
         } catch {
             throw S3Error(
                 operation: operation, bucket: bucket, key: key, status: 0, code: "NoAnswer",
@@ -382,4 +448,48 @@ public final class S3Client: Sendable {
             requestID: answer.headers.first(name: "x-amz-request-id") ?? S3XML.value(of: "RequestId", in: answer.body)
         )
     }
+}
+
+/// A range of a file as an async sequence of buffers of at most 1 MiB, read as the request body is sent.
+struct FileRangeSequence: AsyncSequence, Sendable {
+    typealias Element = ByteBuffer
+    let descriptor: Int32
+    let offset: Int64
+    let length: Int64
+    static let pieceBytes = 1 << 20
+
+    struct AsyncIterator: AsyncIteratorProtocol {
+        let descriptor: Int32
+        var offset: Int64
+        var left: Int64
+
+        mutating func next() async throws -> ByteBuffer? {
+            guard self.left > 0 else { return nil }
+            let want = Int(Swift.min(Int64(FileRangeSequence.pieceBytes), self.left))
+            var buffer = ByteBufferAllocator().buffer(capacity: want)
+            let (descriptor, offset) = (self.descriptor, self.offset)
+            let got = try buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: want) { raw -> Int in
+                guard let base = raw.baseAddress else { return 0 }
+                var done = 0
+                while done < want {
+                    let n = pread(descriptor, base + done, want - done, off_t(offset) + off_t(done))
+                    if n < 0 && errno == EINTR { continue }
+                    guard n > 0 else { throw FileRangeError(description: "the file ends \(done) bytes into a read of \(want) at \(offset)") }
+                    done += n
+                }
+                return done
+            }
+            self.offset += Int64(got)
+            self.left -= Int64(got)
+            return buffer
+        }
+    }
+
+    func makeAsyncIterator() -> AsyncIterator {
+        AsyncIterator(descriptor: self.descriptor, offset: self.offset, left: self.length)
+    }
+}
+
+struct FileRangeError: Error, CustomStringConvertible {
+    var description: String
 }

@@ -20,7 +20,9 @@ struct Serve: AsyncParsableCommand {
             With --store s3://BUCKET/PREFIX the objects go to an S3-compatible bucket instead, as \
             PREFIX/ACCOUNT/KEY: each upload is staged as a multipart upload (an acknowledgement means \
             the bytes are in an uploaded part) and committed with CompleteMultipartUpload, or one \
-            PutObject when small, with If-None-Match: * unless the agent asked to overwrite. Keys come \
+            PutObject when small, with If-None-Match: * unless the agent asked to overwrite; parts are at \
+            least 5 MiB, so a graceful stop leaves the bytes since an upload's last part unacknowledged \
+            (the agent sends them again). Keys come \
             from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or the AWS_PROFILE profile of \
             ~/.aws/credentials. Example: --store s3://photos/relay --s3-endpoint http://127.0.0.1:8333
             """
@@ -166,7 +168,7 @@ struct Serve: AsyncParsableCommand {
         guard self.maxStreams >= 1, self.maxConnections >= 1, self.commitGroup >= 1, self.ioThreads >= 1 else {
             throw ValidationError("--max-streams, --max-connections, --commit-group and --io-threads must be at least 1")
         }
-        if let store = self.store, store.hasPrefix("s3:") {
+        if let store = self.store, store.lowercased().hasPrefix("s3:") {
             guard S3Store.parse(store) != nil else {
                 throw ValidationError("--store \(store): an S3 store is s3://BUCKET or s3://BUCKET/PREFIX")
             }
@@ -174,8 +176,11 @@ struct Serve: AsyncParsableCommand {
             throw ValidationError("--s3-endpoint and --s3-region go with --store s3://BUCKET[/PREFIX]")
         }
         if let endpoint = self.s3Endpoint {
-            guard let url = URL(string: endpoint), ["http", "https"].contains(url.scheme ?? ""), url.host != nil else {
+            guard let url = URL(string: endpoint), ["http", "https"].contains(url.scheme?.lowercased() ?? ""), url.host != nil else {
                 throw ValidationError("--s3-endpoint \(endpoint): give an http:// or https:// URL, e.g. http://127.0.0.1:8333")
+            }
+            guard url.path.isEmpty || url.path == "/", url.query == nil else {
+                throw ValidationError("--s3-endpoint \(endpoint): give the service's root URL, with no path (the bucket goes in --store)")
             }
         }
         guard Logger.Level(rawValue: self.logLevel) != nil else {

@@ -146,6 +146,7 @@ struct CommandLineTests {
             (["--store", "s3://", "--s3-endpoint", "http://127.0.0.1:9"], "s3://BUCKET"),
             (["--s3-endpoint", "http://127.0.0.1:9"], "--store s3://"),
             (["--store", "s3://photos", "--s3-endpoint", "ftp://x"], "http://"),
+            (["--store", "S3://photos", "--s3-endpoint", "http://127.0.0.1:9/s3"], "no path"),
         ]
         for (options, hint) in cases {
             let run = try Self.run(try relayBinary(), base + options, environment: environment)

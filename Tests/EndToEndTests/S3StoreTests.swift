@@ -97,6 +97,28 @@ struct S3StoreTests {
         }
     }
 
+    @Test("a key that the relay's prefix and the account make too long for S3: INVALID_KEY at OPEN, before a byte is sent")
+    func keyTooLongForS3() async throws {
+        let server = try S3TestServer()
+        try await S3TestServer.withBucket { client, bucket in
+            let relay = try await TestRelay { $0.s3 = Self.configuration(server, bucket: bucket) }.start()
+            let source = TestRelay.makeDirectory()
+            let file = makeFile(source, "a.jpg", size: 10_000, seed: 5)
+            // 1,019 bytes: a valid key, but "relay/dev/" before it makes 1,029.
+            let key = (0..<5).map { String(repeating: Character(String($0)), count: 203) }.joined(separator: "/")
+            let results = try await upload(
+                [UploadItem(key: key, displayPath: file.path, source: FileSource(path: file.path))], port: relay.port, token: relay.token,
+                ca: relay.caPath
+            )
+            #expect(results.first?.status == .failed)
+            #expect(results.first?.error?.contains("INVALID_KEY") == true, "\(results.first?.error ?? "")")
+            #expect(results.first?.error?.contains("at most 1024") == true, "\(results.first?.error ?? "")")
+            #expect(results.first?.sentBytes == 0)
+            #expect(try await client.listObjects(bucket: bucket, prefix: "").isEmpty)
+            await relay.stop()
+        }
+    }
+
     @Test("an agent killed midway: its session expires and its multipart upload is aborted, parts and all")
     func expiryAborts() async throws {
         let server = try S3TestServer()

@@ -25,6 +25,26 @@ struct FrameCodecTests {
         #expect(bytes.readableBytes == 0)
     }
 
+    @Test("a message past 1024 bytes is cut at a character boundary, so ERROR, CANCEL and GOAWAY always decode (SPEC §12.1)")
+    func longMessagesFit() throws {
+        let long = String(repeating: "é€a", count: 400) + " the end"  // 2,408 bytes of 1-, 2- and 3-byte characters
+        let frames: [Frame] = [
+            .error(Frame.Error(streamID: StreamID(rawValue: 1), code: .invalidKey, message: long)),
+            .cancel(Frame.Cancel(streamID: StreamID(rawValue: 1), message: long)),
+            .goAway(Frame.GoAway(lastStreamID: StreamID(rawValue: 1), code: .noError, message: long)),
+        ]
+        for frame in frames {
+            var bytes = frame.encoded()
+            #expect(try Self.decodeAll(&bytes) == [frame])
+        }
+        let cut = Frame.fitting(long)
+        #expect(cut.utf8.count <= Frame.maxMessageBytes && cut.utf8.count > Frame.maxMessageBytes - 4)
+        #expect(cut.hasSuffix("…") && long.hasPrefix(String(cut.dropLast())))
+        #expect(Frame.fitting("short") == "short")
+        let exact = String(repeating: "x", count: Frame.maxMessageBytes)
+        #expect(Frame.fitting(exact) == exact)
+    }
+
     @Test("the chunk encoder returns the payload itself, uncopied")
     func chunkPayloadIsNotCopied() {
         let data = ByteBuffer(repeating: 7, count: 1 << 20)

@@ -410,16 +410,36 @@ extension Frame {
         }
     }
 
+    /// The longest message of ERROR, CANCEL and GOAWAY, in bytes (SPEC §12.1).
+    public static let maxMessageBytes = 1024
+
+    /// `message` cut to ``maxMessageBytes`` at a character boundary, ending in "…" when cut (SPEC §12.1: a sender never
+    /// sends a longer one; a message that names a long key would otherwise break the protocol).
+    public static func fitting(_ message: String) -> String {
+        guard message.utf8.count > Self.maxMessageBytes else { return message }
+        let ellipsis = "…"
+        var cut = ""
+        var bytes = 0
+        for character in message {
+            let size = character.utf8.count
+            guard bytes + size + ellipsis.utf8.count <= Self.maxMessageBytes else { break }
+            cut.append(character)
+            bytes += size
+        }
+        return cut + ellipsis
+    }
+
     /// ERROR, both ways: closes a stream, or on stream 0 the connection (SPEC §3.10).
     public struct Error: Hashable, Sendable {
         public static let type = FrameType.error
         public var streamID: StreamID
         public var code: WireErrorCode
         public var message: String
+        /// `message` is cut to ``Frame/maxMessageBytes``.
         public init(streamID: StreamID, code: WireErrorCode, message: String) {
             self.streamID = streamID
             self.code = code
-            self.message = message
+            self.message = Frame.fitting(message)
         }
     }
 
@@ -429,10 +449,11 @@ extension Frame {
         public var streamID: StreamID
         public var code: WireErrorCode
         public var message: String
+        /// `message` is cut to ``Frame/maxMessageBytes``.
         public init(streamID: StreamID, code: WireErrorCode = .cancelled, message: String) {
             self.streamID = streamID
             self.code = code
-            self.message = message
+            self.message = Frame.fitting(message)
         }
     }
 
@@ -459,7 +480,7 @@ extension Frame {
         public init(lastStreamID: StreamID, code: WireErrorCode, message: String) {
             self.lastStreamID = lastStreamID
             self.code = code
-            self.message = message
+            self.message = Frame.fitting(message)
         }
     }
 

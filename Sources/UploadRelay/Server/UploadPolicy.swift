@@ -149,10 +149,17 @@ struct UploadPolicy {
             let sameSource = open.fingerprint.isEmpty || session.fingerprint.isEmpty || open.fingerprint == session.fingerprint
             let sameSHA1 = open.sha1 == nil || session.declaredSHA1 == nil || open.sha1?.hex == session.declaredSHA1
             if (byToken || byFingerprint) && sameSource && sameSHA1 && session.declaredSize == size && session.striped == open.striped,
-                let sha1 = try? SHA1(importing: session.sha1State), sha1.byteCount == UInt64(session.durableOffset),
-                let staging = try? self.openStaging(session, key: key, size: size)
+                let sha1 = try? SHA1(importing: session.sha1State), sha1.byteCount == UInt64(session.durableOffset)
             {
-                return .upload(session, staging, sha1, recorded: true, resumed: session.durableOffset > 0, byteLimit: byteLimit)
+                do {
+                    let staging = try self.openStaging(session, key: key, size: size)
+                    return .upload(session, staging, sha1, recorded: true, resumed: session.durableOffset > 0, byteLimit: byteLimit)
+                } catch let error as StoreError where error.outcomeUnknown {
+                    // The store did not answer: the acknowledged bytes may well be there. Refused for now, kept.
+                    throw error
+                } catch {
+                    // A staging that is gone or does not hold its durable bytes: start over below.
+                }
             }
             // Another version of the source, or a session we cannot trust: start over.
             try store.removeStaging(session.stagingName)

@@ -147,10 +147,17 @@ public struct StoreError: Error, Hashable, Sendable, CustomStringConvertible {
     /// that the catalog does not know, and the agent did not ask to overwrite.
     public var alreadyExists: Bool
 
-    public init(_ description: String, isNoSpace: Bool = false, madeVisible: Bool = false, alreadyExists: Bool = false) {
+    /// True when the store cannot tell whether the operation took effect (a request with no answer, a server error):
+    /// a commit is then settled by recovery, and a resume is refused for now, not started over.
+    public var outcomeUnknown: Bool
+
+    public init(
+        _ description: String, isNoSpace: Bool = false, madeVisible: Bool = false, alreadyExists: Bool = false, outcomeUnknown: Bool = false
+    ) {
         self.description = description
         self.isNoSpace = isNoSpace
         self.madeVisible = madeVisible
         self.alreadyExists = alreadyExists
+        self.outcomeUnknown = outcomeUnknown
     }
 }

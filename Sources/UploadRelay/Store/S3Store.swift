@@ -4,6 +4,7 @@ import Glibc
 import Darwin
 #endif
 import AsyncHTTPClient
+import Crypto
 import Dispatch
 import Foundation
 import NIOConcurrencyHelpers
@@ -66,7 +67,7 @@ public final class S3Store: BlobStore, Sendable {
 
     /// Parses `s3://BUCKET[/PREFIX]`; nil when `url` is not one.
     public static func parse(_ url: String) -> (bucket: String, prefix: String)? {
-        guard url.hasPrefix("s3://") else { return nil }
+        guard url.lowercased().hasPrefix("s3://") else { return nil }
         let rest = url.dropFirst(5)
         let bucket = rest.prefix { $0 != "/" }
         guard !bucket.isEmpty else { return nil }
@@ -78,9 +79,19 @@ public final class S3Store: BlobStore, Sendable {
         self.prefix + account + "/" + key.value
     }
 
-    /// The least part for a blob of `size` bytes (nil: unknown) so that it fits in 10,000 parts.
-    func partBytes(forSize size: Int64?) -> Int64 {
-        guard let size else { return max(self.minPartBytes, Self.unknownSizePartBytes) }
+    /// S3's largest object (5 TiB): the relay's largest blob with this store.
+    public static let maxObjectBytes: Int64 = 5 << 40
+    /// S3's longest key, in bytes.
+    public static let maxKeyBytes = 1024
+
+    /// The least size of part `number` of a blob of `size` bytes, so that it fits in 10,000 parts. Of unknown size, the
+    /// parts double every 1,000 (16 MiB, then 32 MiB, ...): acknowledgements come every 16 MiB at first, and 10,000 parts
+    /// still hold 5 TiB.
+    func partBytes(number: Int, size: Int64?) -> Int64 {
+        guard let size else {
+            let doublings = min(9, (max(1, number) - 1) / 1000)
+            return max(self.minPartBytes, Self.unknownSizePartBytes << doublings)
+        }
         return max(self.minPartBytes, (size + Self.maxParts - 1) / Self.maxParts)
     }
 
@@ -119,8 +130,10 @@ public final class S3Store: BlobStore, Sendable {
             }
             // The upload must still be there, with those parts (an abort, or a lifecycle rule, may have taken it).
             let listed = try self.blocking { try await self.client.listParts(bucket: self.bucket, key: objectKey, uploadID: named.id) }
-            let etags = Dictionary(listed.map { ($0.part.number, $0.part.etag) }, uniquingKeysWith: { a, _ in a })
-            guard parts.allSatisfy({ etags[$0.number] == $0.etag }) else {
+            // Quotes differ between servers (and between ETag headers and listings).
+            func bare(_ etag: String) -> String { etag.trimmingCharacters(in: CharacterSet(charactersIn: "\"")) }
+            let etags = Dictionary(listed.map { ($0.part.number, bare($0.part.etag)) }, uniquingKeysWith: { a, _ in a })
+            guard parts.allSatisfy({ etags[$0.number] == bare($0.etag) }) else {
                 throw StoreError("multipart upload \(named.id) of s3://\(self.bucket)/\(objectKey) no longer holds its recorded parts")
             }
             upload = (named.id, parts)
@@ -140,7 +153,7 @@ public final class S3Store: BlobStore, Sendable {
         }
         return S3StagingFile(
             store: self, name: name, objectKey: objectKey, spoolPath: spool, descriptor: fd, base: base, upload: upload,
-            partBytes: self.partBytes(forSize: expectedSize)
+            expectedSize: expectedSize
         )
     }
 
@@ -176,8 +189,8 @@ public final class S3Store: BlobStore, Sendable {
         let uploads = try self.blocking { try await self.client.listMultipartUploads(bucket: self.bucket, prefix: self.prefix) }
         let cutoff = Date().addingTimeInterval(-self.orphanGrace)
         for upload in uploads {
-            let begun = Self.date(upload.initiated) ?? .distantPast
-            guard begun < cutoff else { continue }
+            // An upload whose start cannot be read is left alone: it may be another relay's, just begun.
+            guard let begun = Self.date(upload.initiated), begun < cutoff else { continue }
             found.append((Self.name(uploadID: upload.uploadID, key: upload.key), begun))
         }
         return found
@@ -203,7 +216,12 @@ public final class S3Store: BlobStore, Sendable {
         guard objectKey == staging.objectKey else {
             throw StoreError("staging of s3://\(self.bucket)/\(staging.objectKey) cannot become \(objectKey)")
         }
-        try staging.finish(sha1: sha1, ifNoneMatch: !overwrite)
+        do {
+            try staging.finish(sha1: sha1, ifNoneMatch: !overwrite)
+        } catch let error as StoreError where error.outcomeUnknown {
+            // S3 may have made the object: recovery settles it (HEAD and SHA-1), never a blind retry into a 412.
+            throw StoreError(error.description, madeVisible: true)
+        }
         do {
             guard let identity = try self.identity(ofBucketKey: objectKey) else {
                 throw StoreError("s3://\(self.bucket)/\(objectKey) is not there after its commit")
@@ -219,12 +237,18 @@ public final class S3Store: BlobStore, Sendable {
     public func duplicate(_ source: ObjectKey, expected: ObjectIdentity, as key: ObjectKey, account: String) throws -> ObjectIdentity {
         let from = self.objectKey(source, account: account)
         let to = self.objectKey(key, account: account)
-        guard try self.identity(ofBucketKey: from) == expected else {
+        guard let info = try self.blocking({ try await self.client.headObject(bucket: self.bucket, key: from) }),
+            Self.identity(info) == expected
+        else {
             throw StoreError("s3://\(self.bucket)/\(from) changed since it was verified")
         }
-        try self.blocking { try await self.client.copyObject(bucket: self.bucket, from: from, to: to) }
-        guard let identity = try self.identity(ofBucketKey: to) else {
-            throw StoreError("s3://\(self.bucket)/\(to) is not there after its copy", madeVisible: true)
+        do {
+            try self.blocking { try await self.client.copyObject(bucket: self.bucket, from: from, to: to, sourceETag: info.etag) }
+        } catch let error as StoreError where error.outcomeUnknown {
+            throw StoreError(error.description, madeVisible: true)
+        }
+        guard let identity = try self.identity(ofBucketKey: to), identity.size == expected.size else {
+            throw StoreError("s3://\(self.bucket)/\(to) is not the copy of \(from) after its copy", madeVisible: true)
         }
         return identity
     }
@@ -235,9 +259,12 @@ public final class S3Store: BlobStore, Sendable {
 
     /// An object's identity is its size and ETag (there is no inode): the ETag's FNV-1a hash stands in the inode.
     func identity(ofBucketKey key: String) throws -> ObjectIdentity? {
-        guard let info = try self.blocking({ try await self.client.headObject(bucket: self.bucket, key: key) }) else { return nil }
+        try self.blocking({ try await self.client.headObject(bucket: self.bucket, key: key) }).map(Self.identity)
+    }
+
+    static func identity(_ info: S3ObjectInfo) -> ObjectIdentity {
         var hash: UInt64 = 0xcbf2_9ce4_8422_2325
-        for byte in info.etag.utf8 {
+        for byte in info.etag.trimmingCharacters(in: CharacterSet(charactersIn: "\"")).utf8 {
             hash = (hash ^ UInt64(byte)) &* 0x100_0000_01b3
         }
         return ObjectIdentity(device: 0, inode: hash, size: info.size, modified: 0)
@@ -264,8 +291,12 @@ public final class S3Store: BlobStore, Sendable {
         return SHA1Digest(bytes: sha1.finalize())
     }
 
-    /// S3 has no folders: any key goes beside any other.
-    public func conflict(for key: ObjectKey, account: String) throws -> String? { nil }
+    /// S3 has no folders: any key goes beside any other, if its bucket key is not too long.
+    public func conflict(for key: ObjectKey, account: String) throws -> String? {
+        let length = self.objectKey(key, account: account).utf8.count
+        guard length > Self.maxKeyBytes else { return nil }
+        return "S3 takes keys of at most \(Self.maxKeyBytes) bytes; with the relay's prefix and the account this key makes \(length): \"\(key)\""
+    }
 
     // MARK: Names
 
@@ -330,7 +361,10 @@ public final class S3Store: BlobStore, Sendable {
         switch outcome.withLockedValue({ $0 }) {
         case .success(let value)?: return value
         case .failure(let error as S3Error)?:
-            throw StoreError(error.description, isNoSpace: error.code == "EntityTooLarge", alreadyExists: error.isPreconditionFailed)
+            throw StoreError(
+                error.description, isNoSpace: error.code == "EntityTooLarge", alreadyExists: error.isPreconditionFailed,
+                outcomeUnknown: error.outcomeUnknown
+            )
         case .failure(let error)?: throw error
         case nil: throw StoreError("S3 request ended without an outcome")
         }
@@ -356,7 +390,8 @@ final class S3StagingFile: StagingFile, @unchecked Sendable {
     let objectKey: String
     private let store: S3Store
     private let spoolPath: String
-    private let partBytes: Int64
+    /// The blob's announced size (nil: unknown), which sets the least part size.
+    private let expectedSize: Int64?
     private let lock = NIOLock()
     private var descriptor: Int32
     /// Bytes in uploaded parts.
@@ -369,7 +404,7 @@ final class S3StagingFile: StagingFile, @unchecked Sendable {
 
     init(
         store: S3Store, name: String, objectKey: String, spoolPath: String, descriptor: Int32, base: Int64,
-        upload: (id: String, parts: [StagedPart])?, partBytes: Int64
+        upload: (id: String, parts: [StagedPart])?, expectedSize: Int64?
     ) {
         self.store = store
         self.name = name
@@ -378,7 +413,7 @@ final class S3StagingFile: StagingFile, @unchecked Sendable {
         self.descriptor = descriptor
         self.base = base
         self.upload = upload
-        self.partBytes = partBytes
+        self.expectedSize = expectedSize
     }
 
     deinit {
@@ -430,7 +465,8 @@ final class S3StagingFile: StagingFile, @unchecked Sendable {
         try self.lock.withLock {
             let pending = offset - self.base
             guard pending > 0 else { return true }
-            guard pending >= self.partBytes else { return false }
+            let next = (self.upload?.parts.count ?? 0) + 1
+            guard pending >= self.store.partBytes(number: next, size: self.expectedSize) else { return false }
             try self.uploadPart(bytes: pending)
             return true
         }
@@ -438,8 +474,8 @@ final class S3StagingFile: StagingFile, @unchecked Sendable {
 
     /// Uploads the first `count` spooled bytes as the next part (creating the upload first), then empties the spool.
     private func uploadPart(bytes count: Int64) throws {
-        let body = try self.readSpool(count)
-        let sha1 = Data(SHA1.hash(body.readableBytesView)).base64EncodedString()
+        let (sha1, sha256) = try self.hashSpool(count)
+        let body = S3Body.file(descriptor: self.descriptor, offset: 0, length: count, sha256: sha256)
         let (store, key) = (self.store, self.objectKey)
         let id: String
         if let upload = self.upload {
@@ -462,20 +498,27 @@ final class S3StagingFile: StagingFile, @unchecked Sendable {
         }
     }
 
-    private func readSpool(_ count: Int64) throws -> ByteBuffer {
-        var buffer = ByteBufferAllocator().buffer(capacity: Int(count))
-        try buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: Int(count)) { raw in
-            guard let start = raw.baseAddress else { return 0 }
-            var done = 0
-            while done < Int(count) {
-                let n = pread(self.descriptor, start + done, Int(count) - done, off_t(done))
-                if n < 0 && errno == EINTR { continue }
-                guard n > 0 else { throw StoreError("spool file \(self.spoolPath) ends at \(done) of \(count) bytes") }
-                done += n
-            }
-            return done
+    /// The SHA-1 (base64, for `x-amz-checksum-sha1`) and SHA-256 (hex, for the signature) of the first `count` spooled
+    /// bytes, read a MiB at a time: a part is then sent from the file, never held in memory whole.
+    private func hashSpool(_ count: Int64) throws -> (sha1: String, sha256: String) {
+        var sha1 = SHA1()
+        var sha256 = SHA256()
+        let piece = UnsafeMutableRawBufferPointer.allocate(byteCount: 1 << 20, alignment: 16)
+        defer { piece.deallocate() }
+        var done: Int64 = 0
+        while done < count {
+            let want = Int(min(Int64(piece.count), count - done))
+            guard let base = piece.baseAddress else { break }
+            let n = pread(self.descriptor, base, want, off_t(done))
+            if n < 0 && errno == EINTR { continue }
+            guard n > 0 else { throw StoreError("spool file \(self.spoolPath) ends at \(done) of \(count) bytes") }
+            let bytes = UnsafeRawBufferPointer(rebasing: piece[0..<n])
+            sha1.update(bytes)
+            sha256.update(bufferPointer: bytes)
+            done += Int64(n)
         }
-        return buffer
+        let hex = sha256.finalize().map { $0 < 16 ? "0" + String($0, radix: 16) : String($0, radix: 16) }.joined()
+        return (Data(sha1.finalize()).base64EncodedString(), hex)
     }
 
     /// The object: the spool as one PutObject when no part went up, else as the last part and CompleteMultipartUpload.
@@ -483,8 +526,13 @@ final class S3StagingFile: StagingFile, @unchecked Sendable {
         try self.lock.withLock {
             let (store, key) = (self.store, self.objectKey)
             if self.upload == nil {
-                let body = try self.readSpool(self.spooled)
-                let checksum = Data(sha1?.bytes ?? SHA1.hash(body.readableBytesView)).base64EncodedString()
+                // The SHA-1 of the spool, not the one verified: S3 then checks that what it got is what was spooled, and
+                // the relay compared the verified one with HASH already.
+                let (checksum, sha256) = try self.hashSpool(self.spooled)
+                if let sha1, Data(sha1.bytes).base64EncodedString() != checksum {
+                    throw StoreError("the spool of \(key) does not hold the bytes verified (SHA-1 \(sha1))")
+                }
+                let body = S3Body.file(descriptor: self.descriptor, offset: 0, length: self.spooled, sha256: sha256)
                 try store.blocking {
                     try await store.client.putObject(bucket: store.bucket, key: key, body: body, sha1: checksum, ifNoneMatch: ifNoneMatch)
                 }
