@@ -133,3 +133,18 @@ def test_probe_granted_confirm_for_stored_bytes_start_for_new(relay):
     o = c.expect_offset(5)
     assert o["disposition"] == "START", o
     c.roundtrip()
+
+
+def test_already_exists_for_a_long_key_fits_its_message(relay):
+    """A refusal that names a key of ~1,000 bytes still sends a message of at most 1024 bytes (SPEC 12.1), cut at a
+    character boundary: the relay once sent 1,118 and broke the protocol."""
+    c = relay.session()
+    k = "/".join(("é" * 100 + f"-{os.urandom(4).hex()}-" + "x" * 30) for _ in range(4))
+    assert 900 < len(k.encode()) <= 1024
+    orig = uniq(b"original")
+    c.upload_honest(k, orig, sid=1)
+    c.open(3, k, uniq(b"replacement"))
+    f = c.expect_stream_error(3, "ALREADY_EXISTS")
+    assert len(f["message"].encode()) <= 1024, len(f["message"].encode())
+    assert relay.read_object(k) == orig
+    c.roundtrip()
