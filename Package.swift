@@ -27,6 +27,7 @@ let package = Package(
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
         .package(url: "https://github.com/groue/GRDB.swift.git", from: "7.10.0"),
         .package(url: "https://github.com/swift-server/async-http-client.git", from: "1.37.0"),
+        .package(url: "https://github.com/vapor/postgres-nio.git", from: "1.33.2"),
     ],
     targets: [
         // Pure wire protocol: frames, codec, limits, error codes, state machines. No I/O.
@@ -67,6 +68,7 @@ let package = Package(
             dependencies: [
                 "UploadProtocol", "UploadChecksums", "UploadPayload", "CUploadSystem", "UploadS3",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
@@ -139,6 +141,7 @@ let package = Package(
             dependencies: [
                 "UploadRelay", "UploadProtocol", "UploadPayload", "UploadChecksums", "UploadS3",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -193,6 +196,8 @@ let package = Package(
             name: "UploadRelayTests",
             dependencies: [
                 "UploadRelay", "UploadProtocol", "UploadChecksums", "UploadPayload", "UploadTestSupport", "CUploadSystem",
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "NIOTLS", package: "swift-nio"),

@@ -23,6 +23,13 @@ public enum RelayRuntime {
         return try SQLiteCatalog(path: dataDirectory + "/catalog.sqlite")
     }
 
+    /// The catalog `url` names (`postgres://...`: ``PostgresCatalog``), or the SQLite catalog in `dataDirectory` when nil.
+    public static func openCatalog(dataDirectory: String, url: String?, logger: Logger) throws -> any Catalog {
+        guard let url else { return try Self.openCatalog(dataDirectory: dataDirectory) }
+        try FileManager.default.createDirectory(atPath: dataDirectory, withIntermediateDirectories: true)
+        return try PostgresCatalog(url: url, logger: logger)
+    }
+
     /// `--dev`: a CA, a server certificate for localhost and `names`, and a token for account "dev" (made once).
     public static func prepareDev(dataDirectory: String, catalog: any Catalog, names: [String] = []) throws -> DevSetup {
         let paths = DevCertificates.Paths(dataDirectory: dataDirectory)

@@ -52,6 +52,15 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .long, help: ArgumentHelp("With an s3:// store: the region requests are signed for (default: AWS_REGION, else us-east-1).", valueName: "region"))
     var s3Region: String?
 
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "A catalog several relays share, postgres://USER:PASSWORD@HOST:PORT/DATABASE[?sslmode=disable] (or UPLOAD_RELAY_CATALOG); default: SQLite in --data.",
+            valueName: "url"
+        )
+    )
+    var catalog: String?
+
     @Option(name: .long, help: ArgumentHelp("Server certificate chain, PEM.", valueName: "file"))
     var cert: String?
 
@@ -199,7 +208,13 @@ struct Serve: AsyncParsableCommand {
         let (host, port) = try HostPort.parse(self.listen, option: "--listen")
         // Before anything is created: missing S3 keys are a usage error.
         let s3 = try self.store.flatMap(S3Store.parse).map { try self.s3Configuration(bucket: $0.bucket, prefix: $0.prefix) }
-        let catalog = try RelayRuntime.openCatalog(dataDirectory: self.data)
+        let catalogURL = self.catalog ?? ProcessInfo.processInfo.environment["UPLOAD_RELAY_CATALOG"]
+        let catalog: any Catalog
+        do {
+            catalog = try RelayRuntime.openCatalog(dataDirectory: self.data, url: catalogURL, logger: logger)
+        } catch let error as CatalogFailure {
+            throw ValidationError("--catalog: \(error)")
+        }
         var certificate = self.cert
         var privateKey = self.key
         let everyAddress = ["0.0.0.0", "::", "*"].contains(host)

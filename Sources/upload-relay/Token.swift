@@ -1,18 +1,34 @@
 import ArgumentParser
 import Foundation
+import Logging
 import UploadCommandLine
 import UploadRelay
 
 struct Token: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Manage agent accounts and their tokens.",
-        discussion: "Tokens are shown once, when made, and stored only hashed in <data>/catalog.sqlite.",
+        discussion: "Tokens are shown once, when made, and stored only hashed in the catalog (<data>/catalog.sqlite, or --catalog).",
         subcommands: [Add.self, List.self, Revoke.self]
     )
 
     struct Options: ParsableArguments {
         @Option(name: .long, help: ArgumentHelp("Directory the relay owns.", valueName: "dir"))
         var data: String = "./upload-relay-data"
+
+        @Option(
+            name: .long,
+            help: ArgumentHelp("The relays' shared catalog, postgres://USER:PASSWORD@HOST:PORT/DATABASE (or UPLOAD_RELAY_CATALOG); default: the SQLite catalog in --data.", valueName: "url")
+        )
+        var catalog: String?
+
+        func openCatalog() throws -> any Catalog {
+            let url = self.catalog ?? ProcessInfo.processInfo.environment["UPLOAD_RELAY_CATALOG"]
+            do {
+                return try RelayRuntime.openCatalog(dataDirectory: self.data, url: url, logger: Logger(label: "upload-relay"))
+            } catch let error as CatalogFailure {
+                throw ValidationError("--catalog: \(error)")
+            }
+        }
     }
 
     struct Add: ParsableCommand {
@@ -27,7 +43,7 @@ struct Token: ParsableCommand {
         @OptionGroup var options: Options
 
         func run() throws {
-            let catalog = try RelayRuntime.openCatalog(dataDirectory: self.options.data)
+            let catalog = try self.options.openCatalog()
             let quota = try self.quota.map { try ByteCount.parse($0, option: "--quota") }
             let token = Tokens.generate()
             do {
@@ -46,7 +62,7 @@ struct Token: ParsableCommand {
         @OptionGroup var options: Options
 
         func run() throws {
-            let catalog = try RelayRuntime.openCatalog(dataDirectory: self.options.data)
+            let catalog = try self.options.openCatalog()
             print("NAME\tUSED\tQUOTA\tSTATE")
             for account in try catalog.accounts() {
                 print("\(account.name)\t\(account.usedBytes)\t\(account.quota.map(String.init) ?? "-")\t\(account.revoked ? "revoked" : "active")")
@@ -63,7 +79,7 @@ struct Token: ParsableCommand {
         @OptionGroup var options: Options
 
         func run() throws {
-            let catalog = try RelayRuntime.openCatalog(dataDirectory: self.options.data)
+            let catalog = try self.options.openCatalog()
             guard try catalog.revokeAccount(named: self.name) else {
                 throw ValidationError(CatalogError.unknownAccount(self.name).description)
             }

@@ -59,6 +59,11 @@ public struct S3TestServer: Sendable {
     }
 }
 
+/// A test that needs a server this run did not start: says which and how to start it.
 public struct TestSetupError: Error, CustomStringConvertible {
     public var description: String
+
+    public init(description: String) {
+        self.description = description
+    }
 }

@@ -342,45 +342,16 @@ public final class S3Store: BlobStore, Sendable {
 
     // MARK: Waiting for requests
 
-    /// Runs `body` on the store's own executor (never the cooperative pool, which a blocked caller may be part of)
-    /// and waits for it.
+    /// Runs `body` and waits for it (``Blocking/run(_:)``), S3's errors as ``StoreError``.
     func blocking<T: Sendable>(_ body: @escaping @Sendable () async throws -> T) throws -> T {
-        let done = DispatchSemaphore(value: 0)
-        let outcome = NIOLockedValueBox<Result<T, any Error>?>(nil)
-        Task(executorPreference: Self.executor) {
-            let result: Result<T, any Error>
-            do {
-                result = .success(try await body())
-            } catch {
-                result = .failure(error)
-            }
-            outcome.withLockedValue { $0 = result }
-            done.signal()
-        }
-        done.wait()
-        switch outcome.withLockedValue({ $0 }) {
-        case .success(let value)?: return value
-        case .failure(let error as S3Error)?:
+        do {
+            return try Blocking.run(body)
+        } catch let error as S3Error {
             throw StoreError(
                 error.description, isNoSpace: error.code == "EntityTooLarge", alreadyExists: error.isPreconditionFailed,
                 outcomeUnknown: error.outcomeUnknown
             )
-        case .failure(let error)?: throw error
-        case nil: throw StoreError("S3 request ended without an outcome")
         }
-    }
-
-    static let executor = DispatchTaskExecutor()
-}
-
-/// Runs tasks' jobs on a concurrent dispatch queue: the S3 store's requests, waited for by threads that may be the
-/// cooperative pool's own.
-final class DispatchTaskExecutor: TaskExecutor, @unchecked Sendable {
-    private let queue = DispatchQueue(label: "upload-relay.s3", attributes: .concurrent)
-
-    func enqueue(_ job: consuming ExecutorJob) {
-        let job = UnownedJob(job)
-        self.queue.async { job.runSynchronously(on: self.asUnownedTaskExecutor()) }
     }
 }
 

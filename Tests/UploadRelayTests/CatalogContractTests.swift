@@ -1,0 +1,193 @@
+import Foundation
+import Logging
+import NIOConcurrencyHelpers
+import PostgresNIO
+import Testing
+import UploadTestSupport
+
+@testable import UploadRelay
+
+/// One suite, both catalogs (issue 10): every test runs against SQLite and against PostgreSQL (the throwaway cluster
+/// tools/test starts, `UPLOAD_TEST_POSTGRES_URL`; each test gets a database of its own). What one backend answers,
+/// the other must.
+@Suite("Catalog contract: SQLite and PostgreSQL")
+struct CatalogContractTests {
+    enum Backend: String, CaseIterable, Sendable, CustomStringConvertible {
+        case sqlite, postgres
+        var description: String { self.rawValue }
+    }
+
+    static var logger: Logger {
+        var logger = Logger(label: "catalog-test")
+        logger.logLevel = .critical
+        return logger
+    }
+
+    /// A fresh, empty catalog of `backend` (and its place, to open a second one on the same data), removed after `body`.
+    static func withCatalog(_ backend: Backend, _ body: (any Catalog, () throws -> any Catalog) throws -> Void) throws {
+        switch backend {
+        case .sqlite:
+            let directory = TemporaryDirectories.make(prefix: "upload-catalog-")
+            let path = directory + "/catalog.sqlite"
+            try body(try SQLiteCatalog(path: path), { try SQLiteCatalog(path: path) })
+        case .postgres:
+            try PostgresTestDatabase.with { url in
+                var opened: [PostgresCatalog] = []
+                defer { for catalog in opened { catalog.shutdown() } }
+                func open() throws -> any Catalog {
+                    let catalog = try PostgresCatalog(url: url, logger: PostgresTestDatabase.quietLogger)
+                    opened.append(catalog)
+                    return catalog
+                }
+                try body(try open(), open)
+            }
+        }
+    }
+
+    static func session(_ id: String, key: String, durable: Int64 = 0, size: Int64? = 100, account: String = "alice") -> UploadSession {
+        UploadSession(
+            id: id, account: account, key: key, resumeToken: [1, 2, 3], fingerprint: [9, 9], declaredSize: size, durableOffset: durable,
+            sha1State: [7, 7, 7], stagingName: "staging-\(id)", declaredSHA1: nil, striped: false, updatedAt: Date(timeIntervalSince1970: 1_000)
+        )
+    }
+
+    static let identity = ObjectIdentity(device: 1, inode: UInt64.max - 5, size: 10, modified: -3)
+
+    @Test("accounts: added once, found by token hash and by name, listed in order, revoked; bad names and twins refused", arguments: Backend.allCases)
+    func accounts(_ backend: Backend) throws {
+        try Self.withCatalog(backend) { catalog, _ in
+            try catalog.addAccount(name: "bob", tokenHash: [2, 2], quota: nil)
+            try catalog.addAccount(name: "alice", tokenHash: [1, 1], quota: 500)
+            #expect(throws: CatalogError.accountExists("alice")) { try catalog.addAccount(name: "alice", tokenHash: [3], quota: nil) }
+            #expect(throws: CatalogError.invalidAccountName("../x")) { try catalog.addAccount(name: "../x", tokenHash: [4], quota: nil) }
+            #expect(try catalog.account(tokenHash: [1, 1])?.name == "alice")
+            #expect(try catalog.account(tokenHash: [1, 1])?.quota == 500)
+            #expect(try catalog.account(tokenHash: [9]) == nil)
+            #expect(try catalog.account(named: "bob")?.quota == nil)
+            #expect(try catalog.accounts().map(\.name) == ["alice", "bob"])
+            #expect(try catalog.revokeAccount(named: "bob"))
+            #expect(try catalog.account(named: "bob")?.revoked == true)
+            #expect(try !catalog.revokeAccount(named: "nobody"))
+        }
+    }
+
+    @Test("sessions: recorded, replaced by key, updated with their parts, gone with them; an update of a gone one refused", arguments: Backend.allCases)
+    func sessions(_ backend: Backend) throws {
+        try Self.withCatalog(backend) { catalog, _ in
+            try catalog.addAccount(name: "alice", tokenHash: [1], quota: nil)
+            let parts = [StagedPart(number: 1, end: 50, etag: "\"e1\"", sha1: "s1")]
+            try catalog.putSession(Self.session("s1", key: "a/b.jpg", durable: 50), parts: parts)
+            let read = try #require(try catalog.session(account: "alice", key: "a/b.jpg"))
+            #expect(read == Self.session("s1", key: "a/b.jpg", durable: 50))
+            #expect(try catalog.stagedParts(sessionID: "s1") == parts)
+            try catalog.updateDurable(
+                sessionID: "s1", offset: 90, sha1State: [8], parts: [StagedPart(number: 2, end: 90, etag: "e2", sha1: "s2")]
+            )
+            #expect(try catalog.session(account: "alice", key: "a/b.jpg")?.durableOffset == 90)
+            #expect(try catalog.session(account: "alice", key: "a/b.jpg")?.sha1State == [8])
+            #expect(try catalog.stagedParts(sessionID: "s1").map(\.number) == [1, 2])
+            // A part recorded again replaces the old.
+            try catalog.updateDurable(sessionID: "s1", offset: 95, sha1State: [9], parts: [StagedPart(number: 2, end: 95, etag: "e2b", sha1: "s2b")])
+            #expect(try catalog.stagedParts(sessionID: "s1").last == StagedPart(number: 2, end: 95, etag: "e2b", sha1: "s2b"))
+            #expect(try catalog.sessions(updatedBefore: .distantFuture).map(\.id) == ["s1"])
+            #expect(try catalog.sessions(updatedBefore: Date(timeIntervalSince1970: 10)).isEmpty)
+            // A new session of the same key replaces the old, and its parts.
+            try catalog.putSession(Self.session("s2", key: "a/b.jpg"))
+            #expect(try catalog.session(account: "alice", key: "a/b.jpg")?.id == "s2")
+            #expect(try catalog.stagedParts(sessionID: "s1").isEmpty)
+            #expect(throws: CatalogError.unknownSession("s1")) { try catalog.updateDurable(sessionID: "s1", offset: 1, sha1State: []) }
+            try catalog.completeStripe(sessionID: "s2", index: 3, bytes: 40)
+            try catalog.completeStripe(sessionID: "s2", index: 3, bytes: 40)
+            try catalog.completeStripe(sessionID: "s2", index: 1, bytes: 40)
+            #expect(try catalog.completeStripes(sessionID: "s2") == [1, 3])
+            #expect(throws: CatalogError.unknownSession("s9")) { try catalog.completeStripe(sessionID: "s9", index: 1, bytes: 1) }
+            try catalog.deleteSession(id: "s2")
+            #expect(try catalog.session(account: "alice", key: "a/b.jpg") == nil)
+            #expect(try catalog.completeStripes(sessionID: "s2").isEmpty)
+        }
+    }
+
+    @Test("commits: reserved, then recorded with the object's identity and the account's bytes; refused over quota; abandoned; forgotten", arguments: Backend.allCases)
+    func commits(_ backend: Backend) throws {
+        try Self.withCatalog(backend) { catalog, _ in
+            try catalog.addAccount(name: "alice", tokenHash: [1], quota: 100)
+            try catalog.putSession(Self.session("s1", key: "k1", durable: 10))
+            let first = PendingCommit(account: "alice", key: "k1", size: 60, sha1: "aa", sessionID: "s1", probeSHA1: "pp")
+            try catalog.beginCommit(first)
+            #expect(try catalog.pendingCommits() == [PendingCommit(account: "alice", key: "k1", size: 60, sha1: "aa", sessionID: "s1")])
+            #expect(try catalog.quotaUse(account: "alice", excludingKey: "other").committing == 60)
+            // A group: one too large for what is left, one that fits, one of an unknown account.
+            let results = try catalog.beginCommits([
+                PendingCommit(account: "alice", key: "k2", size: 50, sha1: "bb", sessionID: nil),
+                PendingCommit(account: "alice", key: "k3", size: 30, sha1: "cc", sessionID: nil),
+                PendingCommit(account: "nobody", key: "k4", size: 1, sha1: "dd", sessionID: nil),
+            ])
+            #expect(results.count == 3)
+            #expect(results[0] == .quotaExceeded(account: "alice", needed: 50, quota: 100, used: 60))
+            #expect(results[1] == nil)
+            #expect(results[2] == .unknownAccount("nobody"))
+            try catalog.finishCommits([(first, Self.identity)])
+            let object = try #require(try catalog.object(account: "alice", key: "k1"))
+            #expect(object.size == 60 && object.sha1 == "aa" && object.identity == ObjectIdentity(device: 1, inode: UInt64.max - 5, size: 60, modified: -3))
+            #expect(object.probeSHA1 == "pp")
+            #expect(try catalog.session(account: "alice", key: "k1") == nil, "the commit's session goes with it")
+            #expect(try catalog.account(named: "alice")?.usedBytes == 60)
+            #expect(try catalog.object(account: "alice", size: 60, sha1: "aa").map(\.key) == ["k1"])
+            #expect(try catalog.probeCandidates(account: "alice", size: 60, probe: "pp").map(\.key) == ["k1"])
+            #expect(try catalog.probeCandidates(account: "alice", size: 60, probe: "other").isEmpty)
+            try catalog.abandonCommit(account: "alice", key: "k3")
+            #expect(try catalog.pendingCommits().isEmpty)
+            // Replacing an object counts what it adds.
+            let replace = PendingCommit(account: "alice", key: "k1", size: 90, sha1: "ee", sessionID: nil)
+            #expect(try catalog.beginCommits([replace]) == [nil])
+            try catalog.finishCommit(replace, identity: Self.identity)
+            #expect(try catalog.account(named: "alice")?.usedBytes == 90)
+            try catalog.deleteObject(account: "alice", key: "k1")
+            try catalog.deleteObject(account: "alice", key: "k1")
+            #expect(try catalog.account(named: "alice")?.usedBytes == 0)
+            #expect(try catalog.objects().isEmpty)
+        }
+    }
+
+    @Test("quota use: other keys' sessions hold their durable bytes, open uploads what they announced, a replaced object only the growth", arguments: Backend.allCases)
+    func quotaUse(_ backend: Backend) throws {
+        try Self.withCatalog(backend) { catalog, _ in
+            try catalog.addAccount(name: "alice", tokenHash: [1], quota: 1000)
+            try catalog.putSession(Self.session("s1", key: "left", durable: 40, size: 300))
+            try catalog.putSession(Self.session("s2", key: "open", durable: 10, size: 200))
+            try catalog.completeStripe(sessionID: "s1", index: 1, bytes: 5)
+            let old = PendingCommit(account: "alice", key: "open", size: 50, sha1: "x", sessionID: nil)
+            try catalog.beginCommit(old)
+            try catalog.finishCommit(old, identity: Self.identity)
+            let use = try catalog.quotaUse(account: "alice", excludingKey: "mine", active: ["open": 200, "new": 70])
+            // left: 40 + 5 durable; open: announced 200 less the 50 it replaces; new: announced 70.
+            #expect(use == QuotaUse(quota: 1000, stored: 50, committing: 0, staged: 45 + 150 + 70))
+            #expect(try catalog.quotaUse(account: "alice", excludingKey: "left").staged == 0)
+            #expect(throws: CatalogError.unknownAccount("bob")) { try catalog.quotaUse(account: "bob", excludingKey: "k") }
+        }
+    }
+
+    @Test("two catalogs on the same data (two relays): both see each other's records, a second opening migrates nothing, and racing commits never pass the quota", arguments: Backend.allCases)
+    func twoRelays(_ backend: Backend) throws {
+        try Self.withCatalog(backend) { first, openAnother in
+            try first.addAccount(name: "alice", tokenHash: [1], quota: 100)
+            let second = try openAnother()
+            #expect(try second.account(named: "alice")?.quota == 100)
+            try second.putSession(Self.session("s1", key: "k", durable: 5))
+            #expect(try first.session(account: "alice", key: "k")?.id == "s1")
+            // 8 commits of 30 bytes, from both catalogs at once: at most 3 fit.
+            let reservedCount = NIOLockedValueBox(0)
+            DispatchQueue.concurrentPerform(iterations: 8) { index in
+                let catalog = index % 2 == 0 ? first : second
+                let commit = PendingCommit(account: "alice", key: "race-\(index)", size: 30, sha1: "s", sessionID: nil)
+                let result = try? catalog.beginCommits([commit])
+                if let result, result.count == 1, result[0] == nil {
+                    reservedCount.withLockedValue { $0 += 1 }
+                }
+            }
+            let reserved = reservedCount.withLockedValue { $0 }
+            #expect(reserved == 3, "\(reserved) commits of 30 reserved against a quota of 100")
+            #expect(try first.pendingCommits().count == 3)
+        }
+    }
+}

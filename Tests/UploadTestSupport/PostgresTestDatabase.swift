@@ -1,0 +1,56 @@
+import Foundation
+import Logging
+import PostgresNIO
+import UploadRelay
+
+/// A database of its own in the run's PostgreSQL (tools/test starts a throwaway cluster and exports
+/// `UPLOAD_TEST_POSTGRES_URL`), dropped after use.
+public enum PostgresTestDatabase {
+    public static let missing = """
+        UPLOAD_TEST_POSTGRES_URL is not set: these tests need a real PostgreSQL. Run tools/test, which starts one, or: \
+        eval "$(tools/pg/postgres.sh start /tmp/pg)" (and tools/pg/postgres.sh stop /tmp/pg after)
+        """
+
+    public static var quietLogger: Logger {
+        var logger = Logger(label: "postgres-test")
+        logger.logLevel = .critical
+        return logger
+    }
+
+    /// Makes a new, empty database; returns its URL and what drops it (its connections cut).
+    public static func make() throws -> (url: String, drop: @Sendable () -> Void) {
+        guard let base = ProcessInfo.processInfo.environment["UPLOAD_TEST_POSTGRES_URL"] else {
+            throw TestSetupError(description: Self.missing)
+        }
+        guard let range = base.range(of: "/upload?") else {
+            throw TestSetupError(description: "UPLOAD_TEST_POSTGRES_URL names no database \"upload\" (.../upload?...): \(base)")
+        }
+        let name = "t_" + UUID().uuidString.replacingOccurrences(of: "-", with: "").prefix(16).lowercased()
+        let admin = try PostgresCatalog(url: base, logger: Self.quietLogger)
+        do {
+            try admin.execute("CREATE DATABASE \(name)")
+        } catch {
+            admin.shutdown()
+            throw error
+        }
+        let drop: @Sendable () -> Void = {
+            try? admin.execute("DROP DATABASE \(name) WITH (FORCE)")
+            admin.shutdown()
+        }
+        return (base.replacingCharacters(in: range, with: "/\(name)?"), drop)
+    }
+
+    /// Runs `body` with the URL of a new, empty database, then drops it, whether `body` threw or not.
+    public static func with<T>(_ body: (String) throws -> T) throws -> T {
+        let (url, drop) = try Self.make()
+        defer { drop() }
+        return try body(url)
+    }
+
+    /// ``with(_:)`` for async work.
+    public static func with<T>(_ body: (String) async throws -> T) async throws -> T {
+        let (url, drop) = try Self.make()
+        defer { drop() }
+        return try await body(url)
+    }
+}
