@@ -25,9 +25,18 @@ struct S3StoreTests {
     /// Waits until the catalog holds a session with a part recorded (5 MiB or more durable); false after 30 s. Never
     /// blocks a thread while it waits: the agent in this process needs the cooperative pool meanwhile.
     static func waitForPart(_ catalog: any Catalog) async throws -> Bool {
-        try await Self.eventually(timeout: 30) {
-            ((try? catalog.sessions(updatedBefore: .distantFuture))?.first?.durableOffset ?? 0) >= 5 << 20
+        var lastError: (any Error)? = nil
+        var lastSeen: [UploadSession] = []
+        let found = try await Self.eventually(timeout: 30) {
+            do {
+                lastSeen = try catalog.sessions(updatedBefore: .distantFuture)
+            } catch {
+                lastError = error
+            }
+            return (lastSeen.first?.durableOffset ?? 0) >= 5 << 20
         }
+        if !found { Issue.record("the catalog showed \(lastSeen.map(\.durableOffset)); last error: \(String(describing: lastError))") }
+        return found
     }
 
     /// Whether `condition` came to hold within `timeout` seconds, asked every 20 ms (for what the relay does after its
@@ -229,7 +238,7 @@ struct S3StoreTests {
             try await PostgresTestDatabase.with { catalogURL in
                 let (dataA, dataB) = (TestRelay.makeDirectory(), TestRelay.makeDirectory())
                 let source = TestRelay.makeDirectory()
-                let size = 40 << 20
+                let size = 32 << 20
                 let file = makeFile(source, "take.mov", size: size, seed: 51)
                 var environment = ProcessInfo.processInfo.environment
                 environment["AWS_ACCESS_KEY_ID"] = server.credentials.accessKeyID
@@ -251,18 +260,16 @@ struct S3StoreTests {
                 // Relay A makes the certificates (--dev) that relay B serves too: the agent trusts one CA.
                 var (relay, port) = try startRelay(data: dataA, port: 0, ["--dev"])
                 let tls = ["--cert", dataA + "/dev/server.pem", "--key", dataA + "/dev/server-key.pem"]
-                let (firstPort, path) = (port, file.path)
-                let uploadTask = Task {
-                    try await upload(
-                        [UploadItem(key: "take.mov", displayPath: path, source: FileSource(path: path))],
-                        port: firstPort, token: token, ca: dataA + "/dev/ca.pem",
-                        configure: {
-                            $0.dedup = false
-                            $0.retryFor = .seconds(60)
-                            $0.bandwidthLimit = 16 << 20
-                        }
-                    )
-                }
+                // The agent as its own process: nothing it does waits for this test process's threads.
+                let agent = try AgentProcess(
+                    // 8 MB/s: the first part is recorded after a second, the last long after a poll on a loaded machine sees it.
+                    ["send", "--json", "--quiet", "--no-state", "--no-dedup", "--bwlimit", "8M", "--retry-for", "60s", file.path],
+                    environment: [
+                        "UPLOAD_RELAY": "127.0.0.1:\(port)", "UPLOAD_CA": dataA + "/dev/ca.pem", "UPLOAD_TOKEN": token,
+                        "XDG_STATE_HOME": source + "/state",
+                    ],
+                    log: source + "/agent.log"
+                )
                 let catalog = try PostgresCatalog(url: catalogURL, logger: PostgresTestDatabase.quietLogger)
                 defer { catalog.shutdown() }
                 let recorded = try await Self.waitForPart(catalog)
@@ -272,11 +279,12 @@ struct S3StoreTests {
                 let open = try await client.listMultipartUploads(bucket: bucket, prefix: "relay/camera/")
                 #expect(open.count == 1, "relay A's multipart upload is open")
                 (relay, port) = try startRelay(data: dataB, port: port, tls)
-                let results = try await uploadTask.value
-                #expect(results.first?.status == .stored, "\(results.first?.error ?? "")")
+                #expect(agent.child.waitForExit() == 0, "\(agent.child.log)")
+                let result = try #require(agent.events.first { $0["key"] as? String == "take.mov" }, "\(agent.child.log)")
+                #expect(result["status"] as? String == "stored", "\(result)")
                 #expect(try await Self.object(client, bucket, "relay/camera/take.mov") == file.data)
                 #expect(try await client.listMultipartUploads(bucket: bucket, prefix: "").isEmpty, "relay B completed relay A's upload")
-                let resent = Int(results.first?.sentBytes ?? 0) - size
+                let resent = (result["sent_bytes"] as? Int ?? 0) - size
                 #expect(resent <= (8 << 20) + (8 << 20) + (1 << 20), "re-sent \(resent) bytes")
                 // Relay B recorded the object in the shared catalog.
                 let listed = try CommandLineTests.run(binary, ["token", "list", "--data", dataB], environment: environment)
