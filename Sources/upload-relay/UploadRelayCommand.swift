@@ -17,8 +17,10 @@ struct UploadRelayCommand: AsyncParsableCommand {
             On a server, use real certificates and one token per device:
               upload-relay token add camera-7 --data /srv/upload --quota 50G
               upload-relay serve --data /srv/upload --cert fullchain.pem --key privkey.pem
+            and see what is stored and under way:
+              upload-relay ls --data /srv/upload --in-progress
             """,
-        subcommands: [Serve.self, Token.self]
+        subcommands: [Serve.self, Token.self, ListCommand.self]
     )
 
     /// Usage errors exit 2, as scripts expect (ArgumentParser's own default is 64).

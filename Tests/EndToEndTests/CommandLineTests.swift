@@ -1,6 +1,8 @@
 import Foundation
 import Testing
 import UploadProtocol
+import UploadChecksums
+import UploadRelay
 import UploadTestSupport
 
 /// The programs as a user runs them: exit codes, --json, --help.
@@ -154,6 +156,40 @@ struct CommandLineTests {
             #expect(run.stderr.contains(hint), "\(options): \(run.stderr)")
         }
         #expect(!FileManager.default.fileExists(atPath: data), "a refused serve created its data directory")
+    }
+
+    @Test("relay ls: stored objects and uploads under way, by account, as a table or JSON lines; an unknown account is a usage error")
+    func relayList() throws {
+        let relay = try DevRelay()
+        let source = TestRelay.makeDirectory()
+        let photo = makeFile(source, "IMG_1.jpg", size: 12_345, seed: 3)
+        let sent = try Self.run(try Self.agentBinary(), ["send", "--no-state", photo.path], environment: relay.environment)
+        #expect(sent.status == 0, "\(sent.stderr)")
+        relay.stop()
+        let binary = try relayBinary()
+        #expect(try Self.run(binary, ["token", "add", "other", "--data", relay.data]).status == 0)
+        // An upload of "other" under way: its session, as a relay records it at its first durable sync.
+        let catalog = try SQLiteCatalog(path: relay.data + "/catalog.sqlite")
+        try catalog.putSession(
+            UploadSession(
+                id: "s1", account: "other", key: "videos/big one.mov", resumeToken: [1], fingerprint: [2], declaredSize: 999_999,
+                durableOffset: 123_456, sha1State: SHA1().exportState(), stagingName: "s1"
+            )
+        )
+        let table = try Self.run(binary, ["ls", "--data", relay.data])
+        #expect(table.status == 0, "\(table.stderr)")
+        #expect(table.stdout.contains("dev\tstored\t12345\t12345\tIMG_1.jpg"), "\(table.stdout)")
+        #expect(table.stdout.contains("other\tuploading\t123456\t999999\tvideos/big one.mov"), "\(table.stdout)")
+        let underWay = try Self.jsonLines(try Self.run(binary, ["ls", "--data", relay.data, "--in-progress", "--json"]).stdout)
+        #expect(underWay.count == 1)
+        #expect(underWay.first?["key"] as? String == "videos/big one.mov")
+        #expect(underWay.first?["status"] as? String == "uploading")
+        #expect(underWay.first?["bytes"] as? Int == 123_456 && underWay.first?["size"] as? Int == 999_999)
+        let dev = try Self.jsonLines(try Self.run(binary, ["ls", "--data", relay.data, "--account", "dev", "--json"]).stdout)
+        #expect(dev.map { $0["key"] as? String } == ["IMG_1.jpg"])
+        #expect(dev.first?["sha1"] as? String == SHA1.hash(photo.data).map { String(format: "%02x", $0) }.joined())
+        let unknown = try Self.run(binary, ["ls", "--data", relay.data, "--account", "nobody"])
+        #expect(unknown.status == 2 && unknown.stderr.contains("no account named \"nobody\""), "\(unknown.stderr)")
     }
 
     @Test("send --deflate --json: wire_bytes shows what deflate saved on text, and nothing on random bytes; both stored exactly")

@@ -1,0 +1,69 @@
+import ArgumentParser
+import Foundation
+import UploadRelay
+
+/// `upload-relay ls`: what the catalog holds, stored and under way (issue 10's "in progress visible to others").
+struct ListCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "ls",
+        abstract: "List stored objects and uploads under way, with their bytes.",
+        discussion: """
+            Reads the catalog (<data>/catalog.sqlite, or the shared one of --catalog), so it sees what \
+            every relay sharing it stores. An upload under way shows the bytes the relay holds durably \
+            (what an agent resuming it would not send again) and the size it announced. \
+            With --json, one object per line: {"account", "key", "status": "stored"|"uploading", \
+            "bytes", "size", "sha1" (stored only)}.
+            """
+    )
+
+    @Option(name: .long, help: ArgumentHelp("Only this account's.", valueName: "name"))
+    var account: String?
+
+    @Flag(name: .long, help: "Only uploads under way.")
+    var inProgress = false
+
+    @Flag(name: .long, help: "One JSON object per line, for scripts.")
+    var json = false
+
+    @OptionGroup var options: Token.Options
+
+    struct Entry: Encodable {
+        var account: String
+        var key: String
+        var status: String
+        var bytes: Int64
+        var size: Int64?
+        var sha1: String?
+    }
+
+    func run() throws {
+        let catalog = try self.options.openCatalog()
+        if let account = self.account, try catalog.account(named: account) == nil {
+            throw ValidationError(CatalogError.unknownAccount(account).description)
+        }
+        var entries: [Entry] = []
+        if !self.inProgress {
+            for object in try catalog.objects() where self.account == nil || object.account == self.account {
+                entries.append(Entry(account: object.account, key: object.key, status: "stored", bytes: object.size, size: object.size, sha1: object.sha1))
+            }
+        }
+        for session in try catalog.sessions(updatedBefore: .distantFuture) where self.account == nil || session.account == self.account {
+            entries.append(
+                Entry(account: session.account, key: session.key, status: "uploading", bytes: session.durableOffset, size: session.declaredSize, sha1: nil)
+            )
+        }
+        entries.sort { ($0.account, $0.key, $0.status) < ($1.account, $1.key, $1.status) }
+        if self.json {
+            let encoder = JSONEncoder()
+            encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+            for entry in entries {
+                print(String(decoding: try encoder.encode(entry), as: UTF8.self))
+            }
+            return
+        }
+        print("ACCOUNT\tSTATUS\tBYTES\tSIZE\tKEY")
+        for entry in entries {
+            print("\(entry.account)\t\(entry.status)\t\(entry.bytes)\t\(entry.size.map(String.init) ?? "-")\t\(entry.key)")
+        }
+    }
+}
