@@ -22,21 +22,27 @@ struct S3StoreTests {
         return Data(bytes.readableBytesView)
     }
 
-    /// Waits until the catalog holds a session with a part recorded (5 MiB or more durable); false after 30 s. Never
-    /// blocks a thread while it waits: the agent in this process needs the cooperative pool meanwhile.
-    static func waitForPart(_ catalog: any Catalog) async throws -> Bool {
-        var lastError: (any Error)? = nil
-        var lastSeen: [UploadSession] = []
-        let found = try await Self.eventually(timeout: 30) {
-            do {
-                lastSeen = try catalog.sessions(updatedBefore: .distantFuture)
-            } catch {
-                lastError = error
-            }
-            return (lastSeen.first?.durableOffset ?? 0) >= 5 << 20
+    /// Kills `relay` with SIGKILL once its catalog records a part (5 MiB or more durable), from a process of its own
+    /// (tools/s3/kill-after-part.py): on a loaded machine this test process may not look in time, and the upload would
+    /// end first. Waits for the relay to exit; whether the watcher killed it (and what it said, when not).
+    static func killAfterPart(_ relay: ChildProcess, catalog: [String]) -> (killed: Bool, said: String) {
+        let watcher = Process()
+        watcher.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        watcher.arguments = ["python3", packageRoot + "/tools/s3/kill-after-part.py", "--pid", "\(relay.process.processIdentifier)",
+            "--bytes", "\(5 << 20)", "--timeout", "60"] + catalog
+        let errors = Pipe()
+        watcher.standardError = errors
+        do {
+            try watcher.run()
+        } catch {
+            relay.kill(SIGKILL)
+            return (false, "\(error)")
         }
-        if !found { Issue.record("the catalog showed \(lastSeen.map(\.durableOffset)); last error: \(String(describing: lastError))") }
-        return found
+        let said = String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        watcher.waitUntilExit()
+        if watcher.terminationStatus != 0 { relay.kill(SIGKILL) }
+        _ = relay.waitForExit()
+        return (watcher.terminationStatus == 0, said)
     }
 
     /// Whether `condition` came to hold within `timeout` seconds, asked every 20 ms (for what the relay does after its
@@ -206,10 +212,8 @@ struct S3StoreTests {
                 )
             }
             // Killed once the relay recorded a part (its catalog says so; the agent's events may lag on a loaded machine).
-            let recorded = try await Self.waitForPart(try SQLiteCatalog(path: data + "/catalog.sqlite"))
-            #expect(recorded, "no part recorded: \(relay.log)")
-            relay.kill(SIGKILL)
-            _ = relay.waitForExit()
+            let kill = Self.killAfterPart(relay, catalog: ["--sqlite", data + "/catalog.sqlite"])
+            #expect(kill.killed, "no part recorded: \(kill.said) \(relay.log)")
             // The acknowledged bytes are in the parts of the one open multipart upload; no object yet.
             let open = try await client.listMultipartUploads(bucket: bucket, prefix: "relay/dev/")
             #expect(open.count == 1)
@@ -270,12 +274,8 @@ struct S3StoreTests {
                     ],
                     log: source + "/agent.log"
                 )
-                let catalog = try PostgresCatalog(url: catalogURL, logger: PostgresTestDatabase.quietLogger)
-                defer { catalog.shutdown() }
-                let recorded = try await Self.waitForPart(catalog)
-                #expect(recorded, "no part recorded: \(relay.log)")
-                relay.kill(SIGKILL)
-                _ = relay.waitForExit()
+                let kill = Self.killAfterPart(relay, catalog: ["--postgres", catalogURL])
+                #expect(kill.killed, "no part recorded: \(kill.said) \(relay.log)")
                 let open = try await client.listMultipartUploads(bucket: bucket, prefix: "relay/camera/")
                 #expect(open.count == 1, "relay A's multipart upload is open")
                 (relay, port) = try startRelay(data: dataB, port: port, tls)
