@@ -130,10 +130,8 @@ public final class S3Store: BlobStore, Sendable {
             }
             // The upload must still be there, with those parts (an abort, or a lifecycle rule, may have taken it).
             let listed = try self.blocking { try await self.client.listParts(bucket: self.bucket, key: objectKey, uploadID: named.id) }
-            // Quotes differ between servers (and between ETag headers and listings).
-            func bare(_ etag: String) -> String { etag.trimmingCharacters(in: CharacterSet(charactersIn: "\"")) }
-            let etags = Dictionary(listed.map { ($0.part.number, bare($0.part.etag)) }, uniquingKeysWith: { a, _ in a })
-            guard parts.allSatisfy({ etags[$0.number] == bare($0.etag) }) else {
+            let etags = Dictionary(listed.map { ($0.part.number, Self.bare($0.part.etag)) }, uniquingKeysWith: { a, _ in a })
+            guard parts.allSatisfy({ etags[$0.number] == Self.bare($0.etag) }) else {
                 throw StoreError("multipart upload \(named.id) of s3://\(self.bucket)/\(objectKey) no longer holds its recorded parts")
             }
             upload = (named.id, parts)
@@ -264,7 +262,7 @@ public final class S3Store: BlobStore, Sendable {
 
     static func identity(_ info: S3ObjectInfo) -> ObjectIdentity {
         var hash: UInt64 = 0xcbf2_9ce4_8422_2325
-        for byte in info.etag.trimmingCharacters(in: CharacterSet(charactersIn: "\"")).utf8 {
+        for byte in Self.bare(info.etag).utf8 {
             hash = (hash ^ UInt64(byte)) &* 0x100_0000_01b3
         }
         return ObjectIdentity(device: 0, inode: hash, size: info.size, modified: 0)
@@ -302,7 +300,7 @@ public final class S3Store: BlobStore, Sendable {
 
     /// `mpu.<hex upload id>.<hex bucket key>`: what cleanup and a resume need, from the name alone.
     static func name(uploadID: String, key: String) -> String {
-        "mpu." + Self.hex(uploadID) + "." + Self.hex(key)
+        "mpu." + Array(uploadID.utf8).hexString + "." + Array(key.utf8).hexString
     }
 
     static func upload(inName name: String) -> (id: String, key: String)? {
@@ -315,21 +313,13 @@ public final class S3Store: BlobStore, Sendable {
         UploadPolicy.randomID()
     }
 
-    static func hex(_ text: String) -> String {
-        text.utf8.map { $0 < 16 ? "0" + String($0, radix: 16) : String($0, radix: 16) }.joined()
+    static func unhex(_ text: Substring) -> String? {
+        [UInt8](hexString: String(text)).flatMap { String(validating: $0, as: UTF8.self) }
     }
 
-    static func unhex(_ text: Substring) -> String? {
-        guard text.count % 2 == 0 else { return nil }
-        var bytes: [UInt8] = []
-        var index = text.startIndex
-        while index < text.endIndex {
-            let next = text.index(index, offsetBy: 2)
-            guard let byte = UInt8(text[index..<next], radix: 16) else { return nil }
-            bytes.append(byte)
-            index = next
-        }
-        return String(validating: bytes, as: UTF8.self)
+    /// An ETag without its quotes: servers quote it in headers and listings, or not, each its own way.
+    static func bare(_ etag: String) -> String {
+        etag.trimmingCharacters(in: CharacterSet(charactersIn: "\""))
     }
 
     static func date(_ text: String) -> Date? {
@@ -488,8 +478,7 @@ final class S3StagingFile: StagingFile, @unchecked Sendable {
             sha256.update(bufferPointer: bytes)
             done += Int64(n)
         }
-        let hex = sha256.finalize().map { $0 < 16 ? "0" + String($0, radix: 16) : String($0, radix: 16) }.joined()
-        return (Data(sha1.finalize()).base64EncodedString(), hex)
+        return (Data(sha1.finalize()).base64EncodedString(), Array(sha256.finalize()).hexString)
     }
 
     /// The object: the spool as one PutObject when no part went up, else as the last part and CompleteMultipartUpload.
