@@ -115,6 +115,61 @@ public struct UploadSession: Hashable, Sendable {
     }
 }
 
+/// The quota rule for what an account's other unfinished uploads hold, in one place for every catalog: each reads its
+/// rows into it.
+///
+/// A session left behind (the agent stopped or was killed) holds its durable bytes; one whose upload is open now will
+/// hold what it announced. Counting left-behind sessions by what they announced would let a killed run's sessions
+/// refuse its own re-run (soak seed 327). A session that will replace an object counts only what it adds to it, as its
+/// commit will: counting a re-sent 17 MB stdin whole refused small files that fitted (soak seed 424242 round 21). Open
+/// uploads with no session yet (recorded by their first durable sync) hold what they announced; one whose commit is
+/// under way is counted by it, not twice (soak seed 328 round 4).
+struct StagedBytes {
+    private(set) var total: Int64 = 0
+    /// Uploads open now that no session row accounted for: key → bytes announced.
+    private var unrecorded: [String: Int64]
+    private let active: [String: Int64]
+
+    /// For the account's uploads other than `key`; `active` holds what each upload open now announced.
+    init(active: [String: Int64], excluding key: String) {
+        self.active = active
+        var unrecorded = active
+        unrecorded[key] = nil
+        self.unrecorded = unrecorded
+    }
+
+    /// A session of another key, with its durable bytes (stripes included) and the size of the object it replaces.
+    mutating func addSession(key: String, declared: Int64?, durable: Int64, replaced: Int64) {
+        self.add((self.active[key] != nil ? max(declared ?? durable, durable) : durable) - replaced)
+        self.unrecorded[key] = nil
+    }
+
+    /// Whether open uploads with no session remain: then the keys with a commit under way are to be dropped, and the
+    /// rest added with what each replaces.
+    var hasUnrecorded: Bool { self.unrecorded.values.contains { $0 > 0 } }
+
+    /// A key whose commit is under way: its commit counts it.
+    mutating func dropCommitting(_ key: String) {
+        self.unrecorded[key] = nil
+    }
+
+    /// The open uploads still to add: key and bytes announced.
+    var announced: [(key: String, bytes: Int64)] {
+        self.unrecorded.filter { $0.value > 0 }.map { ($0.key, $0.value) }
+    }
+
+    /// An open upload with no session, announcing `bytes`, replacing an object of `replaced` bytes.
+    mutating func addAnnounced(_ bytes: Int64, replacing replaced: Int64) {
+        self.add(bytes - replaced)
+    }
+
+    /// Saturating: with no quota, sizes near Int64.max must not wrap.
+    private mutating func add(_ held: Int64) {
+        let held = max(0, held)
+        self.total = self.total.addingReportingOverflow(held).overflow ? .max : self.total + held
+    }
+}
+
 /// One part of an upload a store keeps in parts (S3's multipart upload), as the catalog records it.
 public struct StagedPart: Hashable, Sendable {
     /// 1, 2, ...

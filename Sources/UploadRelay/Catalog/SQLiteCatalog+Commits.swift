@@ -12,14 +12,7 @@ extension SQLiteCatalog {
                 cached: db, sql: "SELECT COALESCE(SUM(delta), 0) FROM pending_commit WHERE account = ? AND key != ? AND delta > 0",
                 arguments: [account, key]
             ) ?? 0
-        // A session left behind (the agent stopped or was killed) holds its durable bytes; one whose upload is open now
-        // will hold what it announced. Counting left-behind sessions by what they announced would let a killed run's
-        // sessions refuse its own re-run (soak seed 327). A session that will replace an object counts only what it
-        // adds to it, as its commit will: counting a re-sent 17 MB stdin whole refused small files that fitted
-        // (soak seed 424242 round 21).
-        var staged: Int64 = 0
-        var unrecorded = active
-        unrecorded[key] = nil
+        var staged = StagedBytes(active: active, excluding: key)
         for row in try Row.fetchAll(
             cached: db,
             sql: """
@@ -31,28 +24,19 @@ extension SQLiteCatalog {
                 """,
             arguments: [account, key, account]
         ) {
-            let durable: Int64 = row["durable_offset"]
-            let declared: Int64? = row["declared_size"]
-            let replaced: Int64 = row["replaced"]
-            let sessionKey: String = row["key"]
-            let held = max(0, (active[sessionKey] != nil ? max(declared ?? durable, durable) : durable) - replaced)
-            staged = staged.addingReportingOverflow(held).overflow ? .max : staged + held
-            unrecorded[sessionKey] = nil
+            staged.addSession(key: row["key"], declared: row["declared_size"], durable: row["durable_offset"], replaced: row["replaced"])
         }
-        // Open uploads with no session yet (recorded by their first durable sync) hold what they announced; one whose
-        // commit is under way is counted by it (`committing`), not twice (soak seed 328 round 4).
-        if unrecorded.values.contains(where: { $0 > 0 }) {
+        if staged.hasUnrecorded {
             for row in try Row.fetchAll(cached: db, sql: "SELECT key FROM pending_commit WHERE account = ?", arguments: [account]) {
-                unrecorded[row["key"] as String] = nil
+                staged.dropCommitting(row["key"])
             }
         }
-        for (openKey, announced) in unrecorded where announced > 0 {
+        for (openKey, announced) in staged.announced {
             let replaced =
                 try Int64.fetchOne(cached: db, sql: "SELECT size FROM object WHERE account = ? AND key = ?", arguments: [account, openKey]) ?? 0
-            let held = max(0, announced - replaced)
-            staged = staged.addingReportingOverflow(held).overflow ? .max : staged + held
+            staged.addAnnounced(announced, replacing: replaced)
         }
-        return QuotaUse(quota: row["quota"], stored: row["used_bytes"], committing: committing, staged: staged)
+        return QuotaUse(quota: row["quota"], stored: row["used_bytes"], committing: committing, staged: staged.total)
     }
 
     public func quotaUse(account: String, excludingKey key: String, active: [String: Int64]) throws -> QuotaUse {

@@ -1,0 +1,195 @@
+import Foundation
+import Logging
+import PostgresNIO
+
+/// Quota use and the commit protocol (SPEC §7, §8.3), as ``SQLiteCatalog+Commits`` runs them, each account's decisions
+/// taken one at a time on its row.
+extension PostgresCatalog {
+    public func deleteObject(account: String, key: String) throws {
+        let logger = self.logger
+        try self.transaction { connection in
+            do {
+                try await Self.lockAccount(account, on: connection, logger)
+            } catch CatalogError.unknownAccount {
+                return  // nothing of it to forget, as in SQLite
+            }
+            let deleted = try await Self.rows(
+                "DELETE FROM object WHERE account = \(account) AND key = \(key) RETURNING size", on: connection, logger
+            )
+            guard let size = try deleted.first?["size"].decode(Int64.self) else { return }
+            try await connection.query("UPDATE account SET used_bytes = used_bytes - \(size) WHERE name = \(account)", logger: logger)
+        }
+    }
+
+    // MARK: Quota and commits
+
+    /// Takes the account's row for the transaction: commits and quota decisions of one account, on any relay, one at a
+    /// time. Throws ``CatalogError/unknownAccount(_:)`` when there is none.
+    static func lockAccount(_ account: String, on connection: PostgresConnection, _ logger: Logger) async throws {
+        // NO KEY: commits take turns, while sessions and objects that refer to the account go on being recorded.
+        guard try await !Self.rows("SELECT name FROM account WHERE name = \(account) FOR NO KEY UPDATE", on: connection, logger).isEmpty else {
+            throw CatalogError.unknownAccount(account)
+        }
+    }
+
+    /// ``SQLiteCatalog``'s quota rule, read in the transaction of `connection`.
+    static func quotaUse(
+        _ account: String, excludingKey key: String, active: [String: Int64], on connection: PostgresConnection, _ logger: Logger
+    ) async throws -> QuotaUse {
+        guard let row = try await Self.rows("SELECT * FROM account WHERE name = \(account)", on: connection, logger).first else {
+            throw CatalogError.unknownAccount(account)
+        }
+        let committing =
+            try await Self.rows(
+                "SELECT COALESCE(SUM(delta), 0)::BIGINT AS total FROM pending_commit WHERE account = \(account) AND key != \(key) AND delta > 0",
+                on: connection, logger
+            ).first?["total"].decode(Int64.self) ?? 0
+        var staged = StagedBytes(active: active, excluding: key)
+        for row in try await Self.rows(
+            """
+            SELECT s.key, s.declared_size,
+                s.durable_offset + (SELECT COALESCE(SUM(bytes), 0) FROM session_stripe WHERE session_id = s.id)::BIGINT AS durable_offset,
+                COALESCE(o.size, 0) AS replaced
+            FROM session s LEFT JOIN object o ON o.account = s.account AND o.key = s.key
+            WHERE s.account = \(account) AND s.key != \(key) AND s.key NOT IN (SELECT key FROM pending_commit WHERE account = \(account))
+            """,
+            on: connection, logger
+        ) {
+            staged.addSession(
+                key: try row["key"].decode(String.self), declared: try row["declared_size"].decode(Int64?.self),
+                durable: try row["durable_offset"].decode(Int64.self), replaced: try row["replaced"].decode(Int64.self)
+            )
+        }
+        if staged.hasUnrecorded {
+            for row in try await Self.rows("SELECT key FROM pending_commit WHERE account = \(account)", on: connection, logger) {
+                staged.dropCommitting(try row["key"].decode(String.self))
+            }
+        }
+        for (openKey, announced) in staged.announced {
+            let replaced =
+                try await Self.rows("SELECT size FROM object WHERE account = \(account) AND key = \(openKey)", on: connection, logger)
+                .first?["size"].decode(Int64.self) ?? 0
+            staged.addAnnounced(announced, replacing: replaced)
+        }
+        return QuotaUse(
+            quota: try row["quota"].decode(Int64?.self), stored: try row["used_bytes"].decode(Int64.self), committing: committing, staged: staged.total
+        )
+    }
+
+    public func quotaUse(account: String, excludingKey key: String, active: [String: Int64]) throws -> QuotaUse {
+        let logger = self.logger
+        // One view of the data: a commit of another relay landing between the statements would undercount.
+        return try self.transaction(snapshot: true) { try await Self.quotaUse(account, excludingKey: key, active: active, on: $0, logger) }
+    }
+
+    public func beginCommit(_ commit: PendingCommit) throws {
+        let logger = self.logger
+        try self.transaction { try await Self.beginCommit(commit, on: $0, logger) }
+    }
+
+    /// One transaction for the group; each account's row is taken once, in name order (no deadlock between relays).
+    public func beginCommits(_ commits: [PendingCommit]) throws -> [CatalogError?] {
+        let logger = self.logger
+        return try self.transaction { connection in
+            for account in Set(commits.map(\.account)).sorted() {
+                do {
+                    try await Self.lockAccount(account, on: connection, logger)
+                } catch CatalogError.unknownAccount {
+                    continue  // refused below, commit by commit
+                }
+            }
+            var results: [CatalogError?] = []
+            for commit in commits {
+                do {
+                    try await connection.query("SAVEPOINT one_commit", logger: logger)
+                    try await Self.beginCommit(commit, on: connection, logger, locked: true)
+                    try await connection.query("RELEASE SAVEPOINT one_commit", logger: logger)
+                    results.append(nil)
+                } catch let error as CatalogError {
+                    try await connection.query("ROLLBACK TO SAVEPOINT one_commit", logger: logger)
+                    results.append(error)
+                }
+            }
+            return results
+        }
+    }
+
+    static func beginCommit(_ commit: PendingCommit, on connection: PostgresConnection, _ logger: Logger, locked: Bool = false) async throws {
+        if !locked { try await Self.lockAccount(commit.account, on: connection, logger) }
+        let use = try await Self.quotaUse(commit.account, excludingKey: commit.key, active: [:], on: connection, logger)
+        let previous =
+            try await Self.rows("SELECT size FROM object WHERE account = \(commit.account) AND key = \(commit.key)", on: connection, logger)
+            .first?["size"].decode(Int64.self) ?? 0
+        let delta = commit.size - previous
+        if let quota = use.quota, delta > 0, use.stored + use.committing + delta > quota {
+            throw CatalogError.quotaExceeded(account: commit.account, needed: delta, quota: quota, used: use.stored + use.committing)
+        }
+        try await connection.query(
+            """
+            INSERT INTO pending_commit (account, key, size, sha1, delta, session_id)
+            VALUES (\(commit.account), \(commit.key), \(commit.size), \(commit.sha1), \(delta), \(commit.sessionID))
+            ON CONFLICT (account, key) DO UPDATE SET size = EXCLUDED.size, sha1 = EXCLUDED.sha1, delta = EXCLUDED.delta,
+                session_id = EXCLUDED.session_id
+            """,
+            logger: logger
+        )
+    }
+
+    public func finishCommit(_ commit: PendingCommit, identity: ObjectIdentity) throws {
+        try self.finishCommits([(commit, identity)])
+    }
+
+    public func finishCommits(_ commits: [(PendingCommit, ObjectIdentity)]) throws {
+        let logger = self.logger
+        try self.transaction { connection in
+            for account in Set(commits.map(\.0.account)).sorted() {
+                do {
+                    try await Self.lockAccount(account, on: connection, logger)
+                } catch CatalogError.unknownAccount {
+                    continue
+                }
+            }
+            for (commit, identity) in commits {
+                let previous =
+                    try await Self.rows("SELECT size FROM object WHERE account = \(commit.account) AND key = \(commit.key)", on: connection, logger)
+                    .first?["size"].decode(Int64.self) ?? 0
+                try await connection.query(
+                    """
+                    INSERT INTO object (account, key, size, sha1, committed_at, device, inode, modified, probe_sha1)
+                    VALUES (\(commit.account), \(commit.key), \(commit.size), \(commit.sha1), \(Date().timeIntervalSince1970),
+                        \(Int64(bitPattern: identity.device)), \(Int64(bitPattern: identity.inode)), \(identity.modified), \(commit.probeSHA1))
+                    ON CONFLICT (account, key) DO UPDATE SET size = EXCLUDED.size, sha1 = EXCLUDED.sha1, committed_at = EXCLUDED.committed_at,
+                        device = EXCLUDED.device, inode = EXCLUDED.inode, modified = EXCLUDED.modified, probe_sha1 = EXCLUDED.probe_sha1
+                    """,
+                    logger: logger
+                )
+                try await connection.query(
+                    "UPDATE account SET used_bytes = used_bytes + \(commit.size - previous) WHERE name = \(commit.account)", logger: logger
+                )
+                try await connection.query(
+                    "DELETE FROM pending_commit WHERE account = \(commit.account) AND key = \(commit.key)", logger: logger
+                )
+                if let sessionID = commit.sessionID {
+                    try await connection.query("DELETE FROM session WHERE id = \(sessionID)", logger: logger)
+                }
+            }
+        }
+    }
+
+    public func abandonCommit(account: String, key: String) throws {
+        let logger = self.logger
+        try self.run { try await $0.query("DELETE FROM pending_commit WHERE account = \(account) AND key = \(key)", logger: logger) }
+    }
+
+    public func pendingCommits() throws -> [PendingCommit] {
+        let logger = self.logger
+        return try self.run {
+            try await Self.rows("SELECT * FROM pending_commit", on: $0, logger).map {
+                PendingCommit(
+                    account: try $0["account"].decode(String.self), key: try $0["key"].decode(String.self), size: try $0["size"].decode(Int64.self),
+                    sha1: try $0["sha1"].decode(String.self), sessionID: try $0["session_id"].decode(String?.self)
+                )
+            }
+        }
+    }
+}

@@ -1,0 +1,227 @@
+import Foundation
+import Logging
+import PostgresNIO
+
+/// Accounts, sessions and objects: reads and plain writes, as ``SQLiteCatalog`` answers them.
+extension PostgresCatalog {
+    // MARK: Accounts
+
+    public func addAccount(name: String, tokenHash: [UInt8], quota: Int64?) throws {
+        guard Account.isValidName(name) else { throw CatalogError.invalidAccountName(name) }
+        let logger = self.logger
+        try self.transaction { connection in
+            let added = try await Self.rows(
+                """
+                INSERT INTO account (name, token_hash, quota, created_at) VALUES (\(name), \(Data(tokenHash)), \(quota), \(Date().timeIntervalSince1970))
+                ON CONFLICT (name) DO NOTHING RETURNING name
+                """,
+                on: connection, logger
+            )
+            guard !added.isEmpty else { throw CatalogError.accountExists(name) }
+        }
+    }
+
+    static func account(_ row: PostgresRandomAccessRow) throws -> Account {
+        Account(
+            name: try row["name"].decode(String.self), quota: try row["quota"].decode(Int64?.self),
+            usedBytes: try row["used_bytes"].decode(Int64.self), revoked: try row["revoked"].decode(Bool.self),
+            createdAt: Date(timeIntervalSince1970: try row["created_at"].decode(Double.self))
+        )
+    }
+
+    public func account(tokenHash: [UInt8]) throws -> Account? {
+        let logger = self.logger
+        return try self.run { try await Self.rows("SELECT * FROM account WHERE token_hash = \(Data(tokenHash))", on: $0, logger).first.map(Self.account) }
+    }
+
+    public func account(named name: String) throws -> Account? {
+        let logger = self.logger
+        return try self.run { try await Self.rows("SELECT * FROM account WHERE name = \(name)", on: $0, logger).first.map(Self.account) }
+    }
+
+    public func accounts() throws -> [Account] {
+        let logger = self.logger
+        // Byte order, as SQLite sorts: not the database's collation.
+        return try self.run { try await Self.rows("SELECT * FROM account ORDER BY name COLLATE \"C\"", on: $0, logger).map(Self.account) }
+    }
+
+    public func revokeAccount(named name: String) throws -> Bool {
+        let logger = self.logger
+        return try self.run {
+            try await !Self.rows("UPDATE account SET revoked = TRUE WHERE name = \(name) RETURNING name", on: $0, logger).isEmpty
+        }
+    }
+
+    // MARK: Sessions
+
+    static func session(_ row: PostgresRandomAccessRow) throws -> UploadSession {
+        UploadSession(
+            id: try row["id"].decode(String.self), account: try row["account"].decode(String.self), key: try row["key"].decode(String.self),
+            resumeToken: [UInt8](try row["resume_token"].decode(Data.self)), fingerprint: [UInt8](try row["fingerprint"].decode(Data.self)),
+            declaredSize: try row["declared_size"].decode(Int64?.self), durableOffset: try row["durable_offset"].decode(Int64.self),
+            sha1State: [UInt8](try row["sha1_state"].decode(Data.self)), stagingName: try row["staging_name"].decode(String.self),
+            declaredSHA1: try row["declared_sha1"].decode(String?.self), striped: try row["striped"].decode(Bool.self),
+            updatedAt: Date(timeIntervalSince1970: try row["updated_at"].decode(Double.self))
+        )
+    }
+
+    public func session(account: String, key: String) throws -> UploadSession? {
+        let logger = self.logger
+        return try self.run {
+            try await Self.rows("SELECT * FROM session WHERE account = \(account) AND key = \(key)", on: $0, logger).first.map(Self.session)
+        }
+    }
+
+    public func putSession(_ session: UploadSession) throws {
+        try self.putSession(session, parts: [])
+    }
+
+    public func putSession(_ s: UploadSession, parts: [StagedPart]) throws {
+        let logger = self.logger
+        try self.transaction { connection in
+            // One recorder of a key at a time (on any relay): under READ COMMITTED, a DELETE does not see a row another
+            // transaction inserts meanwhile, and the INSERT would then break UNIQUE (account, key).
+            try await connection.query(
+                "SELECT pg_advisory_xact_lock(hashtextextended(\(s.account) || '/' || \(s.key), 0))", logger: logger
+            )
+            try await connection.query("DELETE FROM session WHERE account = \(s.account) AND key = \(s.key)", logger: logger)
+            try await connection.query(
+                """
+                INSERT INTO session (id, account, key, resume_token, fingerprint, declared_size, durable_offset, sha1_state, staging_name,
+                    declared_sha1, striped, updated_at)
+                VALUES (\(s.id), \(s.account), \(s.key), \(Data(s.resumeToken)), \(Data(s.fingerprint)), \(s.declaredSize), \(s.durableOffset),
+                    \(Data(s.sha1State)), \(s.stagingName), \(s.declaredSHA1), \(s.striped), \(s.updatedAt.timeIntervalSince1970))
+                """,
+                logger: logger
+            )
+            try await Self.insert(parts, of: s.id, on: connection, logger)
+        }
+    }
+
+    public func updateDurable(sessionID: String, offset: Int64, sha1State: [UInt8]) throws {
+        try self.updateDurable(sessionID: sessionID, offset: offset, sha1State: sha1State, parts: [])
+    }
+
+    public func updateDurable(sessionID: String, offset: Int64, sha1State: [UInt8], parts: [StagedPart]) throws {
+        let logger = self.logger
+        try self.transaction { connection in
+            let updated = try await Self.rows(
+                """
+                UPDATE session SET durable_offset = \(offset), sha1_state = \(Data(sha1State)), updated_at = \(Date().timeIntervalSince1970)
+                WHERE id = \(sessionID) RETURNING id
+                """,
+                on: connection, logger
+            )
+            // A session that is gone cannot vouch for durable bytes: never acknowledge them.
+            guard !updated.isEmpty else { throw CatalogError.unknownSession(sessionID) }
+            try await Self.insert(parts, of: sessionID, on: connection, logger)
+        }
+    }
+
+    static func insert(_ parts: [StagedPart], of sessionID: String, on connection: PostgresConnection, _ logger: Logger) async throws {
+        for part in parts {
+            try await connection.query(
+                """
+                INSERT INTO session_part (session_id, number, end_offset, etag, sha1) VALUES (\(sessionID), \(part.number), \(part.end), \(part.etag), \(part.sha1))
+                ON CONFLICT (session_id, number) DO UPDATE SET end_offset = EXCLUDED.end_offset, etag = EXCLUDED.etag, sha1 = EXCLUDED.sha1
+                """,
+                logger: logger
+            )
+        }
+    }
+
+    public func stagedParts(sessionID: String) throws -> [StagedPart] {
+        let logger = self.logger
+        return try self.run {
+            try await Self.rows("SELECT * FROM session_part WHERE session_id = \(sessionID) ORDER BY number", on: $0, logger).map {
+                StagedPart(
+                    number: try $0["number"].decode(Int.self), end: try $0["end_offset"].decode(Int64.self), etag: try $0["etag"].decode(String.self),
+                    sha1: try $0["sha1"].decode(String.self)
+                )
+            }
+        }
+    }
+
+    public func completeStripe(sessionID: String, index: Int, bytes: Int64) throws {
+        let logger = self.logger
+        try self.transaction { connection in
+            // Also keeps a striped upload whose main stream waits from expiring while its stripes arrive.
+            let updated = try await Self.rows(
+                "UPDATE session SET updated_at = \(Date().timeIntervalSince1970) WHERE id = \(sessionID) RETURNING id", on: connection, logger
+            )
+            guard !updated.isEmpty else { throw CatalogError.unknownSession(sessionID) }
+            try await connection.query(
+                "INSERT INTO session_stripe (session_id, stripe, bytes) VALUES (\(sessionID), \(index), \(bytes)) ON CONFLICT DO NOTHING",
+                logger: logger
+            )
+        }
+    }
+
+    public func completeStripes(sessionID: String) throws -> Set<Int> {
+        let logger = self.logger
+        return try self.run {
+            Set(try await Self.rows("SELECT stripe FROM session_stripe WHERE session_id = \(sessionID)", on: $0, logger).map { try $0["stripe"].decode(Int.self) })
+        }
+    }
+
+    public func deleteSession(id: String) throws {
+        let logger = self.logger
+        try self.run { try await $0.query("DELETE FROM session WHERE id = \(id)", logger: logger) }
+    }
+
+    public func sessions(updatedBefore date: Date) throws -> [UploadSession] {
+        let logger = self.logger
+        // distantFuture's seconds are beyond a double's exact integers but not its range: fine for a comparison.
+        return try self.run {
+            try await Self.rows("SELECT * FROM session WHERE updated_at < \(date.timeIntervalSince1970)", on: $0, logger).map(Self.session)
+        }
+    }
+
+    // MARK: Objects
+
+    static func object(_ row: PostgresRandomAccessRow) throws -> StoredObject {
+        var identity: ObjectIdentity? = nil
+        if let device = try row["device"].decode(Int64?.self), let inode = try row["inode"].decode(Int64?.self),
+            let modified = try row["modified"].decode(Int64?.self)
+        {
+            identity = ObjectIdentity(
+                device: UInt64(bitPattern: device), inode: UInt64(bitPattern: inode), size: try row["size"].decode(Int64.self), modified: modified
+            )
+        }
+        return StoredObject(
+            account: try row["account"].decode(String.self), key: try row["key"].decode(String.self), size: try row["size"].decode(Int64.self),
+            sha1: try row["sha1"].decode(String.self), identity: identity,
+            committedAt: Date(timeIntervalSince1970: try row["committed_at"].decode(Double.self)), probeSHA1: try row["probe_sha1"].decode(String?.self)
+        )
+    }
+
+    public func object(account: String, key: String) throws -> StoredObject? {
+        let logger = self.logger
+        return try self.run {
+            try await Self.rows("SELECT * FROM object WHERE account = \(account) AND key = \(key)", on: $0, logger).first.map(Self.object)
+        }
+    }
+
+    public func object(account: String, size: Int64, sha1: String) throws -> [StoredObject] {
+        let logger = self.logger
+        return try self.run {
+            try await Self.rows("SELECT * FROM object WHERE account = \(account) AND size = \(size) AND sha1 = \(sha1) LIMIT 8", on: $0, logger)
+                .map(Self.object)
+        }
+    }
+
+    public func probeCandidates(account: String, size: Int64, probe: String) throws -> [StoredObject] {
+        let logger = self.logger
+        return try self.run {
+            try await Self.rows(
+                "SELECT * FROM object WHERE account = \(account) AND size = \(size) AND (probe_sha1 = \(probe) OR probe_sha1 IS NULL) LIMIT 8",
+                on: $0, logger
+            ).map(Self.object)
+        }
+    }
+
+    public func objects() throws -> [StoredObject] {
+        let logger = self.logger
+        return try self.run { try await Self.rows("SELECT * FROM object", on: $0, logger).map(Self.object) }
+    }
+}
