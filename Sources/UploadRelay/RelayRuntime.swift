@@ -66,12 +66,18 @@ public enum RelayRuntime {
         /// At startup: no upload runs.
         public static let idle = KeyGuard(take: { _, _ in true }, give: { _, _ in })
 
-        /// While the relay runs: a key is taken only when no upload holds it, nor any stream one of its stripes (a
-        /// striped upload's main stream may be away while its stripes arrive, SPEC §6.7).
+        /// A key is taken only when no upload holds it, nor any stream one of its stripes (a striped upload's main
+        /// stream may be away while its stripes arrive, SPEC §6.7), nor, with a shared catalog, another relay.
         static func claiming(_ claims: KeyClaims) -> KeyGuard {
             KeyGuard(
                 take: { account, key in
-                    !claims.hasStripes(account: account, key: key) && claims.tryClaim(KeyClaims.name(account: account, key: key))
+                    let name = KeyClaims.name(account: account, key: key)
+                    guard !claims.hasStripes(account: account, key: key), claims.tryClaim(name) else { return false }
+                    guard (try? claims.lockAcrossRelays(account: account, key: key)) == true else {
+                        claims.release(name)
+                        return false
+                    }
+                    return true
                 },
                 give: { claims.release(KeyClaims.name(account: $0, key: $1)) }
             )
@@ -127,18 +133,7 @@ public enum RelayRuntime {
     public static func recover(catalog: any Catalog, store: any BlobStore, logger: Logger, keys: KeyGuard = .idle, objects: Bool = true) throws {
         for commit in try catalog.pendingCommits() {
             try keys.holding(commit.account, commit.key) {
-                guard let key = try? ObjectKey(validating: commit.key) else {
-                    try catalog.abandonCommit(account: commit.account, key: commit.key)
-                    return
-                }
-                if let identity = try store.identity(of: key, account: commit.account), identity.size == commit.size,
-                    try store.contentSHA1(of: key, account: commit.account)?.hex == commit.sha1
-                {
-                    try catalog.finishCommit(commit, identity: identity)
-                    logger.notice("recovered a commit the relay had not recorded", metadata: ["upload.key": "\(commit.key)", "account": "\(commit.account)"])
-                } else {
-                    try catalog.abandonCommit(account: commit.account, key: commit.key)
-                }
+                try Self.settle(commit, catalog: catalog, store: store, logger: logger)
             }
         }
         guard objects else { return }
@@ -159,14 +154,32 @@ public enum RelayRuntime {
         }
     }
 
+    /// Records `commit` when the store holds its verified bytes, gives it up otherwise. The caller holds its key.
+    static func settle(_ commit: PendingCommit, catalog: any Catalog, store: any BlobStore, logger: Logger) throws {
+        guard let key = try? ObjectKey(validating: commit.key) else {
+            try catalog.abandonCommit(account: commit.account, key: commit.key)
+            return
+        }
+        if let identity = try store.identity(of: key, account: commit.account), identity.size == commit.size,
+            try store.contentSHA1(of: key, account: commit.account)?.hex == commit.sha1
+        {
+            try catalog.finishCommit(commit, identity: identity)
+            logger.notice("recovered a commit the relay had not recorded", metadata: ["upload.key": "\(commit.key)", "account": "\(commit.account)"])
+        } else {
+            try catalog.abandonCommit(account: commit.account, key: commit.key)
+        }
+    }
+
     /// Builds the server's shared services.
     public static func makeServices(
         configuration: RelayConfiguration, catalog: any Catalog, logger: Logger
     ) throws -> RelayServices {
         var configuration = configuration
         let store = try Self.makeStore(&configuration)
-        try Self.recover(catalog: catalog, store: store, logger: logger)
-        try Self.cleanUp(catalog: catalog, store: store, expiry: configuration.sessionExpiry, logger: logger)
+        // Under each key's lock across relays when the catalog is shared: other relays' uploads and commits run on.
+        let startup = KeyGuard.claiming(KeyClaims(locks: catalog.keyLocks))
+        try Self.recover(catalog: catalog, store: store, logger: logger, keys: startup)
+        try Self.cleanUp(catalog: catalog, store: store, expiry: configuration.sessionExpiry, logger: logger, keys: startup)
         let pool = NIOThreadPool(numberOfThreads: configuration.ioThreads)
         pool.start()
         if configuration.maxOpenUploads == nil {

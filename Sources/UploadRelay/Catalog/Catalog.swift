@@ -327,6 +327,9 @@ public protocol Catalog: Sendable {
     func objects() throws -> [StoredObject]
     /// Forgets an object whose file is gone, giving its bytes back to the quota.
     func deleteObject(account: String, key: String) throws
+
+    /// The locks on keys that every relay sharing this catalog honours; nil for a catalog of one relay.
+    var keyLocks: (any KeyLocks)? { get }
 }
 
 extension Catalog {

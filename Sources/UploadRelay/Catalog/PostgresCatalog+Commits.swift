@@ -178,7 +178,7 @@ extension PostgresCatalog {
 
     public func abandonCommit(account: String, key: String) throws {
         let logger = self.logger
-        try self.run { try await $0.query("DELETE FROM pending_commit WHERE account = \(account) AND key = \(key)", logger: logger) }
+        try self.run { _ = try await $0.query("DELETE FROM pending_commit WHERE account = \(account) AND key = \(key)", logger: logger).collect() }
     }
 
     public func pendingCommits() throws -> [PendingCommit] {

@@ -166,7 +166,7 @@ extension PostgresCatalog {
 
     public func deleteSession(id: String) throws {
         let logger = self.logger
-        try self.run { try await $0.query("DELETE FROM session WHERE id = \(id)", logger: logger) }
+        try self.run { _ = try await $0.query("DELETE FROM session WHERE id = \(id)", logger: logger).collect() }
     }
 
     public func sessions(updatedBefore date: Date) throws -> [UploadSession] {

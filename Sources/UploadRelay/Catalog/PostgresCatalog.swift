@@ -1,6 +1,7 @@
 import Foundation
 import Logging
 import NIOCore
+import NIOSSL
 import PostgresNIO
 
 /// The catalog several relays share (`--catalog postgres://USER:PASSWORD@HOST:PORT/DATABASE`, issue 10): the tables,
@@ -18,6 +19,10 @@ public final class PostgresCatalog: Catalog, @unchecked Sendable {
     /// pool itself would wait for a database that is down for ever.
     let timeout: Duration
     private let running: Task<Void, Never>
+    private let locks: PostgresKeyLocks
+
+    /// Advisory locks on one connection of this catalog's own (made at the first lock).
+    public var keyLocks: (any KeyLocks)? { self.locks }
 
     /// The schema version this code writes (the SQLite catalog's migrations, v1 to v5).
     static let schemaVersion = 5
@@ -33,6 +38,7 @@ public final class PostgresCatalog: Catalog, @unchecked Sendable {
         background.logLevel = max(logger.logLevel, .warning)
         let client = PostgresClient(configuration: configuration, backgroundLogger: background)
         self.client = client
+        self.locks = try PostgresKeyLocks(url: url, logger: background, timeout: timeout)
         // On the blocking side's executor, as the queries: the cooperative pool may be full of callers waiting for them.
         self.running = Task(executorPreference: Blocking.executor) { await client.run() }
         do {
@@ -49,33 +55,70 @@ public final class PostgresCatalog: Catalog, @unchecked Sendable {
 
     /// Closes the pool's connections.
     public func shutdown() {
+        self.locks.shutdown()
         self.running.cancel()
     }
 
-    /// The client configuration of a `postgres://` URL; a URL it cannot use is a ``CatalogFailure`` that says why.
-    static func configuration(_ text: String) throws -> PostgresClient.Configuration {
-        guard let url = URLComponents(string: text), ["postgres", "postgresql"].contains(url.scheme ?? ""), let host = url.host,
-            !host.isEmpty, let user = url.user, !user.isEmpty
-        else {
-            throw CatalogFailure("\(text.split(separator: "@").last.map(String.init) ?? "") is not postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE")
+    /// What a `postgres://` URL says.
+    struct Address {
+        var host: String
+        var port: Int
+        var user: String
+        var password: String?
+        var database: String?
+        /// `sslmode`: disable, prefer (the default), require or verify-full.
+        var tlsMode: String
+
+        /// A URL it cannot use is a ``CatalogFailure`` that says why.
+        init(_ text: String) throws {
+            guard let url = URLComponents(string: text), ["postgres", "postgresql"].contains(url.scheme ?? ""), let host = url.host,
+                !host.isEmpty, let user = url.user, !user.isEmpty
+            else {
+                throw CatalogFailure("\(text.split(separator: "@").last.map(String.init) ?? "") is not postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE")
+            }
+            self.host = host
+            self.port = url.port ?? 5432
+            self.user = user
+            self.password = url.password
+            self.database = url.path.split(separator: "/").first.map(String.init)
+            self.tlsMode = url.queryItems?.first { $0.name == "sslmode" }?.value ?? "prefer"
         }
-        let database = url.path.split(separator: "/").first.map(String.init)
-        let mode = url.queryItems?.first { $0.name == "sslmode" }?.value ?? "prefer"
+
+        /// The server ends what waits too long, under the call's own deadline: a lock held by a relay cut off mid-
+        /// transaction cannot hang every other relay's commits (a query cannot be cancelled from here).
+        static let startupParameters = [("lock_timeout", "10s"), ("statement_timeout", "12s"), ("idle_in_transaction_session_timeout", "60s")]
+    }
+
+    /// The pool's configuration of a `postgres://` URL.
+    static func configuration(_ text: String) throws -> PostgresClient.Configuration {
+        let address = try Address(text)
         let tls: PostgresClient.Configuration.TLS
-        switch mode {
+        switch address.tlsMode {
         case "disable": tls = .disable
         case "require", "verify-full": tls = .require(.makeClientConfiguration())
         default: tls = .prefer(.makeClientConfiguration())
         }
         var configuration = PostgresClient.Configuration(
-            host: host, port: url.port ?? 5432, username: user, password: url.password, database: database, tls: tls
+            host: address.host, port: address.port, username: address.user, password: address.password, database: address.database, tls: tls
         )
         configuration.options.maximumConnections = 8
-        // The server ends what waits too long, under the call's own deadline: a lock held by a relay cut off mid-
-        // transaction cannot hang every other relay's commits (a query cannot be cancelled from here).
-        configuration.options.additionalStartupParameters = [
-            ("lock_timeout", "10s"), ("statement_timeout", "12s"), ("idle_in_transaction_session_timeout", "60s"),
-        ]
+        configuration.options.additionalStartupParameters = Address.startupParameters
+        return configuration
+    }
+
+    /// The configuration of one connection of its own to a `postgres://` URL (the relay's key locks).
+    static func connectionConfiguration(_ text: String) throws -> PostgresConnection.Configuration {
+        let address = try Address(text)
+        let tls: PostgresConnection.Configuration.TLS
+        switch address.tlsMode {
+        case "disable": tls = .disable
+        case "require", "verify-full": tls = .require(try NIOSSLContext(configuration: .makeClientConfiguration()))
+        default: tls = .prefer(try NIOSSLContext(configuration: .makeClientConfiguration()))
+        }
+        var configuration = PostgresConnection.Configuration(
+            host: address.host, port: address.port, username: address.user, password: address.password, database: address.database, tls: tls
+        )
+        configuration.options.additionalStartupParameters = Address.startupParameters
         return configuration
     }
 
@@ -110,7 +153,10 @@ public final class PostgresCatalog: Catalog, @unchecked Sendable {
 
     /// The database's errors as ``CatalogFailure``, with what PostgreSQL said; the catalog's own pass through.
     func mapped<T: Sendable>(_ body: @escaping @Sendable () async throws -> T) throws -> T {
-        let timeout = self.timeout
+        try Self.mapped(timeout: self.timeout, body)
+    }
+
+    static func mapped<T: Sendable>(timeout: Duration, _ body: @escaping @Sendable () async throws -> T) throws -> T {
         do {
             return try Blocking.run {
                 try await withThrowingTaskGroup(of: T.self) { group in
@@ -139,7 +185,7 @@ public final class PostgresCatalog: Catalog, @unchecked Sendable {
     /// Runs one statement of the caller's, with no parameters (tests and tools: making a database, say).
     public func execute(_ sql: String) throws {
         let logger = self.logger
-        try self.run { try await $0.query(PostgresQuery(unsafeSQL: sql), logger: logger) }
+        try self.run { _ = try await $0.query(PostgresQuery(unsafeSQL: sql), logger: logger).collect() }
     }
 
     // MARK: Schema

@@ -7,6 +7,9 @@ import NIOConcurrencyHelpers
 /// file, dropping a session) still runs. An OPEN of an active key is answered KEY_BUSY; an OPEN of a closing key
 /// waits for the cleanup instead, so an agent never sees KEY_BUSY for a stream it already saw end
 /// (SPEC §11, issue 6 finding 16).
+///
+/// With a catalog that several relays share, a claim also takes the key's lock across relays (``KeyLocks``) before its
+/// upload looks at anything (``lockAcrossRelays(account:key:)``, on the I/O pool), and lets it go on release.
 final class KeyClaims: Sendable {
     /// What ``claim(_:whenFree:)`` did.
     enum Outcome: Equatable {
@@ -23,9 +26,55 @@ final class KeyClaims: Sendable {
         var waiters: [@Sendable () -> Void] = []
         /// The size its upload announced (0 when unknown), counted against the quota while the stream is open.
         var announced: Int64 = 0
+        /// The key's lock across relays, once taken.
+        var lock: KeyLock?
     }
 
     private let claims = NIOLockedValueBox<[String: Claim]>([:])
+    private let locks: (any KeyLocks)?
+
+    /// Told when locks across relays that claims held were lost (their database connection dropped).
+    private let lost = NIOLockedValueBox<(@Sendable () -> Void)?>(nil)
+
+    init(locks: (any KeyLocks)? = nil) {
+        self.locks = locks
+        locks?.whenLost { [claims, lost] generation in
+            let held = claims.withLockedValue { claims -> Bool in
+                var held = false
+                for (name, claim) in claims where claim.lock?.generation == generation {
+                    claims[name]?.lock = nil
+                    held = true
+                }
+                return held
+            }
+            if held { lost.withLockedValue { $0 }?() }
+        }
+    }
+
+    /// Whether keys are locked across relays too (a shared catalog).
+    var acrossRelays: Bool { self.locks != nil }
+
+    /// `handler` runs when the locks of claims held now were lost: their uploads must stop, since another relay may
+    /// take their keys.
+    func whenLocksLost(_ handler: @escaping @Sendable () -> Void) {
+        self.lost.withLockedValue { $0 = handler }
+    }
+
+    /// Takes the lock across relays of the key the caller has claimed (``claim(_:whenFree:)``): false when another relay
+    /// holds it (KEY_BUSY), true at once without a shared catalog. Blocks: call it from the I/O pool.
+    func lockAcrossRelays(account: String, key: String) throws -> Bool {
+        guard let locks else { return true }
+        let name = Self.name(account: account, key: key)
+        if self.claims.withLockedValue({ $0[name]?.lock != nil }) { return true }
+        guard let lock = try locks.tryLock(account: account, key: key) else { return false }
+        let kept = self.claims.withLockedValue { claims -> Bool in
+            guard claims[name] != nil, claims[name]?.lock == nil else { return false }
+            claims[name]?.lock = lock
+            return true
+        }
+        if !kept { locks.unlock(lock) }
+        return kept
+    }
 
     /// How many keys are claimed now.
     var count: Int { self.claims.withLockedValue { $0.count } }
@@ -99,11 +148,12 @@ final class KeyClaims: Sendable {
         }
     }
 
-    /// The key is free: every waiter is told (each claims again; one wins).
+    /// The key is free: every waiter is told (each claims again; one wins), and other relays may take it.
     func release(_ name: String) {
-        let waiters = self.claims.withLockedValue { claims in
-            claims.removeValue(forKey: name)?.waiters ?? []
+        let claim = self.claims.withLockedValue { claims in
+            claims.removeValue(forKey: name)
         }
-        for waiter in waiters { waiter() }
+        if let lock = claim?.lock { self.locks?.unlock(lock) }
+        for waiter in claim?.waiters ?? [] { waiter() }
     }
 }

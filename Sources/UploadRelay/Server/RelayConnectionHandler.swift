@@ -95,6 +95,8 @@ final class RelayConnectionHandler: ChannelInboundHandler {
             self.act { $0.shutdown() }
         case let revoked as RelayAccountRevokedEvent:
             self.act { $0.accountRevoked(revoked.account) }
+        case is RelayKeyLocksLostEvent:
+            self.act { $0.keyLocksLost() }
         case TLSUserEvent.handshakeCompleted(let negotiated):
             self.act { $0.tlsHandshakeCompleted(alpn: negotiated, now: .now()) }
             if self.session.alpnAccepted { context.fireUserInboundEventTriggered(event) }

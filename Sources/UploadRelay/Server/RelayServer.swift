@@ -133,6 +133,11 @@ public final class RelayServer: Service, Sendable {
             }
         }
         logger.info("upload-relay listening", metadata: ["address": "\(address.map { "\($0)" } ?? "?")"])
+        services.claims.whenLocksLost { [weak self] in
+            for connection in self?.connections ?? [] {
+                connection.pipeline.fireUserInboundEventTriggered(RelayKeyLocksLostEvent())
+            }
+        }
         let maintenance = self.startMaintenance()
         try await withGracefulShutdownHandler {
             try await channel.closeFuture.get()
@@ -181,12 +186,7 @@ public final class RelayServer: Service, Sendable {
                     return now.subtracting(known)
                 }
                 guard !newly.isEmpty else { return }
-                let connections = self.state.withLockedValue { state -> [any Channel] in
-                    switch state {
-                    case .running(_, _, let connections), .draining(_, _, let connections): return Array(connections.values)
-                    case .starting, .stopped: return []
-                    }
-                }
+                let connections = self.connections
                 for account in newly {
                     services.logger.notice("token revoked: closing its connections", metadata: ["account": "\(account)"])
                     for connection in connections {
@@ -198,6 +198,16 @@ public final class RelayServer: Service, Sendable {
             }
         }
         return (task, loop)
+    }
+
+    /// The connections open now.
+    private var connections: [any Channel] {
+        self.state.withLockedValue { state -> [any Channel] in
+            switch state {
+            case .running(_, _, let connections), .draining(_, _, let connections): return Array(connections.values)
+            case .starting, .stopped: return []
+            }
+        }
     }
 
     private func admit(_ channel: any Channel) -> Bool {
@@ -273,6 +283,9 @@ public struct RelayShutdownEvent: Sendable {
 }
 
 /// The token of `account` was revoked: its connections close (issue 6 finding 6).
+/// The relay's key locks across relays were lost: connections with uploads close.
+struct RelayKeyLocksLostEvent: Sendable {}
+
 struct RelayAccountRevokedEvent: Sendable {
     var account: String
 }

@@ -11,7 +11,7 @@ public final class RelayServices: Sendable {
     public let threadPool: NIOThreadPool
     public let logger: Logger
     /// Keys with an upload in progress on any connection: a second one gets KEY_BUSY.
-    let claims = KeyClaims()
+    let claims: KeyClaims
     /// Chunk bytes the connections' windows may make the relay hold, all together.
     let memory: ResourceBudget
     /// Uploads open at once (each holds its staging file's descriptor).
@@ -27,6 +27,7 @@ public final class RelayServices: Sendable {
         self.store = store
         self.threadPool = threadPool
         self.logger = logger
+        self.claims = KeyClaims(locks: catalog.keyLocks)
         self.memory = ResourceBudget(total: configuration.memoryBudget)
         self.uploadSlots = ResourceBudget(total: configuration.maxOpenUploads ?? Int.max)
         self.commits = CommitGroup(maxGroup: configuration.commitGroup)

@@ -79,6 +79,16 @@ struct UploadPolicy {
         let store = self.services.store
         let name = account.name
         let size = open.size.map { Int64($0) }
+        if self.services.claims.acrossRelays {
+            // One relay at a time uploads a key, whichever relay the agent reached (issue 10).
+            guard try self.services.claims.lockAcrossRelays(account: name, key: key.value) else {
+                return .refuse(.keyBusy, "another relay has an upload of \"\(key)\" in progress; retry when it ends")
+            }
+            // A commit another relay left when it died: settled now, under the key, before the upload looks at it.
+            for commit in try catalog.pendingCommits() where commit.account == name && commit.key == key.value {
+                try RelayRuntime.settle(commit, catalog: catalog, store: store, logger: self.services.logger)
+            }
+        }
         if let size, size > self.services.configuration.maxBlobSize {
             return .refuse(.tooLarge, "\(size) bytes is larger than this relay's limit of \(self.services.configuration.maxBlobSize)")
         }
@@ -340,7 +350,9 @@ struct UploadPolicy {
         services.claims.markClosing(claim)
         services.threadPool.submit { state in
             defer { services.claims.release(claim) }
-            guard state == .active, let session = try? services.catalog.session(account: account, key: key.value) else { return }
+            guard state == .active, (try? services.claims.lockAcrossRelays(account: account, key: key.value)) == true,
+                let session = try? services.catalog.session(account: account, key: key.value)
+            else { return }
             let byToken = !open.resumeToken.isEmpty && open.resumeToken == session.resumeToken
             let byFingerprint = !open.fingerprint.isEmpty && open.fingerprint == session.fingerprint
             guard byToken || byFingerprint else { return }

@@ -83,6 +83,15 @@ extension RelaySession {
         return self.failConnection(.unauthenticated, "the token of account \"\(name)\" was revoked (ask the relay operator for a new one)")
     }
 
+    /// The relay's key locks across relays were lost (its connection to the shared catalog dropped): uploads stop, since
+    /// another relay may take their keys now. The agent reconnects and goes on from the acknowledged bytes.
+    mutating func keyLocksLost() -> [Action] {
+        guard !self.closed, !self.pipelines.isEmpty || !self.opening.isEmpty else { return [] }
+        return self.failConnection(
+            .storageError, "the relay lost its connection to the shared catalog; reconnect: uploads go on from their acknowledged bytes"
+        )
+    }
+
     /// The channel is gone. Durable state stays in the catalog: the agent resumes on its next connection.
     mutating func connectionClosed() -> [Action] {
         self.closed = true

@@ -1,0 +1,122 @@
+import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOPosix
+import PostgresNIO
+import UploadChecksums
+
+/// Key locks across the relays sharing one PostgreSQL catalog: session-level advisory locks, all taken on one
+/// connection of the relay's own, so that they go when the relay dies (PostgreSQL releases a session's locks when its
+/// connection drops) and never by a timeout.
+///
+/// Advisory locks are reentrant within their session: this relay's own claims (``KeyClaims``) keep a key to one of its
+/// uploads at a time, and each lock taken is let go exactly once, whatever order the two reach the server in.
+final class PostgresKeyLocks: KeyLocks, @unchecked Sendable {
+    private struct State {
+        var connection: PostgresConnection?
+        /// Counts connections: a lock belongs to the one that took it.
+        var generation = 0
+        var lost: (@Sendable (Int) -> Void)?
+        var shutDown = false
+    }
+
+    private let configuration: PostgresConnection.Configuration
+    private let logger: Logger
+    private let timeout: Duration
+    private let state = NIOLockedValueBox(State())
+    /// One connect at a time.
+    private let connecting = NIOLock()
+
+    deinit {
+        self.shutdown()
+    }
+
+    init(url: String, logger: Logger, timeout: Duration) throws {
+        self.configuration = try PostgresCatalog.connectionConfiguration(url)
+        self.logger = logger
+        self.timeout = timeout
+    }
+
+    /// The lock number of a key: the first 8 bytes of the SHA-1 of account, NUL, key. Two keys that share one only
+    /// wait for each other.
+    static func lockID(account: String, key: String) -> Int64 {
+        var sha1 = SHA1()
+        sha1.update(Array(account.utf8) + [0] + Array(key.utf8))
+        return sha1.finalize().prefix(8).reduce(Int64(0)) { ($0 << 8) | Int64($1) }
+    }
+
+    func tryLock(account: String, key: String) throws -> KeyLock? {
+        let id = Self.lockID(account: account, key: key)
+        let (connection, generation) = try self.connection()
+        let logger = self.logger
+        let taken = try PostgresCatalog.mapped(timeout: self.timeout) {
+            let rows = try await connection.query("SELECT pg_try_advisory_lock(\(id)) AS taken", logger: logger).collect()
+            return try rows.first?.makeRandomAccess()["taken"].decode(Bool.self) ?? false
+        }
+        return taken ? KeyLock(id: id, generation: generation) : nil
+    }
+
+    func unlock(_ lock: KeyLock) {
+        guard let connection = self.state.withLockedValue({ $0.generation == lock.generation ? $0.connection : nil }) else { return }
+        let logger = self.logger
+        Task(executorPreference: Blocking.executor) {
+            do {
+                _ = try await connection.query("SELECT pg_advisory_unlock(\(lock.id))", logger: logger)
+            } catch {
+                // The connection is going: the lock goes with it.
+                logger.debug("could not release a key lock", metadata: ["error": "\(error)"])
+            }
+        }
+    }
+
+    func whenLost(_ handler: @escaping @Sendable (Int) -> Void) {
+        self.state.withLockedValue { $0.lost = handler }
+    }
+
+    /// Closes the connection, and with it every lock.
+    func shutdown() {
+        let connection = self.state.withLockedValue { state -> PostgresConnection? in
+            state.shutDown = true
+            defer { state.connection = nil }
+            return state.connection
+        }
+        guard let connection else { return }
+        // Held until closed: a connection must not go unclosed.
+        let closing: EventLoopFuture<Void> = connection.close()
+        closing.whenComplete { _ in _ = connection }
+    }
+
+    /// The connection locks are taken on, made when there is none.
+    private func connection() throws -> (PostgresConnection, Int) {
+        try self.connecting.withLock {
+            let current = self.state.withLockedValue { state -> (PostgresConnection, Int)? in
+                guard let connection = state.connection, !connection.isClosed else { return nil }
+                return (connection, state.generation)
+            }
+            if let current { return current }
+            if self.state.withLockedValue({ $0.shutDown }) { throw CatalogFailure("the relay is stopping") }
+            let (configuration, logger) = (self.configuration, self.logger)
+            let connection = try PostgresCatalog.mapped(timeout: self.timeout) {
+                try await PostgresConnection.connect(
+                    on: MultiThreadedEventLoopGroup.singleton.next(), configuration: configuration, id: 1, logger: logger
+                )
+            }
+            let generation = self.state.withLockedValue { state -> Int in
+                state.generation += 1
+                state.connection = connection
+                return state.generation
+            }
+            connection.closeFuture.whenComplete { _ in
+                let lost = self.state.withLockedValue { state -> (@Sendable (Int) -> Void)? in
+                    guard state.generation == generation, !state.shutDown else { return nil }
+                    state.connection = nil
+                    return state.lost
+                }
+                guard let lost else { return }
+                logger.error("the connection holding this relay's key locks dropped: its uploads stop, to go on from their durable bytes")
+                lost(generation)
+            }
+            return (connection, generation)
+        }
+    }
+}
