@@ -195,7 +195,7 @@ let package = Package(
         .testTarget(
             name: "UploadRelayTests",
             dependencies: [
-                "UploadRelay", "UploadProtocol", "UploadChecksums", "UploadPayload", "UploadTestSupport", "CUploadSystem",
+                "UploadRelay", "UploadProtocol", "UploadChecksums", "UploadPayload", "UploadTestSupport", "CUploadSystem", "UploadS3",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "NIOCore", package: "swift-nio"),

@@ -117,6 +117,20 @@ public enum RelayRuntime {
         // A staging file is made before its session is recorded: only files older than that window are orphans.
         let live = Set(try catalog.sessions(updatedBefore: .distantFuture).map(\.stagingName))
         for (name, modified) in try store.stagingFiles() where !live.contains(name) {
+            if let owner = store.stagingOwner(name) {
+                // Made under its key by an upload that ended without recording it (a relay killed between the two):
+                // an orphan once no upload holds the key and no session names it, whatever its age.
+                try keys.holding(owner.account, owner.key) {
+                    guard try catalog.session(account: owner.account, key: owner.key)?.stagingName != name else { return }
+                    do {
+                        try store.removeStaging(name)
+                        logger.info("removed an upload's orphaned staging", metadata: ["upload.key": "\(owner.key)", "account": "\(owner.account)"])
+                    } catch {
+                        logger.warning("could not remove an orphaned staging", metadata: ["staging": "\(name)", "error": "\(error)"])
+                    }
+                }
+                continue
+            }
             if let orphansBefore, modified >= orphansBefore { continue }
             do {
                 try store.removeStaging(name)

@@ -48,6 +48,9 @@ public protocol BlobStore: Sendable {
     func conflict(for key: ObjectKey, account: String) throws -> String?
     /// Staging files and when each was last written, for cleaning up those no session refers to.
     func stagingFiles() throws -> [(name: String, modified: Date)]
+    /// The account and key a staging was made for, when its name says (an S3 multipart upload's does): cleanup then
+    /// removes it, whatever its age, once no upload holds the key and no session names it. Nil: by age only.
+    func stagingOwner(_ name: String) -> (account: String, key: String)?
 }
 
 /// One object of a group commit: staged bytes and where they go.
@@ -160,4 +163,9 @@ public struct StoreError: Error, Hashable, Sendable, CustomStringConvertible {
         self.alreadyExists = alreadyExists
         self.outcomeUnknown = outcomeUnknown
     }
+}
+
+extension BlobStore {
+    /// A store whose staging names say nothing of their key (the local directory's).
+    public func stagingOwner(_ name: String) -> (account: String, key: String)? { nil }
 }

@@ -187,11 +187,27 @@ public final class S3Store: BlobStore, Sendable {
         let uploads = try self.blocking { try await self.client.listMultipartUploads(bucket: self.bucket, prefix: self.prefix) }
         let cutoff = Date().addingTimeInterval(-self.orphanGrace)
         for upload in uploads {
-            // An upload whose start cannot be read is left alone: it may be another relay's, just begun.
+            let name = Self.name(uploadID: upload.uploadID, key: upload.key)
+            if self.stagingOwner(name) != nil {
+                // Cleanup looks at it under its key, whatever its age.
+                found.append((name, Self.date(upload.initiated) ?? .distantPast))
+                continue
+            }
+            // Not one of a key of ours, or its start unreadable: left alone until well past its start.
             guard let begun = Self.date(upload.initiated), begun < cutoff else { continue }
-            found.append((Self.name(uploadID: upload.uploadID, key: upload.key), begun))
+            found.append((name, begun))
         }
         return found
+    }
+
+    /// The account and key of a multipart upload under the prefix, by its staging name.
+    public func stagingOwner(_ name: String) -> (account: String, key: String)? {
+        guard let upload = Self.upload(inName: name), upload.key.hasPrefix(self.prefix) else { return nil }
+        let rest = upload.key.dropFirst(self.prefix.count)
+        guard let slash = rest.firstIndex(of: "/") else { return nil }
+        let (account, key) = (String(rest[..<slash]), String(rest[rest.index(after: slash)...]))
+        guard Account.isValidName(account), (try? ObjectKey(validating: key)) != nil else { return nil }
+        return (account, key)
     }
 
     // MARK: Objects
