@@ -18,7 +18,9 @@ public struct RelayConfiguration: Sendable {
     public var storePath: String
 
     /// Objects in an S3-compatible bucket instead of ``storePath`` (`--store s3://BUCKET/PREFIX`); nil: the local store.
-    public var s3: S3StoreConfiguration? = nil
+    public var s3: S3StoreConfiguration?
+    /// What runs after each commit (`--on-commit`, `--on-commit-url`); nil: nothing, and no events are queued.
+    public var hooks: CommitHooks? = nil
     /// Whether agents may send one blob as stripes on several streams (SPEC §6.7). An S3 store does not take stripes.
     public var allowStripes = true
 
@@ -93,5 +95,29 @@ public struct S3StoreConfiguration: Sendable {
         self.credentials = credentials
         self.bucket = bucket
         self.prefix = prefix
+    }
+}
+
+/// Post-commit hooks (issue 10): a command, a URL, or both, given each committed object as JSON. Each event waits in
+/// the catalog's outbox, queued by the commit's own transaction, until every hook took it: a failing or hung hook is
+/// retried (the delay doubling from ``retryDelay`` up to ``maxRetryDelay``) and logged, never lost, and never holds
+/// an upload up.
+public struct CommitHooks: Sendable {
+    /// Run by `/bin/sh -c`, the event as JSON on its stdin and in `UPLOAD_*` variables; exit 0 means taken.
+    public var command: String?
+    /// POSTed the event as JSON; a 2xx answer means taken.
+    public var url: URL?
+    /// The longest a hook may run (a command is killed, its process group with it, after it).
+    public var timeout: Duration = .seconds(30)
+    /// Events delivered at once by one relay.
+    public var concurrency: Int = 4
+    public var retryDelay: Duration = .seconds(1)
+    public var maxRetryDelay: Duration = .seconds(300)
+    /// How often the outbox is looked at when no commit said so (events other relays queued, retries due).
+    public var pollInterval: Duration = .seconds(1)
+
+    public init(command: String? = nil, url: URL? = nil) {
+        self.command = command
+        self.url = url
     }
 }

@@ -55,6 +55,24 @@ struct Serve: AsyncParsableCommand {
     @Option(
         name: .long,
         help: ArgumentHelp(
+            "After each commit, run this shell command with the object as JSON on stdin and in UPLOAD_ACCOUNT, UPLOAD_KEY, UPLOAD_SIZE, UPLOAD_SHA1, UPLOAD_LOCATION; exit 0 means done. Failures are logged and retried, never lost (the catalog keeps the event), and never hold uploads up.",
+            valueName: "command"
+        )
+    )
+    var onCommit: String?
+
+    @Option(name: .long, help: ArgumentHelp("After each commit, POST the same JSON to this http(s) URL; a 2xx answer means done, else it is retried.", valueName: "url"))
+    var onCommitUrl: String?
+
+    @Option(name: .long, help: ArgumentHelp("The longest a hook may run before it is killed and retried.", valueName: "duration"))
+    var hookTimeout: String = "30s"
+
+    @Option(name: .long, help: ArgumentHelp("Hook deliveries at once, per relay.", valueName: "n"))
+    var hookConcurrency: Int = 4
+
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
             "A catalog several relays share, postgres://USER:PASSWORD@HOST:PORT/DATABASE[?sslmode=disable] (or UPLOAD_RELAY_CATALOG); default: SQLite in --data.",
             valueName: "url"
         )
@@ -192,6 +210,14 @@ struct Serve: AsyncParsableCommand {
                 throw ValidationError("--s3-endpoint \(endpoint): give the service's root URL, with no path (the bucket goes in --store)")
             }
         }
+        if let url = self.onCommitUrl {
+            guard let parsed = URL(string: url), ["http", "https"].contains(parsed.scheme?.lowercased() ?? ""), parsed.host != nil else {
+                throw ValidationError("--on-commit-url \(url): give an http:// or https:// URL")
+            }
+        }
+        guard self.hookConcurrency >= 1 else {
+            throw ValidationError("--hook-concurrency must be at least 1")
+        }
         guard Logger.Level(rawValue: self.logLevel) != nil else {
             throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error")
         }
@@ -249,6 +275,12 @@ struct Serve: AsyncParsableCommand {
         configuration.limits.handshakeTimeout = try DurationText.parse(self.handshakeTimeout, option: "--handshake-timeout")
         configuration.sessionExpiry = try DurationText.parse(self.sessionExpiry, option: "--session-expiry")
         configuration.s3 = s3
+        if self.onCommit != nil || self.onCommitUrl != nil {
+            var hooks = CommitHooks(command: self.onCommit, url: self.onCommitUrl.flatMap(URL.init(string:)))
+            hooks.timeout = try DurationText.parse(self.hookTimeout, option: "--hook-timeout")
+            hooks.concurrency = self.hookConcurrency
+            configuration.hooks = hooks
+        }
         let services = try RelayRuntime.makeServices(configuration: configuration, catalog: catalog, logger: logger)
         let group = MultiThreadedEventLoopGroup(numberOfThreads: System.coreCount)
         let server = try RelayServer(services: services, group: group)

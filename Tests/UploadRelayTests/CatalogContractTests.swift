@@ -190,4 +190,31 @@ struct CatalogContractTests {
             #expect(try first.pendingCommits().count == 3)
         }
     }
+
+    @Test("commit events: queued by a commit that names a location (a recovered one too), claimed with a lease, retried, finished", arguments: Backend.allCases)
+    func commitEvents(_ backend: Backend) throws {
+        try Self.withCatalog(backend) { catalog, _ in
+            try catalog.addAccount(name: "alice", tokenHash: [1], quota: nil)
+            let quiet = PendingCommit(account: "alice", key: "no-hooks", size: 5, sha1: "aa", sessionID: nil)
+            let noted = PendingCommit(account: "alice", key: "a.jpg", size: 7, sha1: "bb", sessionID: nil, location: "/store/alice/a.jpg")
+            #expect(try catalog.beginCommits([quiet, noted]) == [nil, nil])
+            // A crash before the record: the pending commit keeps the location for recovery to queue the event.
+            #expect(try catalog.pendingCommits().first { $0.key == "a.jpg" }?.location == "/store/alice/a.jpg")
+            try catalog.finishCommits([(quiet, Self.identity), (noted, Self.identity)])
+            #expect(try catalog.commitEventBacklog().count == 1)
+            let claimed = try catalog.claimCommitEvents(limit: 10, lease: .seconds(60))
+            #expect(claimed.map(\.key) == ["a.jpg"])
+            #expect(claimed.first?.location == "/store/alice/a.jpg" && claimed.first?.size == 7 && claimed.first?.sha1 == "bb")
+            #expect(claimed.first?.attempts == 1)
+            // Leased: not taken again meanwhile.
+            #expect(try catalog.claimCommitEvents(limit: 10, lease: .seconds(60)).isEmpty)
+            let id = try #require(claimed.first?.id)
+            try catalog.retryCommitEvent(id: id, at: Date(timeIntervalSinceNow: -1), error: "hook exited 3")
+            #expect(try catalog.commitEventBacklog().lastError == "hook exited 3")
+            let again = try catalog.claimCommitEvents(limit: 10, lease: .seconds(60))
+            #expect(again.map(\.id) == [id] && again.first?.attempts == 2)
+            try catalog.finishCommitEvent(id: id)
+            #expect(try catalog.commitEventBacklog().count == 0)
+        }
+    }
 }

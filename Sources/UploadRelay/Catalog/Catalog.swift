@@ -228,14 +228,47 @@ public struct PendingCommit: Hashable, Sendable {
     /// The probe digest to record with the object (``StoredObject/probeSHA1``). Not kept across a crash: a recovered
     /// commit records none.
     public var probeSHA1: String?
+    /// Where the object will be (``BlobStore/location(of:account:)``), when post-commit hooks run: the commit's record
+    /// then queues a ``CommitEvent`` in the same transaction, and a recovered commit queues it too.
+    public var location: String?
 
-    public init(account: String, key: String, size: Int64, sha1: String, sessionID: String?, probeSHA1: String? = nil) {
+    public init(
+        account: String, key: String, size: Int64, sha1: String, sessionID: String?, probeSHA1: String? = nil, location: String? = nil
+    ) {
         self.account = account
         self.key = key
         self.size = size
         self.sha1 = sha1
         self.sessionID = sessionID
         self.probeSHA1 = probeSHA1
+        self.location = location
+    }
+}
+
+/// A committed object waiting for its post-commit hooks (the outbox, issue 10): queued by the commit's own
+/// transaction, so never lost; gone once every hook took it.
+public struct CommitEvent: Hashable, Sendable {
+    public var id: Int64
+    public var account: String
+    public var key: String
+    public var size: Int64
+    /// Lowercase hex.
+    public var sha1: String
+    /// Where the object is: a path for the local store, `s3://BUCKET/KEY` for S3.
+    public var location: String
+    public var committedAt: Date
+    /// Deliveries begun, this one included.
+    public var attempts: Int
+
+    public init(id: Int64, account: String, key: String, size: Int64, sha1: String, location: String, committedAt: Date, attempts: Int) {
+        self.id = id
+        self.account = account
+        self.key = key
+        self.size = size
+        self.sha1 = sha1
+        self.location = location
+        self.committedAt = committedAt
+        self.attempts = attempts
     }
 }
 
@@ -327,6 +360,16 @@ public protocol Catalog: Sendable {
     func objects() throws -> [StoredObject]
     /// Forgets an object whose file is gone, giving its bytes back to the quota.
     func deleteObject(account: String, key: String) throws
+
+    /// Up to `limit` queued commit events due now, oldest first, each held for `lease` (another relay, or this one's
+    /// next look, takes it again only after that): at least once, never lost.
+    func claimCommitEvents(limit: Int, lease: Duration) throws -> [CommitEvent]
+    /// Every hook took the event: it goes.
+    func finishCommitEvent(id: Int64) throws
+    /// A hook failed: the event is tried again at `retryAt`, with the reason kept.
+    func retryCommitEvent(id: Int64, at retryAt: Date, error: String) throws
+    /// How many events wait, and the oldest one's last error.
+    func commitEventBacklog() throws -> (count: Int, lastError: String?)
 
     /// The locks on keys that every relay sharing this catalog honours; nil for a catalog of one relay.
     var keyLocks: (any KeyLocks)? { get }

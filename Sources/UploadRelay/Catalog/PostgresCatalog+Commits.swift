@@ -126,10 +126,10 @@ extension PostgresCatalog {
         }
         try await connection.query(
             """
-            INSERT INTO pending_commit (account, key, size, sha1, delta, session_id)
-            VALUES (\(commit.account), \(commit.key), \(commit.size), \(commit.sha1), \(delta), \(commit.sessionID))
+            INSERT INTO pending_commit (account, key, size, sha1, delta, session_id, event_location)
+            VALUES (\(commit.account), \(commit.key), \(commit.size), \(commit.sha1), \(delta), \(commit.sessionID), \(commit.location))
             ON CONFLICT (account, key) DO UPDATE SET size = EXCLUDED.size, sha1 = EXCLUDED.sha1, delta = EXCLUDED.delta,
-                session_id = EXCLUDED.session_id
+                session_id = EXCLUDED.session_id, event_location = EXCLUDED.event_location
             """,
             logger: logger
         )
@@ -172,6 +172,16 @@ extension PostgresCatalog {
                 if let sessionID = commit.sessionID {
                     try await connection.query("DELETE FROM session WHERE id = \(sessionID)", logger: logger)
                 }
+                if let location = commit.location {
+                    let now = Date().timeIntervalSince1970
+                    try await connection.query(
+                        """
+                        INSERT INTO commit_event (account, key, size, sha1, location, committed_at, next_attempt_at)
+                        VALUES (\(commit.account), \(commit.key), \(commit.size), \(commit.sha1), \(location), \(now), \(now))
+                        """,
+                        logger: logger
+                    )
+                }
             }
         }
     }
@@ -187,9 +197,65 @@ extension PostgresCatalog {
             try await Self.rows("SELECT * FROM pending_commit", on: $0, logger).map {
                 PendingCommit(
                     account: try $0["account"].decode(String.self), key: try $0["key"].decode(String.self), size: try $0["size"].decode(Int64.self),
-                    sha1: try $0["sha1"].decode(String.self), sessionID: try $0["session_id"].decode(String?.self)
+                    sha1: try $0["sha1"].decode(String.self), sessionID: try $0["session_id"].decode(String?.self),
+                    location: try $0["event_location"].decode(String?.self)
                 )
             }
+        }
+    }
+
+    // MARK: Commit events (the hooks' outbox)
+
+    public func claimCommitEvents(limit: Int, lease: Duration) throws -> [CommitEvent] {
+        let logger = self.logger
+        let now = Date().timeIntervalSince1970
+        let until = now + Double(lease.components.seconds) + Double(lease.components.attoseconds) / 1e18
+        return try self.transaction { connection in
+            // SKIP LOCKED: relays looking at once take different events.
+            try await Self.rows(
+                """
+                UPDATE commit_event SET next_attempt_at = \(until), attempts = attempts + 1
+                WHERE id IN (
+                    SELECT id FROM commit_event WHERE next_attempt_at <= \(now) ORDER BY id LIMIT \(limit) FOR UPDATE SKIP LOCKED
+                )
+                RETURNING *
+                """,
+                on: connection, logger
+            ).map {
+                CommitEvent(
+                    id: try $0["id"].decode(Int64.self), account: try $0["account"].decode(String.self), key: try $0["key"].decode(String.self),
+                    size: try $0["size"].decode(Int64.self), sha1: try $0["sha1"].decode(String.self),
+                    location: try $0["location"].decode(String.self),
+                    committedAt: Date(timeIntervalSince1970: try $0["committed_at"].decode(Double.self)),
+                    attempts: try $0["attempts"].decode(Int.self)
+                )
+            }.sorted { $0.id < $1.id }
+        }
+    }
+
+    public func finishCommitEvent(id: Int64) throws {
+        let logger = self.logger
+        try self.run { _ = try await $0.query("DELETE FROM commit_event WHERE id = \(id)", logger: logger).collect() }
+    }
+
+    public func retryCommitEvent(id: Int64, at retryAt: Date, error: String) throws {
+        let logger = self.logger
+        let at = retryAt.timeIntervalSince1970
+        try self.run {
+            _ = try await $0.query(
+                "UPDATE commit_event SET next_attempt_at = \(at), last_error = \(error) WHERE id = \(id)", logger: logger
+            ).collect()
+        }
+    }
+
+    public func commitEventBacklog() throws -> (count: Int, lastError: String?) {
+        let logger = self.logger
+        return try self.run { connection in
+            let count = try await Self.rows("SELECT COUNT(*)::BIGINT AS n FROM commit_event", on: connection, logger).first?["n"].decode(Int64.self) ?? 0
+            let error = try await Self.rows(
+                "SELECT last_error FROM commit_event WHERE last_error IS NOT NULL ORDER BY id LIMIT 1", on: connection, logger
+            ).first?["last_error"].decode(String?.self) ?? nil
+            return (Int(count), error)
         }
     }
 }

@@ -24,8 +24,8 @@ public final class PostgresCatalog: Catalog, @unchecked Sendable {
     /// Advisory locks on one connection of this catalog's own (made at the first lock).
     public var keyLocks: (any KeyLocks)? { self.locks }
 
-    /// The schema version this code writes (the SQLite catalog's migrations, v1 to v5).
-    static let schemaVersion = 5
+    /// The schema version this code writes (the SQLite catalog's migrations, v1 to v6).
+    static let schemaVersion = 6
 
     /// Connects (lazily, from a pool) to `url`, `postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?sslmode=disable|require]`,
     /// and migrates the schema.
@@ -280,6 +280,20 @@ public final class PostgresCatalog: Catalog, @unchecked Sendable {
                     end_offset BIGINT NOT NULL, etag TEXT NOT NULL, sha1 TEXT NOT NULL, PRIMARY KEY (session_id, number)
                 )
                 """
+            ]
+        ),
+        (
+            6,
+            [
+                "ALTER TABLE pending_commit ADD COLUMN event_location TEXT",
+                """
+                CREATE TABLE commit_event (
+                    id BIGSERIAL PRIMARY KEY, account TEXT NOT NULL, key TEXT NOT NULL, size BIGINT NOT NULL, sha1 TEXT NOT NULL,
+                    location TEXT NOT NULL, committed_at DOUBLE PRECISION NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
+                    next_attempt_at DOUBLE PRECISION NOT NULL, last_error TEXT
+                )
+                """,
+                "CREATE INDEX commit_event_due ON commit_event (next_attempt_at)",
             ]
         ),
     ]

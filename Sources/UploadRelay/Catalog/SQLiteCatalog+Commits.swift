@@ -74,8 +74,11 @@ extension SQLiteCatalog {
             throw CatalogError.quotaExceeded(account: commit.account, needed: delta, quota: quota, used: use.stored + use.committing)
         }
         try db.execute(
-            cached: "INSERT OR REPLACE INTO pending_commit (account, key, size, sha1, delta, session_id) VALUES (?, ?, ?, ?, ?, ?)",
-            arguments: [commit.account, commit.key, commit.size, commit.sha1, delta, commit.sessionID]
+            cached: """
+                INSERT OR REPLACE INTO pending_commit (account, key, size, sha1, delta, session_id, event_location)
+                VALUES (?, ?, ?, ?, ?, ?, ?)
+                """,
+            arguments: [commit.account, commit.key, commit.size, commit.sha1, delta, commit.sessionID, commit.location]
         )
     }
 
@@ -101,6 +104,15 @@ extension SQLiteCatalog {
         if let sessionID = commit.sessionID {
             try db.execute(cached: "DELETE FROM session WHERE id = ?", arguments: [sessionID])
         }
+        if let location = commit.location {
+            let now = Date().timeIntervalSince1970
+            try db.execute(
+                cached: """
+                    INSERT INTO commit_event (account, key, size, sha1, location, committed_at, next_attempt_at) VALUES (?, ?, ?, ?, ?, ?, ?)
+                    """,
+                arguments: [commit.account, commit.key, commit.size, commit.sha1, location, now, now]
+            )
+        }
     }
 
     public func abandonCommit(account: String, key: String) throws {
@@ -112,7 +124,10 @@ extension SQLiteCatalog {
     public func pendingCommits() throws -> [PendingCommit] {
         try self.reading { db in
             try Row.fetchAll(cached: db, sql: "SELECT * FROM pending_commit").map { row in
-                PendingCommit(account: row["account"], key: row["key"], size: row["size"], sha1: row["sha1"], sessionID: row["session_id"])
+                PendingCommit(
+                    account: row["account"], key: row["key"], size: row["size"], sha1: row["sha1"], sessionID: row["session_id"],
+                    location: row["event_location"]
+                )
             }
         }
     }
@@ -123,6 +138,50 @@ extension SQLiteCatalog {
             else { return }
             try db.execute(cached: "DELETE FROM object WHERE account = ? AND key = ?", arguments: [account, key])
             try db.execute(cached: "UPDATE account SET used_bytes = used_bytes - ? WHERE name = ?", arguments: [size, account])
+        }
+    }
+
+    // MARK: Commit events (the hooks' outbox)
+
+    public func claimCommitEvents(limit: Int, lease: Duration) throws -> [CommitEvent] {
+        try self.database.write { db in
+            let now = Date().timeIntervalSince1970
+            let rows = try Row.fetchAll(
+                cached: db, sql: "SELECT * FROM commit_event WHERE next_attempt_at <= ? ORDER BY id LIMIT ?", arguments: [now, limit]
+            )
+            let until = now + Double(lease.components.seconds) + Double(lease.components.attoseconds) / 1e18
+            return try rows.map { row in
+                let id: Int64 = row["id"]
+                let attempts: Int = row["attempts"]
+                try db.execute(
+                    cached: "UPDATE commit_event SET next_attempt_at = ?, attempts = ? WHERE id = ?", arguments: [until, attempts + 1, id]
+                )
+                return CommitEvent(
+                    id: id, account: row["account"], key: row["key"], size: row["size"], sha1: row["sha1"], location: row["location"],
+                    committedAt: Date(timeIntervalSince1970: row["committed_at"]), attempts: attempts + 1
+                )
+            }
+        }
+    }
+
+    public func finishCommitEvent(id: Int64) throws {
+        try self.database.write { db in try db.execute(cached: "DELETE FROM commit_event WHERE id = ?", arguments: [id]) }
+    }
+
+    public func retryCommitEvent(id: Int64, at retryAt: Date, error: String) throws {
+        try self.database.write { db in
+            try db.execute(
+                cached: "UPDATE commit_event SET next_attempt_at = ?, last_error = ? WHERE id = ?",
+                arguments: [retryAt.timeIntervalSince1970, error, id]
+            )
+        }
+    }
+
+    public func commitEventBacklog() throws -> (count: Int, lastError: String?) {
+        try self.reading { db in
+            let count = try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM commit_event") ?? 0
+            let error = try String.fetchOne(db, sql: "SELECT last_error FROM commit_event WHERE last_error IS NOT NULL ORDER BY id LIMIT 1")
+            return (count, error)
         }
     }
 }

@@ -108,6 +108,26 @@ public final class SQLiteCatalog: Catalog {
                     """
             )
         }
+        migrator.registerMigration("v6: commit events (the hooks' outbox)") { db in
+            try db.execute(
+                sql: """
+                    ALTER TABLE pending_commit ADD COLUMN event_location TEXT;
+                    CREATE TABLE commit_event (
+                        id INTEGER PRIMARY KEY AUTOINCREMENT,
+                        account TEXT NOT NULL,
+                        key TEXT NOT NULL,
+                        size INTEGER NOT NULL,
+                        sha1 TEXT NOT NULL,
+                        location TEXT NOT NULL,
+                        committed_at REAL NOT NULL,
+                        attempts INTEGER NOT NULL DEFAULT 0,
+                        next_attempt_at REAL NOT NULL,
+                        last_error TEXT
+                    );
+                    CREATE INDEX commit_event_due ON commit_event (next_attempt_at);
+                    """
+            )
+        }
         return migrator
     }
 

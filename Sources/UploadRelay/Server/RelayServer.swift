@@ -138,6 +138,11 @@ public final class RelayServer: Service, Sendable {
                 connection.pipeline.fireUserInboundEventTriggered(RelayKeyLocksLostEvent())
             }
         }
+        let hooks = services.configuration.hooks.map { CommitHookRunner(services: services, hooks: $0) }
+        if let hooks {
+            services.commitEventsQueued.withLockedValue { $0 = { hooks.nudge() } }
+            hooks.start()
+        }
         let maintenance = self.startMaintenance()
         try await withGracefulShutdownHandler {
             try await channel.closeFuture.get()
@@ -147,6 +152,16 @@ public final class RelayServer: Service, Sendable {
         let stopped = maintenance.loop.makePromise(of: Void.self)
         maintenance.task.cancel(promise: stopped)
         try? await stopped.futureResult.get()
+        if let hooks {
+            services.commitEventsQueued.withLockedValue { $0 = nil }
+            // Off the cooperative pool: the deliveries under way end within the hook timeout.
+            await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
+                Thread {
+                    hooks.stop()
+                    done.resume()
+                }.start()
+            }
+        }
         self.state.withLockedValue { state in state = .stopped(address: state.address) }
         logger.info("upload-relay stopped")
     }

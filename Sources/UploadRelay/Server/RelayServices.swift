@@ -18,6 +18,8 @@ public final class RelayServices: Sendable {
     let uploadSlots: ResourceBudget
     /// Commits of all connections, made durable in groups.
     let commits: CommitGroup
+    /// Told when commits queued events for the post-commit hooks (set by the server that runs them).
+    let commitEventsQueued = NIOLockedValueBox<(@Sendable () -> Void)?>(nil)
     /// Connection handlers alive now: one per connection, freed once its channel closed and its storage let go.
     let liveHandlers = NIOLockedValueBox(0)
 

@@ -110,7 +110,10 @@ struct UploadPolicy {
                 else {
                     continue
                 }
-                let commit = PendingCommit(account: name, key: key.value, size: size, sha1: sha1.hex, sessionID: nil, probeSHA1: twin.probeSHA1)
+                let commit = PendingCommit(
+                    account: name, key: key.value, size: size, sha1: sha1.hex, sessionID: nil, probeSHA1: twin.probeSHA1,
+                    location: try self.eventLocation(key, account: name)
+                )
                 try catalog.beginCommit(commit)
                 let identity: ObjectIdentity
                 do {
@@ -124,6 +127,7 @@ struct UploadPolicy {
                     throw error
                 }
                 try catalog.finishCommit(commit, identity: identity)
+                self.eventsQueued(commit.location != nil)
                 if let session = try catalog.session(account: name, key: key.value) {
                     try store.removeStaging(session.stagingName)
                     try catalog.deleteSession(id: session.id)
@@ -264,7 +268,8 @@ struct UploadPolicy {
                 } else {
                     let pending = PendingCommit(
                         account: request.account, key: request.key.value, size: request.size, sha1: request.sha1.hex,
-                        sessionID: request.sessionID, probeSHA1: request.probeSHA1
+                        sessionID: request.sessionID, probeSHA1: request.probeSHA1,
+                        location: try self.eventLocation(request.key, account: request.account)
                     )
                     ready.append((index, pending))
                 }
@@ -305,10 +310,23 @@ struct UploadPolicy {
             // Should this record fail, recovery finds the pending commits and the objects, and settles them.
             try catalog.finishCommits(visible.map { ($0.pending, $0.identity) })
             for item in visible { results[item.index] = .success(.stored) }
+            self.eventsQueued(visible.contains { $0.pending.location != nil })
         } catch {
             for item in visible { refuse(item.index, error) }
         }
         return results.map { $0 ?? .failure(Refusal(code: .internalError, message: "commit left undecided", keepSession: true)) }
+    }
+
+    /// Where the object of `key` will be, when post-commit hooks run (the commit then queues their event); else nil.
+    private func eventLocation(_ key: ObjectKey, account: String) throws -> String? {
+        guard self.services.configuration.hooks != nil else { return nil }
+        return try self.services.store.location(of: key, account: account)
+    }
+
+    /// Tells the hooks' runner that events wait.
+    private func eventsQueued(_ queued: Bool) {
+        guard queued else { return }
+        self.services.commitEventsQueued.withLockedValue { $0 }?()
     }
 
     /// What can be decided about a commit before any write: nil when it goes ahead; `.unchanged` when the key holds

@@ -46,6 +46,8 @@ public protocol BlobStore: Sendable {
     /// Why `key` cannot be stored for `account` next to the objects it has (a key that is a folder of other keys,
     /// or a key whose folder is an object), naming the key in the way; nil when it can.
     func conflict(for key: ObjectKey, account: String) throws -> String?
+    /// Where the object of `key` is, for people and post-commit hooks: a path, or `s3://BUCKET/KEY`.
+    func location(of key: ObjectKey, account: String) throws -> String
     /// Staging files and when each was last written, for cleaning up those no session refers to.
     func stagingFiles() throws -> [(name: String, modified: Date)]
     /// The account and key a staging was made for, when its name says (an S3 multipart upload's does): cleanup then

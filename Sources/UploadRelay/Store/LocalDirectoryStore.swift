@@ -174,6 +174,10 @@ public final class LocalDirectoryStore: BlobStore {
         return try self.placeFor(key, account: account, checked: &checked)
     }
 
+    public func location(of key: ObjectKey, account: String) throws -> String {
+        try self.path(of: key, account: account)
+    }
+
     func path(of key: ObjectKey, account: String) throws -> String {
         try self.accountDirectory(account) + "/" + key.value
     }

@@ -74,6 +74,10 @@ public final class S3Store: BlobStore, Sendable {
         return (String(bucket), String(rest.dropFirst(bucket.count)).trimmingCharacters(in: CharacterSet(charactersIn: "/")))
     }
 
+    public func location(of key: ObjectKey, account: String) throws -> String {
+        "s3://" + self.bucket + "/" + self.objectKey(key, account: account)
+    }
+
     /// The bucket key of `key` of `account`.
     public func objectKey(_ key: ObjectKey, account: String) -> String {
         self.prefix + account + "/" + key.value

@@ -1,0 +1,190 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import AsyncHTTPClient
+import Dispatch
+import Foundation
+import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+
+/// Delivers the catalog's queued commit events to the post-commit hooks (``CommitHooks``), on a thread of its own:
+/// never the event loops nor the I/O pool, so a slow or hung hook holds no upload up. At least once: an event goes
+/// from the outbox only once every hook took it; a relay that dies mid-delivery leaves it for the next look, its own
+/// or another relay's, once its lease ran out.
+final class CommitHookRunner: Sendable {
+    private let services: RelayServices
+    private let hooks: CommitHooks
+    private let wake = DispatchSemaphore(value: 0)
+    private let stopping = NIOLockedValueBox(false)
+    private let finished = DispatchSemaphore(value: 0)
+
+    init(services: RelayServices, hooks: CommitHooks) {
+        self.services = services
+        self.hooks = hooks
+    }
+
+    func start() {
+        let thread = Thread { [self] in
+            self.loop()
+            self.finished.signal()
+        }
+        thread.name = "upload-relay hooks"
+        thread.start()
+    }
+
+    /// A commit queued an event: look now.
+    func nudge() {
+        self.wake.signal()
+    }
+
+    /// Ends the loop once the deliveries under way end (each within the hook timeout); what is left waits in the outbox.
+    func stop() {
+        self.stopping.withLockedValue { $0 = true }
+        self.wake.signal()
+        self.finished.wait()
+    }
+
+    private func loop() {
+        let logger = self.services.logger
+        // Held long enough for a delivery to end, however slow: then another look may take it again.
+        let lease = self.hooks.timeout * 2 + .seconds(10)
+        while !self.stopping.withLockedValue({ $0 }) {
+            let events: [CommitEvent]
+            do {
+                events = try self.services.catalog.claimCommitEvents(limit: max(1, self.hooks.concurrency), lease: lease)
+            } catch {
+                logger.warning("could not read the commit events", metadata: ["error": "\(error)"])
+                events = []
+            }
+            if events.isEmpty {
+                _ = self.wake.wait(timeout: .now() + .nanoseconds(Int(TimeAmount(self.hooks.pollInterval).nanoseconds)))
+                continue
+            }
+            DispatchQueue.concurrentPerform(iterations: events.count) { index in
+                self.deliver(events[index])
+            }
+        }
+    }
+
+    private func deliver(_ event: CommitEvent) {
+        let logger = self.services.logger
+        var metadata: Logger.Metadata = ["upload.key": "\(event.key)", "account": "\(event.account)", "attempt": "\(event.attempts)"]
+        var failure: String? = nil
+        if let command = self.hooks.command {
+            failure = self.run(command, event)
+        }
+        if failure == nil, let url = self.hooks.url {
+            failure = self.post(url, event)
+        }
+        do {
+            guard let failure else {
+                try self.services.catalog.finishCommitEvent(id: event.id)
+                logger.info("post-commit hooks took the event", metadata: metadata)
+                return
+            }
+            let doubled = self.hooks.retryDelay * (1 << min(20, max(0, event.attempts - 1)))
+            let delay = min(doubled, self.hooks.maxRetryDelay)
+            try self.services.catalog.retryCommitEvent(id: event.id, at: Date().addingTimeInterval(Self.seconds(delay)), error: failure)
+            metadata["error"] = "\(failure)"
+            metadata["retry.in"] = "\(delay)"
+            logger.warning("post-commit hook failed; the event is kept and tried again", metadata: metadata)
+        } catch {
+            metadata["error"] = "\(error)"
+            logger.warning("could not record a commit event's delivery; it is tried again once its lease ends", metadata: metadata)
+        }
+    }
+
+    static func seconds(_ duration: Duration) -> TimeInterval {
+        Double(duration.components.seconds) + Double(duration.components.attoseconds) / 1e18
+    }
+
+    /// The event as the hooks get it.
+    static func json(_ event: CommitEvent) -> [UInt8] {
+        let object: [String: Any] = [
+            "event": "commit", "id": event.id, "account": event.account, "key": event.key, "size": event.size, "sha1": event.sha1,
+            "location": event.location, "committed_at": ISO8601DateFormatter().string(from: event.committedAt), "attempt": event.attempts,
+        ]
+        let data = (try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])) ?? Data("{}".utf8)
+        return Array(data) + [UInt8(ascii: "\n")]
+    }
+
+    /// Runs the command, the event on its stdin and in its environment, under coreutils' `timeout`, which signals the
+    /// command's whole process group when it is up (TERM, then KILL 2 s later). Nil when it exited 0; else why not.
+    private func run(_ command: String, _ event: CommitEvent) -> String? {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        let seconds = max(1, Int(Self.seconds(self.hooks.timeout).rounded(.up)))
+        process.arguments = ["timeout", "--kill-after=2s", "\(seconds)s", "/bin/sh", "-c", command]
+        var environment = ProcessInfo.processInfo.environment
+        environment["UPLOAD_EVENT_ID"] = "\(event.id)"
+        environment["UPLOAD_ACCOUNT"] = event.account
+        environment["UPLOAD_KEY"] = event.key
+        environment["UPLOAD_SIZE"] = "\(event.size)"
+        environment["UPLOAD_SHA1"] = event.sha1
+        environment["UPLOAD_LOCATION"] = event.location
+        environment["UPLOAD_ATTEMPT"] = "\(event.attempts)"
+        process.environment = environment
+        let input = Pipe()
+        process.standardInput = input
+        process.standardOutput = FileHandle.standardError
+        process.standardError = FileHandle.standardError
+        let exited = DispatchSemaphore(value: 0)
+        process.terminationHandler = { _ in exited.signal() }
+        do {
+            try process.run()
+        } catch {
+            return "could not start the --on-commit command: \(error)"
+        }
+        // A hook that does not read its stdin must not hold the relay up: the write ends when it exits.
+        let json = Self.json(event)
+        DispatchQueue.global().async {
+            json.withUnsafeBytes { bytes in
+                guard let base = bytes.baseAddress else { return }
+                var written = 0
+                while written < bytes.count {
+                    let n = write(input.fileHandleForWriting.fileDescriptor, base + written, bytes.count - written)
+                    if n <= 0 { break }
+                    written += n
+                }
+            }
+            try? input.fileHandleForWriting.close()
+        }
+        if exited.wait(timeout: .now() + .seconds(seconds + 10)) == .timedOut {
+            kill(process.processIdentifier, SIGKILL)
+            exited.wait()
+        }
+        switch (process.terminationReason, process.terminationStatus) {
+        case (.exit, 0):
+            return nil
+        case (.exit, 124), (.exit, 137):
+            return "the --on-commit command ran longer than \(self.hooks.timeout) and was killed"
+        case (.exit, let status):
+            return "the --on-commit command exited \(status)"
+        case (.uncaughtSignal, let signal):
+            return "the --on-commit command was killed by signal \(signal)"
+        @unknown default:
+            return "the --on-commit command ended abnormally"
+        }
+    }
+
+    /// POSTs the event; nil on a 2xx answer.
+    private func post(_ url: URL, _ event: CommitEvent) -> String? {
+        let timeout = self.hooks.timeout
+        do {
+            let status = try Blocking.run {
+                var request = HTTPClientRequest(url: url.absoluteString)
+                request.method = .POST
+                request.headers.add(name: "Content-Type", value: "application/json")
+                request.headers.add(name: "User-Agent", value: "upload-relay")
+                request.body = .bytes(ByteBuffer(bytes: Self.json(event)))
+                let response = try await HTTPClient.shared.execute(request, timeout: .nanoseconds(Int64(TimeAmount(timeout).nanoseconds)))
+                _ = try? await response.body.collect(upTo: 1 << 16)
+                return response.status.code
+            }
+            return (200..<300).contains(status) ? nil : "--on-commit-url \(url.absoluteString) answered HTTP \(status)"
+        } catch {
+            return "--on-commit-url \(url.absoluteString): \(error)"
+        }
+    }
+}

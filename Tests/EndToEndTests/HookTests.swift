@@ -1,0 +1,176 @@
+import Foundation
+import Testing
+import UploadAgent
+import UploadChecksums
+import UploadRelay
+import UploadTestSupport
+
+/// Post-commit hooks (issue 10): each committed object's event reaches the hooks, through the catalog's outbox, however
+/// they fail; uploads never wait for them.
+@Suite("End to end: post-commit hooks")
+struct HookTests {
+    /// Hooks that retry fast, so that a test sees a retry within a second.
+    static func hooks(command: String? = nil, url: URL? = nil) -> CommitHooks {
+        var hooks = CommitHooks(command: command, url: url)
+        hooks.timeout = .seconds(1)
+        hooks.retryDelay = .milliseconds(100)
+        hooks.maxRetryDelay = .milliseconds(400)
+        hooks.pollInterval = .milliseconds(100)
+        return hooks
+    }
+
+    /// Waits (polling every 50 ms, up to `timeout` seconds) for the outbox to empty.
+    static func outboxDrained(_ relay: TestRelay, timeout: Double = 30) async throws -> Bool {
+        let deadline = Date().addingTimeInterval(timeout)
+        while Date() < deadline {
+            if try relay.services.catalog.commitEventBacklog().count == 0 { return true }
+            try await Task.sleep(for: .milliseconds(50))
+        }
+        return try relay.services.catalog.commitEventBacklog().count == 0
+    }
+
+    static func lines(_ path: String) -> [[String: Any]] {
+        let text = (try? String(contentsOfFile: path, encoding: .utf8)) ?? ""
+        return text.split(separator: "\n").compactMap { try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any] }
+    }
+
+    @Test("--on-commit: every object's event reaches the command as JSON and variables; one that fails is retried, one that hangs is killed and retried; uploads do not wait")
+    func command() async throws {
+        let work = TestRelay.makeDirectory()
+        let script = work + "/hook.sh"
+        // flaky/ fails its first delivery; slow/ hangs in its first, past the 1 s timeout; the rest succeed at once.
+        try """
+            #!/bin/sh
+            event=$(cat)
+            case "$UPLOAD_KEY" in
+                flaky/*) [ "$UPLOAD_ATTEMPT" -ge 2 ] || exit 3 ;;
+                slow/*) [ "$UPLOAD_ATTEMPT" -ge 2 ] || sleep 60 ;;
+            esac
+            printf '%s\\n' "$event" >> \(work)/events.jsonl
+            printf '%s %s %s\\n' "$UPLOAD_KEY" "$UPLOAD_SIZE" "$UPLOAD_SHA1" >> \(work)/variables.txt
+            """.write(toFile: script, atomically: true, encoding: .utf8)
+        let relay = try await TestRelay { $0.hooks = Self.hooks(command: "/bin/sh " + script) }.start()
+        let source = TestRelay.makeDirectory()
+        var files: [String: Data] = [:]
+        var items: [UploadItem] = []
+        for (index, key) in ["photos/a.jpg", "flaky/b.jpg", "slow/c.jpg", "photos/d.jpg"].enumerated() {
+            let file = makeFile(source, "f\(index)", size: 10_000 + index * 333, seed: UInt64(60 + index))
+            files[key] = file.data
+            items.append(UploadItem(key: key, displayPath: file.path, source: FileSource(path: file.path)))
+        }
+        let started = Date()
+        let results = try await upload(items, port: relay.port, token: relay.token, ca: relay.caPath)
+        let took = Date().timeIntervalSince(started)
+        #expect(results.allSatisfy { $0.status == .stored }, "\(results.compactMap(\.error))")
+        let drained = try await Self.outboxDrained(relay)
+        #expect(drained, "events still queued: \(String(describing: try? relay.services.catalog.commitEventBacklog()))")
+        // The uploads did not wait for the hung hook (killed after 1 s, retried after).
+        #expect(took < 30, "the uploads took \(took) s")
+        let events = Self.lines(work + "/events.jsonl")
+        #expect(events.count == 4, "\(events)")
+        for event in events {
+            let key = try #require(event["key"] as? String)
+            let data = try #require(files[key])
+            #expect(event["event"] as? String == "commit")
+            #expect(event["account"] as? String == "dev")
+            #expect(event["size"] as? Int == data.count)
+            #expect(event["sha1"] as? String == SHA1Hex.of(data))
+            let location = try #require(event["location"] as? String)
+            #expect(FileManager.default.contents(atPath: location) == data, "\(location)")
+            #expect(event["attempt"] as? Int == (key.hasPrefix("photos/") ? 1 : 2), "\(key): \(event)")
+        }
+        let variables = (try? String(contentsOfFile: work + "/variables.txt", encoding: .utf8)) ?? ""
+        #expect(variables.contains("photos/a.jpg \(files["photos/a.jpg"]?.count ?? 0) \(SHA1Hex.of(files["photos/a.jpg"] ?? Data()))"))
+        await relay.stop()
+    }
+
+    @Test("--on-commit-url: the event POSTed as JSON; a 500 answer retried until a 2xx")
+    func url() async throws {
+        let work = TestRelay.makeDirectory()
+        // A server that answers 500 to each key's first POST and 204 after, keeping the bodies it accepted.
+        let server = try ChildProcess(
+            "/usr/bin/env",
+            ["python3", "-c", """
+                import http.server, json, sys, os
+                seen = set()
+                class H(http.server.BaseHTTPRequestHandler):
+                    def do_POST(self):
+                        body = self.rfile.read(int(self.headers["Content-Length"]))
+                        key = json.loads(body)["key"]
+                        if key not in seen:
+                            seen.add(key); self.send_response(500); self.end_headers(); return
+                        open(sys.argv[1], "ab").write(body)
+                        self.send_response(204); self.end_headers()
+                    def log_message(self, *a): pass
+                s = http.server.HTTPServer(("127.0.0.1", 0), H)
+                open(sys.argv[2] + ".tmp", "w").write(str(s.server_address[1])); os.rename(sys.argv[2] + ".tmp", sys.argv[2])
+                s.serve_forever()
+                """, work + "/posted.jsonl", work + "/ready"],
+            readyFile: work + "/ready", logFile: work + "/server.log"
+        )
+        defer {
+            server.kill(SIGKILL)
+            _ = server.waitForExit()
+        }
+        let port = try server.waitUntilReady()
+        let endpoint = try #require(URL(string: "http://127.0.0.1:\(port)/events"))
+        let relay = try await TestRelay { $0.hooks = Self.hooks(url: endpoint) }.start()
+        let source = TestRelay.makeDirectory()
+        let file = makeFile(source, "IMG_1.jpg", size: 30_000, seed: 71)
+        let results = try await upload(
+            [UploadItem(key: "IMG_1.jpg", displayPath: file.path, source: FileSource(path: file.path))],
+            port: relay.port, token: relay.token, ca: relay.caPath
+        )
+        #expect(results.first?.status == .stored)
+        #expect(try await Self.outboxDrained(relay))
+        let posted = Self.lines(work + "/posted.jsonl")
+        #expect(posted.count == 1, "\(posted)")
+        #expect(posted.first?["key"] as? String == "IMG_1.jpg")
+        #expect(posted.first?["attempt"] as? Int == 2)
+        #expect(posted.first?["sha1"] as? String == SHA1Hex.of(file.data))
+        await relay.stop()
+    }
+
+    @Test("the example hook tools/hooks/jpeg-preview.py: a preview next to each JPEG, at most 320 pixels; other files left alone")
+    func jpegPreview() async throws {
+        let source = TestRelay.makeDirectory()
+        let photo = source + "/IMG_0001.jpg"
+        let made = Process()
+        made.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        made.arguments = ["python3", "-c", "import sys; from PIL import Image; Image.new('RGB', (1600, 1200), (200, 40, 40)).save(sys.argv[1], 'JPEG')", photo]
+        try made.run()
+        made.waitUntilExit()
+        try #require(made.terminationStatus == 0, "Pillow is needed (pip install Pillow)")
+        let notJPEG = makeFile(source, "IMG_0002.jpg", size: 5_000, seed: 72)
+        let hook = "python3 " + packageRoot + "/tools/hooks/jpeg-preview.py"
+        let relay = try await TestRelay { $0.hooks = Self.hooks(command: hook) }.start()
+        let results = try await upload(
+            [
+                UploadItem(key: "DCIM/IMG_0001.jpg", displayPath: photo, source: FileSource(path: photo)),
+                UploadItem(key: "DCIM/IMG_0002.jpg", displayPath: notJPEG.path, source: FileSource(path: notJPEG.path)),
+            ],
+            port: relay.port, token: relay.token, ca: relay.caPath
+        )
+        #expect(results.allSatisfy { $0.status == .stored }, "\(results.compactMap(\.error))")
+        #expect(try await Self.outboxDrained(relay))
+        let preview = relay.storePath + "/dev/DCIM/IMG_0001.jpg.preview.jpg"
+        let size = Process()
+        size.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        size.arguments = ["python3", "-c", "import sys; from PIL import Image; i = Image.open(sys.argv[1]); print(i.format, *i.size)", preview]
+        let out = Pipe()
+        size.standardOutput = out
+        try size.run()
+        size.waitUntilExit()
+        let said = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        #expect(said.trimmingCharacters(in: .whitespacesAndNewlines) == "JPEG 320 240", "\(said)")
+        #expect(!FileManager.default.fileExists(atPath: relay.storePath + "/dev/DCIM/IMG_0002.jpg.preview.jpg"))
+        await relay.stop()
+    }
+}
+
+/// Lowercase hex SHA-1, as events carry it.
+enum SHA1Hex {
+    static func of(_ data: Data) -> String {
+        SHA1.hash(Array(data)).map { $0 < 16 ? "0" + String($0, radix: 16) : String($0, radix: 16) }.joined()
+    }
+}
