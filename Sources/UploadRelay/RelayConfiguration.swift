@@ -106,7 +106,7 @@ public struct CommitHooks: Sendable {
     /// Run by `/bin/sh -c`, the event as JSON on its stdin and in `UPLOAD_*` variables; exit 0 means taken.
     public var command: String?
     /// POSTed the event as JSON; a 2xx answer means taken.
-    public var url: URL?
+    public var url: String?
     /// The longest a hook may run (a command is killed, its process group with it, after it).
     public var timeout: Duration = .seconds(30)
     /// Events delivered at once by one relay.
@@ -116,7 +116,7 @@ public struct CommitHooks: Sendable {
     /// How often the outbox is looked at when no commit said so (events other relays queued, retries due).
     public var pollInterval: Duration = .seconds(1)
 
-    public init(command: String? = nil, url: URL? = nil) {
+    public init(command: String? = nil, url: String? = nil) {
         self.command = command
         self.url = url
     }

@@ -276,7 +276,7 @@ struct Serve: AsyncParsableCommand {
         configuration.sessionExpiry = try DurationText.parse(self.sessionExpiry, option: "--session-expiry")
         configuration.s3 = s3
         if self.onCommit != nil || self.onCommitUrl != nil {
-            var hooks = CommitHooks(command: self.onCommit, url: self.onCommitUrl.flatMap(URL.init(string:)))
+            var hooks = CommitHooks(command: self.onCommit, url: self.onCommitUrl)
             hooks.timeout = try DurationText.parse(self.hookTimeout, option: "--hook-timeout")
             hooks.concurrency = self.hookConcurrency
             configuration.hooks = hooks

@@ -10,7 +10,7 @@ import UploadTestSupport
 @Suite("End to end: post-commit hooks")
 struct HookTests {
     /// Hooks that retry fast, so that a test sees a retry within a second.
-    static func hooks(command: String? = nil, url: URL? = nil) -> CommitHooks {
+    static func hooks(command: String? = nil, url: String? = nil) -> CommitHooks {
         var hooks = CommitHooks(command: command, url: url)
         hooks.timeout = .seconds(1)
         hooks.retryDelay = .milliseconds(100)
@@ -114,7 +114,7 @@ struct HookTests {
         }
         let port = try server.waitUntilReady()
         let endpoint = try #require(URL(string: "http://127.0.0.1:\(port)/events"))
-        let relay = try await TestRelay { $0.hooks = Self.hooks(url: endpoint) }.start()
+        let relay = try await TestRelay { $0.hooks = Self.hooks(url: endpoint.absoluteString) }.start()
         let source = TestRelay.makeDirectory()
         let file = makeFile(source, "IMG_1.jpg", size: 30_000, seed: 71)
         let results = try await upload(

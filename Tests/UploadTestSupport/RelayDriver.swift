@@ -72,12 +72,18 @@ public struct RelayDriver {
     /// Whether the session closed the connection.
     public private(set) var closed = false
     /// OPENs that waited for their key, woken by the key claims (from any thread).
-    private let woken = WokenOpens()
+    private let woken: WokenOpens
 
     public init(backend: RelayBackend) {
+        // Built from locals before self is whole: reading self.woken and self.now here made the Swift 6.3 debug build
+        // crash in this init's compiler-generated cleanup ("outlined destroy of RelayDriver") once RelayConfiguration
+        // grew by a field.
+        let woken = WokenOpens()
+        let now = NIODeadline.uptimeNanoseconds(1_000_000_000)
         self.backend = backend
-        let woken = self.woken
-        self.session = RelaySession(resources: RelaySessionResources(services: backend.services), now: self.now) { open, key in
+        self.woken = woken
+        self.now = now
+        self.session = RelaySession(resources: RelaySessionResources(services: backend.services), now: now) { open, key in
             woken.append(open, key)
         }
     }

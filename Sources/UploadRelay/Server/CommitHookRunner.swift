@@ -74,7 +74,7 @@ final class CommitHookRunner: Sendable {
         if let command = self.hooks.command {
             failure = self.run(command, event)
         }
-        if failure == nil, let url = self.hooks.url {
+        if failure == nil, let text = self.hooks.url, let url = URL(string: text) {
             failure = self.post(url, event)
         }
         do {
