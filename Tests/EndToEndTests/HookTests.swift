@@ -19,14 +19,9 @@ struct HookTests {
         return hooks
     }
 
-    /// Waits (polling every 50 ms, up to `timeout` seconds) for the outbox to empty.
-    static func outboxDrained(_ relay: TestRelay, timeout: Double = 30) async throws -> Bool {
-        let deadline = Date().addingTimeInterval(timeout)
-        while Date() < deadline {
-            if try relay.services.catalog.commitEventBacklog().count == 0 { return true }
-            try await Task.sleep(for: .milliseconds(50))
-        }
-        return try relay.services.catalog.commitEventBacklog().count == 0
+    /// Whether the outbox empties within 30 s.
+    static func outboxDrained(_ relay: TestRelay) async throws -> Bool {
+        try await Polling.eventually(timeout: 30) { try relay.services.catalog.commitEventBacklog().count == 0 }
     }
 
     static func lines(_ path: String) -> [[String: Any]] {

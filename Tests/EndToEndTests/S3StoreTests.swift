@@ -45,17 +45,6 @@ struct S3StoreTests {
         return (watcher.terminationStatus == 0, said)
     }
 
-    /// Whether `condition` came to hold within `timeout` seconds, asked every 20 ms (for what the relay does after its
-    /// answer went out).
-    static func eventually(timeout: Double = 10, _ condition: () async throws -> Bool) async throws -> Bool {
-        let deadline = Date().addingTimeInterval(timeout)
-        while Date() < deadline {
-            if try await condition() { return true }
-            try await Task.sleep(for: .milliseconds(20))
-        }
-        return try await condition()
-    }
-
     @Test("photos as one PutObject each, a video as a multipart upload: every object exact in the bucket, no upload left open, the spool empty")
     func photosAndVideo() async throws {
         let server = try S3TestServer()
@@ -109,7 +98,7 @@ struct S3StoreTests {
                 #expect(refused.first?.error?.contains("PreconditionFailed") == true, "\(refused.first?.error ?? "")")
                 #expect(try await Self.object(client, bucket, "relay/dev/taken.jpg") == Data(theirs.readableBytesView))
                 // The refused upload's parts go as the relay lets go of it, right after the refusal went out.
-                #expect(try await Self.eventually { try await client.listMultipartUploads(bucket: bucket, prefix: "").isEmpty })
+                #expect(try await Polling.eventually { try await client.listMultipartUploads(bucket: bucket, prefix: "").isEmpty })
             }
             let file = makeFile(source, "mine.jpg", size: 7_000, seed: 3)
             let item = UploadItem(key: "taken.jpg", displayPath: file.path, source: FileSource(path: file.path))
@@ -156,7 +145,7 @@ struct S3StoreTests {
             let catalog = relay.services.catalog
             func session() -> UploadSession? { (try? catalog.sessions(updatedBefore: .distantFuture))?.first }
             // Killed once a part is acknowledged: its session and multipart upload stay behind.
-            let acknowledged = try await Self.eventually(timeout: 30) { (session()?.durableOffset ?? 0) >= 5 << 20 }
+            let acknowledged = try await Polling.eventually(timeout: 30) { (session()?.durableOffset ?? 0) >= 5 << 20 }
             agent.stop(SIGKILL)
             #expect(acknowledged, "no part was acknowledged: \(agent.child.log)")
             // The relay lets go of the cut upload (whole parts made durable on the way out), then stops.

@@ -13,16 +13,6 @@ import UploadTestSupport
 /// PostgreSQL.
 @Suite("Key locks across relays (PostgreSQL)")
 struct KeyLockTests {
-    /// Whether `condition` came to hold within `timeout` seconds, asked every 10 ms: a lock is let go without waiting.
-    static func eventually(timeout: Double = 10, _ condition: () throws -> Bool) rethrows -> Bool {
-        let deadline = Date().addingTimeInterval(timeout)
-        while Date() < deadline {
-            if try condition() { return true }
-            usleep(10_000)
-        }
-        return try condition()
-    }
-
     /// Two catalogs on one new database (two relays' views), shut down after `body`.
     static func withTwoCatalogs(_ body: (PostgresCatalog, PostgresCatalog) throws -> Void) throws {
         try PostgresTestDatabase.with { url in
@@ -45,7 +35,7 @@ struct KeyLockTests {
             let other = try #require(try b.tryLock(account: "alice", key: "clips/2.mov"))
             let bobs = try #require(try b.tryLock(account: "bob", key: "clips/1.mov"))
             a.unlock(held)
-            #expect(Self.eventually { (try? b.tryLock(account: "alice", key: "clips/1.mov")) != nil })
+            #expect(Polling.waitUntil(timeout: 10) { (try? b.tryLock(account: "alice", key: "clips/1.mov")) != nil })
             #expect(try a.tryLock(account: "alice", key: "clips/1.mov") == nil)
 
             // Relay B's connection dies (as when its process is killed): PostgreSQL lets its locks go, and B is told.
@@ -59,7 +49,7 @@ struct KeyLockTests {
                 """
             )
             #expect(lost.wait(timeout: .now() + 10) == .success, "relay B was not told its locks were lost")
-            #expect(Self.eventually { (try? a.tryLock(account: "alice", key: "clips/1.mov")) != nil })
+            #expect(Polling.waitUntil(timeout: 10) { (try? a.tryLock(account: "alice", key: "clips/1.mov")) != nil })
             #expect(try a.tryLock(account: "alice", key: "clips/2.mov") != nil)
             // B takes new locks on a new connection; letting go of the old ones touches nothing of A's.
             b.unlock(other)
@@ -114,7 +104,7 @@ struct KeyLockTests {
             // Relay A lets the key go (or dies): B settles the commit A left (its object is not in the store: given up).
             relayA.claims.release(name)
             #expect(
-                try Self.eventually {
+                try Polling.waitUntil(timeout: 10) {
                     try RelayRuntime.recover(
                         catalog: second, store: relayB.store, logger: relayB.logger, keys: .claiming(relayB.claims), objects: false
                     )

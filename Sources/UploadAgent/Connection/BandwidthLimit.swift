@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import NIOConcurrencyHelpers
+import UploadProtocol
 
 /// `--bwlimit`: a token bucket shared by every stream of a run, taken from as sources are read. Reads already wait
 /// for the relay's credit; this makes them also wait for the limit, so the agent never sends faster than either.
@@ -48,8 +49,7 @@ struct TokenBucket: Sendable {
     mutating func take(_ bytes: Int, now: ContinuousClock.Instant) -> Duration {
         let elapsed = now - self.last
         self.last = max(self.last, now)
-        let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
-        self.tokens = min(self.burst, self.tokens + max(0, seconds) * self.bytesPerSecond)
+        self.tokens = min(self.burst, self.tokens + max(0, elapsed.inSeconds) * self.bytesPerSecond)
         self.tokens -= Double(bytes)
         guard self.tokens < 0 else { return .zero }
         return .nanoseconds(Int64((-self.tokens / self.bytesPerSecond * 1e9).rounded(.up)))

@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import Foundation
+import UploadProtocol
 
 /// The watcher's state, owned by its thread: the watch descriptors, files still being written, changes to report.
 struct WatchLoop {
@@ -20,8 +21,7 @@ struct WatchLoop {
     }
 
     private var settleSeconds: Double {
-        let (seconds, attoseconds) = self.options.settle.components
-        return Double(seconds) + Double(attoseconds) / 1e18
+        self.options.settle.inSeconds
     }
 
     static func now() -> Double {

@@ -1,6 +1,7 @@
 import Foundation
 import Logging
 import PostgresNIO
+import UploadProtocol
 
 /// Quota use and the commit protocol (SPEC §7, §8.3), as ``SQLiteCatalog+Commits`` runs them, each account's decisions
 /// taken one at a time on its row.
@@ -209,7 +210,7 @@ extension PostgresCatalog {
     public func claimCommitEvents(limit: Int, lease: Duration) throws -> [CommitEvent] {
         let logger = self.logger
         let now = Date().timeIntervalSince1970
-        let until = now + Double(lease.components.seconds) + Double(lease.components.attoseconds) / 1e18
+        let until = now + lease.inSeconds
         return try self.transaction { connection in
             // SKIP LOCKED: relays looking at once take different events.
             try await Self.rows(

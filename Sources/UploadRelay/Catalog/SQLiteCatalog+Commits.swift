@@ -1,5 +1,6 @@
 import Foundation
 import GRDB
+import UploadProtocol
 
 /// Quota use and the commit protocol: reserve (pending_commit), finish, abandon, recover (SPEC §7, §8.3).
 extension SQLiteCatalog {
@@ -149,7 +150,7 @@ extension SQLiteCatalog {
             let rows = try Row.fetchAll(
                 cached: db, sql: "SELECT * FROM commit_event WHERE next_attempt_at <= ? ORDER BY id LIMIT ?", arguments: [now, limit]
             )
-            let until = now + Double(lease.components.seconds) + Double(lease.components.attoseconds) / 1e18
+            let until = now + lease.inSeconds
             return try rows.map { row in
                 let id: Int64 = row["id"]
                 let attempts: Int = row["attempts"]

@@ -7,6 +7,7 @@ import Foundation
 import Logging
 import NIOConcurrencyHelpers
 import NIOCore
+import UploadProtocol
 
 /// Delivers the catalog's queued commit events to the post-commit hooks (``CommitHooks``), on a thread of its own:
 /// never the event loops nor the I/O pool, so a slow or hung hook holds no upload up. At least once: an event goes
@@ -85,7 +86,7 @@ final class CommitHookRunner: Sendable {
             }
             let doubled = self.hooks.retryDelay * (1 << min(20, max(0, event.attempts - 1)))
             let delay = min(doubled, self.hooks.maxRetryDelay)
-            try self.services.catalog.retryCommitEvent(id: event.id, at: Date().addingTimeInterval(Self.seconds(delay)), error: failure)
+            try self.services.catalog.retryCommitEvent(id: event.id, at: Date().addingTimeInterval(delay.inSeconds), error: failure)
             metadata["error"] = "\(failure)"
             metadata["retry.in"] = "\(delay)"
             logger.warning("post-commit hook failed; the event is kept and tried again", metadata: metadata)
@@ -93,10 +94,6 @@ final class CommitHookRunner: Sendable {
             metadata["error"] = "\(error)"
             logger.warning("could not record a commit event's delivery; it is tried again once its lease ends", metadata: metadata)
         }
-    }
-
-    static func seconds(_ duration: Duration) -> TimeInterval {
-        Double(duration.components.seconds) + Double(duration.components.attoseconds) / 1e18
     }
 
     /// The event as the hooks get it.
@@ -114,7 +111,7 @@ final class CommitHookRunner: Sendable {
     private func run(_ command: String, _ event: CommitEvent) -> String? {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-        let seconds = max(1, Int(Self.seconds(self.hooks.timeout).rounded(.up)))
+        let seconds = max(1, Int(self.hooks.timeout.inSeconds.rounded(.up)))
         process.arguments = ["timeout", "--kill-after=2s", "\(seconds)s", "/bin/sh", "-c", command]
         var environment = ProcessInfo.processInfo.environment
         environment["UPLOAD_EVENT_ID"] = "\(event.id)"

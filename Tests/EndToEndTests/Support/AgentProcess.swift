@@ -37,12 +37,7 @@ final class AgentProcess: @unchecked Sendable {
     /// Waits until `condition` holds, looking every 20 ms, for at most `timeout` seconds; false when it never did.
     @discardableResult
     static func waitUntil(timeout: Double = 30, _ condition: () throws -> Bool) rethrows -> Bool {
-        let deadline = Date().addingTimeInterval(timeout)
-        while Date() < deadline {
-            if try condition() { return true }
-            usleep(20_000)
-        }
-        return try condition()
+        try Polling.waitUntil(timeout: timeout, condition)
     }
 
     /// Ends the agent: SIGTERM (a clean stop) or SIGKILL; returns its exit status.

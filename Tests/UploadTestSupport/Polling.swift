@@ -1,0 +1,25 @@
+import Foundation
+
+/// Waiting for what another process or thread does after its answer went out (a lock let go, a hook run, a relay's
+/// cleanup): the condition is asked every 20 ms until it holds or `timeout` seconds passed. Never a sleep standing in
+/// for the event: each returns whether the condition came to hold.
+public enum Polling {
+    public static func waitUntil(timeout: Double = 30, _ condition: () throws -> Bool) rethrows -> Bool {
+        let deadline = Date().addingTimeInterval(timeout)
+        while Date() < deadline {
+            if try condition() { return true }
+            usleep(20_000)
+        }
+        return try condition()
+    }
+
+    /// ``waitUntil(timeout:_:)`` for async conditions, sleeping as a task.
+    public static func eventually(timeout: Double = 10, _ condition: () async throws -> Bool) async throws -> Bool {
+        let deadline = Date().addingTimeInterval(timeout)
+        while Date() < deadline {
+            if try await condition() { return true }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        return try await condition()
+    }
+}
