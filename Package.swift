@@ -68,6 +68,7 @@ let package = Package(
             dependencies: [
                 "UploadProtocol", "UploadChecksums", "UploadPayload", "CUploadSystem", "UploadS3",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -162,6 +163,7 @@ let package = Package(
                 "UploadTestSupport", "UploadAgent", "UploadRelay", "UploadProtocol", "UploadChecksums", "CUploadSystem", "UploadS3",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "NIOTLS", package: "swift-nio"),

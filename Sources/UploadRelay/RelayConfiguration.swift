@@ -21,6 +21,8 @@ public struct RelayConfiguration: Sendable {
     public var s3: S3StoreConfiguration?
     /// What runs after each commit (`--on-commit`, `--on-commit-url`); nil: nothing, and no events are queued.
     public var hooks: CommitHooks? = nil
+    /// The HTTPS status endpoint (`--status-listen`); nil: none.
+    public var status: StatusEndpoint? = nil
     /// Whether agents may send one blob as stripes on several streams (SPEC §6.7). An S3 store does not take stripes.
     public var allowStripes = true
 
@@ -119,5 +121,30 @@ public struct CommitHooks: Sendable {
     public init(command: String? = nil, url: String? = nil) {
         self.command = command
         self.url = url
+    }
+}
+
+/// The read-only HTTPS endpoint an app polls for its account's uploads (issue 10, "in progress" visible to others):
+/// `GET /v1/status?key=KEY` or `?prefix=P`, with the account's token as `Authorization: Bearer TOKEN`. It serves the
+/// relay's certificate, and reads the catalog, so every relay sharing one answers for every upload.
+public struct StatusEndpoint: Sendable {
+    public var host: String
+    /// Port 0 picks a free port (see ``RelayStatusServer/waitUntilListening()``).
+    public var port: Int
+    /// The most connections at once; more are closed at accept.
+    public var maxConnections: Int = 256
+    /// A connection closes when no whole request arrives this long after it opened (TLS handshake included) or after
+    /// the last answer.
+    public var requestTimeout: Duration = .seconds(30)
+    /// The most keys one listing answers (its `limit` at most).
+    public var maxListed: Int = 1000
+    /// The most bytes of a request's URI and headers (each, and all together); a longer request is answered 400.
+    public var maxHeadBytes: Int = 16 << 10
+    /// Requests carry no body; one longer than this is refused and its connection closed.
+    public var maxBody: Int = 4096
+
+    public init(host: String, port: Int) {
+        self.host = host
+        self.port = port
     }
 }

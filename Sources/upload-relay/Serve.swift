@@ -31,6 +31,18 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .long, help: ArgumentHelp("Address to listen on.", valueName: "host:port"))
     var listen: String = "0.0.0.0:7443"
 
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "Also serve the read-only HTTPS status endpoint here, on the same certificate: GET /v1/status?key=KEY or ?prefix=P, with the account's token as Authorization: Bearer TOKEN, answers {key, status: uploading|stored, bytes, size} from the catalog. Off unless given.",
+            valueName: "host:port"
+        )
+    )
+    var statusListen: String?
+
+    @Option(name: .long, help: "With --status-listen: its connections at once.")
+    var statusMaxConnections: Int = 256
+
     @Option(name: .long, help: ArgumentHelp("Directory the relay owns.", valueName: "dir"))
     var data: String = "./upload-relay-data"
 
@@ -171,6 +183,12 @@ struct Serve: AsyncParsableCommand {
             throw ValidationError("the relay needs a certificate: pass --cert and --key, or --dev for a first try")
         }
         _ = try HostPort.parse(self.listen, option: "--listen")
+        if let status = self.statusListen {
+            _ = try HostPort.parse(status, option: "--status-listen")
+        }
+        guard self.statusMaxConnections >= 1 else {
+            throw ValidationError("--status-max-connections must be at least 1")
+        }
         _ = try ByteCount.parse(self.syncBytes, option: "--sync-bytes")
         guard try ByteCount.parse(self.directIoBuffer, option: "--direct-io-buffer") <= LocalDirectoryStore.maxDirectBuffer else {
             throw ValidationError("--direct-io-buffer must be at most 1G")
@@ -281,9 +299,16 @@ struct Serve: AsyncParsableCommand {
             hooks.concurrency = self.hookConcurrency
             configuration.hooks = hooks
         }
+        if let status = self.statusListen {
+            let (statusHost, statusPort) = try HostPort.parse(status, option: "--status-listen")
+            var endpoint = StatusEndpoint(host: statusHost, port: statusPort)
+            endpoint.maxConnections = self.statusMaxConnections
+            configuration.status = endpoint
+        }
         let services = try RelayRuntime.makeServices(configuration: configuration, catalog: catalog, logger: logger)
         let group = MultiThreadedEventLoopGroup(numberOfThreads: System.coreCount)
         let server = try RelayServer(services: services, group: group)
+        let statusServer = try configuration.status.map { try RelayStatusServer(services: services, endpoint: $0, group: group) }
         if self.readyFile != nil || devSetup != nil {
             let readyFile = self.readyFile
             // Agents elsewhere reach a relay on every address by this host's first address, not by 127.0.0.1.
@@ -302,7 +327,10 @@ struct Serve: AsyncParsableCommand {
             }
         }
         let group2 = ServiceGroup(
-            configuration: .init(services: [.init(service: server)], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
+            configuration: .init(
+                services: [.init(service: server)] + (statusServer.map { [.init(service: $0)] } ?? []),
+                gracefulShutdownSignals: [.sigterm, .sigint], logger: logger
+            )
         )
         try await group2.run()
         try await services.threadPool.shutdownGracefully()

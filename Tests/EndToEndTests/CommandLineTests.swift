@@ -125,14 +125,16 @@ struct CommandLineTests {
         #expect(refused.stderr.contains("unknown token"))
     }
 
-    @Test("serve refuses a limit below 1 (--io-threads, --commit-group) with a usage error naming it, before it creates anything")
+    @Test("serve refuses a limit below 1 (--io-threads, --commit-group, ...) or a --status-listen that is no host:port with a usage error naming it, before it creates anything")
     func serveRefusesZeroLimits() throws {
         let data = TestRelay.makeDirectory() + "/relay"
-        for option in ["--io-threads", "--commit-group", "--max-connections"] {
+        for option in ["--io-threads", "--commit-group", "--max-connections", "--status-max-connections"] {
             let run = try Self.run(try relayBinary(), ["serve", "--dev", "--data", data, "--listen", "127.0.0.1:0", option, "0"])
             #expect(run.status == 2, "\(option): exit \(run.status)")
             #expect(run.stderr.contains(option) && run.stderr.contains("must be at least 1"), "\(option): \(run.stderr)")
         }
+        let status = try Self.run(try relayBinary(), ["serve", "--dev", "--data", data, "--listen", "127.0.0.1:0", "--status-listen", "nowhere"])
+        #expect(status.status == 2 && status.stderr.contains("--status-listen"), "\(status.stderr)")
         #expect(!FileManager.default.fileExists(atPath: data), "a refused serve created its data directory")
     }
 

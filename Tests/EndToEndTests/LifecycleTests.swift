@@ -74,10 +74,10 @@ struct LifecycleTests {
 
 /// A TLS client that completes its handshake with the relay and then says nothing.
 enum SilentPeer {
-    static func connect(port: Int, ca: String, group: any EventLoopGroup) async throws -> any Channel {
+    static func connect(port: Int, ca: String, group: any EventLoopGroup, alpn: String = RelayServer.alpn) async throws -> any Channel {
         var tls = TLSConfiguration.makeClientConfiguration()
         tls.trustRoots = .file(ca)
-        tls.applicationProtocols = [RelayServer.alpn]
+        tls.applicationProtocols = [alpn]
         let context = try NIOSSLContext(configuration: tls)
         let handshake = group.next().makePromise(of: Void.self)
         let channel = try await ClientBootstrap(group: group)

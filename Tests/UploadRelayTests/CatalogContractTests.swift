@@ -149,6 +149,49 @@ struct CatalogContractTests {
         }
     }
 
+    @Test("key pages: an account's objects and sessions by prefix, after a key, in UTF-8 byte order whatever the database's collation; % and _ are plain characters", arguments: Backend.allCases)
+    func keyPages(_ backend: Backend) throws {
+        try Self.withCatalog(backend) { catalog, _ in
+            try catalog.addAccount(name: "alice", tokenHash: [1], quota: nil)
+            try catalog.addAccount(name: "bob", tokenHash: [2], quota: nil)
+            let keys = ["b/1", "a/é", "ab", "a/2", "B/1", "a%/x", "a_/y", "a/1", "a/1/z"]
+            for key in keys {
+                let commit = PendingCommit(account: "alice", key: key, size: 5, sha1: "aa", sessionID: nil)
+                try catalog.beginCommit(commit)
+                try catalog.finishCommit(commit, identity: Self.identity)
+            }
+            let bobs = PendingCommit(account: "bob", key: "a/0", size: 5, sha1: "aa", sessionID: nil)
+            try catalog.beginCommit(bobs)
+            try catalog.finishCommit(bobs, identity: Self.identity)
+            try catalog.putSession(Self.session("s1", key: "a/3", durable: 7))
+            try catalog.putSession(Self.session("s2", key: "a/2", durable: 9))
+            try catalog.putSession(Self.session("s3", key: "a/2", durable: 1, account: "bob"))
+
+            func objects(_ prefix: String, after: String? = nil, limit: Int = 100) throws -> [String] {
+                try catalog.objects(account: "alice", prefix: prefix, after: after, limit: limit).map(\.key)
+            }
+            #expect(try objects("") == keys.sorted { $0.utf8.lexicographicallyPrecedes($1.utf8) })
+            #expect(try objects("") == ["B/1", "a%/x", "a/1", "a/1/z", "a/2", "a/é", "a_/y", "ab", "b/1"])
+            #expect(try objects("a/") == ["a/1", "a/1/z", "a/2", "a/é"])
+            #expect(try objects("a%") == ["a%/x"])
+            #expect(try objects("a_") == ["a_/y"])
+            #expect(try objects("a/", after: "a/1", limit: 2) == ["a/1/z", "a/2"])
+            #expect(try objects("a/", after: "a/é").isEmpty)
+            #expect(try objects("c").isEmpty)
+            #expect(try catalog.objects(account: "bob", prefix: "", after: nil, limit: 10).map(\.key) == ["a/0"])
+            let sessions = try catalog.sessions(account: "alice", prefix: "a/", after: nil, limit: 10)
+            #expect(sessions.map(\.key) == ["a/2", "a/3"])
+            #expect(try catalog.sessions(account: "alice", prefix: "", after: "a/2", limit: 10).map(\.key) == ["a/3"])
+            #expect(try catalog.sessions(account: "bob", prefix: "", after: nil, limit: 10).map(\.durableOffset) == [1])
+
+            let page = KeyStatusPage.merge(objects: try catalog.objects(account: "alice", prefix: "a/", after: nil, limit: 4), sessions: sessions, limit: 3)
+            #expect(page.entries.map(\.key) == ["a/1", "a/1/z", "a/2"])
+            #expect(page.entries.map(\.status) == [.stored, .stored, .uploading])
+            #expect(page.entries[2].bytes == 9 && page.entries[2].size == 100 && page.entries[2].sha1 == nil)
+            #expect(page.next == "a/2")
+        }
+    }
+
     @Test("quota use: other keys' sessions hold their durable bytes, open uploads what they announced, a replaced object only the growth", arguments: Backend.allCases)
     func quotaUse(_ backend: Backend) throws {
         try Self.withCatalog(backend) { catalog, _ in

@@ -4,7 +4,7 @@ import PostgresNIO
 import UploadRelay
 
 /// A database of its own in the run's PostgreSQL (tools/test starts a throwaway cluster and exports
-/// `UPLOAD_TEST_POSTGRES_URL`), dropped after use.
+/// `UPLOAD_TEST_POSTGRES_URL`), collated in English, dropped after use.
 public enum PostgresTestDatabase {
     public static let missing = """
         UPLOAD_TEST_POSTGRES_URL is not set: these tests need a real PostgreSQL. Run tools/test, which starts one, or: \
@@ -28,7 +28,9 @@ public enum PostgresTestDatabase {
         let name = "t_" + UUID().uuidString.replacingOccurrences(of: "-", with: "").prefix(16).lowercased()
         let admin = try PostgresCatalog(url: base, logger: Self.quietLogger)
         do {
-            try admin.execute("CREATE DATABASE \(name)")
+            // An ICU English collation, as production databases often have, rather than the cluster's C.UTF-8: no query
+            // may rely on text ordering as bytes unless it says COLLATE "C".
+            try admin.execute("CREATE DATABASE \(name) TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LOCALE 'C.UTF-8'")
         } catch {
             admin.shutdown()
             throw error

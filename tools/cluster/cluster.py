@@ -163,10 +163,11 @@ class Cluster:
             subprocess.run(["apt-get", "install", "-y", "-qq", "haproxy"], env=environment, check=True,
                            capture_output=True)
 
-    def relay_command(self, index: int, port: int) -> list[str]:
+    def relay_command(self, index: int, port: int, status_port: int) -> list[str]:
         data = os.path.join(self.work, f"relay{index}")
         tls = ["--dev"] if index == 0 else ["--cert", self.cert, "--key", self.key]
         return [os.path.join(self.bin, "upload-relay"), "serve", "--data", data, "--listen", f"127.0.0.1:{port}",
+                "--status-listen", f"127.0.0.1:{status_port}",
                 "--ready-file", os.path.join(data, "ready"), "--store", f"s3://{self.bucket}/relay",
                 "--s3-endpoint", self.endpoint, "--log-level", "warning", *tls]
 
@@ -177,8 +178,9 @@ class Cluster:
         if os.path.exists(ready):
             os.unlink(ready)
         port = port or free_port()
+        status_port = free_port()
         logfile = open(os.path.join(data, "relay.log"), "ab")
-        proc = subprocess.Popen(self.relay_command(index, port), env=self.env, stdout=logfile, stderr=logfile,
+        proc = subprocess.Popen(self.relay_command(index, port, status_port), env=self.env, stdout=logfile, stderr=logfile,
                                 start_new_session=True)
         deadline = time.monotonic() + 60
         while not (os.path.exists(ready) and os.path.getsize(ready) > 0):
@@ -189,7 +191,7 @@ class Cluster:
             self.cert = os.path.join(data, "dev", "server.pem")
             self.key = os.path.join(data, "dev", "server-key.pem")
             self.ca = os.path.join(data, "dev", "ca.pem")
-        relay = {"index": index, "port": port, "proc": proc, "data": data}
+        relay = {"index": index, "port": port, "status_port": status_port, "proc": proc, "data": data}
         if index < len(self.relays):
             self.relays[index] = relay
         else:
@@ -273,6 +275,20 @@ class Cluster:
                     return relay
             time.sleep(0.02)
         raise Failed(f"no upload reached {durable} durable bytes on one relay within {timeout}s")
+
+    def status(self, relay: dict, token: str, key: str) -> dict:
+        """What `relay`'s HTTPS status endpoint says of `key`, as the app would ask: {} when it knows none."""
+        from urllib.parse import quote
+        context = ssl.create_default_context(cafile=self.ca)
+        request = urllib.request.Request(f"https://localhost:{relay['status_port']}/v1/status?key={quote(key, safe='/')}",
+                                         headers={"Authorization": f"Bearer {token}"})
+        try:
+            with urllib.request.urlopen(request, context=context, timeout=10) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            if error.code == 404:
+                return {}
+            raise Failed(f"relay{relay['index']}'s status endpoint answered {error.code}: {error.read()[:300]!r}")
 
     # -- stopping
     def stop(self):
@@ -400,6 +416,13 @@ def failover(cluster: Cluster, a) -> str:
     started = time.monotonic()
     proc = agent(cluster, token, ["--no-dedup", "--bwlimit", a.bwlimit, path], "failover")
     killed = cluster.kill_holder_when(size // 2, timeout=600)
+    # An app asking another relay's status endpoint sees the upload under way, from the shared catalog.
+    other = next(r for r in cluster.relays if r is not killed and r["proc"].poll() is None)
+    seen = cluster.status(other, token, "big.mov")
+    if seen.get("status") != "uploading" or seen.get("size") != size or not killed["killed_at"] <= seen.get("bytes", -1) < size:
+        raise Failed(f"relay{other['index']}'s status endpoint says {seen} while the upload is under way "
+                     f"({killed['killed_at']} bytes durable when relay{killed['index']} was killed)")
+    log(f"relay{other['index']}'s status endpoint: {seen}")
     code = proc.wait(1200)
     elapsed = time.monotonic() - started
     if code != 0:
@@ -410,12 +433,15 @@ def failover(cluster: Cluster, a) -> str:
     stored = cluster.s3.get(cluster.bucket, "relay/camera/big.mov")
     if stored is None or len(stored) != size or hashlib.sha1(stored).hexdigest() != digest.hexdigest():
         raise Failed(f"the object in the bucket is not the file ({len(stored or b'')} bytes)")
+    done = cluster.status(other, token, "big.mov")
+    if done.get("status") != "stored" or done.get("sha1") != digest.hexdigest():
+        raise Failed(f"relay{other['index']}'s status endpoint says {done} once stored")
     resent = int(result.get("sent_bytes", 0)) - size
     bound = a.window_mib + a.part_mib
     if resent > bound << 20:
         raise Failed(f"re-sent {resent} bytes, more than a window and a part ({bound} MiB)")
     return (f"failover: {a.size_mib} MiB exact in the bucket after relay{killed['index']} was killed -9 at "
-            f"{killed['killed_at'] / 1e6:.0f} MB durable; re-sent {resent} bytes ({resent / 1048576:.2f} MiB, bound {bound} MiB); "
+            f"{killed['killed_at'] / 1e6:.0f} MB durable (seen uploading, then stored, on relay{other['index']}'s status endpoint); re-sent {resent} bytes ({resent / 1048576:.2f} MiB, bound {bound} MiB); "
             f"{elapsed:.1f} s; seed {a.seed}")
 
 

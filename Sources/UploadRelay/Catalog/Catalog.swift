@@ -358,6 +358,11 @@ public protocol Catalog: Sendable {
     func pendingCommits() throws -> [PendingCommit]
     /// Every committed object, for startup recovery.
     func objects() throws -> [StoredObject]
+    /// A page of the account's objects whose keys start with `prefix`, after the key `after` (none: from the first), at
+    /// most `limit`, in the byte order of their keys' UTF-8 (the status endpoint's listing).
+    func objects(account: String, prefix: String, after: String?, limit: Int) throws -> [StoredObject]
+    /// ``objects(account:prefix:after:limit:)`` for the account's recorded sessions: its uploads under way.
+    func sessions(account: String, prefix: String, after: String?, limit: Int) throws -> [UploadSession]
     /// Forgets an object whose file is gone, giving its bytes back to the quota.
     func deleteObject(account: String, key: String) throws
 

@@ -224,4 +224,27 @@ extension PostgresCatalog {
         let logger = self.logger
         return try self.run { try await Self.rows("SELECT * FROM object", on: $0, logger).map(Self.object) }
     }
+
+    public func objects(account: String, prefix: String, after: String?, limit: Int) throws -> [StoredObject] {
+        try self.keyPage("object", account, prefix, after, limit).map(Self.object)
+    }
+
+    public func sessions(account: String, prefix: String, after: String?, limit: Int) throws -> [UploadSession] {
+        try self.keyPage("session", account, prefix, after, limit).map(Self.session)
+    }
+
+    /// Rows of `table` for a page of keys. COLLATE "C": the UTF-8 byte order, as SQLite's, whatever the database's
+    /// collation (the indexes of schema v7 serve it).
+    private func keyPage(_ table: String, _ account: String, _ prefix: String, _ after: String?, _ limit: Int) throws -> [PostgresRandomAccessRow] {
+        let logger = self.logger
+        let after = after ?? ""
+        return try self.run {
+            try await Self.rows(
+                """
+                SELECT * FROM \(unescaped: table) WHERE account = \(account) AND key COLLATE "C" >= \(prefix) AND key COLLATE "C" > \(after)
+                AND starts_with(key, \(prefix)) ORDER BY key COLLATE "C" LIMIT \(limit)
+                """, on: $0, logger
+            )
+        }
+    }
 }

@@ -24,8 +24,8 @@ public final class PostgresCatalog: Catalog, @unchecked Sendable {
     /// Advisory locks on one connection of this catalog's own (made at the first lock).
     public var keyLocks: (any KeyLocks)? { self.locks }
 
-    /// The schema version this code writes (the SQLite catalog's migrations, v1 to v6).
-    static let schemaVersion = 6
+    /// The schema version this code writes: the SQLite catalog's migrations, v1 to v6, and v7 (indexes in byte order).
+    static let schemaVersion = 7
 
     /// Connects (lazily, from a pool) to `url`, `postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?sslmode=disable|require]`,
     /// and migrates the schema.
@@ -294,6 +294,15 @@ public final class PostgresCatalog: Catalog, @unchecked Sendable {
                 )
                 """,
                 "CREATE INDEX commit_event_due ON commit_event (next_attempt_at)",
+            ]
+        ),
+        (
+            // The status endpoint lists keys in byte order (COLLATE "C"), which the primary keys' collation may not be.
+            // SQLite's primary keys are in byte order already: it has no version 7.
+            7,
+            [
+                "CREATE INDEX object_by_key_bytes ON object (account, key COLLATE \"C\")",
+                "CREATE INDEX session_by_key_bytes ON session (account, key COLLATE \"C\")",
             ]
         ),
     ]

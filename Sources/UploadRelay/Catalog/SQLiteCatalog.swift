@@ -325,4 +325,25 @@ public final class SQLiteCatalog: Catalog {
         }
     }
 
+    // SQLite compares text as bytes (BINARY): the UTF-8 order. `substr` and `length` count characters on both sides.
+    public func objects(account: String, prefix: String, after: String?, limit: Int) throws -> [StoredObject] {
+        try self.reading { db in
+            try Row.fetchAll(cached: db, sql: "SELECT * FROM object WHERE \(Self.keyPage) ORDER BY key LIMIT ?", arguments: Self.keyPage(account, prefix, after, limit))
+                .map(Self.object)
+        }
+    }
+
+    public func sessions(account: String, prefix: String, after: String?, limit: Int) throws -> [UploadSession] {
+        try self.reading { db in
+            try Row.fetchAll(cached: db, sql: "SELECT * FROM session WHERE \(Self.keyPage) ORDER BY key LIMIT ?", arguments: Self.keyPage(account, prefix, after, limit))
+                .map(Self.session)
+        }
+    }
+
+    private static let keyPage = "account = ? AND key >= ? AND key > ? AND substr(key, 1, length(?)) = ?"
+
+    private static func keyPage(_ account: String, _ prefix: String, _ after: String?, _ limit: Int) -> StatementArguments {
+        [account, prefix, after ?? "", prefix, prefix, limit]
+    }
+
 }

@@ -46,13 +46,18 @@ public final class RelayServer: Service, Sendable {
     public init(services: RelayServices, group: any EventLoopGroup) throws {
         self.services = services
         self.group = group
-        let configuration = services.configuration
+        var tls = try Self.tlsConfiguration(services.configuration)
+        tls.applicationProtocols = [Self.alpn]
+        self.tls = try NIOSSLContext(configuration: tls)
+    }
+
+    /// TLS 1.3 with the relay's certificate chain and key: the agents' listener and the status endpoint's.
+    static func tlsConfiguration(_ configuration: RelayConfiguration) throws -> TLSConfiguration {
         let chain = try NIOSSLCertificate.fromPEMFile(configuration.certificatePath).map { NIOSSLCertificateSource.certificate($0) }
         let key = try NIOSSLPrivateKey(file: configuration.privateKeyPath, format: .pem)
         var tls = TLSConfiguration.makeServerConfiguration(certificateChain: chain, privateKey: .privateKey(key))
         tls.minimumTLSVersion = .tlsv13
-        tls.applicationProtocols = [Self.alpn]
-        self.tls = try NIOSSLContext(configuration: tls)
+        return tls
     }
 
     /// The address the relay listens on, once bound (useful with port 0).

@@ -11,19 +11,28 @@ final class TestRelay: @unchecked Sendable {
     let directory: String
     let services: RelayServices
     let server: RelayServer
+    /// The status endpoint, when the configuration has one (``statusPort`` once started).
+    let statusServer: RelayStatusServer?
     let group: MultiThreadedEventLoopGroup
     let token: String
     let caPath: String
     private var runTask: Task<Void, any Error>? = nil
+    private var statusTask: Task<Void, any Error>? = nil
     private(set) var port: Int = 0
+    private(set) var statusPort: Int = 0
 
     static func makeDirectory() -> String {
         TemporaryDirectories.make(prefix: "upload-e2e-")
     }
 
-    init(directory: String? = nil, devNames: [String] = [], configure: (inout RelayConfiguration) -> Void = { _ in }) throws {
+    /// `catalogURL`: a shared PostgreSQL catalog instead of SQLite in the directory.
+    init(
+        directory: String? = nil, devNames: [String] = [], catalogURL: String? = nil, configure: (inout RelayConfiguration) -> Void = { _ in }
+    ) throws {
         self.directory = directory ?? Self.makeDirectory()
-        let catalog = try RelayRuntime.openCatalog(dataDirectory: self.directory)
+        var quiet = Logger(label: "test-catalog")
+        quiet.logLevel = .critical
+        let catalog = try RelayRuntime.openCatalog(dataDirectory: self.directory, url: catalogURL, logger: quiet)
         let dev = try RelayRuntime.prepareDev(dataDirectory: self.directory, catalog: catalog, names: devNames)
         self.token = dev.token
         self.caPath = dev.paths.caCertificate
@@ -35,9 +44,12 @@ final class TestRelay: @unchecked Sendable {
         configure(&configuration)
         var logger = Logger(label: "test-relay")
         logger.logLevel = .warning
-        self.services = try RelayRuntime.makeServices(configuration: configuration, catalog: catalog, logger: logger)
-        self.group = MultiThreadedEventLoopGroup(numberOfThreads: 2)
-        self.server = try RelayServer(services: self.services, group: self.group)
+        let services = try RelayRuntime.makeServices(configuration: configuration, catalog: catalog, logger: logger)
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: 2)
+        self.services = services
+        self.group = group
+        self.server = try RelayServer(services: services, group: group)
+        self.statusServer = try configuration.status.map { try RelayStatusServer(services: services, endpoint: $0, group: group) }
     }
 
     func start() async throws -> TestRelay {
@@ -45,12 +57,19 @@ final class TestRelay: @unchecked Sendable {
         self.runTask = Task { try await server.run() }
         let address = try await server.waitUntilListening()
         self.port = address.port!
+        if let statusServer = self.statusServer {
+            self.statusTask = Task { try await statusServer.run() }
+            self.statusPort = try await statusServer.waitUntilListening().port!
+        }
         return self
     }
 
     func stop() async {
+        self.statusServer?.shutdown()
+        _ = try? await self.statusTask?.value
         self.server.shutdown()
         _ = try? await self.runTask?.value
+        (self.services.catalog as? PostgresCatalog)?.shutdown()
         try? await self.services.threadPool.shutdownGracefully()
         try? await self.group.shutdownGracefully()
     }

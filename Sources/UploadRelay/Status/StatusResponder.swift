@@ -1,0 +1,107 @@
+import Foundation
+import Logging
+
+/// What the status endpoint says of one key.
+public struct KeyStatus: Hashable, Sendable, Codable {
+    public enum Status: String, Hashable, Sendable, Codable {
+        /// An upload of the key is under way (whether or not an older object is stored under it).
+        case uploading
+        /// The object is stored, whole and verified.
+        case stored
+    }
+
+    public var key: String
+    public var status: Status
+    /// Stored: the object's size. Uploading: the bytes the relays hold durably, which an agent resuming does not send
+    /// again (an upload shows here from its first acknowledgement).
+    public var bytes: Int64
+    /// The object's size, or the size the upload announced; absent when it announced none (a stream).
+    public var size: Int64?
+    /// The object's SHA-1, hex; stored objects only.
+    public var sha1: String?
+
+    public init(key: String, status: Status, bytes: Int64, size: Int64?, sha1: String?) {
+        self.key = key
+        self.status = status
+        self.bytes = bytes
+        self.size = size
+        self.sha1 = sha1
+    }
+
+    public init(_ object: StoredObject) {
+        self.init(key: object.key, status: .stored, bytes: object.size, size: object.size, sha1: object.sha1)
+    }
+
+    public init(_ session: UploadSession) {
+        self.init(key: session.key, status: .uploading, bytes: session.durableOffset, size: session.declaredSize, sha1: nil)
+    }
+}
+
+/// A page of an account's keys: `next` is the `after` of the next page, nil on the last.
+public struct KeyStatusPage: Hashable, Sendable, Codable {
+    public var entries: [KeyStatus]
+    public var next: String?
+
+    /// One entry per key, in the UTF-8 order of the keys, an upload under way before the object it replaces:
+    /// `objects` and `sessions` are each the first `limit + 1` of their kind after the page's start, in that order, so
+    /// the first `limit + 1` keys of their union are the first of all the keys.
+    public static func merge(objects: [StoredObject], sessions: [UploadSession], limit: Int) -> KeyStatusPage {
+        var byKey: [String: KeyStatus] = [:]
+        for object in objects { byKey[object.key] = KeyStatus(object) }
+        for session in sessions { byKey[session.key] = KeyStatus(session) }
+        let sorted = byKey.values.sorted { $0.key.utf8.lexicographicallyPrecedes($1.key.utf8) }
+        let entries = Array(sorted.prefix(limit))
+        return KeyStatusPage(entries: entries, next: sorted.count > limit ? entries.last?.key : nil)
+    }
+}
+
+/// Answers ``StatusRequest``s from the catalog, for the token's account only. Blocks (the catalog does): run it off
+/// the event loop.
+public struct StatusResponder: Sendable {
+    public let catalog: any Catalog
+    public let logger: Logger
+
+    public init(catalog: any Catalog, logger: Logger) {
+        self.catalog = catalog
+        self.logger = logger
+    }
+
+    /// The JSON body of the answer, or the refusal to send instead.
+    public func respond(to request: StatusRequest) throws(StatusRefusal) -> [UInt8] {
+        do {
+            let account = try self.account(request.token)
+            let encoder = JSONEncoder()
+            encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+            switch request.query {
+            case .key(let key):
+                if let session = try self.catalog.session(account: account, key: key) {
+                    return Array(try encoder.encode(KeyStatus(session)))
+                }
+                if let object = try self.catalog.object(account: account, key: key) {
+                    return Array(try encoder.encode(KeyStatus(object)))
+                }
+                throw StatusRefusal(.notFound, "no upload under way and no object for key \"\(key)\"")
+            case .list(let prefix, let after, let limit):
+                let objects = try self.catalog.objects(account: account, prefix: prefix, after: after, limit: limit + 1)
+                let sessions = try self.catalog.sessions(account: account, prefix: prefix, after: after, limit: limit + 1)
+                return Array(try encoder.encode(KeyStatusPage.merge(objects: objects, sessions: sessions, limit: limit)))
+            }
+        } catch let refusal as StatusRefusal {
+            throw refusal
+        } catch {
+            self.logger.warning("status request failed", metadata: ["error": "\(error)"])
+            throw StatusRefusal(.unavailable, "the relay could not read its catalog; try again")
+        }
+    }
+
+    /// The account whose token it is.
+    func account(_ token: String) throws -> String {
+        guard let account = try self.catalog.account(tokenHash: Tokens.hash(Array(token.utf8))) else {
+            throw StatusRefusal(.unauthorized, "the token is not one this relay gives (upload-relay token add)")
+        }
+        guard !account.revoked else {
+            throw StatusRefusal(.unauthorized, "the token of account \"\(account.name)\" was revoked")
+        }
+        return account.name
+    }
+}

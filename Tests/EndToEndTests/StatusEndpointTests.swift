@@ -1,0 +1,286 @@
+import AsyncHTTPClient
+import Foundation
+import NIOCore
+import NIOHTTP1
+import NIOPosix
+import NIOSSL
+import Testing
+import UploadAgent
+import UploadChecksums
+import UploadRelay
+import UploadTestSupport
+
+/// The HTTPS status endpoint (issue 10, "in progress" visible to others): an app polls it with its account's token
+/// while agents upload, on SQLite and on a PostgreSQL catalog that several relays share; bad requests and hostile
+/// peers get an answer that says why, or a closed connection, and uploads go on.
+@Suite("End to end: the status endpoint")
+struct StatusEndpointTests {
+    /// A relay with a status endpoint on a free port, quick to acknowledge (so an upload shows its bytes early).
+    static func relay(catalogURL: String? = nil, directory: String? = nil, requestTimeout: Duration = .seconds(30)) throws -> TestRelay {
+        try TestRelay(directory: directory, catalogURL: catalogURL) { configuration in
+            var endpoint = StatusEndpoint(host: "127.0.0.1", port: 0)
+            endpoint.maxConnections = 8
+            endpoint.requestTimeout = requestTimeout
+            endpoint.maxListed = 20
+            configuration.status = endpoint
+            configuration.syncBytes = 64 << 10
+            configuration.syncInterval = .milliseconds(50)
+        }
+    }
+
+    /// An HTTPS client that trusts the relay's dev CA.
+    static func client(ca: String) -> HTTPClient {
+        var tls = TLSConfiguration.makeClientConfiguration()
+        tls.trustRoots = .file(ca)
+        var configuration = HTTPClient.Configuration(tlsConfiguration: tls)
+        configuration.timeout = .init(connect: .seconds(10), read: .seconds(20))
+        return HTTPClient(eventLoopGroupProvider: .singleton, configuration: configuration)
+    }
+
+    struct Answer {
+        var status: Int
+        var headers: [(String, String)]
+        var json: [String: Any]
+
+        func header(_ name: String) -> String? { self.headers.first { $0.0.lowercased() == name }?.1 }
+    }
+
+    /// GET (or `method`) `query` of /v1/status on `port` with `token`.
+    static func get(_ client: HTTPClient, port: Int, _ query: String, token: String?, method: HTTPMethod = .GET) async throws -> Answer {
+        var request = HTTPClientRequest(url: "https://localhost:\(port)/v1/status\(query.isEmpty ? "" : "?" + query)")
+        request.method = method
+        if let token { request.headers.add(name: "authorization", value: "Bearer \(token)") }
+        let response = try await client.execute(request, timeout: .seconds(20))
+        let body = try await response.body.collect(upTo: 1 << 20)
+        let json = (try? JSONSerialization.jsonObject(with: Data(body.readableBytesView))) as? [String: Any] ?? [:]
+        return Answer(status: Int(response.status.code), headers: response.headers.map { ($0.name, $0.value) }, json: json)
+    }
+
+    static func percentEncoded(_ key: String) -> String {
+        key.addingPercentEncoding(withAllowedCharacters: .alphanumerics.union(CharacterSet(charactersIn: "/-._~"))) ?? key
+    }
+
+    /// Polls `key` until `condition` holds for its answer (or 30 s pass); the last answer.
+    static func poll(_ client: HTTPClient, port: Int, key: String, token: String, until condition: @escaping (Answer) -> Bool) async throws -> Answer? {
+        var last: Answer? = nil
+        _ = try await Polling.eventually(timeout: 30) {
+            let answer = try await Self.get(client, port: port, "key=" + Self.percentEncoded(key), token: token)
+            last = answer
+            return condition(answer)
+        }
+        return last
+    }
+
+    /// Uploads a 3 MiB video through `relay` at 1 MiB/s while an app asks `statusPort` with the same token: it must see
+    /// the upload under way (its durable bytes, its size), when `underway` runs, and then stored with its SHA-1.
+    static func watchedUpload(
+        through relay: TestRelay, askingAt statusPort: Int, client: HTTPClient, seed: UInt64, underway: () async throws -> Void = {}
+    ) async throws {
+        let source = TestRelay.makeDirectory()
+        defer { try? FileManager.default.removeItem(atPath: source) }
+        let video = makeFile(source, "clip.mp4", size: 3 << 20, seed: seed)
+        let sending = Task {
+            try await upload(
+                [UploadItem(key: "videos/clip.mp4", displayPath: video.path, source: FileSource(path: video.path))],
+                port: relay.port, token: relay.token, ca: relay.caPath
+            ) { $0.bandwidthLimit = 1 << 20 }
+        }
+        let seen = try await Self.poll(client, port: statusPort, key: "videos/clip.mp4", token: relay.token) {
+            $0.json["status"] as? String == "uploading" && ($0.json["bytes"] as? Int ?? 0) > 0
+        }
+        #expect(seen?.json["status"] as? String == "uploading", "\(String(describing: seen?.json))")
+        #expect(seen?.json["size"] as? Int == video.data.count)
+        #expect((seen?.json["bytes"] as? Int ?? 0) < video.data.count)
+        try await underway()
+        let results = try await sending.value
+        #expect(results.first?.status == .stored, "\(results.first?.error ?? "")")
+        let stored = try await Self.poll(client, port: statusPort, key: "videos/clip.mp4", token: relay.token) { $0.json["status"] as? String == "stored" }
+        #expect(stored?.json["bytes"] as? Int == video.data.count && stored?.json["sha1"] as? String == SHA1Hex.of(video.data))
+    }
+
+    @Test("SQLite: an upload under way shows its durable bytes and size, then stored with its SHA-1; two accounts with the same keys see their own; listings page; bad tokens, revoked tokens and bad requests refused with the reason")
+    func sqlite() async throws {
+        let relay = try await Self.relay().start()
+        let client = Self.client(ca: relay.caPath)
+        let other = try relay.addAccount("other")
+        let source = TestRelay.makeDirectory()
+        defer { try? FileManager.default.removeItem(atPath: source) }
+
+        // The same key for both accounts, different bytes.
+        let mine = makeFile(source, "mine.jpg", size: 100_000, seed: 1)
+        let theirs = makeFile(source, "theirs.jpg", size: 200_000, seed: 2)
+        _ = try await upload([UploadItem(key: "photos/a b+c.jpg", displayPath: mine.path, source: FileSource(path: mine.path))], port: relay.port, token: relay.token, ca: relay.caPath)
+        _ = try await upload([UploadItem(key: "photos/a b+c.jpg", displayPath: theirs.path, source: FileSource(path: theirs.path))], port: relay.port, token: other, ca: relay.caPath)
+        let a = try await Self.get(client, port: relay.statusPort, "key=photos/a%20b%2Bc.jpg", token: relay.token)
+        #expect(a.status == 200)
+        #expect(a.json["status"] as? String == "stored" && a.json["bytes"] as? Int == 100_000 && a.json["size"] as? Int == 100_000)
+        #expect(a.json["sha1"] as? String == SHA1Hex.of(mine.data))
+        #expect(a.header("cache-control") == "no-store")
+        let b = try await Self.get(client, port: relay.statusPort, "key=photos/a%20b%2Bc.jpg", token: other)
+        #expect(b.json["size"] as? Int == 200_000 && b.json["sha1"] as? String == SHA1Hex.of(theirs.data))
+
+        // A video sent at 1 MiB/s: an app polling sees it under way, then stored; the listing too; another account never.
+        try await Self.watchedUpload(through: relay, askingAt: relay.statusPort, client: client, seed: 3) {
+            let listing = try await Self.get(client, port: relay.statusPort, "prefix=videos/", token: relay.token)
+            let entries = listing.json["entries"] as? [[String: Any]] ?? []
+            let listed: [String] = entries.compactMap { $0["key"] as? String }
+            let listedStatus = entries.first?["status"] as? String
+            #expect(listed == ["videos/clip.mp4"])
+            #expect(listedStatus == "uploading")
+            #expect(try await Self.get(client, port: relay.statusPort, "key=videos/clip.mp4", token: other).status == 404)
+            #expect((try await Self.get(client, port: relay.statusPort, "", token: other).json["entries"] as? [Any])?.count == 1)
+        }
+
+        // Pages: 25 photos, 20 a page at most.
+        var items: [UploadItem] = []
+        for index in 0..<25 {
+            let file = makeFile(source, "p\(index)", size: 1000 + index, seed: UInt64(10 + index))
+            items.append(UploadItem(key: String(format: "album/%02d.jpg", index), displayPath: file.path, source: FileSource(path: file.path)))
+        }
+        _ = try await upload(items, port: relay.port, token: relay.token, ca: relay.caPath)
+        let first = try await Self.get(client, port: relay.statusPort, "prefix=album/&limit=20", token: relay.token)
+        let next = try #require(first.json["next"] as? String)
+        let second = try await Self.get(client, port: relay.statusPort, "prefix=album/&after=" + Self.percentEncoded(next), token: relay.token)
+        let keys = ((first.json["entries"] as? [[String: Any]] ?? []) + (second.json["entries"] as? [[String: Any]] ?? [])).compactMap { $0["key"] as? String }
+        #expect(keys == (0..<25).map { String(format: "album/%02d.jpg", $0) })
+        #expect(second.json["next"] == nil)
+
+        // Refusals: each with its status and a reason.
+        let noToken = try await Self.get(client, port: relay.statusPort, "key=x", token: nil)
+        #expect(noToken.status == 401 && noToken.header("www-authenticate")?.hasPrefix("Bearer") == true)
+        #expect(try await Self.get(client, port: relay.statusPort, "key=x", token: "upl_not-a-token").status == 401)
+        let traversal = try await Self.get(client, port: relay.statusPort, "key=../../etc/passwd", token: relay.token)
+        #expect(traversal.status == 400 && (traversal.json["error"] as? String ?? "").contains(".."))
+        #expect(try await Self.get(client, port: relay.statusPort, "limit=21", token: relay.token).status == 400)
+        let post = try await Self.get(client, port: relay.statusPort, "key=x", token: relay.token, method: .POST)
+        #expect(post.status == 405 && post.header("allow") == "GET, HEAD")
+        let head = try await Self.get(client, port: relay.statusPort, "key=videos/clip.mp4", token: relay.token, method: .HEAD)
+        #expect(head.status == 200 && head.json.isEmpty)
+        _ = try relay.services.catalog.revokeAccount(named: "other")
+        let revoked = try await Self.get(client, port: relay.statusPort, "key=photos/a%20b%2Bc.jpg", token: other)
+        #expect(revoked.status == 401 && (revoked.json["error"] as? String ?? "").contains("revoked"))
+
+        try await client.shutdown()
+        await relay.stop()
+    }
+
+    @Test("hostile peers: garbage, a body, pipelined requests, silence, plain HTTP and a flood of connections get an answer or a closed connection; uploads go on")
+    func hostile() async throws {
+        let relay = try await Self.relay(requestTimeout: .seconds(1)).start()
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        let port = relay.statusPort
+        let ca = relay.caPath
+
+        let garbage = try await RawTLS.exchange(Array("\u{1}\u{2}NOT HTTP AT ALL\r\n\r\n".utf8), port: port, ca: ca, group: group)
+        #expect(garbage.hasPrefix("HTTP/1.1 400"), "\(garbage)")
+        let body = try await RawTLS.exchange(
+            Array("GET /v1/status?key=x HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \(relay.token)\r\nContent-Length: 100000\r\n\r\n".utf8) + Array(repeating: 0x41, count: 100_000),
+            port: port, ca: ca, group: group
+        )
+        #expect(body.hasPrefix("HTTP/1.1 413"), "\(body.prefix(200))")
+        let huge = try await RawTLS.exchange(Array("GET /v1/status?key=\(String(repeating: "a", count: 200_000)) HTTP/1.1\r\nHost: x\r\n\r\n".utf8), port: port, ca: ca, group: group)
+        #expect(huge.hasPrefix("HTTP/1.1 4"), "\(huge.prefix(200))")
+        // Two requests in one write: two answers, in order; the connection then closes after the timeout.
+        let pipelined = try await RawTLS.exchange(
+            Array("GET /v1/status?key=nope HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \(relay.token)\r\n\r\nGET /v1/status?limit=1 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \(relay.token)\r\n\r\n".utf8),
+            port: port, ca: ca, group: group
+        )
+        // A body ends with no line break: the next answer's status line follows it on the same line.
+        let statuses = pipelined.components(separatedBy: "HTTP/1.1 ").dropFirst().map { "HTTP/1.1 " + ($0.components(separatedBy: "\r\n").first ?? "") }
+        #expect(statuses == ["HTTP/1.1 404 Not Found", "HTTP/1.1 200 OK"], "\(pipelined)")
+        // Silence after the handshake, and a request that trickles in: both closed after the request timeout (1 s).
+        #expect(try await RawTLS.exchange([], port: port, ca: ca, group: group).isEmpty)
+        #expect(try await RawTLS.exchange(Array("GET /v1/sta".utf8), port: port, ca: ca, group: group).isEmpty)
+        // Plain HTTP to the TLS port: no answer in clear text.
+        let plain = try await ClientBootstrap(group: group).connect(host: "127.0.0.1", port: port).get()
+        try await plain.writeAndFlush(ByteBuffer(string: "GET /v1/status HTTP/1.1\r\nHost: x\r\n\r\n"))
+        try await plain.closeFuture.get()
+
+        // More connections than the endpoint takes (8): the rest are closed at once; the first 8 are served.
+        var silent: [any Channel] = []
+        for _ in 0..<8 { silent.append(try await SilentPeer.connect(port: port, ca: ca, group: group, alpn: RelayStatusServer.alpn)) }
+        await #expect(throws: (any Error).self) { _ = try await SilentPeer.connect(port: port, ca: ca, group: group, alpn: RelayStatusServer.alpn) }
+        for channel in silent { try? await channel.close() }
+
+        // The relay still uploads, and the endpoint still answers.
+        let source = TestRelay.makeDirectory()
+        defer { try? FileManager.default.removeItem(atPath: source) }
+        let file = makeFile(source, "after.jpg", size: 50_000, seed: 9)
+        let results = try await upload([UploadItem(key: "after.jpg", displayPath: file.path, source: FileSource(path: file.path))], port: relay.port, token: relay.token, ca: ca)
+        #expect(results.first?.status == .stored)
+        let client = Self.client(ca: ca)
+        #expect(try await Self.get(client, port: port, "key=after.jpg", token: relay.token).json["status"] as? String == "stored")
+        try await client.shutdown()
+        try await group.shutdownGracefully()
+        await relay.stop()
+    }
+
+    @Test("PostgreSQL, two relays: an upload through relay A shows under way, then stored, on relay B's endpoint")
+    func postgresAcrossRelays() async throws {
+        try await PostgresTestDatabase.with { url in
+            let a = try await Self.relay(catalogURL: url).start()
+            // B has a data directory of its own, with A's dev certificates and token (the account is in the shared catalog).
+            let directoryB = TestRelay.makeDirectory()
+            try FileManager.default.copyItem(atPath: a.directory + "/dev", toPath: directoryB + "/dev")
+            let b = try await Self.relay(catalogURL: url, directory: directoryB).start()
+            #expect(a.token == b.token)
+            let client = Self.client(ca: b.caPath)
+            try await Self.watchedUpload(through: a, askingAt: b.statusPort, client: client, seed: 4)
+            let listing = try await Self.get(client, port: b.statusPort, "prefix=videos/", token: b.token)
+            #expect((listing.json["entries"] as? [[String: Any]])?.first?["bytes"] as? Int == 3 << 20)
+            try await client.shutdown()
+            await b.stop()
+            await a.stop()
+        }
+    }
+}
+
+/// A TLS client that writes bytes and reads whatever comes back until the server closes.
+enum RawTLS {
+    static func context(ca: String) throws -> NIOSSLContext {
+        var tls = TLSConfiguration.makeClientConfiguration()
+        tls.trustRoots = .file(ca)
+        tls.applicationProtocols = [RelayStatusServer.alpn]
+        return try NIOSSLContext(configuration: tls)
+    }
+
+    /// Sends `bytes` over a new TLS connection; everything the server answered, once it closed.
+    static func exchange(_ bytes: [UInt8], port: Int, ca: String, group: any EventLoopGroup) async throws -> String {
+        let context = try Self.context(ca: ca)
+        let collected = group.next().makePromise(of: [UInt8].self)
+        let channel = try await ClientBootstrap(group: group)
+            .channelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandler(NIOSSLClientHandler(context: context, serverHostname: "localhost"))
+                    try channel.pipeline.syncOperations.addHandler(Collector(promise: collected))
+                }
+            }
+            .connect(host: "127.0.0.1", port: port)
+            .get()
+        if !bytes.isEmpty {
+            try await channel.writeAndFlush(ByteBuffer(bytes: bytes))
+        }
+        return String(decoding: try await collected.futureResult.get(), as: UTF8.self)
+    }
+
+    final class Collector: ChannelInboundHandler {
+        typealias InboundIn = ByteBuffer
+        let promise: EventLoopPromise<[UInt8]>
+        var bytes: [UInt8] = []
+        init(promise: EventLoopPromise<[UInt8]>) { self.promise = promise }
+
+        func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+            self.bytes += Array(self.unwrapInboundIn(data).readableBytesView)
+        }
+
+        func channelInactive(context: ChannelHandlerContext) {
+            self.promise.succeed(self.bytes)
+            context.fireChannelInactive()
+        }
+
+        func errorCaught(context: ChannelHandlerContext, error: any Error) {
+            // An unclean TLS shutdown after the answer still counts as the end.
+            context.close(promise: nil)
+        }
+    }
+}
