@@ -196,11 +196,18 @@ struct StatusEndpointTests {
         try await plain.writeAndFlush(ByteBuffer(string: "GET /v1/status HTTP/1.1\r\nHost: x\r\n\r\n"))
         try await plain.closeFuture.get()
 
-        // More connections than the endpoint takes (8): the rest are closed at once; the first 8 are served.
+        // More connections than the endpoint takes (8): the rest are closed at once. On a relay of its own whose request
+        // timeout (30 s) cannot free a place while the test connects.
+        let crowded = try await Self.relay().start()
         var silent: [any Channel] = []
-        for _ in 0..<8 { silent.append(try await SilentPeer.connect(port: port, ca: ca, group: group, alpn: RelayStatusServer.alpn)) }
-        await #expect(throws: (any Error).self) { _ = try await SilentPeer.connect(port: port, ca: ca, group: group, alpn: RelayStatusServer.alpn) }
+        for _ in 0..<8 {
+            silent.append(try await SilentPeer.connect(port: crowded.statusPort, ca: crowded.caPath, group: group, alpn: RelayStatusServer.alpn))
+        }
+        await #expect(throws: (any Error).self) {
+            _ = try await SilentPeer.connect(port: crowded.statusPort, ca: crowded.caPath, group: group, alpn: RelayStatusServer.alpn)
+        }
         for channel in silent { try? await channel.close() }
+        await crowded.stop()
 
         // The relay still uploads, and the endpoint still answers.
         let source = TestRelay.makeDirectory()

@@ -105,8 +105,8 @@ struct RelaySessionTests {
         let welcome = h.take(h.session.authenticated(.success(Account(name: "a", quota: nil))))
         #expect(SessionHarness.frames(welcome).contains { $0.type == .welcome })
         #expect(welcome.contains { if case .cancel(.handshake) = $0 { return true } else { return false } })
-        #expect(h.session.machine.inboundFrameLimit == h.resources.configuration.limits.maxFrameSize)
-        #expect(memory.inUse == h.resources.configuration.limits.connectionWindow)
+        #expect(h.session.machine.inboundFrameLimit == h.resources.settings.limits.maxFrameSize)
+        #expect(memory.inUse == h.resources.settings.limits.connectionWindow)
         _ = h.take(h.session.connectionClosed())
         #expect(memory.inUse == 0)
     }

@@ -75,9 +75,8 @@ public struct RelayDriver {
     private let woken: WokenOpens
 
     public init(backend: RelayBackend) {
-        // Built from locals before self is whole: reading self.woken and self.now here made the Swift 6.3 debug build
-        // crash in this init's compiler-generated cleanup ("outlined destroy of RelayDriver") once RelayConfiguration
-        // grew by a field.
+        // If this init crashes in "outlined destroy of RelayDriver" after a type of UploadRelay changed its layout, the
+        // incremental debug build left this module stale: remove .build/debug/UploadTestSupport.build and build again.
         let woken = WokenOpens()
         let now = NIODeadline.uptimeNanoseconds(1_000_000_000)
         self.backend = backend

@@ -116,7 +116,7 @@ extension RelaySession {
         case .success(let account?) where !account.revoked:
             self.account = account
             // The connection window is this connection's share of the relay's memory budget (finding 24).
-            let configuration = self.resources.configuration
+            let configuration = self.resources.settings
             self.grantedWindow = self.resources.memory.share(
                 preferred: configuration.limits.connectionWindow,
                 floor: min(configuration.limits.connectionWindow, configuration.minimumConnectionWindow)

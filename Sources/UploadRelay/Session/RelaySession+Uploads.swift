@@ -73,7 +73,7 @@ extension RelaySession {
             if case .upload(let offset, let token, let resumedUpload, let limit) = decision {
                 (durableOffset, resumeToken, resumed, byteLimit) = (offset, token, resumedUpload, limit)
             }
-            let configuration = self.resources.configuration
+            let configuration = self.resources.settings
             var settings = UploadPipeline.Settings(
                 streamID: id, key: key.value, account: self.account?.name ?? "", byteLimit: byteLimit,
                 maxBlobSize: configuration.maxBlobSize, syncBytes: Int64(configuration.syncBytes)
@@ -151,7 +151,7 @@ extension RelaySession {
             case .write, .sync, .commit:
                 actions.append(.storage(id, step))
             case .armSyncTimer:
-                actions.append(.schedule(.sync(id), in: TimeAmount(self.resources.configuration.syncInterval)))
+                actions.append(.schedule(.sync(id), in: TimeAmount(self.resources.settings.syncInterval)))
             case .cancelSyncTimer:
                 actions.append(.cancel(.sync(id)))
             case .markClosing:
@@ -204,14 +204,14 @@ extension RelaySession {
             return self.close()
         }
         self.drain = .draining
-        return self.write(goAway) + [.schedule(.grace, in: TimeAmount(self.resources.configuration.shutdownGrace))] + self.closeIfDrained()
+        return self.write(goAway) + [.schedule(.grace, in: TimeAmount(self.resources.settings.shutdownGrace))] + self.closeIfDrained()
     }
 
     /// The drain period ended: make every upload durable, then close once each is quiet; after a second grace period,
     /// close anyway.
     mutating func graceEnded() -> [Action] {
         guard !self.closed else { return [] }
-        let grace = self.resources.configuration.shutdownGrace
+        let grace = self.resources.settings.shutdownGrace
         switch self.drain {
         case .none:
             return []

@@ -2,20 +2,49 @@ import Logging
 import NIOCore
 import UploadProtocol
 
-/// What a relay session shares with the rest of the relay: its configuration, the key claims and the memory and
+/// What a relay session shares with the rest of the relay: its settings, the key claims and the memory and
 /// upload budgets. In memory and thread-safe; no I/O.
 struct RelaySessionResources: Sendable {
-    var configuration: RelayConfiguration
+    var settings: RelaySessionSettings
     var claims: KeyClaims
     /// Chunk bytes the connections' windows may make the relay hold, all together.
     var memory: ResourceBudget
     /// Uploads open at once (each holds its staging file's descriptor).
     var uploadSlots: ResourceBudget
-}
 
-extension RelaySessionResources {
+    init(configuration: RelayConfiguration, claims: KeyClaims, memory: ResourceBudget, uploadSlots: ResourceBudget) {
+        self.settings = RelaySessionSettings(configuration)
+        self.claims = claims
+        self.memory = memory
+        self.uploadSlots = uploadSlots
+    }
+
     init(services: RelayServices) {
         self.init(configuration: services.configuration, claims: services.claims, memory: services.memory, uploadSlots: services.uploadSlots)
+    }
+}
+
+/// What of ``RelayConfiguration`` a session decides with. Each session holds it by value, so it stays small: not the
+/// paths, the S3 keys, the hooks or the status endpoint.
+struct RelaySessionSettings: Sendable {
+    var limits: ProtocolLimits
+    var allowDeflate: Bool
+    var allowStripes: Bool
+    var minimumConnectionWindow: Int
+    var syncBytes: Int
+    var syncInterval: Duration
+    var shutdownGrace: Duration
+    var maxBlobSize: Int64
+
+    init(_ configuration: RelayConfiguration) {
+        self.limits = configuration.limits
+        self.allowDeflate = configuration.allowDeflate
+        self.allowStripes = configuration.allowStripes
+        self.minimumConnectionWindow = configuration.minimumConnectionWindow
+        self.syncBytes = configuration.syncBytes
+        self.syncInterval = configuration.syncInterval
+        self.shutdownGrace = configuration.shutdownGrace
+        self.maxBlobSize = configuration.maxBlobSize
     }
 }
 
@@ -81,7 +110,7 @@ struct RelaySession {
     var machine: RelayConnectionStateMachine
     var reader = FrameReader()
     let resources: RelaySessionResources
-    var limits: ProtocolLimits { self.resources.configuration.limits }
+    var limits: ProtocolLimits { self.resources.settings.limits }
     /// Runs a waiting OPEN again once its key is free (from any thread; the handler hops to its event loop).
     let keyFreed: @Sendable (Frame.Open, ObjectKey) -> Void
 
@@ -112,10 +141,10 @@ struct RelaySession {
         self.keyFreed = keyFreed
         self.lastFrameAt = now
         self.machine = RelayConnectionStateMachine(
-            limits: resources.configuration.limits,
+            limits: resources.settings.limits,
             supportedFeatures: Frame.Features([.dedupProbe])
-                .union(resources.configuration.allowDeflate ? [.deflate] : [])
-                .union(resources.configuration.allowStripes ? [.stripes] : [])
+                .union(resources.settings.allowDeflate ? [.deflate] : [])
+                .union(resources.settings.allowStripes ? [.stripes] : [])
         )
     }
 
