@@ -54,6 +54,27 @@ struct FileSourceTests {
         #expect(Array(second.readableBytesView) == Array(file.data[(1 << 16)..<(2 << 16)]))
     }
 
+    @Test("files read one after another share recycled blocks: every read returns its own file's bytes, and a chunk kept from an earlier file keeps its own")
+    func recycledBlocks() throws {
+        let directory = TemporaryDirectories.make()
+        let allocator = ByteBufferAllocator()
+        var kept: [(ByteBuffer, Data)] = []
+        for index in 0..<12 {
+            let file = makeFile(directory, "f\(index)", size: (1 << 20) - index * 1000, seed: UInt64(40 + index))
+            let source = FileSource(path: file.path)
+            _ = try source.open()
+            // Every other file's chunk is kept alive (a CHUNK not yet sent): its block must not be read into again.
+            let whole = try source.read(at: 0, maxLength: 1 << 20, allocator: allocator)
+            source.close()
+            #expect(Array(whole.readableBytesView) == Array(file.data), "file \(index)")
+            if index.isMultiple(of: 2) { kept.append((whole, file.data)) }
+        }
+        for (index, (chunk, data)) in kept.enumerated() {
+            #expect(Array(chunk.readableBytesView) == Array(data), "kept chunk \(index) changed")
+        }
+        RecycledBlocks.drain()
+    }
+
     @Test("the read of a file's last bytes lets go of its block: an upload waiting for its commit holds no block")
     func lastReadLetsGoOfTheBlock() throws {
         let file = makeFile(TemporaryDirectories.make(), "v.bin", size: 4 << 14, seed: 12)

@@ -94,6 +94,51 @@ struct FrameCodecTests {
         #expect(decoded == SampleFrames.all)
     }
 
+    @Test("FrameReader: frames of 1 MiB and a few bytes cut into random pieces come out whole and in order; a payload handed out keeps its bytes while more arrive", arguments: [31, 32, 33] as [UInt64])
+    func readerRandomPieces(seed: UInt64) throws {
+        var rng = SeededGenerator(seed: seed)
+        var expected: [Frame] = []
+        var stream = ByteBuffer()
+        for index in 0..<40 {
+            let frame: Frame
+            switch rng.next() % 3 {
+            case 0:
+                let size = Int(rng.next() % UInt64(1 << 20)) + 1
+                var data = ByteBuffer()
+                data.writeBytes((0..<size).map { _ in UInt8(truncatingIfNeeded: rng.next()) })
+                frame = .chunk(Frame.Chunk(streamID: 1, offset: UInt64(index), crc32: UInt32(index), data: data))
+            case 1:
+                frame = .ack(Frame.Ack(streamID: 3, offset: UInt64(index)))
+            default:
+                frame = SampleFrames.all[index % SampleFrames.all.count]
+            }
+            expected.append(frame)
+            var encoded = frame.encoded()
+            stream.writeBuffer(&encoded)
+        }
+        var reader = FrameReader(decoder: FrameDecoder(maxFrameSize: (1 << 20) + 64))
+        var decoded: [Frame] = []
+        while stream.readableBytes > 0 {
+            // Pieces from 1 byte to 300 KiB, as TLS records and socket reads come.
+            let length = min(stream.readableBytes, Int(rng.next() % 300_000) + 1)
+            reader.append(stream.readSlice(length: length)!)
+            while let frame = try reader.next() { decoded.append(frame) }
+        }
+        #expect(!reader.hasPartialFrame)
+        #expect(decoded == expected, "seed \(seed)")
+    }
+
+    @Test("FrameReader: a length above the limit is refused as soon as its four bytes are in, however the bytes come")
+    func readerRefusesOversized() throws {
+        var reader = FrameReader(decoder: FrameDecoder(maxFrameSize: 1 << 16))
+        var header = ByteBuffer()
+        header.writeInteger(UInt32(1 << 30))
+        reader.append(header.readSlice(length: 2)!)
+        #expect(try reader.next() == nil)
+        reader.append(header.readSlice(length: 2)!)
+        #expect(throws: ProtocolError.self) { try reader.next() }
+    }
+
     @Test("many frames in one buffer")
     func manyFramesInOneBuffer() throws {
         var all = ByteBuffer()

@@ -120,6 +120,7 @@ final class JobQueue: Sendable {
     }
 
     func finished(_ job: UploadJob, _ result: UploadResult) {
+        var idle = false
         self.changed { state in
             state.active -= 1
             state.progress += 1
@@ -127,7 +128,10 @@ final class JobQueue: Sendable {
             if self.keepResults { state.finished.append(result) }
             state.activeKeys.remove(job.key)
             state.dropped[job.key] = nil
+            idle = state.active == 0 && state.waiting.isEmpty
         }
+        // Nothing left to read for now (a watch waiting for files): the read blocks kept for the next file go.
+        if idle { RecycledBlocks.drain() }
         self.journal?.finished(job, result)
     }
 

@@ -22,13 +22,27 @@ public struct FrameReader: Sendable {
     public var hasPartialFrame: Bool { (self.buffer?.readableBytes ?? 0) > 0 }
 
     /// Adds bytes read from the connection.
+    ///
+    /// A read that starts with no frame in pieces is kept as it is (a frame wholly inside it is never copied). A frame
+    /// that arrives in pieces is gathered in a buffer of its own, sized for the whole frame from its length: each of
+    /// its bytes is copied once, with no compaction of a larger buffer and no copy-on-write of one whose earlier frames'
+    /// payloads are still in use.
     public mutating func append(_ bytes: ByteBuffer) {
-        if self.buffer == nil {
+        guard var buffer = self.buffer, buffer.readableBytes > 0 else {
             self.buffer = bytes
-        } else {
-            var bytes = bytes
-            self.buffer!.writeBuffer(&bytes)
+            return
         }
+        self.buffer = nil
+        var bytes = bytes
+        if buffer.readerIndex > 0 || buffer.writableBytes < bytes.readableBytes {
+            // The frame's announced length, bounded by what the decoder accepts (it refuses more once it looks).
+            let announced = buffer.getInteger(at: buffer.readerIndex, as: UInt32.self).map { min(Int($0), self.decoder.maxFrameSize) } ?? 0
+            var gathered = ByteBufferAllocator().buffer(capacity: max(announced, buffer.readableBytes + bytes.readableBytes))
+            gathered.writeBuffer(&buffer)
+            buffer = gathered
+        }
+        buffer.writeBuffer(&bytes)
+        self.buffer = buffer
     }
 
     /// The next whole frame, or nil until more bytes arrive. Throws a connection-scoped ``ProtocolError``.
@@ -37,7 +51,6 @@ public struct FrameReader: Sendable {
         self.buffer = nil
         defer {
             if buffer.readableBytes > 0 {
-                if buffer.readerIndex > 1 << 20 { buffer.discardReadBytes() }
                 self.buffer = buffer
             }
         }
