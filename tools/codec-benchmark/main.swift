@@ -3,10 +3,13 @@
 //   swift run -c release codec-benchmark [--seconds S]
 //
 // Prints GB/s for 1 MiB CHUNK frames (the codec's share of an upload) and frames/s for small
-// control frames (ACK, CREDIT, OPEN), and the codec's cost as a share of a 1 GB/s upload.
+// control frames (ACK, CREDIT, OPEN), and the codec's cost as a share of a 1 GB/s upload; then the
+// checksums every byte pays on each side (SHA-1 from libcrypto, CRC-32 from zlib), in CPU-seconds per GB:
+// the floor the integrity checks put under an upload's CPU, whatever the rest of the path does.
 
 import Foundation
 import NIOCore
+import UploadChecksums
 import UploadProtocol
 
 let arguments = CommandLine.arguments
@@ -98,4 +101,17 @@ print(String(format: "  1 MiB CHUNK encode+decode, codec alone (zero-copy):     
 print(String(format: "  1 MiB CHUNK encode+decode + copy into a receive buffer:     %9.2f GB/s  (the copy is the transport's)", gbps))
 print(String(format: "  control frames (ACK/CREDIT/OPEN/HASH) encode+decode:        %9.2f M frames/s", controlRate / 1e6))
 print(String(format: "  codec share of a 1 GB/s upload (chunk + 3 control frames per MiB): %.3f %% (aim: under 5 %%)", share))
+
+// The checksums, over 1 MiB at a time, as the agent and the relay each run them.
+let checksummed = [UInt8](repeating: 0x5A, count: payloadSize)
+var sha1 = SHA1()
+let sha1Rate = checksummed.withUnsafeBytes { bytes in measure("sha1", batch: 16) { sha1.update(bytes) } }
+var crc = CRC32()
+let crcRate = checksummed.withUnsafeBytes { bytes in measure("crc32", batch: 16) { crc.update(bytes) } }
+sink &+= Int(crc.value) &+ Int(sha1.byteCount)
+let sha1Gbps = sha1Rate * Double(payloadSize) / 1e9
+let crcGbps = crcRate * Double(payloadSize) / 1e9
+print(String(format: "  SHA-1 (libcrypto):                                          %9.2f GB/s = %.2f CPU-s/GB", sha1Gbps, 1 / sha1Gbps))
+print(String(format: "  CRC-32 (zlib):                                              %9.2f GB/s = %.2f CPU-s/GB", crcGbps, 1 / crcGbps))
+print(String(format: "  both, on both sides of an upload:                           %.2f CPU-s/GB", 2 * (1 / sha1Gbps + 1 / crcGbps)))
 if sink == 42 { print("") }
