@@ -121,7 +121,7 @@ struct Serve: AsyncParsableCommand {
     @Option(
         name: .long,
         help: ArgumentHelp(
-            "Per open upload, the largest buffer through which staging writes bypass the page cache (O_DIRECT); 0 writes through the page cache.",
+            "The largest direct write: staging writes bypass the page cache (O_DIRECT) through aligned buffers of this size, shared by the writes under way, and each open upload keeps one 4 KiB block between writes; 0 writes through the page cache.",
             valueName: "bytes"
         )
     )
@@ -161,7 +161,7 @@ struct Serve: AsyncParsableCommand {
             valueName: "bytes"
         )
     )
-    var memoryBudget: String = "256M"
+    var memoryBudget: String = "128M"
 
     @Option(name: .long, help: ArgumentHelp("Close a connection that sends no whole frame for this long (SPEC §2.3).", valueName: "duration"))
     var idleTimeout: String = "120s"

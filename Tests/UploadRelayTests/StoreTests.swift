@@ -160,22 +160,30 @@ struct DirectStagingTests {
         #expect(FileManager.default.contents(atPath: root + "/store/a1/o.bin") == Data(data))
     }
 
-    @Test("the direct buffer grows with the upload: a small file holds a few KiB, a large one the configured most")
-    func bufferGrows() throws {
+    @Test("direct writes: each open upload holds one block between writes, whatever its size, and the writes borrow shared buffers; 40 uploads written in odd pieces, interleaved, are each exact")
+    func directTailPerUpload() throws {
+        var rng = SeededGenerator(seed: 17)
         let (root, store) = try Self.makeStore(directBuffer: 1 << 20)
         let direct = Self.supportsDirectIO(root)
-        let small = try store.openStaging("small", truncatingTo: 0) as! LocalStagingFile
-        try small.write(ByteBuffer(repeating: 1, count: 10_000), at: 0)
-        #expect(small.directBufferBytes == (direct ? 16 << 10 : 0))
-        let large = try store.openStaging("large", truncatingTo: 0) as! LocalStagingFile
-        for i in 0..<48 {
-            try large.write(ByteBuffer(repeating: UInt8(i), count: 65_536), at: Int64(i) * 65_536)
+        var files: [(LocalStagingFile, [UInt8])] = []
+        for index in 0..<40 {
+            let staging = try store.openStaging("s\(index)", truncatingTo: 0) as! LocalStagingFile
+            files.append((staging, self.randomBytes((1 << 20) + Int(rng.next() % 50_000), &rng)))
         }
-        #expect(large.directBufferBytes == (direct ? 1 << 20 : 0))
-        _ = try store.commit(large, as: ObjectKey(validating: "large.bin"), account: "a1")
-        let stored = FileManager.default.contents(atPath: root + "/store/a1/large.bin")!
-        #expect(stored.count == 48 * 65_536 && stored[47 * 65_536] == 47 && stored[65_535] == 0)
-        small.close()
+        var written = [Int](repeating: 0, count: files.count)
+        while let index = written.indices.filter({ written[$0] < files[$0].1.count }).randomElement(using: &rng) {
+            let (staging, data) = files[index]
+            let length = min(data.count - written[index], Int(rng.next() % 300_000) + 1)
+            try staging.write(ByteBuffer(bytes: data[written[index]..<(written[index] + length)]), at: Int64(written[index]))
+            written[index] += length
+            #expect(staging.directBufferBytes == (direct ? LocalStagingFile.block : 0))
+        }
+        #expect(DirectScratch.idleCount <= DirectScratch.maxIdle)
+        for (index, (staging, data)) in files.enumerated() {
+            try staging.sync()
+            _ = try store.commit(staging, as: ObjectKey(validating: "f\(index)"), account: "a1")
+            #expect(FileManager.default.contents(atPath: root + "/store/a1/f\(index)") == Data(data), "f\(index)")
+        }
     }
 
     @Test("an upload that announces fewer bytes than the direct buffer writes through the page cache; one of unknown size or more goes direct")

@@ -16,11 +16,11 @@ import UploadProtocol
 public final class LocalDirectoryStore: BlobStore {
     public let root: String
     public let stagingDirectory: String
-    /// The most bytes of the aligned buffer each open staging file writes through with direct I/O; 0 writes
-    /// through the page cache (see ``LocalStagingFile``).
+    /// The most bytes of one direct write, through an aligned buffer the writes under way share; 0 writes through
+    /// the page cache (see ``LocalStagingFile``).
     public let directBuffer: Int
 
-    /// The default ``directBuffer``: 1 MiB per open upload.
+    /// The default ``directBuffer``: 1 MiB.
     public static let defaultDirectBuffer = 1 << 20
     /// The largest ``directBuffer`` accepted: 1 GiB.
     public static let maxDirectBuffer = 1 << 30
