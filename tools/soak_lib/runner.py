@@ -491,6 +491,7 @@ class Round:
         self.ctx.log(f"  fault phase done in {time.monotonic() - t0:.1f}s")
         # what is durable before the re-run
         staged_bytes, staged_files = self.staging_state()
+        self.sessions_before = self.catalog_sessions()
         stored_before = {}
         for j in p.jobs:
             for key, src in j.expected.items():
@@ -508,8 +509,30 @@ class Round:
         self.check_final(final)
         self.check_resend(final, staged_bytes, staged_files, stored_before)
 
+    def catalog_sessions(self) -> dict[str, set[str]]:
+        """The keys of each account's unfinished sessions in the relay's catalog (an upload under way or cut off)."""
+        import sqlite3
+        sessions: dict[str, set[str]] = {}
+        try:
+            db = sqlite3.connect(f"file:{os.path.join(self.data, 'catalog.sqlite')}?mode=ro", uri=True, timeout=10)
+            try:
+                for account, key in db.execute("SELECT account, key FROM session"):
+                    sessions.setdefault(account, set()).add(key)
+            finally:
+                db.close()
+        except sqlite3.Error as error:
+            self.ctx.log(f"  (catalog unreadable: {error})")
+        return sessions
+
     def check_final(self, final: dict[int, dict[str, dict]]) -> None:
         used = {a.name: self.account_bytes(a.name) for a in self.plan.accounts}
+        # An unfinished session holds its durable bytes against the quota (README, quotas) until it commits or
+        # expires, so while the re-run resumes it, it may hold up to its file's size: a refusal is right then too.
+        held = {a.name: 0 for a in self.plan.accounts}
+        for j in self.plan.jobs:
+            for key, src in j.expected.items():
+                if key in getattr(self, "sessions_before", {}).get(j.account, set()):
+                    held[j.account] += src.size
         for j in self.plan.jobs:
             res = final.get(j.idx, {})
             bad = []
@@ -519,7 +542,7 @@ class Round:
                     continue
                 quota = self.account(j.account).quota
                 err = (o or {}).get("error") or ""
-                if o is not None and quota is not None and "quota" in err.lower() and used[j.account] + src.size > quota:
+                if o is not None and quota is not None and "quota" in err.lower() and used[j.account] + held[j.account] + src.size > quota:
                     continue
                 bad.append((key, o))
             if bad:
