@@ -54,16 +54,14 @@ final class StatusHTTPHandler: ChannelInboundHandler {
             self.state = .receiving(head, body: body)
             if body > self.endpoint.maxBody {
                 self.state = .answering
-                let refusal = StatusRefusal(.payloadTooLarge, "status requests carry no body")
-                self.answer(context: context, head: head, status: refusal.code, body: Self.errorBody(refusal), keepAlive: false)
+                self.refuse(context: context, head: head, Self.bodyRefused, keepAlive: false)
             }
         case (.end, .receiving(let head, let body)):
             self.state = .answering
             self.deadline?.cancel()
             self.deadline = nil
             if body > 0 {
-                let refusal = StatusRefusal(.payloadTooLarge, "status requests carry no body")
-                self.answer(context: context, head: head, status: refusal.code, body: Self.errorBody(refusal), keepAlive: false)
+                self.refuse(context: context, head: head, Self.bodyRefused, keepAlive: false)
                 return
             }
             self.dispatch(context: context, head: head)
@@ -86,7 +84,7 @@ final class StatusHTTPHandler: ChannelInboundHandler {
                 maxListed: self.endpoint.maxListed
             )
         } catch {
-            self.answer(context: context, head: head, status: error.code, body: Self.errorBody(error), keepAlive: head.isKeepAlive)
+            self.refuse(context: context, head: head, error, keepAlive: head.isKeepAlive)
             return
         }
         let responder = self.responder
@@ -95,27 +93,28 @@ final class StatusHTTPHandler: ChannelInboundHandler {
         }.assumeIsolated().whenComplete { outcome in
             switch outcome {
             case .success(.success(let body)):
-                self.answer(context: context, head: head, status: nil, body: request.headOnly ? nil : body, length: body.count, keepAlive: head.isKeepAlive)
+                self.answer(context: context, head: head, status: nil, body: body, keepAlive: head.isKeepAlive)
             case .success(.failure(let refusal)):
-                self.answer(context: context, head: head, status: refusal.code, body: Self.errorBody(refusal), keepAlive: head.isKeepAlive)
+                self.refuse(context: context, head: head, refusal, keepAlive: head.isKeepAlive)
             case .failure:
                 // The I/O pool stopped: the relay is going away.
-                let refusal = StatusRefusal(.unavailable, "the relay is stopping")
-                self.answer(context: context, head: head, status: refusal.code, body: Self.errorBody(refusal), keepAlive: false)
+                self.refuse(context: context, head: head, StatusRefusal(.unavailable, "the relay is stopping"), keepAlive: false)
             }
         }
     }
 
-    /// Writes an answer (`status` nil: 200), then waits for the next request or closes.
-    private func answer(
-        context: ChannelHandlerContext, head: HTTPRequestHead, status: StatusRefusal.Code?, body: [UInt8]?, length: Int? = nil,
-        keepAlive: Bool
-    ) {
+    /// Answers with the refusal's status and its reason as JSON.
+    private func refuse(context: ChannelHandlerContext, head: HTTPRequestHead, _ refusal: StatusRefusal, keepAlive: Bool) {
+        self.answer(context: context, head: head, status: refusal.code, body: Self.errorBody(refusal), keepAlive: keepAlive)
+    }
+
+    /// Writes an answer (`status` nil: 200; HEAD: its headers only), then waits for the next request or closes.
+    private func answer(context: ChannelHandlerContext, head: HTTPRequestHead, status: StatusRefusal.Code?, body: [UInt8], keepAlive: Bool) {
         guard context.channel.isActive else { return }
         var headers = HTTPHeaders()
         headers.add(name: "content-type", value: "application/json; charset=utf-8")
         headers.add(name: "cache-control", value: "no-store")
-        headers.add(name: "content-length", value: String(length ?? body?.count ?? 0))
+        headers.add(name: "content-length", value: String(body.count))
         switch status {
         case .unauthorized?: headers.add(name: "www-authenticate", value: "Bearer realm=\"upload-relay\"")
         case .methodNotAllowed?: headers.add(name: "allow", value: "GET, HEAD")
@@ -124,7 +123,7 @@ final class StatusHTTPHandler: ChannelInboundHandler {
         if !keepAlive { headers.add(name: "connection", value: "close") }
         let responseStatus = status.map { HTTPResponseStatus(statusCode: $0.rawValue) } ?? .ok
         context.write(self.wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: responseStatus, headers: headers))), promise: nil)
-        if let body, head.method != .HEAD {
+        if head.method != .HEAD {
             context.write(self.wrapOutboundOut(.body(.byteBuffer(context.channel.allocator.buffer(bytes: body)))), promise: nil)
         }
         // Ready for the next request before the end goes out: NIO's pipelining handler delivers a request it held
@@ -145,6 +144,8 @@ final class StatusHTTPHandler: ChannelInboundHandler {
             context.close(promise: nil)
         }
     }
+
+    static let bodyRefused = StatusRefusal(.payloadTooLarge, "status requests carry no body")
 
     static func errorBody(_ refusal: StatusRefusal) -> [UInt8] {
         // JSONSerialization escapes what the message holds (a key may hold quotes).

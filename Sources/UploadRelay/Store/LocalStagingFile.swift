@@ -300,16 +300,11 @@ enum DirectScratch {
 
     /// Runs `body` with an aligned buffer of at least `capacity` bytes; nil when no memory could be had.
     static func with<T>(capacity: Int, _ body: (UnsafeMutableRawPointer) throws -> T) rethrows -> T? {
-        var buffer = Self.idle.withLockedValue { idle -> Buffer? in
+        let kept = Self.idle.withLockedValue { idle -> Buffer? in
             guard let index = idle.lastIndex(where: { $0.capacity >= capacity }) else { return nil }
             return idle.remove(at: index)
         }
-        if buffer == nil {
-            var memory: UnsafeMutableRawPointer? = nil
-            guard posix_memalign(&memory, LocalStagingFile.block, capacity) == 0, let memory else { return nil }
-            buffer = Buffer(memory: memory, capacity: capacity)
-        }
-        guard let buffer else { return nil }
+        guard let buffer = kept ?? Self.allocate(capacity) else { return nil }
         defer {
             let kept = Self.idle.withLockedValue { idle -> Bool in
                 guard idle.count < Self.maxIdle else { return false }
@@ -319,6 +314,12 @@ enum DirectScratch {
             if !kept { free(buffer.memory) }
         }
         return try body(buffer.memory)
+    }
+
+    private static func allocate(_ capacity: Int) -> Buffer? {
+        var memory: UnsafeMutableRawPointer? = nil
+        guard posix_memalign(&memory, LocalStagingFile.block, capacity) == 0, let memory else { return nil }
+        return Buffer(memory: memory, capacity: capacity)
     }
 
     /// Idle buffers now (tests).
