@@ -340,6 +340,14 @@ public protocol Catalog: Sendable {
     /// announced in `active` (key → bytes, 0 when unknown) beyond its key's object likewise.
     func quotaUse(account: String, excludingKey key: String, active: [String: Int64]) throws -> QuotaUse
 
+    /// The admission of an OPEN of `key` that announced `announced` bytes (0: unknown) and grows the account by `growth`:
+    /// ``quotaUse(account:excludingKey:active:)``, and, when `growth` fits what is left, the announced size held for the
+    /// upload, in one decision per account. A catalog several relays share counts there what the uploads open on the
+    /// other relays announced, and records this one's for them, held while this relay holds the key's lock
+    /// (``keyLocks``): two relays can never both admit what only one fits (issue 10). The caller refuses when `growth`
+    /// exceeds the answer's ``QuotaUse/left``.
+    func admit(account: String, key: String, announced: Int64, growth: Int64, active: [String: Int64]) throws -> QuotaUse
+
     /// Reserves the quota a commit needs and records it as under way, in one transaction, so that two commits of
     /// one account can never both pass the check (issue 6 finding 3). Throws
     /// ``CatalogError/quotaExceeded(account:needed:quota:used:)``. Call before the store makes the object visible.
@@ -401,6 +409,11 @@ extension Catalog {
 
     public func finishCommits(_ commits: [(PendingCommit, ObjectIdentity)]) throws {
         for (commit, identity) in commits { try self.finishCommit(commit, identity: identity) }
+    }
+
+    /// A catalog of one relay: the relay's own claims (`active`) hold what its open uploads announced.
+    public func admit(account: String, key: String, announced: Int64, growth: Int64, active: [String: Int64]) throws -> QuotaUse {
+        try self.quotaUse(account: account, excludingKey: key, active: active)
     }
 
     /// ``quotaUse(account:excludingKey:active:)`` when no other upload of the account is open.

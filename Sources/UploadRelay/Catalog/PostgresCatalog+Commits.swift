@@ -33,12 +33,33 @@ extension PostgresCatalog {
         }
     }
 
-    /// ``SQLiteCatalog``'s quota rule, read in the transaction of `connection`.
+    /// Whether the reservation `r` is held: its holder still holds the key's advisory lock (PostgreSQL shows a bigint
+    /// lock's high half as `classid`, its low half as `objid`). A relay that died, or let the key go, holds nothing.
+    static let reservationHeld = """
+        EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+            AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+            AND l.classid::BIGINT = ((r.lock_id >> 32) & 4294967295) AND l.objid::BIGINT = (r.lock_id & 4294967295))
+        """
+
+    /// ``SQLiteCatalog``'s quota rule, read in the transaction of `connection`. With `relay` (the asking relay's
+    /// ``PostgresKeyLocks/holder``), the uploads open on the other relays count as this relay's own open uploads in
+    /// `active` do: by what they announced (commits, which count durable bytes only, pass none).
     static func quotaUse(
-        _ account: String, excludingKey key: String, active: [String: Int64], on connection: PostgresConnection, _ logger: Logger
+        _ account: String, excludingKey key: String, active: [String: Int64], relay: String?, on connection: PostgresConnection,
+        _ logger: Logger
     ) async throws -> QuotaUse {
         guard let row = try await Self.rows("SELECT * FROM account WHERE name = \(account)", on: connection, logger).first else {
             throw CatalogError.unknownAccount(account)
+        }
+        var active = active
+        if let relay {
+            for reservation in try await Self.rows(
+                "SELECT r.key, r.bytes FROM open_reservation r WHERE r.account = \(account) AND r.holder <> \(relay) AND \(unescaped: Self.reservationHeld)",
+                on: connection, logger
+            ) {
+                let openKey = try reservation["key"].decode(String.self)
+                if active[openKey] == nil { active[openKey] = try reservation["bytes"].decode(Int64.self) }
+            }
         }
         let committing =
             try await Self.rows(
@@ -78,9 +99,37 @@ extension PostgresCatalog {
     }
 
     public func quotaUse(account: String, excludingKey key: String, active: [String: Int64]) throws -> QuotaUse {
-        let logger = self.logger
+        let (logger, relay) = (self.logger, self.locks.holder)
         // One view of the data: a commit of another relay landing between the statements would undercount.
-        return try self.transaction(snapshot: true) { try await Self.quotaUse(account, excludingKey: key, active: active, on: $0, logger) }
+        return try self.transaction(snapshot: true) {
+            try await Self.quotaUse(account, excludingKey: key, active: active, relay: relay, on: $0, logger)
+        }
+    }
+
+    public func admit(account: String, key: String, announced: Int64, growth: Int64, active: [String: Int64]) throws -> QuotaUse {
+        let (logger, relay) = (self.logger, self.locks.holder)
+        let lockID = PostgresKeyLocks.lockID(account: account, key: key)
+        return try self.transaction { connection in
+            // Admissions and commits of the account take turns on its row, on every relay: each reads what the one
+            // before it reserved.
+            try await Self.lockAccount(account, on: connection, logger)
+            // Reservations whose holder let go of the key, or died, hold nothing: gone.
+            try await connection.query(
+                "DELETE FROM open_reservation r WHERE r.account = \(account) AND NOT \(unescaped: Self.reservationHeld)", logger: logger
+            )
+            let use = try await Self.quotaUse(account, excludingKey: key, active: active, relay: relay, on: connection, logger)
+            // An account without a quota (set when it is made, never after) has nothing to hold.
+            if use.quota != nil, growth <= use.left {
+                try await connection.query(
+                    """
+                    INSERT INTO open_reservation (account, key, bytes, holder, lock_id) VALUES (\(account), \(key), \(announced), \(relay), \(lockID))
+                    ON CONFLICT (account, key) DO UPDATE SET bytes = EXCLUDED.bytes, holder = EXCLUDED.holder, lock_id = EXCLUDED.lock_id
+                    """,
+                    logger: logger
+                )
+            }
+            return use
+        }
     }
 
     public func beginCommit(_ commit: PendingCommit) throws {
@@ -117,7 +166,7 @@ extension PostgresCatalog {
 
     static func beginCommit(_ commit: PendingCommit, on connection: PostgresConnection, _ logger: Logger, locked: Bool = false) async throws {
         if !locked { try await Self.lockAccount(commit.account, on: connection, logger) }
-        let use = try await Self.quotaUse(commit.account, excludingKey: commit.key, active: [:], on: connection, logger)
+        let use = try await Self.quotaUse(commit.account, excludingKey: commit.key, active: [:], relay: nil, on: connection, logger)
         let previous =
             try await Self.rows("SELECT size FROM object WHERE account = \(commit.account) AND key = \(commit.key)", on: connection, logger)
             .first?["size"].decode(Int64.self) ?? 0
@@ -169,6 +218,10 @@ extension PostgresCatalog {
                 )
                 try await connection.query(
                     "DELETE FROM pending_commit WHERE account = \(commit.account) AND key = \(commit.key)", logger: logger
+                )
+                // Stored now: other relays count the object, not also what its upload announced.
+                try await connection.query(
+                    "DELETE FROM open_reservation WHERE account = \(commit.account) AND key = \(commit.key)", logger: logger
                 )
                 if let sessionID = commit.sessionID {
                     try await connection.query("DELETE FROM session WHERE id = \(sessionID)", logger: logger)

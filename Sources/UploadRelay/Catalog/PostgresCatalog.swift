@@ -19,13 +19,14 @@ public final class PostgresCatalog: Catalog, @unchecked Sendable {
     /// pool itself would wait for a database that is down for ever.
     let timeout: Duration
     private let running: Task<Void, Never>
-    private let locks: PostgresKeyLocks
+    let locks: PostgresKeyLocks
 
     /// Advisory locks on one connection of this catalog's own (made at the first lock).
     public var keyLocks: (any KeyLocks)? { self.locks }
 
-    /// The schema version this code writes: the SQLite catalog's migrations, v1 to v6, and v7 (indexes in byte order).
-    static let schemaVersion = 7
+    /// The schema version this code writes: the SQLite catalog's migrations, v1 to v6, v7 (indexes in byte order) and
+    /// v8 (what the uploads open on each relay announced).
+    static let schemaVersion = 8
 
     /// Connects (lazily, from a pool) to `url`, `postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?sslmode=disable|require]`,
     /// and migrates the schema.
@@ -303,6 +304,21 @@ public final class PostgresCatalog: Catalog, @unchecked Sendable {
             [
                 "CREATE INDEX object_by_key_bytes ON object (account, key COLLATE \"C\")",
                 "CREATE INDEX session_by_key_bytes ON session (account, key COLLATE \"C\")",
+            ]
+        ),
+        (
+            // The size each upload open on a relay announced, which the other relays count against its account's quota
+            // while `holder` holds the key's advisory lock `lock_id` (``PostgresKeyLocks``). A catalog of one relay
+            // keeps that in the relay's memory: SQLite has no version 8.
+            8,
+            [
+                """
+                CREATE TABLE open_reservation (
+                    account TEXT NOT NULL REFERENCES account(name), key TEXT NOT NULL, bytes BIGINT NOT NULL,
+                    holder TEXT NOT NULL, lock_id BIGINT NOT NULL, PRIMARY KEY (account, key)
+                )
+                """,
+                "CREATE INDEX open_reservation_by_lock ON open_reservation (lock_id)",
             ]
         ),
     ]

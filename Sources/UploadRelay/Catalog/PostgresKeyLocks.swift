@@ -4,6 +4,7 @@ import NIOCore
 import NIOPosix
 import PostgresNIO
 import UploadChecksums
+import UploadProtocol
 
 /// Key locks across the relays sharing one PostgreSQL catalog: session-level advisory locks, all taken on one
 /// connection of the relay's own, so that they go when the relay dies (PostgreSQL releases a session's locks when its
@@ -11,6 +12,10 @@ import UploadChecksums
 ///
 /// Advisory locks are reentrant within their session: this relay's own claims (``KeyClaims``) keep a key to one of its
 /// uploads at a time, and each lock taken is let go exactly once, whatever order the two reach the server in.
+///
+/// The size an admitted upload announced is recorded under its key's lock (`open_reservation`, with ``holder``): other
+/// relays count it against the account's quota while the lock is held, and no longer once it is let go or its
+/// connection drops (``PostgresCatalog/admit(account:key:announced:growth:active:)``).
 final class PostgresKeyLocks: KeyLocks, @unchecked Sendable {
     private struct State {
         var connection: PostgresConnection?
@@ -22,6 +27,8 @@ final class PostgresKeyLocks: KeyLocks, @unchecked Sendable {
 
     private let configuration: PostgresConnection.Configuration
     private let logger: Logger
+    /// This relay among those sharing the catalog: its reservations are its own to count (``KeyClaims``), not others'.
+    let holder: String
     private let timeout: Duration
     private let state = NIOLockedValueBox(State())
     /// One connect at a time.
@@ -34,6 +41,7 @@ final class PostgresKeyLocks: KeyLocks, @unchecked Sendable {
     init(url: String, logger: Logger, timeout: Duration) throws {
         self.configuration = try PostgresCatalog.connectionConfiguration(url)
         self.logger = logger
+        self.holder = (0..<16).map { _ in UInt8.random(in: .min ... .max) }.hexString
         self.timeout = timeout
     }
 
@@ -58,9 +66,13 @@ final class PostgresKeyLocks: KeyLocks, @unchecked Sendable {
 
     func unlock(_ lock: KeyLock) {
         guard let connection = self.state.withLockedValue({ $0.generation == lock.generation ? $0.connection : nil }) else { return }
-        let logger = self.logger
+        let (logger, holder) = (self.logger, self.holder)
         Task(executorPreference: Blocking.executor) {
             do {
+                // The reservation first: once the lock is free another relay may take the key and reserve it anew.
+                _ = try await connection.query(
+                    "DELETE FROM open_reservation WHERE lock_id = \(lock.id) AND holder = \(holder)", logger: logger
+                )
                 _ = try await connection.query("SELECT pg_advisory_unlock(\(lock.id))", logger: logger)
             } catch {
                 // The connection is going: the lock goes with it.

@@ -145,8 +145,10 @@ struct UploadPolicy {
                 return .refuse(.alreadyExists, Self.alreadyExists(key))
             }
         }
-        let use = try catalog.quotaUse(account: name, excludingKey: key.value, active: self.services.claims.activeUploads(of: name))
         let growth = (size ?? 0) - (existing?.size ?? 0)
+        let use = try catalog.admit(
+            account: name, key: key.value, announced: size ?? 0, growth: growth, active: self.services.claims.activeUploads(of: name)
+        )
         if growth > use.left {
             return .refuse(.quotaExceeded, use.refusal(account: name, needed: growth))
         }
