@@ -59,7 +59,7 @@ for w in $WORKLOADS; do
             wanfiles) env BENCH_TAG=wanfiles BENCH_WAN=1 BENCH_FILES=16 BENCH_FILE_KIB=16384 \
                 BENCH_AGENT_ARGS="--connections 4 ${BENCH_AGENT_ARGS:-}" tools/bench-upload.sh ;;
         esac >"$RESULTS.log" 2>&1 || { echo "   bench-upload.sh failed:"; tail -30 "$RESULTS.log"; rm -f "$RESULTS.log"; exit 1; }
-        grep -E '^(upload-agent|scp|rsync|curl)' "$RESULTS.log" | sed 's/^/   /' || true
+        grep -E '^(upload-agent|scp|rsync|curl|floor)' "$RESULTS.log" | sed 's/^/   /' || true
         rm -f "$RESULTS.log"
     done
 done
@@ -134,6 +134,14 @@ for tag, peer, want in goals:
         continue
     ratio = medians[OURS] / medians[match[0]]
     print(f"{tag:7} vs {match[0]:32} {ratio:5.2f}x  (goal >= {want}x: {'met' if ratio >= want else 'NOT met'})")
+print()
+print("== the checksum floor: curl -Z 8 with the SHA-1 and CRC-32 work of both sides beside it (tools/integrity-floor)")
+for tag, medians in summary.items():
+    floor = next((t for t in medians if t.startswith("floor:")), None)
+    curl = next((t for t in medians if t.startswith("curl -Z 8")), None)
+    if floor and curl and OURS in medians:
+        print(f"{tag:7} floor / curl -Z 8 {medians[floor] / medians[curl]:5.2f}x (the most this protocol could reach), "
+              f"ours / floor {medians[OURS] / medians[floor]:5.2f}x")
 print()
 print("MB = 10^6 bytes. CPU-s/GB: user + system seconds per 10^9 bytes (sshd's per-connection process is not")
 print("measured). RSS: the highest peak over the runs. Spread: the lowest and highest MB/s of the runs.")

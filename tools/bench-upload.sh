@@ -5,7 +5,8 @@
 #     or with BENCH_FILES=N a directory of N random files of BENCH_FILE_KIB KiB each,
 #   - uploads it over loopback with: our agent -> relay (TLS), with and without the
 #     dedup check; scp (aes128-gcm) and rsync -a over ssh -> a private sshd; curl -T over
-#     HTTPS -> a private nginx with WebDAV PUT (for a directory: one connection, and -Z 8),
+#     HTTPS -> a private nginx with WebDAV PUT (for a directory: one connection, and -Z 8; on loopback
+#     also -Z 8 with our protocol's checksums of both sides beside it, the "floor" row: BENCH_FLOOR=0 skips it),
 #   - checks every stored copy with cmp (diff -r for a directory), and prints seconds,
 #     MB/s (10^6 bytes/s), files/s, the ratio of ours to each peer and peak RSS.
 #
@@ -508,15 +509,28 @@ EOF
         "$(awk -v u="$user" -v s="$sys" 'BEGIN { printf "%.2f", u + s }')" "$(awk -v a="$before" -v b="$after" 'BEGIN { printf "%.2f", b - a }')"
 }
 
-# bench_nginx_files DIR PORT PID: a directory through curl, one connection, then -Z (8 at once)
+# bench_nginx_files DIR PORT PID: a directory through curl, one connection, then -Z (8 at once); on loopback, also
+# -Z 8 with the checksums our protocol requires of both sides computed beside it on the same cores
+# (tools/integrity-floor/checksums.py): the most any implementation of the protocol could do with curl's and nginx's
+# transport and file costs ("floor" rows; BENCH_FLOOR=0 skips them).
 bench_nginx_files() {
-    local d=$1 port=$2 nginx_pid=$3 f run
+    local d=$1 port=$2 nginx_pid=$3 f run runs=(one parallel)
     for f in "$FILE"/*; do
         printf 'upload-file = "%s"\nurl = "https://%s:%s/upload/data/%s"\noutput = "/dev/null"\n' "$f" "$HOST" "$port" "$(basename "$f")"
     done >"$d/curl.cfg"
-    for run in one parallel; do
+    [ "${BENCH_WAN:-0}" != 1 ] && [ "${BENCH_FLOOR:-1}" = 1 ] && runs+=(floor)
+    for run in "${runs[@]}"; do
         local args=(-sS -k --fail -K "$d/curl.cfg") name="curl -T https -> nginx PUT (one connection)"
-        [ "$run" = parallel ] && { args+=(-Z --parallel-max 8); name="curl -Z 8 https -> nginx PUT"; }
+        [ "$run" != one ] && { args+=(-Z --parallel-max 8); name="curl -Z 8 https -> nginx PUT"; }
+        if [ "$run" = floor ]; then
+            name="floor: curl -Z 8 + SHA-1 and CRC-32 of both sides"
+            say "-- $name (pid $nginx_pid, port $port)"
+            # both to their end; the copy is checked as for the others
+            timed_copy "$name" "$d/www/upload/data" bash -c \
+                'python3 "$1" "$2" & sums=$!; shift 2; curl "$@"; rc=$?; wait "$sums" || rc=1; exit "$rc"' \
+                _ "$PWD/tools/integrity-floor/checksums.py" "$FILE" "${args[@]}"
+            continue
+        fi
         say "-- $name (pid $nginx_pid, port $port)"
         timed_copy "$name" "$d/www/upload/data" curl "${args[@]}"
     done

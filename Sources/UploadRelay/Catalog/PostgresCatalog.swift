@@ -30,7 +30,7 @@ public final class PostgresCatalog: Catalog, @unchecked Sendable {
 
     /// Connects (lazily, from a pool) to `url`, `postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?sslmode=disable|require]`,
     /// and migrates the schema.
-    public init(url: String, logger: Logger, timeout: Duration = .seconds(15)) throws {
+    public init(url: String, logger: Logger, timeout: Duration = .seconds(15), lockHeartbeat: LockHeartbeat = LockHeartbeat()) throws {
         let configuration = try Self.configuration(url)
         self.logger = logger
         self.timeout = timeout
@@ -39,7 +39,7 @@ public final class PostgresCatalog: Catalog, @unchecked Sendable {
         background.logLevel = max(logger.logLevel, .warning)
         let client = PostgresClient(configuration: configuration, backgroundLogger: background)
         self.client = client
-        self.locks = try PostgresKeyLocks(url: url, logger: background, timeout: timeout)
+        self.locks = try PostgresKeyLocks(url: url, logger: background, timeout: timeout, heartbeat: lockHeartbeat)
         // On the blocking side's executor, as the queries: the cooperative pool may be full of callers waiting for them.
         self.running = Task(executorPreference: Blocking.executor) { await client.run() }
         do {

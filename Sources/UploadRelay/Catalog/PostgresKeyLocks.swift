@@ -6,6 +6,31 @@ import PostgresNIO
 import UploadChecksums
 import UploadProtocol
 
+/// How a relay finds out that its lock connection is gone when no reset says so (a network cut, a database host
+/// that froze): it asks the connection every `interval` and closes it when no answer came within `timeout`, which
+/// stops the uploads whose keys it held (``KeyLocks/whenLost(_:)``). PostgreSQL probes its side of the connection with TCP
+/// keepalives (``serverKeepalive``) and lets the locks go only once those went unanswered, later than that: the
+/// relay cut off has stopped its uploads before another relay can take their keys.
+public struct LockHeartbeat: Sendable {
+    public var interval: Duration
+    public var timeout: Duration
+    /// PostgreSQL's `tcp_keepalives_idle`, `tcp_keepalives_interval` and `tcp_keepalives_count` on the lock
+    /// connection, in seconds: its locks go at most about idle + interval x count after the relay went silent.
+    public var serverKeepalive: (idle: Int, interval: Int, count: Int)
+
+    public init(interval: Duration = .seconds(5), timeout: Duration = .seconds(10), serverKeepalive: (idle: Int, interval: Int, count: Int) = (30, 5, 5)) {
+        self.interval = interval
+        self.timeout = timeout
+        self.serverKeepalive = serverKeepalive
+    }
+
+    /// The longest a relay cut off goes on believing it holds its locks.
+    var relayNotices: Duration { self.interval + self.timeout }
+
+    /// The least time PostgreSQL takes to let a silent relay's locks go.
+    var serverReleases: Duration { .seconds(self.serverKeepalive.idle + self.serverKeepalive.interval * self.serverKeepalive.count) }
+}
+
 /// Key locks across the relays sharing one PostgreSQL catalog: session-level advisory locks, all taken on one
 /// connection of the relay's own, so that they go when the relay dies (PostgreSQL releases a session's locks when its
 /// connection drops) and never by a timeout.
@@ -30,6 +55,7 @@ final class PostgresKeyLocks: KeyLocks, @unchecked Sendable {
     /// This relay among those sharing the catalog: its reservations are its own to count (``KeyClaims``), not others'.
     let holder: String
     private let timeout: Duration
+    private let heartbeat: LockHeartbeat
     private let state = NIOLockedValueBox(State())
     /// One connect at a time.
     private let connecting = NIOLock()
@@ -38,11 +64,23 @@ final class PostgresKeyLocks: KeyLocks, @unchecked Sendable {
         self.shutdown()
     }
 
-    init(url: String, logger: Logger, timeout: Duration) throws {
-        self.configuration = try PostgresCatalog.connectionConfiguration(url)
+    init(url: String, logger: Logger, timeout: Duration, heartbeat: LockHeartbeat = LockHeartbeat()) throws {
+        guard heartbeat.interval > .zero, heartbeat.timeout > .zero, heartbeat.serverReleases > heartbeat.relayNotices else {
+            throw CatalogFailure(
+                "the lock connection's heartbeat (\(heartbeat.interval) + \(heartbeat.timeout)) must notice a silent database before PostgreSQL's keepalives let the locks go (\(heartbeat.serverReleases))"
+            )
+        }
+        var configuration = try PostgresCatalog.connectionConfiguration(url)
+        let keepalive = heartbeat.serverKeepalive
+        configuration.options.additionalStartupParameters += [
+            ("tcp_keepalives_idle", "\(keepalive.idle)"), ("tcp_keepalives_interval", "\(keepalive.interval)"),
+            ("tcp_keepalives_count", "\(keepalive.count)"),
+        ]
+        self.configuration = configuration
         self.logger = logger
         self.holder = (0..<16).map { _ in UInt8.random(in: .min ... .max) }.hexString
         self.timeout = timeout
+        self.heartbeat = heartbeat
     }
 
     /// The lock number of a key: the first 8 bytes of the SHA-1 of account, NUL, key. Two keys that share one only
@@ -128,7 +166,36 @@ final class PostgresKeyLocks: KeyLocks, @unchecked Sendable {
                 logger.error("the connection holding this relay's key locks dropped: its uploads stop, to go on from their durable bytes")
                 lost(generation)
             }
+            self.watch(connection, generation: generation)
             return (connection, generation)
+        }
+    }
+
+    /// Asks `connection` every ``Heartbeat/interval`` while it is this relay's lock connection, and closes it when an
+    /// answer does not come within ``Heartbeat/timeout`` (its close tells ``whenLost(_:)``).
+    private func watch(_ connection: PostgresConnection, generation: Int) {
+        let (heartbeat, logger, state) = (self.heartbeat, self.logger, self.state)
+        Task(executorPreference: Blocking.executor) {
+            while true {
+                try? await Task.sleep(for: heartbeat.interval)
+                guard !connection.isClosed, state.withLockedValue({ $0.generation == generation && !$0.shutDown }) else { return }
+                let answered = await withTaskGroup(of: Bool.self) { group in
+                    group.addTask { (try? await connection.query("SELECT 1", logger: logger).collect()) != nil }
+                    group.addTask {
+                        try? await Task.sleep(for: heartbeat.timeout)
+                        return false
+                    }
+                    let first = await group.next() ?? false
+                    // A query on a connection that went silent ends only with the connection: closed first.
+                    if !first { _ = connection.close() as EventLoopFuture<Void> }
+                    group.cancelAll()
+                    return first
+                }
+                guard answered else {
+                    logger.error("the connection holding this relay's key locks did not answer within \(heartbeat.timeout): closed")
+                    return
+                }
+            }
         }
     }
 }
