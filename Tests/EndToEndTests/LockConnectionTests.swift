@@ -21,7 +21,7 @@ struct LockConnectionTests {
                 _ = proxy.waitForExit()
             }
             address.port = port
-            let heartbeat = LockHeartbeat(interval: .milliseconds(200), timeout: .seconds(1))
+            let heartbeat = LockHeartbeat(interval: .milliseconds(500), timeout: .seconds(3))
             let catalog = try PostgresCatalog(
                 url: try #require(address.string), logger: PostgresTestDatabase.quietLogger, lockHeartbeat: heartbeat
             )
@@ -30,14 +30,14 @@ struct LockConnectionTests {
             let lost = DispatchSemaphore(value: 0)
             locks.whenLost { _ in lost.signal() }
             _ = try #require(try locks.tryLock(account: "cam-7", key: "clips/1.mov"))
-            // Answered heartbeats lose nothing: five of them go by.
-            #expect(lost.wait(timeout: .now() + 1) == .timedOut, "a connection that answers was given up")
+            // Answered heartbeats lose nothing: four of them go by.
+            #expect(lost.wait(timeout: .now() + 2) == .timedOut, "a connection that answers was given up")
 
             proxy.kill(SIGSTOP)
             let frozen = Date()
-            #expect(lost.wait(timeout: .now() + 10) == .success, "the relay was not told that its lock connection went silent")
+            #expect(lost.wait(timeout: .now() + 20) == .success, "the relay was not told that its lock connection went silent")
             let noticed = Date().timeIntervalSince(frozen)
-            #expect(noticed < 3, "noticed after \(noticed) s; the heartbeat allows 1.2 s")
+            #expect(noticed < 10, "noticed after \(noticed) s; the heartbeat allows 3.5 s")
             proxy.kill(SIGCONT)
             #expect(try locks.tryLock(account: "cam-7", key: "clips/2.mov") != nil, "no new lock connection after the old one was given up")
         }
@@ -46,8 +46,10 @@ struct LockConnectionTests {
     @Test("a heartbeat slower than PostgreSQL's keepalives is refused: the relay would not stop before its locks go")
     func heartbeatBound() throws {
         let late = LockHeartbeat(interval: .seconds(30), timeout: .seconds(30), serverKeepalive: (idle: 10, interval: 2, count: 3))
-        #expect(throws: CatalogFailure.self) {
+        // Refused before any connection is tried (nothing listens on port 1).
+        let error = #expect(throws: CatalogFailure.self) {
             _ = try PostgresCatalog(url: "postgres://u@127.0.0.1:1/none?sslmode=disable", logger: PostgresTestDatabase.quietLogger, lockHeartbeat: late)
         }
+        #expect(error?.description.contains("heartbeat") == true, "\(String(describing: error))")
     }
 }

@@ -1,4 +1,5 @@
 import Foundation
+import NIOConcurrencyHelpers
 import Testing
 import UploadAgent
 import UploadTestSupport
@@ -26,17 +27,23 @@ struct QuotaAcrossRelaysEndToEndTests {
                 UploadItem(key: key, displayPath: file.path, source: FileSource(path: file.path))
             }
 
-            // The video goes through A at 1 MiB/s: open for about 3 s.
-            let sent = SentCounter()
+            // The video goes through A at 512 KiB/s: open for about 6 s.
+            let sent = NIOLockedValueBox(0)
             let sending = Task {
                 try await upload([item(video, "videos/clip.mp4")], port: a.port, token: token, ca: a.caPath) {
-                    $0.bandwidthLimit = 1 << 20
+                    $0.bandwidthLimit = 512 << 10
                 } onEvent: { event in
-                    if case .sent(_, let bytes) = event { sent.add(bytes) }
+                    if case .sent(_, let bytes) = event { sent.withLockedValue { $0 += bytes } }
                 }
             }
             // Bytes sent: A admitted it (its OPEN was answered), and has recorded what it announced.
-            await sent.wait(for: 64 << 10)
+            guard try await Polling.eventually(timeout: 30, { sent.withLockedValue { $0 } >= 64 << 10 }) else {
+                Issue.record("the video through relay A never started")
+                await b.stop()
+                await a.stop()
+                _ = try? await sending.value  // fails once its retries end
+                return
+            }
             let refused = try await upload([item(large, "photos/large.jpg")], port: b.port, token: token, ca: b.caPath)
             #expect(refused.first?.status == .failed, "relay B admitted 3 MiB beside A's open 3 MiB in a 5 MiB quota")
             #expect(refused.first?.error?.contains("held by unfinished uploads") == true, "\(refused.first?.error ?? "")")

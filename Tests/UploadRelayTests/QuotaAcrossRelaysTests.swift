@@ -119,44 +119,60 @@ struct QuotaAcrossRelaysTests {
         }
     }
 
-    @Test("two relays admitting at once never admit more than the quota, and refuse only what did not fit (seeded)")
-    func race() throws {
+    static let raceQuota: Int64 = 40_000_000
+
+    /// Two threads making 20 OPENs each of 1 to 4 MB at once, about twice ``raceQuota`` together, through `openers`
+    /// (two relays, or one relay twice): never more admitted than the quota, nothing refused that fitted, and every
+    /// opener agrees on what is left.
+    static func race(_ openers: [Opener], name: String) throws {
         let seed = ProcessInfo.processInfo.environment["QUOTA_RACE_SEED"].flatMap(UInt64.init) ?? UInt64.random(in: 1...1_000_000)
-        print("quota race seed \(seed) (QUOTA_RACE_SEED=\(seed) replays its sizes)")
+        print("quota race (\(name)) seed \(seed) (QUOTA_RACE_SEED=\(seed) replays its sizes)")
         var generator = SeededGenerator(seed: seed)
-        let quota: Int64 = 40_000_000
-        // Each relay's OPENs: together about twice the quota.
+        let quota = Self.raceQuota
         let sizes = (0..<2).map { _ in (0..<20).map { _ in UInt64.random(in: 1_000_000...4_000_000, using: &generator) } }
-        try Self.withTwoRelays(quota: quota) { a, b, _ in
-            let outcomes = NIOLockedValueBox<[(size: UInt64, admitted: Bool)]>([])
-            let failures = NIOLockedValueBox<[String]>([])
-            DispatchQueue.concurrentPerform(iterations: 2) { relay in
-                let opener = relay == 0 ? a : b
-                for (index, size) in sizes[relay].enumerated() {
-                    do {
-                        let answer = try opener.open("relay\(relay)/\(index).mov", size: size)
-                        switch answer {
-                        case .upload: outcomes.withLockedValue { $0.append((size, true)) }
-                        case .refuse(.quotaExceeded, _): outcomes.withLockedValue { $0.append((size, false)) }
-                        default: failures.withLockedValue { $0.append("relay \(relay), OPEN \(index): \(answer)") }
-                        }
-                    } catch {
-                        failures.withLockedValue { $0.append("relay \(relay), OPEN \(index): \(error)") }
+        let outcomes = NIOLockedValueBox<[(size: UInt64, admitted: Bool)]>([])
+        let failures = NIOLockedValueBox<[String]>([])
+        DispatchQueue.concurrentPerform(iterations: 2) { thread in
+            for (index, size) in sizes[thread].enumerated() {
+                do {
+                    let answer = try openers[thread].open("thread\(thread)/\(index).mov", size: size)
+                    switch answer {
+                    case .upload: outcomes.withLockedValue { $0.append((size, true)) }
+                    case .refuse(.quotaExceeded, _): outcomes.withLockedValue { $0.append((size, false)) }
+                    default: failures.withLockedValue { $0.append("thread \(thread), OPEN \(index): \(answer)") }
                     }
+                } catch {
+                    failures.withLockedValue { $0.append("thread \(thread), OPEN \(index): \(error)") }
                 }
             }
-            #expect(failures.withLockedValue { $0 }.isEmpty, "\(failures.withLockedValue { $0 })")
-            let all = outcomes.withLockedValue { $0 }
-            let admitted = all.filter(\.admitted).reduce(Int64(0)) { $0 + Int64($1.size) }
-            #expect(admitted <= quota, "seed \(seed): the relays admitted \(admitted) bytes into a \(quota)-byte quota")
-            // Admissions only take room here: a refusal means less than its size was left then, and so at the end.
-            if let smallestRefused = all.filter({ !$0.admitted }).map(\.size).min() {
-                #expect(quota - admitted < Int64(smallestRefused), "seed \(seed): \(smallestRefused) bytes refused, yet \(quota - admitted) left")
-            } else {
-                Issue.record("seed \(seed): nothing refused of about twice the quota")
-            }
-            let (leftOnA, leftOnB) = (try a.left(), try b.left())
-            #expect(leftOnA == quota - admitted && leftOnB == quota - admitted)
         }
+        #expect(failures.withLockedValue { $0 }.isEmpty, "\(failures.withLockedValue { $0 })")
+        let all = outcomes.withLockedValue { $0 }
+        let admitted = all.filter(\.admitted).reduce(Int64(0)) { $0 + Int64($1.size) }
+        #expect(admitted <= quota, "\(name), seed \(seed): \(admitted) bytes admitted into a \(quota)-byte quota")
+        // Admissions only take room here: a refusal means less than its size was left then, and so at the end.
+        if let smallestRefused = all.filter({ !$0.admitted }).map(\.size).min() {
+            #expect(quota - admitted < Int64(smallestRefused), "\(name), seed \(seed): \(smallestRefused) bytes refused, yet \(quota - admitted) left")
+        } else {
+            Issue.record("\(name), seed \(seed): nothing refused of about twice the quota")
+        }
+        for opener in openers {
+            #expect(try opener.left() == quota - admitted)
+        }
+    }
+
+    @Test("two relays admitting at once never admit more than the quota, and refuse only what did not fit (seeded)")
+    func race() throws {
+        try Self.withTwoRelays(quota: Self.raceQuota) { a, b, _ in try Self.race([a, b], name: "two relays") }
+    }
+
+    @Test("one relay's OPENs of one account at once, on either catalog, never admit more than the quota (seeded)")
+    func oneRelayRace() throws {
+        let sqlite = try SQLiteCatalog(path: TemporaryDirectories.make(prefix: "upload-quota-race-") + "/catalog.sqlite")
+        try sqlite.addAccount(name: "cam-7", tokenHash: Tokens.hash(Array("t".utf8)), quota: Self.raceQuota)
+        let onSQLite = Opener(try KeyLockTests.services(sqlite), try #require(try sqlite.account(named: "cam-7")))
+        defer { onSQLite.close() }
+        try Self.race([onSQLite, onSQLite], name: "one relay, SQLite")
+        try Self.withTwoRelays(quota: Self.raceQuota) { a, _, _ in try Self.race([a, a], name: "one relay, PostgreSQL") }
     }
 }

@@ -33,10 +33,11 @@ extension PostgresCatalog {
         }
     }
 
-    /// Whether the reservation `r` is held: its holder still holds the key's advisory lock (PostgreSQL shows a bigint
-    /// lock's high half as `classid`, its low half as `objid`). A relay that died, or let the key go, holds nothing.
+    /// Whether the reservation `r` is held: the lock connection that made it still holds the key's advisory lock
+    /// (PostgreSQL shows a bigint lock's high half as `classid`, its low half as `objid`). A relay that died, or let the
+    /// key go, holds nothing; nor does a relay that took the key after it, until its own admission.
     static let reservationHeld = """
-        EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+        EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.pid = r.holder_pid
             AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
             AND l.classid::BIGINT = ((r.lock_id >> 32) & 4294967295) AND l.objid::BIGINT = (r.lock_id & 4294967295))
         """
@@ -107,7 +108,7 @@ extension PostgresCatalog {
     }
 
     public func admit(account: String, key: String, announced: Int64, growth: Int64, active: [String: Int64]) throws -> QuotaUse {
-        let (logger, relay) = (self.logger, self.locks.holder)
+        let (logger, relay, pid) = (self.logger, self.locks.holder, self.locks.backendPID)
         let lockID = PostgresKeyLocks.lockID(account: account, key: key)
         return try self.transaction { connection in
             // Admissions and commits of the account take turns on its row, on every relay: each reads what the one
@@ -118,12 +119,15 @@ extension PostgresCatalog {
                 "DELETE FROM open_reservation r WHERE r.account = \(account) AND NOT \(unescaped: Self.reservationHeld)", logger: logger
             )
             let use = try await Self.quotaUse(account, excludingKey: key, active: active, relay: relay, on: connection, logger)
-            // An account without a quota (set when it is made, never after) has nothing to hold.
-            if use.quota != nil, growth <= use.left {
+            // An account without a quota (set when it is made, never after) has nothing to hold; without a lock
+            // connection (it dropped since the key was locked: the upload is stopping) nothing is held either.
+            if use.quota != nil, let pid, growth <= use.left {
                 try await connection.query(
                     """
-                    INSERT INTO open_reservation (account, key, bytes, holder, lock_id) VALUES (\(account), \(key), \(announced), \(relay), \(lockID))
-                    ON CONFLICT (account, key) DO UPDATE SET bytes = EXCLUDED.bytes, holder = EXCLUDED.holder, lock_id = EXCLUDED.lock_id
+                    INSERT INTO open_reservation (account, key, bytes, holder, holder_pid, lock_id)
+                    VALUES (\(account), \(key), \(announced), \(relay), \(pid), \(lockID))
+                    ON CONFLICT (account, key) DO UPDATE SET bytes = EXCLUDED.bytes, holder = EXCLUDED.holder,
+                        holder_pid = EXCLUDED.holder_pid, lock_id = EXCLUDED.lock_id
                     """,
                     logger: logger
                 )

@@ -38,16 +38,20 @@ public struct LockHeartbeat: Sendable {
 /// Advisory locks are reentrant within their session: this relay's own claims (``KeyClaims``) keep a key to one of its
 /// uploads at a time, and each lock taken is let go exactly once, whatever order the two reach the server in.
 ///
-/// The size an admitted upload announced is recorded under its key's lock (`open_reservation`, with ``holder``): other
-/// relays count it against the account's quota while the lock is held, and no longer once it is let go or its
-/// connection drops (``PostgresCatalog/admit(account:key:announced:growth:active:)``).
+/// The size an admitted upload announced is recorded under its key's lock (`open_reservation`, with ``holder`` and
+/// ``backendPID``): other relays count it against the account's quota while this connection holds the key's lock, and
+/// no longer once it is let go or the connection drops (``PostgresCatalog/admit(account:key:announced:growth:active:)``).
 final class PostgresKeyLocks: KeyLocks, @unchecked Sendable {
     private struct State {
         var connection: PostgresConnection?
+        /// The server process of `connection`: the one that holds its locks in `pg_locks`.
+        var pid: Int32?
         /// Counts connections: a lock belongs to the one that took it.
         var generation = 0
         var lost: (@Sendable (Int) -> Void)?
         var shutDown = false
+        /// When `connection` last answered a query, any query: what the heartbeat asks about.
+        var lastAnswer = ContinuousClock.now
     }
 
     private let configuration: PostgresConnection.Configuration
@@ -91,27 +95,39 @@ final class PostgresKeyLocks: KeyLocks, @unchecked Sendable {
         return sha1.finalize().prefix(8).reduce(Int64(0)) { ($0 << 8) | Int64($1) }
     }
 
+    /// The server process of the connection that holds this relay's locks now; nil when there is none.
+    var backendPID: Int32? {
+        self.state.withLockedValue { $0.connection?.isClosed == false ? $0.pid : nil }
+    }
+
     func tryLock(account: String, key: String) throws -> KeyLock? {
         let id = Self.lockID(account: account, key: key)
         let (connection, generation) = try self.connection()
-        let logger = self.logger
+        let (logger, state) = (self.logger, self.state)
         let taken = try PostgresCatalog.mapped(timeout: self.timeout) {
             let rows = try await connection.query("SELECT pg_try_advisory_lock(\(id)) AS taken", logger: logger).collect()
+            Self.answered(state, generation)
             return try rows.first?.makeRandomAccess()["taken"].decode(Bool.self) ?? false
         }
         return taken ? KeyLock(id: id, generation: generation) : nil
     }
 
+    private static func answered(_ state: NIOLockedValueBox<State>, _ generation: Int) {
+        state.withLockedValue { state in
+            if state.generation == generation { state.lastAnswer = .now }
+        }
+    }
+
     func unlock(_ lock: KeyLock) {
         guard let connection = self.state.withLockedValue({ $0.generation == lock.generation ? $0.connection : nil }) else { return }
-        let (logger, holder) = (self.logger, self.holder)
+        let (logger, state) = (self.logger, self.state)
+        // The key's reservation, if any, stays: held by no lock, it counts for nothing, and the account's next
+        // admission drops it (a DELETE here could take a newer upload's reservation of the key, made under the same
+        // lock taken again).
         Task(executorPreference: Blocking.executor) {
             do {
-                // The reservation first: once the lock is free another relay may take the key and reserve it anew.
-                _ = try await connection.query(
-                    "DELETE FROM open_reservation WHERE lock_id = \(lock.id) AND holder = \(holder)", logger: logger
-                )
                 _ = try await connection.query("SELECT pg_advisory_unlock(\(lock.id))", logger: logger)
+                Self.answered(state, lock.generation)
             } catch {
                 // The connection is going: the lock goes with it.
                 logger.debug("could not release a key lock", metadata: ["error": "\(error)"])
@@ -146,14 +162,23 @@ final class PostgresKeyLocks: KeyLocks, @unchecked Sendable {
             if let current { return current }
             if self.state.withLockedValue({ $0.shutDown }) { throw CatalogFailure("the relay is stopping") }
             let (configuration, logger) = (self.configuration, self.logger)
-            let connection = try PostgresCatalog.mapped(timeout: self.timeout) {
-                try await PostgresConnection.connect(
+            let (connection, pid) = try PostgresCatalog.mapped(timeout: self.timeout) {
+                let connection = try await PostgresConnection.connect(
                     on: MultiThreadedEventLoopGroup.singleton.next(), configuration: configuration, id: 1, logger: logger
                 )
+                do {
+                    let rows = try await connection.query("SELECT pg_backend_pid() AS pid", logger: logger).collect()
+                    return (connection, try rows.first?.makeRandomAccess()["pid"].decode(Int32.self))
+                } catch {
+                    try? await connection.close()
+                    throw error
+                }
             }
             let generation = self.state.withLockedValue { state -> Int in
                 state.generation += 1
                 state.connection = connection
+                state.pid = pid
+                state.lastAnswer = .now
                 return state.generation
             }
             connection.closeFuture.whenComplete { _ in
@@ -171,30 +196,46 @@ final class PostgresKeyLocks: KeyLocks, @unchecked Sendable {
         }
     }
 
-    /// Asks `connection` every ``Heartbeat/interval`` while it is this relay's lock connection, and closes it when an
-    /// answer does not come within ``Heartbeat/timeout`` (its close tells ``whenLost(_:)``).
+    /// Asks `connection` every ``LockHeartbeat/interval`` while it is this relay's lock connection, and closes it once
+    /// it answered nothing, neither the heartbeat nor any other query, for ``LockHeartbeat/timeout`` (its close tells
+    /// ``whenLost(_:)``). Queries queued behind others are slow, not gone: any answer counts.
     private func watch(_ connection: PostgresConnection, generation: Int) {
         let (heartbeat, logger, state) = (self.heartbeat, self.logger, self.state)
         Task(executorPreference: Blocking.executor) {
             while true {
                 try? await Task.sleep(for: heartbeat.interval)
                 guard !connection.isClosed, state.withLockedValue({ $0.generation == generation && !$0.shutDown }) else { return }
-                let answered = await withTaskGroup(of: Bool.self) { group in
+                let silent = await withTaskGroup(of: Bool?.self) { group in
+                    // true: answered; false: failed (the connection closed); nil: a deadline passed.
                     group.addTask { (try? await connection.query("SELECT 1", logger: logger).collect()) != nil }
-                    group.addTask {
-                        try? await Task.sleep(for: heartbeat.timeout)
-                        return false
+                    var deadline = ContinuousClock.now + heartbeat.timeout
+                    while true {
+                        group.addTask { [deadline] in
+                            try? await Task.sleep(until: deadline)
+                            return nil
+                        }
+                        guard let next = await group.next() else { return false }
+                        if next != nil {
+                            group.cancelAll()
+                            return false
+                        }
+                        let last = state.withLockedValue { $0.lastAnswer }
+                        if last + heartbeat.timeout > .now {
+                            deadline = last + heartbeat.timeout  // another query answered meanwhile: slow, not gone
+                            continue
+                        }
+                        // A query on a connection that went silent ends only with the connection: closed first.
+                        _ = connection.close() as EventLoopFuture<Void>
+                        group.cancelAll()
+                        return true
                     }
-                    let first = await group.next() ?? false
-                    // A query on a connection that went silent ends only with the connection: closed first.
-                    if !first { _ = connection.close() as EventLoopFuture<Void> }
-                    group.cancelAll()
-                    return first
                 }
-                guard answered else {
-                    logger.error("the connection holding this relay's key locks did not answer within \(heartbeat.timeout): closed")
+                if silent {
+                    logger.error("the connection holding this relay's key locks answered nothing for \(heartbeat.timeout): closed")
                     return
                 }
+                guard !connection.isClosed else { return }  // its close told the claims
+                Self.answered(state, generation)
             }
         }
     }

@@ -32,6 +32,8 @@ final class KeyClaims: Sendable {
 
     private let claims = NIOLockedValueBox<[String: Claim]>([:])
     private let locks: (any KeyLocks)?
+    /// One quota decision per account at a time on this relay (``admitting(account:_:)``), striped by account.
+    private let admissions = (0..<16).map { _ in NIOLock() }
 
     /// Told when locks across relays that claims held were lost (their database connection dropped).
     private let lost = NIOLockedValueBox<(@Sendable () -> Void)?>(nil)
@@ -132,6 +134,16 @@ final class KeyClaims: Sendable {
             }
             return active
         }
+    }
+
+    /// Runs an OPEN's quota decision for `account` with its uploads open now (``activeUploads(of:)``), one at a time
+    /// per account on this relay: what one admits and announces (``announce(_:size:)``, inside `body`), the next one
+    /// counts. Two OPENs of one account deciding at once could each leave out the other. Blocks: the I/O pool's.
+    func admitting<T>(account: String, _ body: ([String: Int64]) throws -> T) rethrows -> T {
+        var hasher = Hasher()
+        hasher.combine(account)
+        let lock = self.admissions[Int(UInt(bitPattern: hasher.finalize()) % UInt(self.admissions.count))]
+        return try lock.withLock { try body(self.activeUploads(of: account)) }
     }
 
     /// The upload holding `name` announced `size` bytes (0: unknown).

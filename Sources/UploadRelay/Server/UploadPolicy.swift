@@ -146,16 +146,19 @@ struct UploadPolicy {
             }
         }
         let growth = (size ?? 0) - (existing?.size ?? 0)
-        let use = try catalog.admit(
-            account: name, key: key.value, announced: size ?? 0, growth: growth, active: self.services.claims.activeUploads(of: name)
-        )
+        let claims = self.services.claims
+        let use = try claims.admitting(account: name) { active in
+            let use = try catalog.admit(account: name, key: key.value, announced: size ?? 0, growth: growth, active: active)
+            // Counted by the OPENs of the account's other keys while this one is open, session recorded or not. Only
+            // once admitted: a refused upload's size, counted until its stream closed, refused uploads that fitted
+            // beside it (soak seed 414290630 round 16: 333 files of a clean re-run refused after one too large for
+            // the quota).
+            if growth <= use.left { claims.announce(KeyClaims.name(account: name, key: key.value), size: size ?? 0) }
+            return use
+        }
         if growth > use.left {
             return .refuse(.quotaExceeded, use.refusal(account: name, needed: growth))
         }
-        // Counted by the OPENs of the account's other keys while this one is open, session recorded or not. Only once
-        // admitted: a refused upload's size, counted until its stream closed, refused uploads that fitted beside it
-        // (soak seed 414290630 round 16: 333 files of a clean re-run refused after one too large for the quota).
-        self.services.claims.announce(KeyClaims.name(account: name, key: key.value), size: size ?? 0)
         // Saturating: with no quota `left` is Int64.max (issue 6 soak finding: the wrapped sum refused re-sent stdin).
         let room = use.left > Int64.max - (existing?.size ?? 0) ? Int64.max : use.left + (existing?.size ?? 0)
         let byteLimit = size == nil ? min(self.services.configuration.maxBlobSize, room) : nil
