@@ -166,7 +166,8 @@ struct StatusEndpointTests {
 
     @Test("hostile peers: garbage, a body, pipelined requests, silence, plain HTTP and a flood of connections get an answer or a closed connection; uploads go on")
     func hostile() async throws {
-        let relay = try await Self.relay(requestTimeout: .seconds(1)).start()
+        // A request timeout short enough to wait for, long enough for a TLS handshake on a loaded machine.
+        let relay = try await Self.relay(requestTimeout: .seconds(3)).start()
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let port = relay.statusPort
         let ca = relay.caPath
@@ -188,12 +189,12 @@ struct StatusEndpointTests {
         // A body ends with no line break: the next answer's status line follows it on the same line.
         let statuses = pipelined.components(separatedBy: "HTTP/1.1 ").dropFirst().map { "HTTP/1.1 " + ($0.components(separatedBy: "\r\n").first ?? "") }
         #expect(statuses == ["HTTP/1.1 404 Not Found", "HTTP/1.1 200 OK"], "\(pipelined)")
-        // Silence after the handshake, and a request that trickles in: both closed after the request timeout (1 s).
+        // Silence after the handshake, and a request that trickles in: both closed after the request timeout (3 s).
         #expect(try await RawTLS.exchange([], port: port, ca: ca, group: group).isEmpty)
         #expect(try await RawTLS.exchange(Array("GET /v1/sta".utf8), port: port, ca: ca, group: group).isEmpty)
         // Plain HTTP to the TLS port: no answer in clear text.
         let plain = try await ClientBootstrap(group: group).connect(host: "127.0.0.1", port: port).get()
-        try await plain.writeAndFlush(ByteBuffer(string: "GET /v1/status HTTP/1.1\r\nHost: x\r\n\r\n"))
+        try? await plain.writeAndFlush(ByteBuffer(string: "GET /v1/status HTTP/1.1\r\nHost: x\r\n\r\n"))
         try await plain.closeFuture.get()
 
         // More connections than the endpoint takes (8): the rest are closed at once. On a relay of its own whose request
@@ -265,7 +266,8 @@ enum RawTLS {
             .connect(host: "127.0.0.1", port: port)
             .get()
         if !bytes.isEmpty {
-            try await channel.writeAndFlush(ByteBuffer(bytes: bytes))
+            // The server may close first (a refusal, a timeout): what it answered is the outcome, not the write's error.
+            try? await channel.writeAndFlush(ByteBuffer(bytes: bytes))
         }
         return String(decoding: try await collected.futureResult.get(), as: UTF8.self)
     }
