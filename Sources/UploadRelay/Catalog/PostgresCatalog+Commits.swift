@@ -42,20 +42,21 @@ extension PostgresCatalog {
             AND l.classid::BIGINT = ((r.lock_id >> 32) & 4294967295) AND l.objid::BIGINT = (r.lock_id & 4294967295))
         """
 
-    /// ``SQLiteCatalog``'s quota rule, read in the transaction of `connection`. With `relay` (the asking relay's
-    /// ``PostgresKeyLocks/holder``), the uploads open on the other relays count as this relay's own open uploads in
-    /// `active` do: by what they announced (commits, which count durable bytes only, pass none).
+    /// ``SQLiteCatalog``'s quota rule, read in the transaction of `connection`. With `relayPID` (the server process of
+    /// the asking relay's lock connection, ``PostgresKeyLocks/backendPID``, 0 when it has none), the uploads open on the
+    /// other relays count as this relay's own open uploads in `active` do: by what they announced (commits, which count
+    /// durable bytes only, pass none).
     static func quotaUse(
-        _ account: String, excludingKey key: String, active: [String: Int64], relay: String?, on connection: PostgresConnection,
+        _ account: String, excludingKey key: String, active: [String: Int64], relayPID: Int32?, on connection: PostgresConnection,
         _ logger: Logger
     ) async throws -> QuotaUse {
         guard let row = try await Self.rows("SELECT * FROM account WHERE name = \(account)", on: connection, logger).first else {
             throw CatalogError.unknownAccount(account)
         }
         var active = active
-        if let relay {
+        if let relayPID {
             for reservation in try await Self.rows(
-                "SELECT r.key, r.bytes FROM open_reservation r WHERE r.account = \(account) AND r.holder <> \(relay) AND \(unescaped: Self.reservationHeld)",
+                "SELECT r.key, r.bytes FROM open_reservation r WHERE r.account = \(account) AND r.holder_pid <> \(relayPID) AND \(unescaped: Self.reservationHeld)",
                 on: connection, logger
             ) {
                 let openKey = try reservation["key"].decode(String.self)
@@ -100,15 +101,15 @@ extension PostgresCatalog {
     }
 
     public func quotaUse(account: String, excludingKey key: String, active: [String: Int64]) throws -> QuotaUse {
-        let (logger, relay) = (self.logger, self.locks.holder)
+        let (logger, relayPID) = (self.logger, self.locks.backendPID ?? 0)
         // One view of the data: a commit of another relay landing between the statements would undercount.
         return try self.transaction(snapshot: true) {
-            try await Self.quotaUse(account, excludingKey: key, active: active, relay: relay, on: $0, logger)
+            try await Self.quotaUse(account, excludingKey: key, active: active, relayPID: relayPID, on: $0, logger)
         }
     }
 
     public func admit(account: String, key: String, announced: Int64, growth: Int64, active: [String: Int64]) throws -> QuotaUse {
-        let (logger, relay, pid) = (self.logger, self.locks.holder, self.locks.backendPID)
+        let (logger, pid) = (self.logger, self.locks.backendPID)
         let lockID = PostgresKeyLocks.lockID(account: account, key: key)
         return try self.transaction { connection in
             // Admissions and commits of the account take turns on its row, on every relay: each reads what the one
@@ -118,16 +119,15 @@ extension PostgresCatalog {
             try await connection.query(
                 "DELETE FROM open_reservation r WHERE r.account = \(account) AND NOT \(unescaped: Self.reservationHeld)", logger: logger
             )
-            let use = try await Self.quotaUse(account, excludingKey: key, active: active, relay: relay, on: connection, logger)
+            let use = try await Self.quotaUse(account, excludingKey: key, active: active, relayPID: pid ?? 0, on: connection, logger)
             // An account without a quota (set when it is made, never after) has nothing to hold; without a lock
             // connection (it dropped since the key was locked: the upload is stopping) nothing is held either.
             if use.quota != nil, let pid, growth <= use.left {
                 try await connection.query(
                     """
-                    INSERT INTO open_reservation (account, key, bytes, holder, holder_pid, lock_id)
-                    VALUES (\(account), \(key), \(announced), \(relay), \(pid), \(lockID))
-                    ON CONFLICT (account, key) DO UPDATE SET bytes = EXCLUDED.bytes, holder = EXCLUDED.holder,
-                        holder_pid = EXCLUDED.holder_pid, lock_id = EXCLUDED.lock_id
+                    INSERT INTO open_reservation (account, key, bytes, holder_pid, lock_id)
+                    VALUES (\(account), \(key), \(announced), \(pid), \(lockID))
+                    ON CONFLICT (account, key) DO UPDATE SET bytes = EXCLUDED.bytes, holder_pid = EXCLUDED.holder_pid, lock_id = EXCLUDED.lock_id
                     """,
                     logger: logger
                 )
@@ -170,7 +170,7 @@ extension PostgresCatalog {
 
     static func beginCommit(_ commit: PendingCommit, on connection: PostgresConnection, _ logger: Logger, locked: Bool = false) async throws {
         if !locked { try await Self.lockAccount(commit.account, on: connection, logger) }
-        let use = try await Self.quotaUse(commit.account, excludingKey: commit.key, active: [:], relay: nil, on: connection, logger)
+        let use = try await Self.quotaUse(commit.account, excludingKey: commit.key, active: [:], relayPID: nil, on: connection, logger)
         let previous =
             try await Self.rows("SELECT size FROM object WHERE account = \(commit.account) AND key = \(commit.key)", on: connection, logger)
             .first?["size"].decode(Int64.self) ?? 0

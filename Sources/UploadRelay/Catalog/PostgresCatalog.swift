@@ -308,15 +308,15 @@ public final class PostgresCatalog: Catalog, @unchecked Sendable {
         ),
         (
             // The size each upload open on a relay announced, which the other relays count against its account's quota
-            // while the relay `holder`'s lock connection (server process `holder_pid`) holds the key's advisory lock
-            // `lock_id` (``PostgresKeyLocks``). A catalog of one relay keeps that in the relay's memory: SQLite has no
+            // while the relay's lock connection (server process `holder_pid`) holds the key's advisory lock `lock_id`
+            // (``PostgresKeyLocks``). A catalog of one relay keeps that in the relay's memory: SQLite has no
             // version 8.
             8,
             [
                 """
                 CREATE TABLE open_reservation (
                     account TEXT NOT NULL REFERENCES account(name), key TEXT NOT NULL, bytes BIGINT NOT NULL,
-                    holder TEXT NOT NULL, holder_pid INTEGER NOT NULL, lock_id BIGINT NOT NULL, PRIMARY KEY (account, key)
+                    holder_pid INTEGER NOT NULL, lock_id BIGINT NOT NULL, PRIMARY KEY (account, key)
                 )
                 """
             ]

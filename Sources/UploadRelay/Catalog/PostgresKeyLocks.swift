@@ -4,7 +4,6 @@ import NIOCore
 import NIOPosix
 import PostgresNIO
 import UploadChecksums
-import UploadProtocol
 
 /// How a relay finds out that its lock connection is gone when no reset says so (a network cut, a database host
 /// that froze): it asks the connection every `interval` and closes it when no answer came within `timeout`, which
@@ -38,9 +37,9 @@ public struct LockHeartbeat: Sendable {
 /// Advisory locks are reentrant within their session: this relay's own claims (``KeyClaims``) keep a key to one of its
 /// uploads at a time, and each lock taken is let go exactly once, whatever order the two reach the server in.
 ///
-/// The size an admitted upload announced is recorded under its key's lock (`open_reservation`, with ``holder`` and
-/// ``backendPID``): other relays count it against the account's quota while this connection holds the key's lock, and
-/// no longer once it is let go or the connection drops (``PostgresCatalog/admit(account:key:announced:growth:active:)``).
+/// The size an admitted upload announced is recorded under its key's lock (`open_reservation`, with ``backendPID``):
+/// other relays count it against the account's quota while this connection holds the key's lock, and no longer once it
+/// is let go or the connection drops (``PostgresCatalog/admit(account:key:announced:growth:active:)``).
 final class PostgresKeyLocks: KeyLocks, @unchecked Sendable {
     private struct State {
         var connection: PostgresConnection?
@@ -56,8 +55,6 @@ final class PostgresKeyLocks: KeyLocks, @unchecked Sendable {
 
     private let configuration: PostgresConnection.Configuration
     private let logger: Logger
-    /// This relay among those sharing the catalog: its reservations are its own to count (``KeyClaims``), not others'.
-    let holder: String
     private let timeout: Duration
     private let heartbeat: LockHeartbeat
     private let state = NIOLockedValueBox(State())
@@ -82,7 +79,6 @@ final class PostgresKeyLocks: KeyLocks, @unchecked Sendable {
         ]
         self.configuration = configuration
         self.logger = logger
-        self.holder = (0..<16).map { _ in UInt8.random(in: .min ... .max) }.hexString
         self.timeout = timeout
         self.heartbeat = heartbeat
     }
@@ -95,7 +91,8 @@ final class PostgresKeyLocks: KeyLocks, @unchecked Sendable {
         return sha1.finalize().prefix(8).reduce(Int64(0)) { ($0 << 8) | Int64($1) }
     }
 
-    /// The server process of the connection that holds this relay's locks now; nil when there is none.
+    /// The server process of the connection that holds this relay's locks now; nil when there is none. A reservation
+    /// made under it is this relay's (its own claims count it); one held by another process is another relay's.
     var backendPID: Int32? {
         self.state.withLockedValue { $0.connection?.isClosed == false ? $0.pid : nil }
     }
