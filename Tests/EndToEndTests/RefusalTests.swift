@@ -25,6 +25,18 @@ struct RefusalTests {
         await relay.stop()
     }
 
+    @Test("a token longer than any a relay issues (70,000 bytes) fails with what to check, before connecting; never a trap")
+    func overlongToken() async throws {
+        let relay = try await TestRelay().start()
+        let (item, _) = self.oneFile()
+        let error = await #expect(throws: (any Error).self) {
+            _ = try await upload([item], port: relay.port, token: String(repeating: "a", count: 70_000), ca: relay.caPath)
+        }
+        #expect("\(error.map { "\($0)" } ?? "")".contains("the token is 70000 bytes"), "\(String(describing: error))")
+        #expect(relay.stored("f.bin") == nil)
+        await relay.stop()
+    }
+
     @Test("a revoked token is refused")
     func revokedToken() async throws {
         let relay = try await TestRelay().start()

@@ -43,6 +43,13 @@ struct FrameCodecTests {
         #expect(Frame.fitting("short") == "short")
         let exact = String(repeating: "x", count: Frame.maxMessageBytes)
         #expect(Frame.fitting(exact) == exact)
+
+        // HELLO's agent name likewise, at 255 bytes: a long host name never breaks the handshake.
+        let hello = Frame.hello(Frame.Hello(maxFrameSize: 1 << 20, features: [], credential: Array("t".utf8), agentName: long))
+        var bytes = hello.encoded()
+        #expect(try Self.decodeAll(&bytes) == [hello])
+        guard case .hello(let sent) = hello else { return }
+        #expect(sent.agentName.utf8.count <= Frame.maxNameBytes && sent.agentName.hasSuffix("…"))
     }
 
     @Test("the chunk encoder returns the payload itself, uncopied")

@@ -57,6 +57,13 @@ public final class Uploader: Sendable {
     private func run(
         _ queue: JobQueue, service: Bool, pool: NIOThreadPool, onEvent: @escaping @Sendable (UploadEvent) -> Void
     ) async throws {
+        // HELLO carries the token as it is (SPEC §12.1): a longer one is not a token any relay issued.
+        let tokenBytes = self.configuration.token.utf8.count
+        guard tokenBytes <= self.configuration.limits.maxCredentialLength else {
+            throw SourceError(
+                "the token is \(tokenBytes) bytes, longer than the \(self.configuration.limits.maxCredentialLength) a token may have: check --token or UPLOAD_TOKEN"
+            )
+        }
         let tls = try self.makeTLSContext()
         let bandwidth = self.configuration.bandwidthLimit.map(BandwidthLimit.init(bytesPerSecond:))
         try await withThrowingTaskGroup(of: Void.self) { group in

@@ -101,7 +101,8 @@ extension Frame {
             self.features = features
             self.authMethod = authMethod
             self.credential = credential
-            self.agentName = agentName
+            // Informational: a longer name (a library's own, a long host name) is cut, never a broken HELLO.
+            self.agentName = Frame.fitting(agentName, maxBytes: Frame.maxNameBytes)
         }
     }
 
@@ -413,16 +414,20 @@ extension Frame {
     /// The longest message of ERROR, CANCEL and GOAWAY, in bytes (SPEC §12.1).
     public static let maxMessageBytes = 1024
 
-    /// `message` cut to ``maxMessageBytes`` at a character boundary, ending in "…" when cut (SPEC §12.1: a sender never
-    /// sends a longer one; a message that names a long key would otherwise break the protocol).
-    public static func fitting(_ message: String) -> String {
-        guard message.utf8.count > Self.maxMessageBytes else { return message }
+    /// The longest agent name of HELLO, in bytes (SPEC §12.1).
+    public static let maxNameBytes = 255
+
+    /// `message` cut to `maxBytes` (``maxMessageBytes`` unless said) at a character boundary, ending in "…" when cut
+    /// (SPEC §12.1: a sender never sends a longer one; a message that names a long key would otherwise break the
+    /// protocol).
+    public static func fitting(_ message: String, maxBytes: Int = Self.maxMessageBytes) -> String {
+        guard message.utf8.count > maxBytes else { return message }
         let ellipsis = "…"
         var cut = ""
         var bytes = 0
         for character in message {
             let size = character.utf8.count
-            guard bytes + size + ellipsis.utf8.count <= Self.maxMessageBytes else { break }
+            guard bytes + size + ellipsis.utf8.count <= maxBytes else { break }
             cut.append(character)
             bytes += size
         }
