@@ -17,6 +17,9 @@ public struct RelayConfiguration: Sendable {
     /// The directory objects are committed to; the object for key K of account A is the file `<store>/A/K`.
     public var storePath: String
 
+    /// The modes of what the relay creates: private to its user by default (directories 0700, files 0600).
+    public var fileModes: FileModes = .private
+
     /// Objects in an S3-compatible bucket instead of ``storePath`` (`--store s3://BUCKET/PREFIX`); nil: the local store.
     public var s3: S3StoreConfiguration?
     /// What runs after each commit (`--on-commit`, `--on-commit-url`); nil: nothing, and no events are queued.
@@ -135,9 +138,13 @@ public struct StatusEndpoint: Sendable {
     public var port: Int
     /// The most connections at once; more are closed at accept.
     public var maxConnections: Int = 256
-    /// A connection closes when no whole request arrives this long after it opened (TLS handshake included) or after
-    /// the last answer.
+    /// A connection closes when a request is not read and answered, its answer written to the socket, within this long
+    /// of the connection opening (TLS handshake included) or of the previous answer's being written.
     public var requestTimeout: Duration = .seconds(30)
+    /// The most requests one connection may send ahead of the answers it has not yet read (HTTP pipelining); past it the
+    /// connection closes. Requests are answered one at a time, and the connection is not read while one is answered or
+    /// while its answers are not being read, so this bounds what a client that never reads can make the relay hold.
+    public var maxPipelinedRequests: Int = 16
     /// The most keys one listing answers (its `limit` at most).
     public var maxListed: Int = 1000
     /// The most bytes of a request's URI and headers (each, and all together); a longer request is answered 400.

@@ -17,17 +17,32 @@ public enum RelayRuntime {
         public var createdToken: Bool
     }
 
-    /// Opens the catalog and the store under the configuration's directories, creating them.
-    public static func openCatalog(dataDirectory: String) throws -> SQLiteCatalog {
-        try FileManager.default.createDirectory(atPath: dataDirectory, withIntermediateDirectories: true)
-        return try SQLiteCatalog(path: dataDirectory + "/catalog.sqlite")
+    /// Opens the SQLite catalog in `dataDirectory`, creating the directory (and the catalog's file, which its journal
+    /// files take their mode from) with `modes`.
+    public static func openCatalog(dataDirectory: String, modes: FileModes = .private) throws -> SQLiteCatalog {
+        try Self.makeDataDirectory(dataDirectory, modes: modes)
+        let path = dataDirectory + "/catalog.sqlite"
+        // SQLite creates its file (and gives its -wal and -shm files the same mode) as 0644 less the umask: made first,
+        // with the relay's mode, it is private whatever the umask.
+        let fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, modes.file)
+        if fd >= 0 { close(fd) }
+        return try SQLiteCatalog(path: path)
     }
 
     /// The catalog `url` names (`postgres://...`: ``PostgresCatalog``), or the SQLite catalog in `dataDirectory` when nil.
-    public static func openCatalog(dataDirectory: String, url: String?, logger: Logger) throws -> any Catalog {
-        guard let url else { return try Self.openCatalog(dataDirectory: dataDirectory) }
-        try FileManager.default.createDirectory(atPath: dataDirectory, withIntermediateDirectories: true)
+    public static func openCatalog(dataDirectory: String, url: String?, logger: Logger, modes: FileModes = .private) throws -> any Catalog {
+        guard let url else { return try Self.openCatalog(dataDirectory: dataDirectory, modes: modes) }
+        try Self.makeDataDirectory(dataDirectory, modes: modes)
         return try PostgresCatalog(url: url, logger: logger)
+    }
+
+    /// Creates the data directory (and its missing parents) with `modes`; one that exists is left as it is.
+    static func makeDataDirectory(_ path: String, modes: FileModes) throws {
+        do {
+            try LocalDirectoryStore.makeDirectories(path, mode: modes.directory)
+        } catch {
+            throw CatalogFailure("cannot create the data directory \(path): \(error) (choose another with --data)")
+        }
     }
 
     /// `--dev`: a CA, a server certificate for localhost and `names`, and a token for account "dev" (made once).
@@ -220,11 +235,12 @@ public enum RelayRuntime {
             let client = S3Client(endpoint: s3.endpoint, credentials: s3.credentials, http: HTTPClient.shared)
             return try S3Store(
                 client: client, bucket: s3.bucket, prefix: s3.prefix, spoolDirectory: configuration.spoolDirectory,
-                minPartBytes: s3.minPartBytes
+                minPartBytes: s3.minPartBytes, modes: configuration.fileModes
             )
         }
         return try LocalDirectoryStore(
-            root: configuration.storePath, stagingDirectory: configuration.stagingDirectory, directBuffer: configuration.directIOBuffer
+            root: configuration.storePath, stagingDirectory: configuration.stagingDirectory, directBuffer: configuration.directIOBuffer,
+            modes: configuration.fileModes
         )
     }
 

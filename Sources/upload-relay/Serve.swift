@@ -46,6 +46,12 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .long, help: ArgumentHelp("Directory the relay owns.", valueName: "dir"))
     var data: String = "./upload-relay-data"
 
+    @Flag(
+        name: .long,
+        help: "Let the relay's group read what it creates (directories 0750, files 0640). By default its data, staged uploads and objects are private to its user (0700, 0600), whatever the umask."
+    )
+    var groupAccess = false
+
     @Option(
         name: .long,
         help: ArgumentHelp(
@@ -249,13 +255,16 @@ struct Serve: AsyncParsableCommand {
             return handler
         }
         let logger = Logger(label: "upload-relay")
+        let modes: FileModes = self.groupAccess ? .groupReadable : .private
+        // What the libraries and hooks create, too, gets no more than the relay's own modes.
+        umask(modes.umask)
         let (host, port) = try HostPort.parse(self.listen, option: "--listen")
         // Before anything is created: missing S3 keys are a usage error.
         let s3 = try self.store.flatMap(S3Store.parse).map { try self.s3Configuration(bucket: $0.bucket, prefix: $0.prefix) }
         let catalogURL = self.catalog ?? ProcessInfo.processInfo.environment["UPLOAD_RELAY_CATALOG"]
         let catalog: any Catalog
         do {
-            catalog = try RelayRuntime.openCatalog(dataDirectory: self.data, url: catalogURL, logger: logger)
+            catalog = try RelayRuntime.openCatalog(dataDirectory: self.data, url: catalogURL, logger: logger, modes: modes)
         } catch let error as CatalogFailure {
             throw ValidationError("--catalog: \(error)")
         }
@@ -278,6 +287,7 @@ struct Serve: AsyncParsableCommand {
         )
         configuration.host = host
         configuration.port = port
+        configuration.fileModes = modes
         configuration.syncBytes = Int(try ByteCount.parse(self.syncBytes, option: "--sync-bytes"))
         configuration.allowDeflate = !self.noDeflate
         configuration.directIOBuffer = Int(try ByteCount.parse(self.directIoBuffer, option: "--direct-io-buffer"))
@@ -309,32 +319,66 @@ struct Serve: AsyncParsableCommand {
         let group = MultiThreadedEventLoopGroup(numberOfThreads: System.coreCount)
         let server = try RelayServer(services: services, group: group)
         let statusServer = try configuration.status.map { try RelayStatusServer(services: services, endpoint: $0, group: group) }
-        if self.readyFile != nil || devSetup != nil {
-            let readyFile = self.readyFile
-            // Agents elsewhere reach a relay on every address by this host's first address, not by 127.0.0.1.
-            let shownHost = everyAddress ? (localNames.first(where: { DevCertificates.isIPAddress($0) }) ?? "127.0.0.1") : host
-            Task {
-                guard let address = try? await server.waitUntilListening(), let port = address.port else { return }
-                if let devSetup {
-                    Self.printDevHelp(devSetup, host: shownHost, port: port)
-                }
-                if let readyFile {
-                    let text = "\(address.ipAddress ?? host):\(port)\n"
-                    let temporary = readyFile + ".tmp"
-                    _ = FileManager.default.createFile(atPath: temporary, contents: Data(text.utf8))
-                    _ = rename(temporary, readyFile)
-                }
+        // Every listener is bound before the relay says it is ready: an address in use ends the start here, with the
+        // address named, instead of a relay serving without one of its endpoints.
+        let address: SocketAddress
+        do {
+            address = try await server.bind()
+        } catch {
+            await Self.stop(services: services, group: group)
+            throw Self.listenFailure(error, option: "--listen", address: self.listen)
+        }
+        if let statusServer, let status = self.statusListen {
+            do {
+                try await statusServer.bind()
+            } catch {
+                server.shutdown()
+                await Self.stop(services: services, group: group)
+                throw Self.listenFailure(error, option: "--status-listen", address: status)
+            }
+        }
+        if let port = address.port {
+            if let devSetup {
+                // Agents elsewhere reach a relay on every address by this host's first address, not by 127.0.0.1.
+                let shownHost = everyAddress ? (localNames.first(where: { DevCertificates.isIPAddress($0) }) ?? "127.0.0.1") : host
+                Self.printDevHelp(devSetup, host: shownHost, port: port)
+            }
+            if let readyFile = self.readyFile {
+                let text = "\(address.ipAddress ?? host):\(port)\n"
+                let temporary = readyFile + ".tmp"
+                _ = FileManager.default.createFile(atPath: temporary, contents: Data(text.utf8))
+                _ = rename(temporary, readyFile)
             }
         }
         let group2 = ServiceGroup(
             configuration: .init(
-                services: [.init(service: server)] + (statusServer.map { [.init(service: $0)] } ?? []),
+                services: [
+                    .init(service: server, failureTerminationBehavior: .gracefullyShutdownGroup)
+                ] + (statusServer.map { [.init(service: $0, successTerminationBehavior: .gracefullyShutdownGroup, failureTerminationBehavior: .gracefullyShutdownGroup)] } ?? []),
                 gracefulShutdownSignals: [.sigterm, .sigint], logger: logger
             )
         )
         try await group2.run()
         try await services.threadPool.shutdownGracefully()
         try await group.shutdownGracefully()
+    }
+
+    /// A listener that could not be bound, said so that the operator can act: which option, which address, why.
+    static func listenFailure(_ error: any Error, option: String, address: String) -> any Error {
+        let reason: String
+        if let io = error as? IOError {
+            reason = String(cString: strerror(io.errnoCode)) + (io.errnoCode == EADDRINUSE ? " (another process listens there: stop it, or choose another port)" : "")
+        } else {
+            reason = "\(error)"
+        }
+        FileHandle.standardError.write(Data("upload-relay: cannot listen on \(address) (\(option)): \(reason)\n".utf8))
+        return ExitCode(1)
+    }
+
+    /// Lets the I/O threads and event loops go when the relay stops before it ran.
+    static func stop(services: RelayServices, group: MultiThreadedEventLoopGroup) async {
+        try? await services.threadPool.shutdownGracefully()
+        try? await group.shutdownGracefully()
     }
 
     static func printDevHelp(_ setup: RelayRuntime.DevSetup, host: String, port: Int) {

@@ -23,6 +23,8 @@ struct Token: ParsableCommand {
 
         func openCatalog() throws -> any Catalog {
             let url = self.catalog ?? ProcessInfo.processInfo.environment["UPLOAD_RELAY_CATALOG"]
+            // The data directory and catalog a first `token add` creates are private, as `serve` makes them.
+            umask(FileModes.private.umask)
             do {
                 return try RelayRuntime.openCatalog(dataDirectory: self.data, url: url, logger: Logger(label: "upload-relay"))
             } catch let error as CatalogFailure {

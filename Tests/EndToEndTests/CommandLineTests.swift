@@ -138,6 +138,65 @@ struct CommandLineTests {
         #expect(!FileManager.default.fileExists(atPath: data), "a refused serve created its data directory")
     }
 
+    @Test("serve whose --listen or --status-listen address is taken ends at once with exit 1, naming the option and the address")
+    func serveAddressTaken() throws {
+        let holder = try DevRelay()
+        defer { holder.stop() }
+        let taken = "127.0.0.1:\(holder.port)"
+        for (option, listen, status) in [
+            ("--status-listen", "127.0.0.1:0", taken),
+            ("--listen", taken, "127.0.0.1:0"),
+        ] {
+            let data = TestRelay.makeDirectory()
+            defer { try? FileManager.default.removeItem(atPath: data) }
+            // Killed after 60 s if it does not end by itself (a relay that kept serving without its endpoint did not).
+            let run = try Self.run(
+                "/usr/bin/timeout",
+                ["-s", "KILL", "60", try relayBinary(), "serve", "--dev", "--data", data, "--listen", listen, "--status-listen", status]
+            )
+            #expect(run.status == 1, "\(option): exit \(run.status); \(run.stderr)")
+            #expect(run.stderr.contains("cannot listen on \(taken) (\(option))") && run.stderr.contains("in use"), "\(option): \(run.stderr)")
+        }
+    }
+
+    @Test("what serve creates is private to its user whatever the umask (directories 0700, files 0600); --group-access lets the group read")
+    func fileModes() throws {
+        for groupAccess in [false, true] {
+            let data = TestRelay.makeDirectory() + "/relay"
+            defer { try? FileManager.default.removeItem(atPath: data) }
+            // A umask that lets everyone read, as on most systems.
+            let child = try ChildProcess(
+                "/bin/sh",
+                ["-c", "umask 022; exec \"$0\" \"$@\"", try relayBinary(), "serve", "--dev", "--data", data, "--listen", "127.0.0.1:0", "--ready-file",
+                 data + ".ready"] + (groupAccess ? ["--group-access"] : []),
+                readyFile: data + ".ready", logFile: data + ".log"
+            )
+            let port = try child.waitUntilReady()
+            let token = try String(contentsOfFile: data + "/dev/token", encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
+            let source = TestRelay.makeDirectory()
+            defer { try? FileManager.default.removeItem(atPath: source) }
+            _ = makeFile(source + "/album", "2026/IMG_1.jpg", size: 200_000, seed: 41)
+            let sent = try Self.run(
+                try Self.agentBinary(), ["send", "--no-state", "--quiet", source + "/album"],
+                environment: ["UPLOAD_RELAY": "127.0.0.1:\(port)", "UPLOAD_CA": data + "/dev/ca.pem", "UPLOAD_TOKEN": token]
+            )
+            #expect(sent.status == 0, "\(sent.stderr)")
+            let (directoryMode, fileMode): (mode_t, mode_t) = groupAccess ? (0o750, 0o640) : (0o700, 0o600)
+            func mode(_ path: String) -> mode_t? {
+                var info = stat()
+                return stat(path, &info) == 0 ? info.st_mode & 0o777 : nil
+            }
+            for directory in [data, data + "/staging", data + "/store", data + "/store/dev", data + "/store/dev/album/2026"] {
+                #expect(mode(directory) == directoryMode, "\(directory): \(String(mode(directory) ?? 0, radix: 8))")
+            }
+            for file in [data + "/catalog.sqlite", data + "/catalog.sqlite-wal", data + "/catalog.sqlite-shm", data + "/store/dev/album/2026/IMG_1.jpg"] {
+                #expect(mode(file) == fileMode, "\(file): \(String(mode(file) ?? 0, radix: 8))")
+            }
+            child.kill(SIGTERM)
+            #expect(child.waitForExit() == 0)
+        }
+    }
+
     @Test("serve with an S3 store: no keys, no bucket, or S3 options without one are usage errors that say what to set, before anything is created")
     func serveS3UsageErrors() throws {
         let data = TestRelay.makeDirectory() + "/relay"

@@ -223,6 +223,29 @@ struct StatusEndpointTests {
         await relay.stop()
     }
 
+    @Test("a client that pipelines requests and never reads is cut off past the bound; reading stops meanwhile; others are answered")
+    func pipeliningWithoutReading() async throws {
+        // A long request timeout: only the pipelining bound can end this connection within the test's wait.
+        let relay = try await Self.relay(requestTimeout: .seconds(120)).start()
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        let channel = try await SilentPeer.connect(port: relay.statusPort, ca: relay.caPath, group: group, alpn: RelayStatusServer.alpn)
+        // Never read again: the answers pile up on the relay's side, unless it stops answering.
+        try await channel.setOption(.autoRead, value: false)
+        let request = "GET /v1/status?prefix=a HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \(relay.token)\r\n\r\n"
+        let ahead = 2_000
+        #expect(ahead > StatusEndpoint(host: "", port: 0).maxPipelinedRequests)
+        try? await channel.writeAndFlush(ByteBuffer(string: String(repeating: request, count: ahead)))
+        let closed = try await Polling.eventually(timeout: 20) { !channel.isActive }
+        #expect(closed, "the relay kept a connection open that sent \(ahead) requests ahead and read none of the answers")
+        try? await channel.close()
+        // The endpoint still answers a client that reads.
+        let client = Self.client(ca: relay.caPath)
+        #expect(try await Self.get(client, port: relay.statusPort, "prefix=a", token: relay.token).status == 200)
+        try await client.shutdown()
+        try await group.shutdownGracefully()
+        await relay.stop()
+    }
+
     @Test("PostgreSQL, two relays: an upload through relay A shows under way, then stored, on relay B's endpoint")
     func postgresAcrossRelays() async throws {
         try await PostgresTestDatabase.with { url in

@@ -46,6 +46,11 @@ struct StatusRequestTests {
             ("GET", "/v1/status?key=../etc/passwd", bearer, .badRequest),
             ("GET", "/v1/status?key=/abs", bearer, .badRequest),
             ("GET", "/v1/status?key=a%00b", bearer, .badRequest),
+            // A control byte in a listing's prefix or start: no key holds one (a NUL listed a whole account on SQLite).
+            ("GET", "/v1/status?prefix=a%00b", bearer, .badRequest),
+            ("GET", "/v1/status?prefix=%00", bearer, .badRequest),
+            ("GET", "/v1/status?after=a%0Ab", bearer, .badRequest),
+            ("GET", "/v1/status?prefix=x%7F", bearer, .badRequest),
             ("GET", "/v1/status?limit=0", bearer, .badRequest),
             ("GET", "/v1/status?limit=51", bearer, .badRequest),
             ("GET", "/v1/status?limit=-1", bearer, .badRequest),

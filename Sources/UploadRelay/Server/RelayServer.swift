@@ -83,7 +83,25 @@ public final class RelayServer: Service, Sendable {
         }
     }
 
-    public func run() async throws {
+    /// Binds the listener (once; later calls return where it listens): what fails here, an address in use say, fails
+    /// before the relay says it is ready. ``run()`` binds it when this was not called.
+    @discardableResult
+    public func bind() async throws -> SocketAddress {
+        let channel = try await self.listen()
+        guard let address = channel.localAddress else { throw RelayServerError.noAddress }
+        return address
+    }
+
+    /// The listener, bound now unless it was already.
+    private func listen() async throws -> any Channel {
+        if let listener = self.state.withLockedValue({ state -> (any Channel)? in
+            switch state {
+            case .running(let listener, _, _), .draining(let listener, _, _): return listener
+            case .starting, .stopped: return nil
+            }
+        }) {
+            return listener
+        }
         let configuration = self.services.configuration
         let tls = self.tls
         let services = self.services
@@ -138,6 +156,13 @@ public final class RelayServer: Service, Sendable {
             }
         }
         logger.info("upload-relay listening", metadata: ["address": "\(address.map { "\($0)" } ?? "?")"])
+        return channel
+    }
+
+    public func run() async throws {
+        let services = self.services
+        let logger = self.services.logger
+        let channel = try await self.listen()
         services.claims.whenLocksLost { [weak self] in
             for connection in self?.connections ?? [] {
                 connection.pipeline.fireUserInboundEventTriggered(RelayKeyLocksLostEvent())
@@ -149,9 +174,10 @@ public final class RelayServer: Service, Sendable {
             hooks.start()
         }
         let maintenance = self.startMaintenance()
-        try await withGracefulShutdownHandler {
+        // A cancelled group (another service failed) stops the relay as SIGTERM does.
+        try await withTaskCancellationOrGracefulShutdownHandler {
             try await channel.closeFuture.get()
-        } onGracefulShutdown: {
+        } onCancelOrGracefulShutdown: {
             self.shutdown()
         }
         let stopped = maintenance.loop.makePromise(of: Void.self)

@@ -53,7 +53,21 @@ public final class RelayStatusServer: Service, Sendable {
         }
     }
 
-    public func run() async throws {
+    /// Binds the listener (once; later calls return where it listens), so that an address in use fails the relay's
+    /// start rather than leaving it up without its endpoint. ``run()`` binds it when this was not called.
+    @discardableResult
+    public func bind() async throws -> SocketAddress {
+        let (_, address) = try await self.listen()
+        return address
+    }
+
+    private func listen() async throws -> (any Channel, SocketAddress) {
+        if let running = self.state.withLockedValue({ state -> (any Channel, SocketAddress)? in
+            if case .running(let listener, let address, _) = state { return (listener, address) }
+            return nil
+        }) {
+            return running
+        }
         let endpoint = self.endpoint
         let tls = self.tls
         let responder = StatusResponder(catalog: self.services.catalog, logger: self.services.logger)
@@ -65,6 +79,8 @@ public final class RelayStatusServer: Service, Sendable {
                 .serverChannelOption(.backlog, value: 128)
                 .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
                 .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
+                // One socket read per read the handler lets through: what a client sends ahead is taken a piece at a time.
+                .childChannelOption(.maxMessagesPerRead, value: 1)
                 .childChannelInitializer { [weak self] channel in
                     guard let self, self.admit(channel) else {
                         return channel.close()
@@ -77,7 +93,7 @@ public final class RelayStatusServer: Service, Sendable {
                         limits.maxHeaderListSize = endpoint.maxHeadBytes
                         limits.maxHeaderFieldCount = 100
                         try sync.configureHTTPServerPipeline(
-                            withPipeliningAssistance: true, withErrorHandling: true, withEncoderConfiguration: .init(),
+                            withPipeliningAssistance: false, withErrorHandling: true, withEncoderConfiguration: .init(),
                             withDecoderLimitConfiguration: limits
                         )
                         try sync.addHandler(StatusHTTPHandler(endpoint: endpoint, responder: responder, threadPool: threadPool))
@@ -106,9 +122,14 @@ public final class RelayStatusServer: Service, Sendable {
         }
         for continuation in waiting { continuation.resume(returning: address) }
         logger.info("status endpoint listening", metadata: ["address": "\(address)"])
-        try await withGracefulShutdownHandler {
+        return (listener, address)
+    }
+
+    public func run() async throws {
+        let (listener, _) = try await self.listen()
+        try await withTaskCancellationOrGracefulShutdownHandler {
             try await listener.closeFuture.get()
-        } onGracefulShutdown: {
+        } onCancelOrGracefulShutdown: {
             self.shutdown()
         }
         let connections = self.state.withLockedValue { state -> [any Channel] in

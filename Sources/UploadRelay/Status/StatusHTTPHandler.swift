@@ -3,29 +3,45 @@ import NIOCore
 import NIOHTTP1
 import NIOPosix
 
-/// One connection to the status endpoint, behind TLS and NIO's HTTP/1.1 server pipeline (which answers unreadable
-/// requests 400 and holds pipelined requests until the one before is answered). It reads each request's head, hands
-/// it to ``StatusRequest`` and, on the I/O pool, to ``StatusResponder``, and writes what they decide.
+/// One connection to the status endpoint, behind TLS and NIO's HTTP/1.1 server codec (which answers unreadable
+/// requests 400). It reads each request's head, hands it to ``StatusRequest`` and, on the I/O pool, to
+/// ``StatusResponder``, and writes what they decide.
 ///
-/// A request must arrive whole within ``StatusEndpoint/requestTimeout`` of the connection opening or of the previous
-/// answer; a body is refused, past ``StatusEndpoint/maxBody`` with the connection.
-final class StatusHTTPHandler: ChannelInboundHandler {
+/// What one connection may cost is bounded, whoever is at the other end (``StatusEndpoint``):
+/// - Requests are answered one at a time, in order. The next is looked at only once the previous answer was written
+///   to the socket (its write completed), so at most one answer waits in the channel's buffers.
+/// - Reading stops while a request is being answered, while requests wait their turn, or while the channel is not
+///   writable: a client that sends and never reads stops being read.
+/// - At most ``StatusEndpoint/maxPipelinedRequests`` requests may wait their turn (pipelining); past that the
+///   connection closes.
+/// - Each request must arrive and be answered, its answer written, within ``StatusEndpoint/requestTimeout`` of the
+///   connection opening or of the previous answer's being written; else the connection closes. A body is refused (413),
+///   and the connection closed.
+final class StatusHTTPHandler: ChannelDuplexHandler {
     typealias InboundIn = HTTPServerRequestPart
+    typealias OutboundIn = HTTPServerResponsePart
     typealias OutboundOut = HTTPServerResponsePart
 
-    private enum State {
-        /// Between requests.
-        case idle
-        /// A request's head came; `body` bytes of body since.
-        case receiving(HTTPRequestHead, body: Int)
-        /// Its answer is being made or written; what else it sends is dropped.
-        case answering
+    /// A request read whole, waiting for its answer.
+    private struct Pending {
+        var head: HTTPRequestHead
+        /// Bytes of body it came with (refused when more than 0).
+        var body: Int
     }
 
     private let endpoint: StatusEndpoint
     private let responder: StatusResponder
     private let threadPool: NIOThreadPool
-    private var state = State.idle
+    /// The request being read: its head and the body bytes so far.
+    private var receiving: Pending?
+    /// Requests read whole, oldest first, waiting for the one being answered.
+    private var waiting = CircularBuffer<Pending>(initialCapacity: 4)
+    /// A request's answer is being made or written.
+    private var answering = false
+    /// The peer asked to read while reading was held: read once it may again.
+    private var readPending = false
+    /// Nothing more is read or answered: the connection is closing.
+    private var closing = false
     private var deadline: Scheduled<Void>?
 
     init(endpoint: StatusEndpoint, responder: StatusResponder, threadPool: NIOThreadPool) {
@@ -40,77 +56,124 @@ final class StatusHTTPHandler: ChannelInboundHandler {
     }
 
     func channelInactive(context: ChannelHandlerContext) {
+        self.closing = true
         self.deadline?.cancel()
         self.deadline = nil
+        self.waiting.removeAll()
         context.fireChannelInactive()
     }
 
+    func handlerAdded(context: ChannelHandlerContext) {
+        if context.channel.isActive { self.armDeadline(context: context) }
+    }
+
+    // MARK: Reading
+
+    func read(context: ChannelHandlerContext) {
+        guard self.mayRead(context: context) else {
+            self.readPending = true
+            return
+        }
+        context.read()
+    }
+
+    /// Whether the socket may be read now: nothing being answered or waiting its turn, and room to write an answer.
+    private func mayRead(context: ChannelHandlerContext) -> Bool {
+        !self.closing && !self.answering && self.waiting.isEmpty && context.channel.isWritable
+    }
+
+    private func readIfPending(context: ChannelHandlerContext) {
+        guard self.readPending, self.mayRead(context: context) else { return }
+        self.readPending = false
+        context.read()
+    }
+
+    func channelWritabilityChanged(context: ChannelHandlerContext) {
+        self.readIfPending(context: context)
+        context.fireChannelWritabilityChanged()
+    }
+
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        switch (self.unwrapInboundIn(data), self.state) {
-        case (.head(let head), .idle):
-            self.state = .receiving(head, body: 0)
-        case (.body(let bytes), .receiving(let head, let body)):
-            let body = body + bytes.readableBytes
-            self.state = .receiving(head, body: body)
-            if body > self.endpoint.maxBody {
-                self.state = .answering
-                self.refuse(context: context, head: head, Self.bodyRefused, keepAlive: false)
+        guard !self.closing else { return }
+        switch self.unwrapInboundIn(data) {
+        case .head(let head):
+            self.receiving = Pending(head: head, body: 0)
+        case .body(let bytes):
+            guard var request = self.receiving else { return }
+            request.body += bytes.readableBytes
+            self.receiving = request
+            if request.body > self.endpoint.maxBody {
+                // Not read further: the refusal goes in its turn, then the connection closes.
+                self.receiving = nil
+                self.enqueue(request, context: context)
+                self.closing = true
             }
-        case (.end, .receiving(let head, let body)):
-            self.state = .answering
-            self.deadline?.cancel()
-            self.deadline = nil
-            if body > 0 {
-                self.refuse(context: context, head: head, Self.bodyRefused, keepAlive: false)
-                return
-            }
-            self.dispatch(context: context, head: head)
-        case (.head, _), (.body, _), (.end, _):
-            // The rest of a request already answered (refused for its body), or parts out of order: dropped.
-            break
+        case .end:
+            guard let request = self.receiving else { return }
+            self.receiving = nil
+            self.enqueue(request, context: context)
         }
     }
 
-    func errorCaught(context: ChannelHandlerContext, error: any Error) {
-        // TLS failures, resets: nothing to answer.
-        context.close(promise: nil)
+    private func enqueue(_ request: Pending, context: ChannelHandlerContext) {
+        guard self.waiting.count < self.endpoint.maxPipelinedRequests else {
+            // More requests sent ahead than one connection may have waiting: a client that does not wait for answers.
+            self.closing = true
+            self.waiting.removeAll()
+            context.close(promise: nil)
+            return
+        }
+        self.waiting.append(request)
+        self.answerNext(context: context)
     }
 
-    private func dispatch(context: ChannelHandlerContext, head: HTTPRequestHead) {
-        let request: StatusRequest
+    // MARK: Answering
+
+    /// Answers the oldest waiting request, unless one is being answered.
+    private func answerNext(context: ChannelHandlerContext) {
+        guard !self.answering, context.channel.isActive, let request = self.waiting.popFirst() else { return }
+        self.answering = true
+        if request.body > 0 {
+            self.answer(context: context, head: request.head, refusal: Self.bodyRefused, keepAlive: false)
+            return
+        }
+        let head = request.head
+        let parsed: StatusRequest
         do {
-            request = try StatusRequest.parse(
+            parsed = try StatusRequest.parse(
                 method: head.method.rawValue, uri: head.uri, authorization: head.headers[canonicalForm: "authorization"].map(String.init),
                 maxListed: self.endpoint.maxListed
             )
         } catch {
-            self.refuse(context: context, head: head, error, keepAlive: head.isKeepAlive)
+            self.answer(context: context, head: head, refusal: error, keepAlive: head.isKeepAlive)
             return
         }
         let responder = self.responder
         self.threadPool.runIfActive(eventLoop: context.eventLoop) { () -> Result<[UInt8], StatusRefusal> in
-            Result { () throws(StatusRefusal) in try responder.respond(to: request) }
+            Result { () throws(StatusRefusal) in try responder.respond(to: parsed) }
         }.assumeIsolated().whenComplete { outcome in
             switch outcome {
             case .success(.success(let body)):
                 self.answer(context: context, head: head, status: nil, body: body, keepAlive: head.isKeepAlive)
             case .success(.failure(let refusal)):
-                self.refuse(context: context, head: head, refusal, keepAlive: head.isKeepAlive)
+                self.answer(context: context, head: head, refusal: refusal, keepAlive: head.isKeepAlive)
             case .failure:
                 // The I/O pool stopped: the relay is going away.
-                self.refuse(context: context, head: head, StatusRefusal(.unavailable, "the relay is stopping"), keepAlive: false)
+                self.answer(context: context, head: head, refusal: StatusRefusal(.unavailable, "the relay is stopping"), keepAlive: false)
             }
         }
     }
 
     /// Answers with the refusal's status and its reason as JSON.
-    private func refuse(context: ChannelHandlerContext, head: HTTPRequestHead, _ refusal: StatusRefusal, keepAlive: Bool) {
+    private func answer(context: ChannelHandlerContext, head: HTTPRequestHead, refusal: StatusRefusal, keepAlive: Bool) {
         self.answer(context: context, head: head, status: refusal.code, body: Self.errorBody(refusal), keepAlive: keepAlive)
     }
 
-    /// Writes an answer (`status` nil: 200; HEAD: its headers only), then waits for the next request or closes.
+    /// Writes an answer (`status` nil: 200; HEAD: its headers only); once it is written, the next request's turn comes,
+    /// or the connection closes.
     private func answer(context: ChannelHandlerContext, head: HTTPRequestHead, status: StatusRefusal.Code?, body: [UInt8], keepAlive: Bool) {
         guard context.channel.isActive else { return }
+        let keepAlive = keepAlive && !self.closing
         var headers = HTTPHeaders()
         headers.add(name: "content-type", value: "application/json; charset=utf-8")
         headers.add(name: "cache-control", value: "no-store")
@@ -126,21 +189,34 @@ final class StatusHTTPHandler: ChannelInboundHandler {
         if head.method != .HEAD {
             context.write(self.wrapOutboundOut(.body(.byteBuffer(context.channel.allocator.buffer(bytes: body)))), promise: nil)
         }
-        // Ready for the next request before the end goes out: NIO's pipelining handler delivers a request it held
-        // back from within that write.
-        if keepAlive {
-            self.state = .idle
-            self.armDeadline(context: context)
-        }
         let written = context.writeAndFlush(self.wrapOutboundOut(.end(nil)))
-        if !keepAlive {
-            written.assumeIsolated().whenComplete { _ in context.close(promise: nil) }
+        written.assumeIsolated().whenComplete { result in
+            guard keepAlive, case .success = result else {
+                self.closing = true
+                context.close(promise: nil)
+                return
+            }
+            // In the socket: the next request's turn, with a new deadline.
+            self.answering = false
+            self.armDeadline(context: context)
+            if self.waiting.isEmpty {
+                self.readIfPending(context: context)
+            } else {
+                self.answerNext(context: context)
+            }
         }
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        // TLS failures, resets: nothing to answer.
+        self.closing = true
+        context.close(promise: nil)
     }
 
     private func armDeadline(context: ChannelHandlerContext) {
         self.deadline?.cancel()
         self.deadline = context.eventLoop.assumeIsolated().scheduleTask(in: TimeAmount(self.endpoint.requestTimeout)) {
+            self.closing = true
             context.close(promise: nil)
         }
     }

@@ -47,6 +47,13 @@ public struct StatusRequest: Hashable, Sendable {
             guard let value = Self.percentDecoded(String(item.dropFirst(name.count + 1))) else {
                 throw StatusRefusal(.badRequest, "parameter \"\(name)\" is not percent-encoded UTF-8 (RFC 3986)")
             }
+            // No key holds a control byte (SPEC §12.2): a prefix or a start with one names nothing, and a catalog may
+            // read a NUL as the end of the text.
+            if let control = value.utf8.first(where: { $0 < 0x20 || $0 == 0x7F }) {
+                throw StatusRefusal(
+                    .badRequest, "parameter \"\(name)\" holds the control byte 0x\(String(control, radix: 16)), which no key holds"
+                )
+            }
             parameters[name] = value
         }
         let token = try Self.bearer(authorization)

@@ -20,18 +20,24 @@ public final class LocalDirectoryStore: BlobStore {
     /// the page cache (see ``LocalStagingFile``).
     public let directBuffer: Int
 
+    /// The modes of the directories, staging files and objects it creates.
+    public let modes: FileModes
+
     /// The default ``directBuffer``: 1 MiB.
     public static let defaultDirectBuffer = 1 << 20
     /// The largest ``directBuffer`` accepted: 1 GiB.
     public static let maxDirectBuffer = 1 << 30
 
     /// Creates both directories when missing.
-    public init(root: String, stagingDirectory: String, directBuffer: Int = LocalDirectoryStore.defaultDirectBuffer) throws {
+    public init(
+        root: String, stagingDirectory: String, directBuffer: Int = LocalDirectoryStore.defaultDirectBuffer, modes: FileModes = .private
+    ) throws {
         self.root = Self.trimmed(root)
         self.stagingDirectory = Self.trimmed(stagingDirectory)
         self.directBuffer = min(max(0, directBuffer), Self.maxDirectBuffer)
-        try Self.makeDirectories(self.root)
-        try Self.makeDirectories(self.stagingDirectory)
+        self.modes = modes
+        try Self.makeDirectories(self.root, mode: modes.directory)
+        try Self.makeDirectories(self.stagingDirectory, mode: modes.directory)
         var rootStat = stat()
         var stagingStat = stat()
         guard stat(self.root, &rootStat) == 0, stat(self.stagingDirectory, &stagingStat) == 0 else {
@@ -56,12 +62,12 @@ public final class LocalDirectoryStore: BlobStore {
 
     /// Creates every missing directory of `path`; each new one's name is fsynced into its parent, so that a
     /// committed object's path survives a crash, not only its leaf.
-    static func makeDirectories(_ path: String) throws {
+    static func makeDirectories(_ path: String, mode: mode_t) throws {
         var current = path.hasPrefix("/") ? "" : "."
         for part in path.split(separator: "/") {
             let parent = current.isEmpty ? "/" : current
             current += "/" + part
-            if mkdir(current, 0o755) == 0 {
+            if mkdir(current, mode) == 0 {
                 try Self.syncDirectory(parent)
             } else if errno != EEXIST {
                 throw StoreError("cannot create directory \(current): \(reason())", isNoSpace: errno == ENOSPC)
@@ -79,7 +85,7 @@ public final class LocalDirectoryStore: BlobStore {
         let path = try self.stagingPath(name)
         // A resume never creates: a missing staging file (a crash between commit's rename and
         // its catalog record) must not turn into a file of zeros below the durable offset.
-        let fd = open(path, O_RDWR | O_CLOEXEC | (offset == 0 ? O_CREAT | O_TRUNC : 0), 0o644)
+        let fd = open(path, O_RDWR | O_CLOEXEC | (offset == 0 ? O_CREAT | O_TRUNC : 0), self.modes.file)
         guard fd >= 0 else {
             throw StoreError("cannot open staging file \(path): \(Self.reason())", isNoSpace: errno == ENOSPC)
         }
@@ -103,7 +109,7 @@ public final class LocalDirectoryStore: BlobStore {
 
     public func openStripedStaging(_ name: String, size: Int64, creating: Bool) throws -> any StagingFile {
         let path = try self.stagingPath(name)
-        let fd = open(path, O_RDWR | O_CLOEXEC | (creating ? O_CREAT : 0), 0o644)
+        let fd = open(path, O_RDWR | O_CLOEXEC | (creating ? O_CREAT : 0), self.modes.file)
         guard fd >= 0 else {
             throw StoreError("cannot open staging file \(path): \(Self.reason())", isNoSpace: errno == ENOSPC)
         }
@@ -152,7 +158,7 @@ public final class LocalDirectoryStore: BlobStore {
         let directory = ([base] + segments.dropLast()).joined(separator: "/")
         let path = directory + "/" + (segments.last ?? key.value)
         if checked.contains(directory) { return (directory, path) }
-        try Self.makeDirectories(directory)
+        try Self.makeDirectories(directory, mode: self.modes.directory)
         guard let realBase = realpath(base, nil), let realDirectory = realpath(directory, nil) else {
             throw StoreError("cannot resolve \(directory): \(Self.reason())")
         }
@@ -277,7 +283,7 @@ public final class LocalDirectoryStore: BlobStore {
                     throw StoreError("\"\(source)\" was replaced while it was being copied")
                 }
             } else {
-                try Self.copyFile(from, to: temporary, expected: expected)
+                try Self.copyFile(from, to: temporary, expected: expected, mode: self.modes.file)
             }
         } catch {
             unlink(temporary)
@@ -291,7 +297,7 @@ public final class LocalDirectoryStore: BlobStore {
         return try Self.afterRename(directory: directory, path: path)
     }
 
-    static func copyFile(_ from: String, to: String, expected: ObjectIdentity) throws {
+    static func copyFile(_ from: String, to: String, expected: ObjectIdentity, mode: mode_t) throws {
         let input = open(from, O_RDONLY | O_CLOEXEC)
         guard input >= 0 else { throw StoreError("cannot open \(from): \(reason())") }
         defer { Glibc.close(input) }
@@ -301,7 +307,7 @@ public final class LocalDirectoryStore: BlobStore {
         else {
             throw StoreError("\(from) was replaced while it was being copied")
         }
-        let output = open(to, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        let output = open(to, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode)
         guard output >= 0 else { throw StoreError("cannot create \(to): \(reason())", isNoSpace: errno == ENOSPC) }
         defer { Glibc.close(output) }
         var buffer = [UInt8](repeating: 0, count: 1 << 20)

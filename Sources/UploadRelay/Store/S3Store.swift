@@ -43,6 +43,8 @@ public final class S3Store: BlobStore, Sendable {
     /// How long a multipart upload no session records must exist before cleanup aborts it: another relay sharing the
     /// bucket creates one just before its first part and records it just after.
     public let orphanGrace: TimeInterval
+    /// The modes of the spool directory and files.
+    public let modes: FileModes
 
     /// S3's least part size (but the last).
     public static let s3MinPartBytes: Int64 = 5 << 20
@@ -53,7 +55,7 @@ public final class S3Store: BlobStore, Sendable {
 
     public init(
         client: S3Client, bucket: String, prefix: String, spoolDirectory: String, minPartBytes: Int64 = S3Store.s3MinPartBytes,
-        orphanGrace: TimeInterval = 3600
+        orphanGrace: TimeInterval = 3600, modes: FileModes = .private
     ) throws {
         self.client = client
         self.bucket = bucket
@@ -62,7 +64,8 @@ public final class S3Store: BlobStore, Sendable {
         self.spoolDirectory = LocalDirectoryStore.trimmed(spoolDirectory)
         self.minPartBytes = max(1, minPartBytes)
         self.orphanGrace = orphanGrace
-        try LocalDirectoryStore.makeDirectories(self.spoolDirectory)
+        self.modes = modes
+        try LocalDirectoryStore.makeDirectories(self.spoolDirectory, mode: modes.directory)
     }
 
     /// Parses `s3://BUCKET[/PREFIX]`; nil when `url` is not one.
@@ -149,7 +152,7 @@ public final class S3Store: BlobStore, Sendable {
         throws -> S3StagingFile
     {
         let spool = self.spoolDirectory + "/" + Self.randomName() + ".spool"
-        let fd = open(spool, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        let fd = open(spool, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, self.modes.file)
         guard fd >= 0 else {
             throw StoreError("cannot create spool file \(spool): \(LocalDirectoryStore.reason())", isNoSpace: errno == ENOSPC)
         }
