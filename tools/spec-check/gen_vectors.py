@@ -228,6 +228,39 @@ def stripes(add, R, A, hs):
         "PROTOCOL_ERROR")
 
 
+# ---------------------------------------------------------------- refused OPENs (§12.1)
+
+def refusals(add, R):
+    """A vector lasts under a second (Appendix A.2): its refusals all fall in one second."""
+    busy = relay_hs()
+    for sid in range(1, 201, 2):
+        busy += [rcv(OPEN(sid)), snd(ERROR(sid, "KEY_BUSY", "another upload of the key is in progress; retry when it ends"))]
+    add("open-refused-101st-in-one-second",
+        "100 OPENs refused with KEY_BUSY, then a 101st OPEN with an invalid key within the same second: "
+        "ENHANCE_YOUR_CALM on the connection instead of its INVALID_KEY (§12.1).",
+        R, busy, raw_frame(T("OPEN"), 0, 201, p_open(b"cam-7/../x")), "ENHANCE_YOUR_CALM")
+    # 99 refusals of every kind the relay decides, among answers that are not refusals; the 100th is still a stream error.
+    codes = ["KEY_BUSY", "QUOTA_EXCEEDED", "STORAGE_ERROR", "ALREADY_EXISTS", "TOO_LARGE", "REFUSED_STREAM",
+             "INTERNAL_ERROR", "INVALID_KEY"]
+    mixed = relay_hs(features=2)
+    sid = 1
+    for i in range(99):
+        mixed += [rcv(OPEN(sid)), snd(ERROR(sid, codes[i % len(codes)]))]
+        sid += 2
+        if i % 20 == 0:
+            # OFFSET STORED and CONFIRM answer an OPEN; an ERROR after OFFSET START and an OPEN the agent cancels
+            # are not refusals either.
+            mixed += [rcv(OPEN(sid, size=6, sha1=sha1hex(b"hello\n"))), snd(OFFSET(sid, "STORED", 6))]
+            mixed += [rcv(OPEN(sid + 2, size=2 << 20, probe=sha1hex(bytes(262144)))), snd(OFFSET(sid + 2, "CONFIRM"))]
+            mixed += [rcv(OPEN(sid + 4)), snd(OFFSET(sid + 4, "START")), snd(ERROR(sid + 4, "STORAGE_ERROR"))]
+            mixed += [rcv(OPEN(sid + 6)), rcv(CANCEL(sid + 6))]
+            sid += 8
+    add("open-refused-100th-is-a-stream-error",
+        "99 refused OPENs among OFFSET STORED, OFFSET CONFIRM, an ERROR after OFFSET START and cancelled OPENs, which are "
+        "not refusals; the 100th refusal within the second is still its own stream error (§4.6, §12.1).",
+        R, mixed, raw_frame(T("OPEN"), 0, sid, p_open(b"cam-7/../x")), "INVALID_KEY", "stream", sid)
+
+
 # ---------------------------------------------------------------- setups (receiver's view)
 
 def relay_hs(**welcome):
@@ -404,6 +437,30 @@ def invalid_vectors():
         raw_frame(T("OFFSET"), 0, 1, struct.pack(">BQ", 3, 5) + b"\x00"), "PROTOCOL_ERROR")
     add("offset-confirm-without-probe", "OFFSET CONFIRM for an OPEN that had no PROBE (§3.4, §4.6).",
         A, agent_hs() + [snd(OPEN(1, size=2 << 20))], OFFSET(1, "CONFIRM"), "PROTOCOL_ERROR")
+    # OFFSET CONFIRM finishes the stream, as OFFSET STORED does (§3.4, §4.4, §4.7).
+    probe_digest = sha1hex(bytes(262144))
+    confirmed = phs + [rcv(OPEN(1, size=2 << 20, probe=probe_digest)), snd(OFFSET(1, "CONFIRM"))]
+    add("chunk-after-offset-confirm",
+        "CHUNK on stream 1 after the relay answered its PROBE with OFFSET CONFIRM, which finishes the stream (§3.4, §4.4, §4.7).",
+        R, confirmed, CHUNK(1, 0, b"ab"), "STREAM_CLOSED")
+    add("cancel-crossing-offset-confirm-discarded",
+        "CANCEL and ERROR on stream 1 after OFFSET CONFIRM are discarded (they crossed it), but a HASH there is STREAM_CLOSED (§4.4, §4.7).",
+        R, confirmed + [rcv(CANCEL(1)), rcv(ERROR(1, "CANCELLED"))], HASH(1, 0, EMPTY_SHA1), "STREAM_CLOSED")
+    add("offset-after-offset-confirm", "A second OFFSET on stream 1 after OFFSET CONFIRM closed it normally (§4.5, §4.7).",
+        A, agent_hs(hello_features=2, features=2) + [snd(OPEN(1, size=2 << 20, probe=probe_digest)), rcv(OFFSET(1, "CONFIRM"))],
+        OFFSET(1, "START"), "STREAM_CLOSED")
+    # An undefined disposition is a field-value error (§1.9 step 8), whatever the stream's state (§3.4).
+    add("offset-disposition-unknown",
+        "OFFSET with disposition 4, which version 1 does not define (0 START to 3 CONFIRM), offset 0 and no token, "
+        "in answer to an OPEN with PROBE (§3.4).",
+        A, agent_hs(hello_features=2, features=2) + [snd(OPEN(1, size=2 << 20, probe=probe_digest))],
+        raw_frame(T("OFFSET"), 0, 1, struct.pack(">BQB", 4, 0, 0)), "PROTOCOL_ERROR")
+    add("offset-disposition-unknown-on-cancelled-stream",
+        "OFFSET with disposition 255 on stream 1, which the agent cancelled: a valid OFFSET there would be discarded, "
+        "but a bad field value is a connection error before any stream state (§1.9, §3.4, §4.7).",
+        A, agent_hs() + [snd(OPEN(1)), snd(CANCEL(1))], raw_frame(T("OFFSET"), 0, 1, struct.pack(">BQB", 0xFF, 0, 0)),
+        "PROTOCOL_ERROR")
+    refusals(add, R)
     add("stream-frame-on-stream-0", "CHUNK on stream 0; stream frames need a non-zero stream id (§1.5).",
         R, relay_streams(1), raw_frame(T("CHUNK"), 0, 0, struct.pack(">QI", 0, zlib.crc32(b"ab")) + b"ab"),
         "PROTOCOL_ERROR")
@@ -673,8 +730,6 @@ def invalid_vectors():
         A, ahs + [snd(OPEN(1))], raw_frame(T("OFFSET"), 0, 1, struct.pack(">BQB", 1, 0, 0)), "PROTOCOL_ERROR")
     add("offset-stored-with-token", "OFFSET STORED carrying a resume token; it must be empty (§3.4).",
         A, ahs + [snd(OPEN(1))], raw_frame(T("OFFSET"), 0, 1, struct.pack(">BQB", 2, 0, 2) + b"tk"), "PROTOCOL_ERROR")
-    add("offset-disposition-unknown", "OFFSET with disposition 3 (§3.4).",
-        A, ahs + [snd(OPEN(1))], raw_frame(T("OFFSET"), 0, 1, struct.pack(">BQB", 3, 0, 0)), "PROTOCOL_ERROR")
     add("offset-resume-beyond-size", "OFFSET RESUME at 11 for a stream opened with SIZE_KNOWN size 10 (§4.5).",
         A, ahs + [snd(OPEN(1, size=10))], OFFSET(1, "RESUME", 11), "PROTOCOL_ERROR")
     add("offset-stored-wrong-size", "OFFSET STORED with offset 9 for a stream opened with SIZE_KNOWN size 10 (§4.5).",

@@ -33,6 +33,7 @@ MAX_ACCOUNT = 255
 MAX_MESSAGE = 1024
 MAX_OPAQUE8 = 64  # fingerprint / resumeToken
 MAX_SEGMENT = 255
+MAX_REFUSALS_PER_SECOND = 100  # refused OPENs (§12.1)
 
 FEATURE_DEFLATE = 0x00000001
 FEATURE_DEDUP_PROBE = 0x00000002
@@ -623,11 +624,20 @@ class Peer:
         self.highest = 0
         self.goaway_sent = None      # lastStreamID of the GOAWAY we sent
         self.goaway_received = None  # lastStreamID of the GOAWAY we received
+        self.refusals = 0            # relay: refused OPENs; a vector lasts under a second (Appendix A.2)
         self.buf = b""
 
     # ---- helpers
     def _open_count(self) -> int:
         return sum(1 for s in self.streams.values() if s.state != "CLOSED")
+
+    def _refuse(self, code: str, sid: int, why: str) -> WireError:
+        """The relay refuses OPEN(sid) (§4.6 items 4-6): the stream error, or, for the 101st refusal within a
+        second, ENHANCE_YOUR_CALM on the connection instead (§12.1)."""
+        self.refusals += 1
+        if self.refusals > MAX_REFUSALS_PER_SECOND:
+            return _conn("ENHANCE_YOUR_CALM", f"refused OPEN number {self.refusals} within one second")
+        return _strm(code, sid, why)
 
     # ---- sending (our own frames)
     def send(self, data: bytes):
@@ -732,6 +742,10 @@ class Peer:
             st.final_sent = True
         elif t == "ERROR":
             assert st.state != "CLOSED"
+            if st.state == "OPENING":
+                # a refused OPEN (§12.1); past the limit a relay sends ERROR(0, ENHANCE_YOUR_CALM) instead
+                self.refusals += 1
+                assert self.refusals <= MAX_REFUSALS_PER_SECOND, "the 101st refusal is ENHANCE_YOUR_CALM, not ERROR(N)"
             st.state = "CLOSED"
             st.reset_by_self = True
         else:
@@ -831,13 +845,13 @@ class Peer:
         st.reset_by_self = True  # until accepted below
         self.streams[sid] = st
         if self.goaway_sent is not None and sid > self.goaway_sent:
-            raise _strm("REFUSED_STREAM", sid, "after GOAWAY")
+            raise self._refuse("REFUSED_STREAM", sid, "after GOAWAY")
         if self._open_count() >= self.welcome["max_streams"]:
-            raise _strm("REFUSED_STREAM", sid, "too many open streams")
+            raise self._refuse("REFUSED_STREAM", sid, "too many open streams")
         raw = f["key_raw"] if f["key"] is None else f["key"].encode("utf-8")
         why = key_problem(raw, self.welcome["max_key_length"])
         if why:
-            raise _strm("INVALID_KEY", sid, why)
+            raise self._refuse("INVALID_KEY", sid, why)
         st.state = "OPENING"
         st.reset_by_self = False
 
