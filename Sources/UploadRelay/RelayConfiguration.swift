@@ -71,6 +71,10 @@ public struct RelayConfiguration: Sendable {
     public var sessionExpiry: Duration = .seconds(86400)
     /// How often the relay looks for revoked tokens (their live connections close) and expired sessions.
     public var maintenanceInterval: Duration = .seconds(2)
+    /// Bytes the relay keeps free on the disk it stages uploads on: an OPEN whose bytes do not fit above it (with what
+    /// the uploads open now will still write) is refused with STORAGE_ERROR, before a byte is staged (SPEC §7). Nil: 1 GiB,
+    /// or a twentieth of the file system when that is smaller.
+    public var minFreeBytes: Int64? = nil
     /// The largest blob accepted (SPEC §10, TOO_LARGE).
     public var maxBlobSize: Int64 = 1 << 50
 

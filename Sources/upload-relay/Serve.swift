@@ -178,6 +178,15 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .long, help: ArgumentHelp("Close a connection not authenticated within this time (SPEC §2.3).", valueName: "duration"))
     var handshakeTimeout: String = "10s"
 
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "Keep this much free on the disk uploads are staged on: an upload whose bytes do not fit above it, with what the uploads open now will still write, is refused at its start (STORAGE_ERROR, \"storage is full; retry later\"), before a byte is staged. Default: 1G, or a twentieth of the disk when that is smaller.",
+            valueName: "bytes"
+        )
+    )
+    var minFree: String?
+
     @Option(name: .long, help: ArgumentHelp("Delete unfinished uploads untouched for this long, with their staged bytes (SPEC §6.6).", valueName: "duration"))
     var sessionExpiry: String = "24h"
 
@@ -196,6 +205,7 @@ struct Serve: AsyncParsableCommand {
             throw ValidationError("--status-max-connections must be at least 1")
         }
         _ = try ByteCount.parse(self.syncBytes, option: "--sync-bytes")
+        if let minFree = self.minFree { _ = try ByteCount.parse(minFree, option: "--min-free") }
         guard try ByteCount.parse(self.directIoBuffer, option: "--direct-io-buffer") <= LocalDirectoryStore.maxDirectBuffer else {
             throw ValidationError("--direct-io-buffer must be at most 1G")
         }
@@ -302,6 +312,7 @@ struct Serve: AsyncParsableCommand {
         configuration.limits.frameTimeout = try DurationText.parse(self.frameTimeout, option: "--frame-timeout")
         configuration.limits.handshakeTimeout = try DurationText.parse(self.handshakeTimeout, option: "--handshake-timeout")
         configuration.sessionExpiry = try DurationText.parse(self.sessionExpiry, option: "--session-expiry")
+        configuration.minFreeBytes = try self.minFree.map { try ByteCount.parse($0, option: "--min-free") }
         configuration.s3 = s3
         if self.onCommit != nil || self.onCommitUrl != nil {
             var hooks = CommitHooks(command: self.onCommit, url: self.onCommitUrl)

@@ -176,7 +176,7 @@ struct UploadPipelineTests {
         _ = p.enqueue(Self.chunk(at: 0, 10))
         #expect(p.writeFinished(consumed: [10], error: nil).last == .sync(through: 10))
         let failed = p.syncFinished(.failure(UploadPipeline.SyncFailure(description: "disk gone")))
-        #expect(failed.contains(.report(.failed(.storageError, "cannot make bytes durable: disk gone"))))
+        #expect(failed.contains(.report(.failed(.storageError, "disk gone"))))
         #expect(failed.last == .release(discardSession: false))
     }
 

@@ -18,12 +18,22 @@ public final class RelayServices: Sendable {
     let uploadSlots: ResourceBudget
     /// Commits of all connections, made durable in groups.
     let commits: CommitGroup
+    /// The relay's disk: what open uploads will still stage there, above the free-space reserve.
+    let space: StorageSpace
     /// Told when commits queued events for the post-commit hooks (set by the server that runs them).
     let commitEventsQueued = NIOLockedValueBox<(@Sendable () -> Void)?>(nil)
     /// Connection handlers alive now: one per connection, freed once its channel closed and its storage let go.
     let liveHandlers = NIOLockedValueBox(0)
 
-    public init(configuration: RelayConfiguration, catalog: any Catalog, store: any BlobStore, threadPool: NIOThreadPool, logger: Logger) {
+    public convenience init(configuration: RelayConfiguration, catalog: any Catalog, store: any BlobStore, threadPool: NIOThreadPool, logger: Logger) {
+        self.init(configuration: configuration, catalog: catalog, store: store, threadPool: threadPool, logger: logger, measureSpace: StorageSpace.look)
+    }
+
+    /// `measureSpace` tells the free bytes and size of the file system holding a directory (tests give their own).
+    init(
+        configuration: RelayConfiguration, catalog: any Catalog, store: any BlobStore, threadPool: NIOThreadPool, logger: Logger,
+        measureSpace: @escaping @Sendable (String) -> (free: Int64, size: Int64)?
+    ) {
         self.configuration = configuration
         self.catalog = catalog
         self.store = store
@@ -33,6 +43,9 @@ public final class RelayServices: Sendable {
         self.memory = ResourceBudget(total: configuration.memoryBudget)
         self.uploadSlots = ResourceBudget(total: configuration.maxOpenUploads ?? Int.max)
         self.commits = CommitGroup(maxGroup: configuration.commitGroup)
+        self.space = StorageSpace(
+            directory: store.localSpace(forBlobOf: 0).directory, reserve: configuration.minFreeBytes, logger: logger, measure: measureSpace
+        )
     }
 
 }

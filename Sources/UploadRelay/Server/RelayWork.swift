@@ -31,7 +31,9 @@ struct RelayWork {
             case .success(let (decision, storage)):
                 answer(decision, storage.map { UploadExecutor(storage: $0, pool: services.threadPool, eventLoop: eventLoop) })
             case .failure(let error):
-                answer(.refuse(.internalError, "relay failed to open the upload: \(error)"), nil)
+                // The I/O pool stopped: the relay is going away.
+                logger.debug("open not looked up", metadata: ["error": "\(error)"])
+                answer(.refuse(.internalError, "the relay is stopping; retry later"), nil)
             }
         }
     }

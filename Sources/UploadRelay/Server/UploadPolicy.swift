@@ -1,4 +1,5 @@
 import Foundation
+import Logging
 import UploadChecksums
 import UploadProtocol
 
@@ -42,28 +43,44 @@ struct UploadPolicy {
             }
             return try self.openThrowing(account: current, open: open, key: key)
         } catch {
-            let refusal = Self.refusal(for: error, doing: "open the upload")
+            // Space promised to it before the failure is free again.
+            self.services.space.release(claim: KeyClaims.name(account: account.name, key: key.value))
+            let refusal = Self.refusal(for: error, doing: "open the upload", key: key, logger: self.services.logger)
             return .refuse(refusal.code, refusal.message)
         }
     }
 
-    /// The one mapping of store and catalog failures to wire codes (SPEC §10).
-    static func refusal(for error: any Error, doing what: String) -> Refusal {
+    /// The one mapping of store and catalog failures to wire codes (SPEC §10). What the agent is told names nothing of
+    /// the relay's (paths, bucket, database: SPEC §12.3); what failed, in the store's or the database's words, goes to
+    /// `logger`.
+    static func refusal(for error: any Error, doing what: String, key: ObjectKey, logger: Logger) -> Refusal {
+        func logged(_ refusal: Refusal) -> Refusal {
+            logger.log(
+                level: (error as? StoreError)?.isNoSpace == true ? .warning : .error,
+                "could not \(what)",
+                metadata: ["upload.key": "\(key)", "error": "\(error)", "wire.code": "\(refusal.code.name)"]
+            )
+            return refusal
+        }
         switch error {
         case let refusal as Refusal:
             return refusal
         case let error as StoreError where error.alreadyExists:
             // Never to be stored there without an overwrite: like the catalog's own ALREADY_EXISTS, the session goes.
-            return Refusal(code: .alreadyExists, message: error.description, keepSession: false)
+            return logged(Refusal(code: .alreadyExists, message: Self.alreadyExists(key), keepSession: false))
         case let error as StoreError:
-            return Refusal(code: .storageError, message: error.description, keepSession: true)
+            return logged(Refusal(code: .storageError, message: error.agentMessage, keepSession: true))
         case let error as CatalogError:
-            if case .unknownSession = error {
+            switch error {
+            case .unknownSession:
                 return Refusal(code: .storageError, message: error.description, keepSession: false)
+            case .quotaExceeded:
+                return Refusal(code: .quotaExceeded, message: error.description, keepSession: false)
+            case .accountExists, .unknownAccount, .invalidAccountName:
+                return logged(Refusal(code: .internalError, message: "the relay failed to \(what); retry later", keepSession: true))
             }
-            return Refusal(code: .quotaExceeded, message: error.description, keepSession: false)
         default:
-            return Refusal(code: .internalError, message: "relay failed to \(what): \(error)", keepSession: true)
+            return logged(Refusal(code: .internalError, message: "the relay failed to \(what); retry later", keepSession: true))
         }
     }
 
@@ -172,6 +189,11 @@ struct UploadPolicy {
             {
                 do {
                     let staging = try self.openStaging(session, key: key, size: size)
+                    if let full = self.admitSpace((size ?? 0) - session.durableOffset, key: key, account: name) {
+                        // Kept, with its durable bytes, for when there is room.
+                        staging.close()
+                        return .refuse(.storageError, full)
+                    }
                     return .upload(session, staging, sha1, recorded: true, resumed: session.durableOffset > 0, byteLimit: byteLimit)
                 } catch let error as StoreError where error.outcomeUnknown {
                     // The store did not answer: the acknowledged bytes may well be there. Refused for now, kept.
@@ -183,6 +205,9 @@ struct UploadPolicy {
             // Another version of the source, or a session we cannot trust: start over.
             try store.removeStaging(session.stagingName)
             try catalog.deleteSession(id: session.id)
+        }
+        if let full = self.admitSpace(size ?? 0, key: key, account: name) {
+            return .refuse(.storageError, full)
         }
         let id = Self.randomID()
         let session = UploadSession(
@@ -205,6 +230,13 @@ struct UploadPolicy {
         // Recorded by its first durable sync (``UploadStorage``): an upload committed at once never writes a session.
         let staging = try store.openStaging(session.stagingName, for: key, account: name, truncatingTo: 0, expectedSize: size, parts: [])
         return .upload(session, staging, SHA1(), recorded: false, resumed: false, byteLimit: byteLimit)
+    }
+
+    /// Why `bytes` more of `key` cannot be staged on the relay's disk now (SPEC §7), or nil once they are promised to
+    /// the upload (until it ends).
+    private func admitSpace(_ bytes: Int64, key: ObjectKey, account: String) -> String? {
+        let local = self.services.store.localSpace(forBlobOf: max(0, bytes))
+        return self.services.space.admit(local.bytes, claim: KeyClaims.name(account: account, key: key.value))
     }
 
     /// The staging file of a session being resumed: cut to its durable offset, or, striped, as it is.
@@ -263,7 +295,7 @@ struct UploadPolicy {
         let catalog = self.services.catalog
         var results = [Result<Frame.Result.Status, Refusal>?](repeating: nil, count: requests.count)
         func refuse(_ index: Int, _ error: any Error) {
-            results[index] = .failure(Self.refusal(for: error, doing: "commit"))
+            results[index] = .failure(Self.refusal(for: error, doing: "commit", key: requests[index].key, logger: self.services.logger))
         }
         var ready: [(index: Int, pending: PendingCommit)] = []
         for (index, request) in requests.enumerated() {

@@ -70,7 +70,7 @@ final class UploadStorage: Sendable {
             let (consumed, error) = self.write(chunks, at: offset)
             done(.wrote(consumed: consumed, error: error.map { ($0.code, $0.message) }))
         case .sync(let offset):
-            done(.synced(Result { try self.sync(through: offset) }.mapError { UploadPipeline.SyncFailure(description: "\($0)") }))
+            done(.synced(Result { try self.sync(through: offset) }.mapError { self.syncFailure($0) }))
         case .commit(let hash, let written):
             self.commit(hash, written: written) { done(.committed($0)) }
         case .release(let discardSession):
@@ -84,9 +84,9 @@ final class UploadStorage: Sendable {
     /// What the session hears when `step` could not run at all (the thread pool has stopped).
     static func notRun(_ step: UploadPipeline.Action, _ error: any Error) -> RelaySession.StorageCompletion? {
         switch step {
-        case .write: return .wrote(consumed: [], error: (.internalError, "storage work failed: \(error)"))
-        case .sync: return .synced(.failure(UploadPipeline.SyncFailure(description: "\(error)")))
-        case .commit: return .committed(.failure(UploadPolicy.refusal(for: error, doing: "commit")))
+        case .write: return .wrote(consumed: [], error: (.internalError, "the relay is stopping; retry later"))
+        case .sync: return .synced(.failure(UploadPipeline.SyncFailure(description: "the relay is stopping; retry later")))
+        case .commit: return .committed(.failure(UploadPolicy.Refusal(code: .internalError, message: "the relay is stopping; retry later", keepSession: true)))
         case .release, .releaseCommitted, .armSyncTimer, .cancelSyncTimer, .markClosing, .report: return nil
         }
     }
@@ -105,8 +105,9 @@ final class UploadStorage: Sendable {
                 case .success(let raw):
                     do {
                         try self.staging.write(raw, at: base + offset)
+                        self.services.space.wrote(Int64(raw.readableBytes), claim: self.claim)
                     } catch {
-                        return (consumed, .stream(chunk.streamID, .storageError, "\(error)"))
+                        return (consumed, .stream(chunk.streamID, .storageError, self.agentMessage(error, doing: "write")))
                     }
                     // A stripe's bytes are hashed in order with the whole blob, at the main stream's commit.
                     if self.stripe == nil { raw.withUnsafeReadableBytes { self.hash($0, into: &sha1) } }
@@ -137,6 +138,22 @@ final class UploadStorage: Sendable {
     private func probeDigest(size: UInt64) -> String? {
         guard size > Frame.Open.probeLength else { return nil }
         return self.probe.withLockedValue { $0?.hex }
+    }
+
+    /// What the agent is told of a failure to `what` (SPEC §12.3): nothing of the relay's paths, bucket or database;
+    /// those go to the log.
+    private func agentMessage(_ error: any Error, doing what: String) -> String {
+        let full = (error as? StoreError)?.isNoSpace == true
+        if full { self.services.space.noteFull() }
+        self.logger.log(
+            level: full ? .warning : .error, "could not \(what) an upload's bytes",
+            metadata: ["upload.key": "\(self.key)", "account": "\(self.account)", "error": "\(error)"]
+        )
+        return (error as? StoreError)?.agentMessage ?? "the relay failed to \(what) the bytes; retry later"
+    }
+
+    private func syncFailure(_ error: any Error) -> UploadPipeline.SyncFailure {
+        UploadPipeline.SyncFailure(description: self.agentMessage(error, doing: "make durable"))
     }
 
     /// SPEC §6.1: fsync first, then record offset and SHA-1 state; only then acknowledge.
@@ -171,7 +188,7 @@ final class UploadStorage: Sendable {
         if let stripe = self.stripe {
             done(
                 Result { try self.completeStripe(stripe.index, bytes: stripe.length) }.mapError {
-                    UploadPolicy.refusal(for: $0, doing: "record the stripe")
+                    UploadPolicy.refusal(for: $0, doing: "record the stripe", key: self.key, logger: self.logger)
                 }
             )
             return
@@ -180,7 +197,7 @@ final class UploadStorage: Sendable {
             do {
                 try self.hashStripes(size: hash.size)
             } catch {
-                done(.failure(UploadPolicy.refusal(for: error, doing: "verify the stripes")))
+                done(.failure(UploadPolicy.refusal(for: error, doing: "verify the stripes", key: self.key, logger: self.logger)))
                 return
             }
         }
@@ -243,6 +260,7 @@ final class UploadStorage: Sendable {
     /// resume a session this upload just discarded.
     private func release(discardSession: Bool) {
         defer {
+            self.services.space.release(claim: self.claim)
             self.services.uploadSlots.give(1)
             self.services.claims.release(self.claim)
         }

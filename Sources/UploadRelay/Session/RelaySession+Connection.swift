@@ -131,7 +131,9 @@ extension RelaySession {
         case .success(nil):
             return self.failConnection(.unauthenticated, "unknown token (check --token or UPLOAD_TOKEN)")
         case .failure(let error):
-            return self.failConnection(.internalError, "relay catalog failed: \(error)")
+            // The database's words go to the log, not to a peer that may be anyone (SPEC §12.3).
+            return [.log(.error, "catalog failed while checking a token", ["error": "\(error)"])]
+                + self.failConnection(.internalError, "the relay could not check the token (its catalog failed); retry later")
         }
     }
 

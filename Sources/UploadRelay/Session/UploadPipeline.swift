@@ -146,7 +146,7 @@ struct UploadPipeline {
             self.durable = max(self.durable, offset)
             if self.isOpen && advanced { actions.append(.report(.durable(UInt64(offset)))) }
         case .failure(let failure):
-            actions += self.fail(.storageError, "cannot make bytes durable: \(failure.description)", keep: true)
+            actions += self.fail(.storageError, failure.description, keep: true)
             // Nothing more can be made durable: let go.
             self.dropQueue()
             self.written = self.durable

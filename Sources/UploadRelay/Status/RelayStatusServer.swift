@@ -70,7 +70,8 @@ public final class RelayStatusServer: Service, Sendable {
         }
         let endpoint = self.endpoint
         let tls = self.tls
-        let responder = StatusResponder(catalog: self.services.catalog, logger: self.services.logger)
+        let space = self.services.space
+        let responder = StatusResponder(catalog: self.services.catalog, logger: self.services.logger, storageFull: { space.isFull })
         let threadPool = self.services.threadPool
         let logger = self.services.logger
         let listener: any Channel

@@ -19,6 +19,14 @@ public struct KeyStatus: Hashable, Sendable, Codable {
     public var size: Int64?
     /// The object's SHA-1, hex; stored objects only.
     public var sha1: String?
+    /// `full` while the relay that answers has no room to stage uploads (SPEC §7): an upload under way waits for space.
+    /// Absent otherwise.
+    public var relayStorage: String?
+
+    enum CodingKeys: String, CodingKey {
+        case key, status, bytes, size, sha1
+        case relayStorage = "relay_storage"
+    }
 
     public init(key: String, status: Status, bytes: Int64, size: Int64?, sha1: String?) {
         self.key = key
@@ -41,6 +49,13 @@ public struct KeyStatus: Hashable, Sendable, Codable {
 public struct KeyStatusPage: Hashable, Sendable, Codable {
     public var entries: [KeyStatus]
     public var next: String?
+    /// `full` while the relay that answers has no room to stage uploads; absent otherwise.
+    public var relayStorage: String?
+
+    enum CodingKeys: String, CodingKey {
+        case entries, next
+        case relayStorage = "relay_storage"
+    }
 
     /// One entry per key, in the UTF-8 order of the keys, an upload under way before the object it replaces:
     /// `objects` and `sessions` are each the first `limit + 1` of their kind after the page's start, in that order, so
@@ -60,10 +75,17 @@ public struct KeyStatusPage: Hashable, Sendable, Codable {
 public struct StatusResponder: Sendable {
     public let catalog: any Catalog
     public let logger: Logger
+    /// Whether the relay's storage is full now (said in every answer while it is).
+    let storageFull: @Sendable () -> Bool
 
     public init(catalog: any Catalog, logger: Logger) {
+        self.init(catalog: catalog, logger: logger, storageFull: { false })
+    }
+
+    init(catalog: any Catalog, logger: Logger, storageFull: @escaping @Sendable () -> Bool) {
         self.catalog = catalog
         self.logger = logger
+        self.storageFull = storageFull
     }
 
     /// The JSON body of the answer, or the refusal to send instead.
@@ -72,19 +94,25 @@ public struct StatusResponder: Sendable {
             let account = try self.account(request.token)
             let encoder = JSONEncoder()
             encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+            let storage = self.storageFull() ? "full" : nil
             switch request.query {
             case .key(let key):
+                var status: KeyStatus
                 if let session = try self.catalog.session(account: account, key: key) {
-                    return Array(try encoder.encode(KeyStatus(session)))
+                    status = KeyStatus(session)
+                } else if let object = try self.catalog.object(account: account, key: key) {
+                    status = KeyStatus(object)
+                } else {
+                    throw StatusRefusal(.notFound, "no upload under way and no object for key \"\(key)\"")
                 }
-                if let object = try self.catalog.object(account: account, key: key) {
-                    return Array(try encoder.encode(KeyStatus(object)))
-                }
-                throw StatusRefusal(.notFound, "no upload under way and no object for key \"\(key)\"")
+                status.relayStorage = storage
+                return Array(try encoder.encode(status))
             case .list(let prefix, let after, let limit):
                 let objects = try self.catalog.objects(account: account, prefix: prefix, after: after, limit: limit + 1)
                 let sessions = try self.catalog.sessions(account: account, prefix: prefix, after: after, limit: limit + 1)
-                return Array(try encoder.encode(KeyStatusPage.merge(objects: objects, sessions: sessions, limit: limit)))
+                var page = KeyStatusPage.merge(objects: objects, sessions: sessions, limit: limit)
+                page.relayStorage = storage
+                return Array(try encoder.encode(page))
             }
         } catch let refusal as StatusRefusal {
             throw refusal

@@ -53,6 +53,9 @@ public protocol BlobStore: Sendable {
     /// The account and key a staging was made for, when its name says (an S3 multipart upload's does): cleanup then
     /// removes it, whatever its age, once no upload holds the key and no session names it. Nil: by age only.
     func stagingOwner(_ name: String) -> (account: String, key: String)?
+    /// Where this store keeps an upload's bytes on the relay's own disk, and the most of a blob of `size` bytes it keeps
+    /// there at once: the relay admits an upload only when they fit above its free-space reserve (SPEC §7).
+    func localSpace(forBlobOf size: Int64) -> (directory: String, bytes: Int64)
 }
 
 /// One object of a group commit: staged bytes and where they go.
@@ -164,6 +167,14 @@ public struct StoreError: Error, Hashable, Sendable, CustomStringConvertible {
         self.madeVisible = madeVisible
         self.alreadyExists = alreadyExists
         self.outcomeUnknown = outcomeUnknown
+    }
+}
+
+extension StoreError {
+    /// What an agent is told of this failure (SPEC §12.3): what it can act on, never the relay's paths, staging names,
+    /// bucket or the store's own words, which go to the relay's log.
+    public var agentMessage: String {
+        self.isNoSpace ? "the relay's storage is full; retry later" : "the relay's storage failed; retry later"
     }
 }
 

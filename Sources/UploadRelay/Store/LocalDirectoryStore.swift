@@ -127,6 +127,11 @@ public final class LocalDirectoryStore: BlobStore {
         )
     }
 
+    /// Every byte of an upload is staged here until its commit renames it into place.
+    public func localSpace(forBlobOf size: Int64) -> (directory: String, bytes: Int64) {
+        (self.stagingDirectory, size)
+    }
+
     /// Where the staging file `name` is; `name` must be a plain file name.
     private func stagingPath(_ name: String) throws -> String {
         guard !name.isEmpty, !name.contains("/"), name != ".", name != ".." else {

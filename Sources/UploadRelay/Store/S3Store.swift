@@ -217,6 +217,11 @@ public final class S3Store: BlobStore, Sendable {
         return (account, key)
     }
 
+    /// Only the bytes since the last part wait on the relay's disk, in the spool: less than two parts.
+    public func localSpace(forBlobOf size: Int64) -> (directory: String, bytes: Int64) {
+        (self.spoolDirectory, min(size, 2 * self.partBytes(number: 1, size: size)))
+    }
+
     // MARK: Objects
 
     public func commit(_ staging: any StagingFile, as key: ObjectKey, account: String) throws -> ObjectIdentity {

@@ -1,0 +1,123 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import Logging
+import NIOConcurrencyHelpers
+
+/// The relay's disk as uploads see it: an OPEN is admitted only when the bytes it will still stage on the relay's own
+/// disk fit the free space, less what the uploads open now will still write there, above a reserve (SPEC §7, §10). An
+/// upload that could never fit is refused before a byte is staged, instead of failing half-way and leaving its bytes on
+/// a full disk until its session expires.
+///
+/// Each admitted upload's promise is kept under its claim (one upload per key at a time) and shrinks as its bytes are
+/// written (they then show in the free space itself); it goes when the upload ends.
+final class StorageSpace: Sendable {
+    /// Where the store stages bytes on the relay's disk, and the bytes kept free there.
+    let directory: String
+    let reserve: Int64
+    private let logger: Logger
+    /// Free bytes and size of the file system holding a directory (``look(_:)``; tests give their own).
+    private let measure: @Sendable (String) -> (free: Int64, size: Int64)?
+
+    private struct State {
+        /// Bytes each open upload may still write, by claim.
+        var promised: [String: Int64] = [:]
+        /// Whether the last look found no room (logged once per change).
+        var full = false
+        /// What the last look saw, for the status endpoint and messages.
+        var free: Int64 = 0
+    }
+
+    private let state = NIOLockedValueBox(State())
+
+    /// `reserve` nil: the default, 1 GiB or a twentieth of the file system, whichever is smaller.
+    init(
+        directory: String, reserve: Int64?, logger: Logger,
+        measure: @escaping @Sendable (String) -> (free: Int64, size: Int64)? = StorageSpace.look
+    ) {
+        self.directory = directory
+        self.logger = logger
+        self.measure = measure
+        if let reserve {
+            self.reserve = max(0, reserve)
+        } else {
+            let size = measure(directory).map(\.size) ?? 0
+            self.reserve = min(Self.defaultReserve, size / 20)
+        }
+    }
+
+    /// The default reserve's ceiling: 1 GiB.
+    static let defaultReserve: Int64 = 1 << 30
+
+    /// Free bytes for an unprivileged writer and the file system's size, or nil when it cannot be asked.
+    static func look(_ directory: String) -> (free: Int64, size: Int64)? {
+        var info = statvfs()
+        guard statvfs(directory, &info) == 0 else { return nil }
+        let unit = Int64(info.f_frsize)
+        return (Int64(info.f_bavail) * unit, Int64(info.f_blocks) * unit)
+    }
+
+    /// Why `bytes` more cannot be staged for the upload holding `claim`, or nil once they are promised to it.
+    func admit(_ bytes: Int64, claim: String) -> String? {
+        guard let look = self.measure(self.directory) else { return nil }
+        let outcome: (refused: String?, changed: Bool, free: Int64, promised: Int64) = self.state.withLockedValue { state in
+            let others = state.promised.filter { $0.key != claim }.values.reduce(0, +)
+            let room = look.free - others - self.reserve
+            let wasFull = state.full
+            state.free = look.free
+            guard bytes <= room else {
+                state.full = true
+                return ("the relay's storage is full (\(max(0, room)) bytes free for uploads, \(bytes) needed); retry later", !wasFull, look.free, others)
+            }
+            state.promised[claim] = max(0, bytes)
+            state.full = look.free - others - bytes < self.reserve
+            return (nil, wasFull != state.full, look.free, others)
+        }
+        if outcome.changed {
+            let metadata: Logger.Metadata = [
+                "storage.free": "\(outcome.free)", "storage.reserve": "\(self.reserve)", "storage.promised": "\(outcome.promised)",
+                "storage.directory": "\(self.directory)",
+            ]
+            if outcome.refused != nil {
+                self.logger.warning("storage full: uploads that do not fit above the reserve are refused until space is freed", metadata: metadata)
+            } else {
+                self.logger.notice("storage has room again", metadata: metadata)
+            }
+        }
+        return outcome.refused
+    }
+
+    /// `bytes` of the upload holding `claim` were written: they count in the free space now.
+    func wrote(_ bytes: Int64, claim: String) {
+        self.state.withLockedValue { state in
+            guard let left = state.promised[claim] else { return }
+            state.promised[claim] = max(0, left - bytes)
+        }
+    }
+
+    /// The upload holding `claim` ended: what it did not write is free again.
+    func release(claim: String) {
+        self.state.withLockedValue { _ = $0.promised.removeValue(forKey: claim) }
+    }
+
+    /// A write found the disk full (something else filled it): said at once, not at the next OPEN.
+    func noteFull() {
+        let changed = self.state.withLockedValue { state in
+            defer { state.full = true }
+            return !state.full
+        }
+        if changed {
+            self.logger.warning(
+                "storage full: a write found no space left", metadata: ["storage.directory": "\(self.directory)", "storage.reserve": "\(self.reserve)"]
+            )
+        }
+    }
+
+    /// Whether the relay's storage is full now: less free than the reserve and what open uploads will still write.
+    var isFull: Bool {
+        guard let look = self.measure(self.directory) else { return false }
+        return self.state.withLockedValue { state in
+            look.free - state.promised.values.reduce(0, +) < self.reserve
+        }
+    }
+}

@@ -1,0 +1,106 @@
+import Foundation
+import Logging
+import NIOConcurrencyHelpers
+import NIOPosix
+import Testing
+import UploadProtocol
+@testable import UploadRelay
+import UploadTestSupport
+
+/// An upload that cannot fit the relay's disk is refused at OPEN, before a byte is staged (SPEC §7); what agents are
+/// told of storage failures names nothing of the relay's (SPEC §12.3).
+@Suite("Relay: free space at OPEN, and what agents are told of storage failures")
+struct StorageSpaceTests {
+    static let megabyte: Int64 = 1_000_000
+
+    /// A relay whose disk has `free` bytes (as the test sets them) and keeps `reserve` of them.
+    static func services(free: NIOLockedValueBox<Int64>, reserve: Int64) throws -> RelayServices {
+        let root = TemporaryDirectories.make(prefix: "upload-space-")
+        var configuration = RelayConfiguration(certificatePath: "-", privateKeyPath: "-", dataDirectory: root)
+        configuration.minFreeBytes = reserve
+        let catalog = try SQLiteCatalog(path: configuration.catalogPath)
+        try catalog.addAccount(name: "cam-7", tokenHash: Tokens.hash(Array("t".utf8)), quota: nil)
+        let store = try LocalDirectoryStore(root: configuration.storePath, stagingDirectory: configuration.stagingDirectory)
+        return RelayServices(
+            configuration: configuration, catalog: catalog, store: store, threadPool: .singleton, logger: Logger(label: "test"),
+            measureSpace: { _ in (free.withLockedValue { $0 }, 1 << 40) }
+        )
+    }
+
+    enum Answer: Equatable {
+        case upload
+        case refused(WireErrorCode, String)
+    }
+
+    static func open(_ key: String, size: Int64, _ services: RelayServices) throws -> (Answer, (any StagingFile)?) {
+        let account = try #require(try services.catalog.account(named: "cam-7"))
+        let open = Frame.Open(streamID: 1, key: key, size: UInt64(size))
+        switch UploadPolicy(services: services).open(account: account, open: open, key: try ObjectKey(validating: key)) {
+        case .upload(_, let staging, _, _, _, _): return (.upload, staging)
+        case .refuse(let code, let message): return (.refused(code, message), nil)
+        case .stored, .confirm, .stripe: return (.refused(.internalError, "unexpected answer"), nil)
+        }
+    }
+
+    static func staged(_ services: RelayServices) -> [String] {
+        let directory = services.configuration.stagingDirectory
+        return ((try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? []).filter { !$0.hasPrefix(".") }
+    }
+
+    @Test("an upload larger than the free space above the reserve is refused at OPEN with STORAGE_ERROR, nothing staged; open uploads' promises count until they end")
+    func refusedAtOpen() throws {
+        let free = NIOLockedValueBox<Int64>(50 * Self.megabyte)
+        let services = try Self.services(free: free, reserve: Self.megabyte)
+
+        let (big, _) = try Self.open("videos/big.mp4", size: 100 * Self.megabyte, services)
+        guard case .refused(.storageError, let message) = big else {
+            Issue.record("a 100 MB upload on a disk with 50 MB free was answered \(big)")
+            return
+        }
+        #expect(message.contains("storage is full") && message.contains("retry later"), "\(message)")
+        #expect(!message.contains(services.configuration.dataDirectory), "the message names the relay's directory: \(message)")
+        #expect(Self.staged(services).isEmpty, "a refused upload staged \(Self.staged(services))")
+        #expect(try services.catalog.session(account: "cam-7", key: "videos/big.mp4") == nil)
+        #expect(services.space.isFull == false, "49 MB above the reserve is not full")
+
+        // 30 MB fits; a second 30 MB does not while the first may still write its 30.
+        let (first, staging) = try Self.open("a.bin", size: 30 * Self.megabyte, services)
+        #expect(first == .upload)
+        let (second, _) = try Self.open("b.bin", size: 30 * Self.megabyte, services)
+        guard case .refused(.storageError, _) = second else {
+            Issue.record("two uploads of 30 MB were both admitted on 49 MB: \(second)")
+            return
+        }
+        // The first writes 20 MB (the disk has 20 MB less free): its promise shrinks with them, so 30 MB still does not fit.
+        services.space.wrote(20 * Self.megabyte, claim: KeyClaims.name(account: "cam-7", key: "a.bin"))
+        free.withLockedValue { $0 -= 20 * Self.megabyte }
+        #expect(try Self.open("b.bin", size: 30 * Self.megabyte, services).0 != .upload)
+        #expect(try Self.open("b.bin", size: 15 * Self.megabyte, services).0 == .upload)
+        services.space.release(claim: KeyClaims.name(account: "cam-7", key: "b.bin"))
+        // The first ends (its last 10 MB never written): 30 MB of room above the reserve's 1 MB minus nothing promised.
+        staging?.close()
+        services.space.release(claim: KeyClaims.name(account: "cam-7", key: "a.bin"))
+        #expect(try Self.open("b.bin", size: 28 * Self.megabyte, services).0 == .upload)
+
+        // A disk below its reserve is full: even an upload of unknown size is refused, and the status endpoint says so.
+        free.withLockedValue { $0 = Self.megabyte / 2 }
+        #expect(services.space.isFull)
+    }
+
+    @Test("storage failures reach agents as what they can act on: no path, staging name or bucket")
+    func agentMessages() throws {
+        let key = try ObjectKey(validating: "a/b.jpg")
+        let logger = Logger(label: "test")
+        let full = UploadPolicy.refusal(
+            for: StoreError("cannot write 1048576 bytes at offset 52428800 of /srv/relay/staging/4f86: No space left on device", isNoSpace: true),
+            doing: "commit", key: key, logger: logger
+        )
+        #expect(full.code == .storageError && full.message == "the relay's storage is full; retry later")
+        let s3 = UploadPolicy.refusal(
+            for: StoreError("s3://photos/relay/cam-7/a/b.jpg: HTTP 503 SlowDown", outcomeUnknown: true), doing: "commit", key: key, logger: logger
+        )
+        #expect(s3.code == .storageError && !s3.message.contains("s3://") && !s3.message.contains("photos"), "\(s3.message)")
+        let database = UploadPolicy.refusal(for: CatalogFailure("PostgreSQL: password authentication failed for user \"upload\""), doing: "commit", key: key, logger: logger)
+        #expect(database.code == .internalError && !database.message.contains("PostgreSQL") && !database.message.contains("upload\""), "\(database.message)")
+    }
+}
