@@ -204,7 +204,7 @@ public enum RelayRuntime {
         configuration: RelayConfiguration, catalog: any Catalog, logger: Logger
     ) throws -> RelayServices {
         var configuration = configuration
-        let store = try Self.makeStore(&configuration)
+        let store = try Self.makeStore(&configuration, ledger: catalog as? any MultipartLedger, logger: logger)
         // Under each key's lock across relays when the catalog is shared: other relays' uploads and commits run on.
         let startup = KeyGuard.claiming(KeyClaims(locks: catalog.keyLocks))
         try Self.recover(catalog: catalog, store: store, logger: logger, keys: startup)
@@ -228,14 +228,20 @@ public enum RelayRuntime {
     }
 
     /// The store the configuration names: an S3 bucket (which takes no stripes), or the local directory.
-    static func makeStore(_ configuration: inout RelayConfiguration) throws -> any BlobStore {
+    static func makeStore(_ configuration: inout RelayConfiguration, ledger: (any MultipartLedger)?, logger: Logger) throws -> any BlobStore {
         if let s3 = configuration.s3 {
+            if s3.prefix.isEmpty {
+                logger.warning(
+                    "the S3 store has no prefix: objects go at the top of the bucket; share the bucket with nothing else, or give --store s3://BUCKET/PREFIX",
+                    metadata: ["s3.bucket": "\(s3.bucket)"]
+                )
+            }
             configuration.allowStripes = false
             configuration.maxBlobSize = min(configuration.maxBlobSize, S3Store.maxObjectBytes)
             let client = S3Client(endpoint: s3.endpoint, credentials: s3.credentials, http: HTTPClient.shared)
             return try S3Store(
                 client: client, bucket: s3.bucket, prefix: s3.prefix, spoolDirectory: configuration.spoolDirectory,
-                minPartBytes: s3.minPartBytes, modes: configuration.fileModes
+                minPartBytes: s3.minPartBytes, modes: configuration.fileModes, ledger: ledger, logger: logger
             )
         }
         return try LocalDirectoryStore(

@@ -53,6 +53,26 @@ struct CatalogContractTests {
 
     static let identity = ObjectIdentity(device: 1, inode: UInt64.max - 5, size: 10, modified: -3)
 
+    @Test("the multipart ledger: intents recorded before their upload, their upload id after, listed oldest first, forgotten; kept across a reopen", arguments: Backend.allCases)
+    func multipartLedger(_ backend: Backend) throws {
+        try Self.withCatalog(backend) { catalog, reopen in
+            let ledger = try #require(catalog as? any MultipartLedger)
+            let before = Date().addingTimeInterval(-1)
+            let first = try ledger.recordMultipartIntent(account: "alice", key: "v/a.mp4", objectKey: "relay/alice/v/a.mp4")
+            let second = try ledger.recordMultipartIntent(account: "bob", key: "b", objectKey: "relay/bob/b")
+            #expect(first != second)
+            try ledger.recordMultipartUpload(intent: first, uploadID: "upload-1")
+            let intents = try ledger.multipartIntents()
+            #expect(intents.map(\.id) == [first, second])
+            #expect(intents.map(\.uploadID) == ["upload-1", nil])
+            #expect(intents.first?.objectKey == "relay/alice/v/a.mp4" && intents.first?.account == "alice" && intents.first?.key == "v/a.mp4")
+            #expect(intents.allSatisfy { $0.createdAt >= before && $0.createdAt <= Date().addingTimeInterval(1) })
+            try ledger.forgetMultipartIntent(id: first)
+            let again = try #require(try reopen() as? any MultipartLedger)
+            #expect(try again.multipartIntents().map(\.key) == ["b"])
+        }
+    }
+
     @Test("accounts: added once, found by token hash and by name, listed in order, revoked; bad names and twins refused", arguments: Backend.allCases)
     func accounts(_ backend: Backend) throws {
         try Self.withCatalog(backend) { catalog, _ in

@@ -6,10 +6,28 @@ import UploadTestSupport
 
 @testable import UploadRelay
 
-/// Multipart uploads a relay made and never recorded (killed between the two): against the run's real SeaweedFS.
+/// Multipart uploads a relay began and never recorded (killed between the two), and other writers' uploads in the same
+/// bucket: against the run's real SeaweedFS.
 @Suite("S3 orphans (SeaweedFS)")
 struct S3OrphanTests {
-    @Test("cleanup aborts a multipart upload that no session names once no upload holds its key, however young; one whose key is held, one a session names, and one not of a key of ours stay")
+    /// Begins a multipart upload of `objectKey` as the relay does: recorded in the ledger first (its upload id too, unless
+    /// the relay "died" before it heard it).
+    static func begin(
+        _ objectKey: String, account: String, key: String, ledger: any MultipartLedger, client: S3Client, bucket: String, recordID: Bool = true
+    ) async throws -> String {
+        let intent = try ledger.recordMultipartIntent(account: account, key: key, objectKey: objectKey)
+        let id = try await client.createMultipartUpload(bucket: bucket, key: objectKey)
+        if recordID { try ledger.recordMultipartUpload(intent: intent, uploadID: id) }
+        return id
+    }
+
+    static var quiet: Logger {
+        var logger = Logger(label: "test-orphans")
+        logger.logLevel = .critical
+        return logger
+    }
+
+    @Test("cleanup aborts the multipart uploads the relays began and no session names, once no upload holds their key; never another writer's, even of a key that reads as an account's")
     func orphans() async throws {
         let server = try S3TestServer()
         try await S3TestServer.withBucket { client, bucket in
@@ -18,13 +36,20 @@ struct S3OrphanTests {
             try catalog.addAccount(name: "cam-7", tokenHash: [1], quota: nil)
             let store = try S3Store(
                 client: S3Client(endpoint: server.endpoint, credentials: server.credentials, http: .shared), bucket: bucket,
-                prefix: "relay", spoolDirectory: root + "/spool"
+                prefix: "relay", spoolDirectory: root + "/spool", ledger: catalog
             )
-            var uploads: [String: String] = [:]
-            for key in ["relay/cam-7/orphan.mov", "relay/cam-7/held.mov", "relay/cam-7/recorded.mov", "relay/not-a-key"] {
-                uploads[key] = try await client.createMultipartUpload(bucket: bucket, key: key)
+            for key in ["orphan.mov", "held.mov", "recorded.mov"] {
+                _ = try await Self.begin("relay/cam-7/" + key, account: "cam-7", key: key, ledger: catalog, client: client, bucket: bucket)
             }
-            let recorded = S3Store.name(uploadID: try #require(uploads["relay/cam-7/recorded.mov"]), key: "relay/cam-7/recorded.mov")
+            // Killed after CreateMultipartUpload, before it recorded the id: found by its key and time.
+            _ = try await Self.begin(
+                "relay/cam-7/unheard.mov", account: "cam-7", key: "unheard.mov", ledger: catalog, client: client, bucket: bucket, recordID: false
+            )
+            // Another tool's uploads under the same prefix, one of a key that reads as the account's.
+            _ = try await client.createMultipartUpload(bucket: bucket, key: "relay/cam-7/foreign.mov")
+            _ = try await client.createMultipartUpload(bucket: bucket, key: "relay/not-a-key")
+            let recordedID = try #require(try catalog.multipartIntents().first { $0.key == "recorded.mov" }?.uploadID)
+            let recorded = S3Store.name(uploadID: recordedID, key: "relay/cam-7/recorded.mov")
             try catalog.putSession(
                 UploadSession(
                     id: "s1", account: "cam-7", key: "recorded.mov", resumeToken: [1], fingerprint: [], declaredSize: nil,
@@ -32,27 +57,50 @@ struct S3OrphanTests {
                 )
             )
             #expect(store.stagingOwner(recorded)! == ("cam-7", "recorded.mov"))
-            #expect(store.stagingOwner(S3Store.name(uploadID: "x", key: "relay/not-a-key")) == nil)
             let claims = KeyClaims()
             let held = KeyClaims.name(account: "cam-7", key: "held.mov")
             #expect(claims.claim(held, whenFree: {}) == .claimed)
-            var logger = Logger(label: "test-orphans")
-            logger.logLevel = .critical
             // As the relay's maintenance runs it: sessions expire after an hour, nameless stagings after that too.
             try RelayRuntime.cleanUp(
-                catalog: catalog, store: store, expiry: .seconds(3600), logger: logger, keys: .claiming(claims),
+                catalog: catalog, store: store, expiry: .seconds(3600), logger: Self.quiet, keys: .claiming(claims),
                 orphansBefore: Date().addingTimeInterval(-3600)
             )
             let left = Set(try await client.listMultipartUploads(bucket: bucket, prefix: "").map(\.key))
-            #expect(left == ["relay/cam-7/held.mov", "relay/cam-7/recorded.mov", "relay/not-a-key"])
-            // Once the key is let go, the next pass takes its orphan too.
+            #expect(left == ["relay/cam-7/held.mov", "relay/cam-7/recorded.mov", "relay/cam-7/foreign.mov", "relay/not-a-key"])
+            // Once the key is let go, the next pass takes its orphan too; the other writer's stay, whatever their key.
             claims.release(held)
             try RelayRuntime.cleanUp(
-                catalog: catalog, store: store, expiry: .seconds(3600), logger: logger, keys: .claiming(claims),
+                catalog: catalog, store: store, expiry: .seconds(3600), logger: Self.quiet, keys: .claiming(claims),
                 orphansBefore: Date().addingTimeInterval(-3600)
             )
             let after = Set(try await client.listMultipartUploads(bucket: bucket, prefix: "").map(\.key))
-            #expect(after == ["relay/cam-7/recorded.mov", "relay/not-a-key"])
+            #expect(after == ["relay/cam-7/recorded.mov", "relay/cam-7/foreign.mov", "relay/not-a-key"])
+            // The ledger keeps only what is still there: the recorded session's upload.
+            #expect(try catalog.multipartIntents().map(\.key) == ["recorded.mov"])
+        }
+    }
+
+    @Test("a store with no prefix (the whole bucket) leaves other writers' multipart uploads alone, at startup and after")
+    func wholeBucket() async throws {
+        let server = try S3TestServer()
+        try await S3TestServer.withBucket { client, bucket in
+            let root = TemporaryDirectories.make(prefix: "upload-s3-bucket-")
+            let catalog = try SQLiteCatalog(path: root + "/catalog.sqlite")
+            try catalog.addAccount(name: "cam-7", tokenHash: [1], quota: nil)
+            let store = try S3Store(
+                client: S3Client(endpoint: server.endpoint, credentials: server.credentials, http: .shared), bucket: bucket,
+                prefix: "", spoolDirectory: root + "/spool", ledger: catalog
+            )
+            let others = ["backups/2024/db.tar", "other-app/videos/big.mp4"]
+            for key in others { _ = try await client.createMultipartUpload(bucket: bucket, key: key) }
+            _ = try await Self.begin("cam-7/orphan.mov", account: "cam-7", key: "orphan.mov", ledger: catalog, client: client, bucket: bucket)
+            // At startup (every staging an orphan whatever its age), then as maintenance.
+            try RelayRuntime.cleanUp(catalog: catalog, store: store, expiry: .seconds(3600), logger: Self.quiet)
+            try RelayRuntime.cleanUp(
+                catalog: catalog, store: store, expiry: .seconds(3600), logger: Self.quiet, orphansBefore: Date().addingTimeInterval(-3600)
+            )
+            let left = Set(try await client.listMultipartUploads(bucket: bucket, prefix: "").map(\.key))
+            #expect(left == Set(others))
         }
     }
 }

@@ -25,8 +25,8 @@ public final class PostgresCatalog: Catalog, @unchecked Sendable {
     public var keyLocks: (any KeyLocks)? { self.locks }
 
     /// The schema version this code writes: the SQLite catalog's migrations, v1 to v6, v7 (indexes in byte order) and
-    /// v8 (what the uploads open on each relay announced).
-    static let schemaVersion = 8
+    /// v8 (what the uploads open on each relay announced) and v9 (the multipart uploads begun, ``MultipartLedger``).
+    static let schemaVersion = 9
 
     /// Connects (lazily, from a pool) to `url`, `postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?sslmode=disable|require]`,
     /// and migrates the schema.
@@ -317,6 +317,17 @@ public final class PostgresCatalog: Catalog, @unchecked Sendable {
                 CREATE TABLE open_reservation (
                     account TEXT NOT NULL REFERENCES account(name), key TEXT NOT NULL, bytes BIGINT NOT NULL,
                     holder_pid INTEGER NOT NULL, lock_id BIGINT NOT NULL, PRIMARY KEY (account, key)
+                )
+                """
+            ]
+        ),
+        (
+            9,
+            [
+                """
+                CREATE TABLE multipart_intent (
+                    id BIGSERIAL PRIMARY KEY, account TEXT NOT NULL, key TEXT NOT NULL, object_key TEXT NOT NULL,
+                    upload_id TEXT, created_at DOUBLE PRECISION NOT NULL
                 )
                 """
             ]

@@ -128,6 +128,21 @@ public final class SQLiteCatalog: Catalog {
                     """
             )
         }
+        // Versions 7 and 8 are PostgreSQL's alone (key order, reservations across relays).
+        migrator.registerMigration("v9: multipart uploads begun (the S3 store's ledger)") { db in
+            try db.execute(
+                sql: """
+                    CREATE TABLE multipart_intent (
+                        id INTEGER PRIMARY KEY AUTOINCREMENT,
+                        account TEXT NOT NULL,
+                        key TEXT NOT NULL,
+                        object_key TEXT NOT NULL,
+                        upload_id TEXT,
+                        created_at REAL NOT NULL
+                    );
+                    """
+            )
+        }
         return migrator
     }
 

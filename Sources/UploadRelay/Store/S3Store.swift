@@ -7,6 +7,7 @@ import AsyncHTTPClient
 import Crypto
 import Dispatch
 import Foundation
+import Logging
 import NIOConcurrencyHelpers
 import NIOCore
 import UploadChecksums
@@ -45,6 +46,10 @@ public final class S3Store: BlobStore, Sendable {
     public let orphanGrace: TimeInterval
     /// The modes of the spool directory and files.
     public let modes: FileModes
+    /// Where the multipart uploads the relays begin are recorded before they begin (the catalog): cleanup aborts those
+    /// alone, never another writer's in a shared bucket. Nil: cleanup aborts no multipart upload it finds.
+    public let ledger: (any MultipartLedger)?
+    private let logger: Logger?
 
     /// S3's least part size (but the last).
     public static let s3MinPartBytes: Int64 = 5 << 20
@@ -55,8 +60,10 @@ public final class S3Store: BlobStore, Sendable {
 
     public init(
         client: S3Client, bucket: String, prefix: String, spoolDirectory: String, minPartBytes: Int64 = S3Store.s3MinPartBytes,
-        orphanGrace: TimeInterval = 3600, modes: FileModes = .private
+        orphanGrace: TimeInterval = 3600, modes: FileModes = .private, ledger: (any MultipartLedger)? = nil, logger: Logger? = nil
     ) throws {
+        self.ledger = ledger
+        self.logger = logger
         self.client = client
         self.bucket = bucket
         let trimmed = prefix.split(separator: "/").joined(separator: "/")
@@ -124,7 +131,9 @@ public final class S3Store: BlobStore, Sendable {
             guard offset > 0 else {
                 // Nothing of it is durable for this session: start clean.
                 try self.removeStaging(name)
-                return try self.newStaging(name: Self.randomName(), objectKey: objectKey, expectedSize: expectedSize, upload: nil, base: 0)
+                return try self.newStaging(
+                    name: Self.randomName(), key: key, account: account, objectKey: objectKey, expectedSize: expectedSize, upload: nil, base: 0
+                )
             }
             // The recorded parts that make exactly the durable offset, 1, 2, ... in order; any after them were uploaded
             // by a relay that stopped before recording them, and are replaced.
@@ -145,10 +154,15 @@ public final class S3Store: BlobStore, Sendable {
         } else if offset > 0 {
             throw StoreError("staging \(name) holds no multipart upload, so not its \(offset) durable bytes")
         }
-        return try self.newStaging(name: name, objectKey: objectKey, expectedSize: expectedSize, upload: upload, base: offset)
+        return try self.newStaging(
+            name: name, key: key, account: account, objectKey: objectKey, expectedSize: expectedSize, upload: upload, base: offset
+        )
     }
 
-    private func newStaging(name: String, objectKey: String, expectedSize: Int64?, upload: (id: String, parts: [StagedPart])?, base: Int64)
+    private func newStaging(
+        name: String, key: ObjectKey, account: String, objectKey: String, expectedSize: Int64?, upload: (id: String, parts: [StagedPart])?,
+        base: Int64
+    )
         throws -> S3StagingFile
     {
         let spool = self.spoolDirectory + "/" + Self.randomName() + ".spool"
@@ -157,7 +171,7 @@ public final class S3Store: BlobStore, Sendable {
             throw StoreError("cannot create spool file \(spool): \(LocalDirectoryStore.reason())", isNoSpace: errno == ENOSPC)
         }
         return S3StagingFile(
-            store: self, name: name, objectKey: objectKey, spoolPath: spool, descriptor: fd, base: base, upload: upload,
+            store: self, name: name, key: key, account: account, objectKey: objectKey, spoolPath: spool, descriptor: fd, base: base, upload: upload,
             expectedSize: expectedSize
         )
     }
@@ -169,6 +183,14 @@ public final class S3Store: BlobStore, Sendable {
     public func removeStaging(_ name: String) throws {
         if let upload = Self.upload(inName: name) {
             try self.blocking { try await self.client.abortMultipartUpload(bucket: self.bucket, key: upload.key, uploadID: upload.id) }
+            // Gone: its record goes too, and any of the same key whose relay never heard its id (whoever removes a
+            // staging holds its key: no upload of it is under way).
+            if let ledger = self.ledger {
+                for intent in try ledger.multipartIntents()
+                where intent.objectKey == upload.key && (intent.uploadID == upload.id || intent.uploadID == nil) {
+                    try ledger.forgetMultipartIntent(id: intent.id)
+                }
+            }
         } else if name.hasSuffix(".spool"), !name.contains("/") {
             unlink(self.spoolDirectory + "/" + name)
         }
@@ -180,8 +202,13 @@ public final class S3Store: BlobStore, Sendable {
         return uploads.contains { $0.uploadID == upload.id && $0.key == upload.key }
     }
 
-    /// Spool files left by a relay that stopped, and multipart uploads under the prefix begun longer than
-    /// ``orphanGrace`` ago (by their names: those a session records are kept by cleanup).
+    /// Spool files left by a relay that stopped, and the multipart uploads under the prefix that the ledger says the
+    /// relays began (cleanup keeps those a session names, and aborts the others once no upload holds their key). A
+    /// multipart upload the ledger does not name is another writer's: it is never listed here, so never aborted.
+    ///
+    /// An intent whose upload completed or was aborted is forgotten here; one whose relay stopped before its
+    /// CreateMultipartUpload was answered names the uploads of its key begun since it was recorded (a few minutes'
+    /// leeway for the clocks), and is forgotten once ``orphanGrace`` passed with none.
     public func stagingFiles() throws -> [(name: String, modified: Date)] {
         var found: [(name: String, modified: Date)] = []
         if let entries = try? FileManager.default.contentsOfDirectory(atPath: self.spoolDirectory) {
@@ -191,21 +218,39 @@ public final class S3Store: BlobStore, Sendable {
                 found.append((entry, Date(timeIntervalSince1970: TimeInterval(info.st_mtim.tv_sec))))
             }
         }
+        guard let ledger = self.ledger else { return found }
+        // Read before the listing: an intent with an upload id here has its upload in the listing, unless it ended.
+        let intents = try ledger.multipartIntents()
         let uploads = try self.blocking { try await self.client.listMultipartUploads(bucket: self.bucket, prefix: self.prefix) }
-        let cutoff = Date().addingTimeInterval(-self.orphanGrace)
-        for upload in uploads {
-            let name = Self.name(uploadID: upload.uploadID, key: upload.key)
-            if self.stagingOwner(name) != nil {
-                // Cleanup looks at it under its key, whatever its age.
-                found.append((name, Self.date(upload.initiated) ?? .distantPast))
-                continue
+        var ours = Set<String>()
+        let now = Date()
+        for intent in intents {
+            let matching = uploads.filter { upload in
+                guard upload.key == intent.objectKey else { return false }
+                if let id = intent.uploadID { return upload.uploadID == id }
+                return (Self.date(upload.initiated) ?? .distantPast) >= intent.createdAt.addingTimeInterval(-Self.clockLeeway)
             }
-            // Not one of a key of ours, or its start unreadable: left alone until well past its start.
-            guard let begun = Self.date(upload.initiated), begun < cutoff else { continue }
-            found.append((name, begun))
+            for upload in matching {
+                ours.insert(upload.uploadID)
+                found.append((Self.name(uploadID: upload.uploadID, key: upload.key), Self.date(upload.initiated) ?? .distantPast))
+            }
+            let begunAndGone = intent.uploadID != nil && matching.isEmpty
+            let neverBegun = intent.uploadID == nil && matching.isEmpty && intent.createdAt < now.addingTimeInterval(-self.orphanGrace)
+            if begunAndGone || neverBegun { try ledger.forgetMultipartIntent(id: intent.id) }
+        }
+        let foreign = uploads.filter { !ours.contains($0.uploadID) }
+        if !foreign.isEmpty {
+            self.logger?.warning(
+                "multipart uploads under the store's prefix that no relay of this catalog began: left alone (give the relays a prefix of their own)",
+                metadata: ["s3.bucket": "\(self.bucket)", "s3.prefix": "\(self.prefix)", "uploads": "\(foreign.count)"]
+            )
         }
         return found
     }
+
+    /// How much earlier than its intent's record a multipart upload may seem to begin (the bucket's clock against the
+    /// relay's) and still be the intent's.
+    static let clockLeeway: TimeInterval = 300
 
     /// The account and key of a multipart upload under the prefix, by its staging name.
     public func stagingOwner(_ name: String) -> (account: String, key: String)? {
@@ -376,6 +421,8 @@ public final class S3Store: BlobStore, Sendable {
 /// One upload's staging in S3: its multipart upload (created at its first part) and the spool of the bytes since.
 final class S3StagingFile: StagingFile, @unchecked Sendable {
     let name: String
+    let key: ObjectKey
+    let account: String
     let objectKey: String
     private let store: S3Store
     private let spoolPath: String
@@ -392,11 +439,13 @@ final class S3StagingFile: StagingFile, @unchecked Sendable {
     private var unrecorded: [StagedPart] = []
 
     init(
-        store: S3Store, name: String, objectKey: String, spoolPath: String, descriptor: Int32, base: Int64,
+        store: S3Store, name: String, key: ObjectKey, account: String, objectKey: String, spoolPath: String, descriptor: Int32, base: Int64,
         upload: (id: String, parts: [StagedPart])?, expectedSize: Int64?
     ) {
         self.store = store
         self.name = name
+        self.key = key
+        self.account = account
         self.objectKey = objectKey
         self.spoolPath = spoolPath
         self.descriptor = descriptor
@@ -470,8 +519,11 @@ final class S3StagingFile: StagingFile, @unchecked Sendable {
         if let upload = self.upload {
             id = upload.id
         } else {
+            // Recorded before it exists: cleanup aborts only what the ledger names (never another writer's upload).
+            let intent = try store.ledger?.recordMultipartIntent(account: self.account, key: self.key.value, objectKey: key)
             id = try store.blocking { try await store.client.createMultipartUpload(bucket: store.bucket, key: key, sha1Checksums: true) }
             self.upload = (id, [])
+            if let intent { try store.ledger?.recordMultipartUpload(intent: intent, uploadID: id) }
         }
         let number = (self.upload?.parts.count ?? 0) + 1
         let part = try store.blocking {

@@ -1,0 +1,35 @@
+import Foundation
+import GRDB
+
+extension SQLiteCatalog: MultipartLedger {
+    public func recordMultipartIntent(account: String, key: String, objectKey: String) throws -> Int64 {
+        try self.database.write { db in
+            try db.execute(
+                sql: "INSERT INTO multipart_intent (account, key, object_key, created_at) VALUES (?, ?, ?, ?)",
+                arguments: [account, key, objectKey, Date().timeIntervalSince1970]
+            )
+            return db.lastInsertedRowID
+        }
+    }
+
+    public func recordMultipartUpload(intent: Int64, uploadID: String) throws {
+        try self.database.write { db in
+            try db.execute(sql: "UPDATE multipart_intent SET upload_id = ? WHERE id = ?", arguments: [uploadID, intent])
+        }
+    }
+
+    public func multipartIntents() throws -> [MultipartIntent] {
+        try self.reading { db in
+            try Row.fetchAll(db, sql: "SELECT * FROM multipart_intent ORDER BY id").map { row in
+                MultipartIntent(
+                    id: row["id"], account: row["account"], key: row["key"], objectKey: row["object_key"], uploadID: row["upload_id"],
+                    createdAt: Date(timeIntervalSince1970: row["created_at"])
+                )
+            }
+        }
+    }
+
+    public func forgetMultipartIntent(id: Int64) throws {
+        try self.database.write { db in try db.execute(sql: "DELETE FROM multipart_intent WHERE id = ?", arguments: [id]) }
+    }
+}
