@@ -91,7 +91,7 @@ struct Serve: AsyncParsableCommand {
     @Option(
         name: .long,
         help: ArgumentHelp(
-            "A catalog several relays share, postgres://USER:PASSWORD@HOST:PORT/DATABASE[?sslmode=disable] (or UPLOAD_RELAY_CATALOG); default: SQLite in --data.",
+            "A catalog several relays share, postgres://USER:PASSWORD@HOST:PORT/DATABASE[?sslmode=MODE&sslrootcert=CA.pem] (or UPLOAD_RELAY_CATALOG); MODE is libpq's: disable, allow, prefer (the default), require, verify-ca or verify-full; sslrootcert names the CA to verify the server by. Default: SQLite in --data.",
             valueName: "url"
         )
     )

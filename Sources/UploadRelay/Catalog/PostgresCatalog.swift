@@ -32,6 +32,8 @@ public final class PostgresCatalog: Catalog, @unchecked Sendable {
     /// and migrates the schema.
     public init(url: String, logger: Logger, timeout: Duration = .seconds(15), lockHeartbeat: LockHeartbeat = LockHeartbeat()) throws {
         let configuration = try Self.configuration(url)
+        // A wrong password, a server without TLS, a certificate that does not verify: said as such, at once.
+        try Self.probe(url, timeout: timeout, logger: logger)
         self.logger = logger
         self.timeout = timeout
         // The pool logs each failed connection attempt at info: only what matters reaches the relay's log.
@@ -67,23 +69,100 @@ public final class PostgresCatalog: Catalog, @unchecked Sendable {
         var user: String
         var password: String?
         var database: String?
-        /// `sslmode`: disable, prefer (the default), require or verify-full.
-        var tlsMode: String
+        /// `sslmode`, as libpq takes it (``TLSMode``); `prefer` when absent.
+        var tlsMode: TLSMode
+        /// `sslrootcert`: a PEM file of the CA certificates to trust, or `system` for the system's; nil: the system's.
+        var rootCertificates: String?
+
+        /// libpq's six `sslmode` values (https://www.postgresql.org/docs/current/libpq-ssl.html), and no other.
+        enum TLSMode: String, CaseIterable {
+            /// Plain text only.
+            case disable
+            /// libpq tries plain text first; postgres-nio cannot, so TLS is tried first, as with `prefer` (never weaker).
+            case allow
+            /// TLS when the server offers it, else plain text; the certificate is verified only against `sslrootcert`.
+            case prefer
+            /// TLS or no connection; the certificate is verified only against `sslrootcert` (then as `verify-ca`).
+            case require
+            /// TLS, the certificate signed by a trusted CA (`sslrootcert`, else the system's), any host name.
+            case verifyCA = "verify-ca"
+            /// TLS, the certificate signed by a trusted CA and naming the host.
+            case verifyFull = "verify-full"
+        }
+
+        /// The URL's parameters the relay reads; any other is refused rather than ignored (a misspelt `sslmode` must not
+        /// connect in plain text).
+        static let parameters = ["sslmode", "sslrootcert"]
 
         /// A URL it cannot use is a ``CatalogFailure`` that says why.
         init(_ text: String) throws {
             guard let url = URLComponents(string: text), ["postgres", "postgresql"].contains(url.scheme ?? ""), let host = url.host,
                 !host.isEmpty, let user = url.user, !user.isEmpty
             else {
-                throw CatalogFailure("\(text.split(separator: "@").last.map(String.init) ?? "") is not postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE")
+                throw CatalogFailure("\(Self.redacted(text)) is not postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?sslmode=MODE]")
             }
             self.host = host
             self.port = url.port ?? 5432
             self.user = user
             self.password = url.password
             self.database = url.path.split(separator: "/").first.map(String.init)
-            self.tlsMode = url.queryItems?.first { $0.name == "sslmode" }?.value ?? "prefer"
+            var seen = Set<String>()
+            for item in url.queryItems ?? [] {
+                guard Self.parameters.contains(item.name) else {
+                    throw CatalogFailure(
+                        "the catalog URL's parameter \"\(item.name)\" is not one the relay takes (\(Self.parameters.joined(separator: ", ")))"
+                    )
+                }
+                guard seen.insert(item.name).inserted else { throw CatalogFailure("the catalog URL gives \(item.name) twice") }
+            }
+            let mode = url.queryItems?.first { $0.name == "sslmode" }?.value ?? "prefer"
+            guard let tlsMode = TLSMode(rawValue: mode) else {
+                throw CatalogFailure(
+                    "sslmode \"\(mode)\" is not one of \(TLSMode.allCases.map(\.rawValue).joined(separator: ", ")) (libpq's values)"
+                )
+            }
+            self.tlsMode = tlsMode
+            if let roots = url.queryItems?.first(where: { $0.name == "sslrootcert" })?.value, roots != "system" {
+                guard FileManager.default.isReadableFile(atPath: roots) else {
+                    throw CatalogFailure("sslrootcert \(roots): no readable file there (a PEM file of CA certificates, or system)")
+                }
+                self.rootCertificates = roots
+            }
         }
+
+        /// The URL as messages show it: without its password.
+        static func redacted(_ text: String) -> String {
+            guard var url = URLComponents(string: text) else { return "the catalog URL" }
+            if url.password != nil { url.password = "***" }
+            return url.string ?? "the catalog URL"
+        }
+
+        /// The TLS client configuration of the mode, or nil for none.
+        func tlsConfiguration() throws -> TLSConfiguration? {
+            var tls = TLSConfiguration.makeClientConfiguration()
+            if let roots = self.rootCertificates {
+                do {
+                    tls.trustRoots = .certificates(try NIOSSLCertificate.fromPEMFile(roots))
+                } catch {
+                    throw CatalogFailure("sslrootcert \(roots) holds no PEM certificate: \(error)")
+                }
+            }
+            switch self.tlsMode {
+            case .disable:
+                return nil
+            case .allow, .prefer, .require:
+                // As libpq: encrypted, and verified only when the operator named the CA.
+                tls.certificateVerification = self.rootCertificates == nil ? .none : .noHostnameVerification
+            case .verifyCA:
+                tls.certificateVerification = .noHostnameVerification
+            case .verifyFull:
+                tls.certificateVerification = .fullVerification
+            }
+            return tls
+        }
+
+        /// Whether TLS is required (else only tried).
+        var requiresTLS: Bool { [.require, .verifyCA, .verifyFull].contains(self.tlsMode) }
 
         /// The server ends what waits too long, under the call's own deadline: a lock held by a relay cut off mid-
         /// transaction cannot hang every other relay's commits (a query cannot be cancelled from here).
@@ -94,10 +173,10 @@ public final class PostgresCatalog: Catalog, @unchecked Sendable {
     static func configuration(_ text: String) throws -> PostgresClient.Configuration {
         let address = try Address(text)
         let tls: PostgresClient.Configuration.TLS
-        switch address.tlsMode {
-        case "disable": tls = .disable
-        case "require", "verify-full": tls = .require(.makeClientConfiguration())
-        default: tls = .prefer(.makeClientConfiguration())
+        switch try address.tlsConfiguration() {
+        case nil: tls = .disable
+        case let configuration? where address.requiresTLS: tls = .require(configuration)
+        case let configuration?: tls = .prefer(configuration)
         }
         var configuration = PostgresClient.Configuration(
             host: address.host, port: address.port, username: address.user, password: address.password, database: address.database, tls: tls
@@ -111,16 +190,75 @@ public final class PostgresCatalog: Catalog, @unchecked Sendable {
     static func connectionConfiguration(_ text: String) throws -> PostgresConnection.Configuration {
         let address = try Address(text)
         let tls: PostgresConnection.Configuration.TLS
-        switch address.tlsMode {
-        case "disable": tls = .disable
-        case "require", "verify-full": tls = .require(try NIOSSLContext(configuration: .makeClientConfiguration()))
-        default: tls = .prefer(try NIOSSLContext(configuration: .makeClientConfiguration()))
+        switch try address.tlsConfiguration() {
+        case nil: tls = .disable
+        case let configuration? where address.requiresTLS: tls = .require(try NIOSSLContext(configuration: configuration))
+        case let configuration?: tls = .prefer(try NIOSSLContext(configuration: configuration))
         }
         var configuration = PostgresConnection.Configuration(
             host: address.host, port: address.port, username: address.user, password: address.password, database: address.database, tls: tls
         )
         configuration.options.additionalStartupParameters = Address.startupParameters
         return configuration
+    }
+
+    /// Connects once, on a connection of its own, and says what went wrong the way it went wrong: the pool retries a
+    /// refused login or a failed TLS handshake in silence until the call's deadline, which said only "did not answer".
+    static func probe(_ url: String, timeout: Duration, logger: Logger) throws {
+        let address = try Address(url)
+        let configuration = try Self.connectionConfiguration(url)
+        let place = "PostgreSQL at \(address.host):\(address.port)"
+        do {
+            try Blocking.run {
+                try await withThrowingTaskGroup(of: Void.self) { group in
+                    group.addTask {
+                        let connection = try await PostgresConnection.connect(
+                            on: MultiThreadedEventLoopGroup.singleton.next(), configuration: configuration, id: 0, logger: logger
+                        )
+                        try? await connection.close()
+                    }
+                    group.addTask {
+                        try await Task.sleep(for: timeout)
+                        throw CatalogFailure("\(place) did not answer within \(timeout): is it running there, and is --catalog right?")
+                    }
+                    defer { group.cancelAll() }
+                    try await group.next()
+                }
+            }
+        } catch let error as CatalogFailure {
+            throw error
+        } catch let error as PSQLError {
+            throw CatalogFailure(Self.describe(error, place: place, address: address))
+        } catch {
+            throw CatalogFailure("cannot connect to \(place): \(error)")
+        }
+    }
+
+    /// A failed connection, as the operator can act on it.
+    static func describe(_ error: PSQLError, place: String, address: Address) -> String {
+        if let message = error.serverInfo?[.message] {
+            let code = error.serverInfo?[.sqlState] ?? ""
+            // 28P01: invalid password; 28000: invalid authorization (pg_hba.conf refused the user or the host).
+            if code == "28P01" || code == "28000" {
+                return "\(place) refused the login of user \"\(address.user)\": \(message) (check the user and password in --catalog, and pg_hba.conf)"
+            }
+            return "\(place) refused the connection: \(message)"
+        }
+        switch error.code {
+        case .sslUnsupported:
+            return "\(place) does not offer TLS, which sslmode=\(address.tlsMode.rawValue) requires (enable ssl on the server, or choose another sslmode)"
+        case .failedToAddSSLHandler:
+            return "TLS with \(place) could not start: \(error.underlying.map { "\($0)" } ?? "\(error)")"
+        default:
+            if let underlying = error.underlying {
+                let text = "\(underlying)"
+                if underlying is NIOSSLError || text.contains("SSL") || text.contains("certificate") {
+                    return "TLS with \(place) failed: \(text) (sslmode=\(address.tlsMode.rawValue): check sslrootcert, and that the certificate names \(address.host))"
+                }
+                return "cannot connect to \(place): \(text)"
+            }
+            return "cannot connect to \(place): \(error.code)"
+        }
     }
 
     // MARK: Running queries
