@@ -116,8 +116,15 @@ public struct S3StoreConfiguration: Sendable {
 public struct CommitHooks: Sendable {
     /// Run by `/bin/sh -c`, the event as JSON on its stdin and in `UPLOAD_*` variables; exit 0 means taken.
     public var command: String?
-    /// POSTed the event as JSON; a 2xx answer means taken.
+    /// POSTed the event as JSON; a 2xx answer means taken. A user and password in it go as HTTP Basic authentication;
+    /// messages and the catalog show it without them and without its query.
     public var url: String?
+    /// Names of the relay's environment variables a hook command also gets, beside ``baseEnvironment`` and the
+    /// `UPLOAD_*` of the event (`--hook-env`): nothing else of the relay's environment (its S3 keys, its catalog URL)
+    /// reaches a hook.
+    public var environment: [String] = []
+    /// What every hook command gets of the relay's environment.
+    public static let baseEnvironment = ["PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR"]
     /// The longest a hook may run (a command is killed, its process group with it, after it).
     public var timeout: Duration = .seconds(30)
     /// Events delivered at once by one relay.

@@ -82,6 +82,15 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .long, help: ArgumentHelp("After each commit, POST the same JSON to this http(s) URL; a 2xx answer means done, else it is retried.", valueName: "url"))
     var onCommitUrl: String?
 
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "Pass this variable of the relay's environment to the --on-commit command (repeatable). A hook gets only PATH, HOME, LANG, LC_ALL, LC_CTYPE, TZ, TMPDIR, the UPLOAD_* of the event and these: never the relay's S3 keys or catalog URL unless named here.",
+            valueName: "name"
+        )
+    )
+    var hookEnv: [String] = []
+
     @Option(name: .long, help: ArgumentHelp("The longest a hook may run before it is killed and retried.", valueName: "duration"))
     var hookTimeout: String = "30s"
 
@@ -245,9 +254,12 @@ struct Serve: AsyncParsableCommand {
             }
         }
         if let url = self.onCommitUrl {
-            guard let parsed = URL(string: url), ["http", "https"].contains(parsed.scheme?.lowercased() ?? ""), parsed.host != nil else {
-                throw ValidationError("--on-commit-url \(url): give an http:// or https:// URL")
+            guard HookEndpoint.isValid(url) else {
+                throw ValidationError("--on-commit-url \(HookEndpoint.redacted(url)): give an http:// or https:// URL")
             }
+        }
+        for name in self.hookEnv where name.isEmpty || name.contains("=") {
+            throw ValidationError("--hook-env \(name): give the name of an environment variable, without a value")
         }
         guard self.hookConcurrency >= 1 else {
             throw ValidationError("--hook-concurrency must be at least 1")
@@ -318,6 +330,7 @@ struct Serve: AsyncParsableCommand {
             var hooks = CommitHooks(command: self.onCommit, url: self.onCommitUrl)
             hooks.timeout = try DurationText.parse(self.hookTimeout, option: "--hook-timeout")
             hooks.concurrency = self.hookConcurrency
+            hooks.environment = self.hookEnv
             configuration.hooks = hooks
         }
         if let status = self.statusListen {

@@ -75,8 +75,8 @@ final class CommitHookRunner: Sendable {
         if let command = self.hooks.command {
             failure = self.run(command, event)
         }
-        if failure == nil, let text = self.hooks.url, let url = URL(string: text) {
-            failure = self.post(url, event)
+        if failure == nil, let text = self.hooks.url {
+            failure = HookEndpoint(text).map { self.post($0, event) } ?? "--on-commit-url \(HookEndpoint.redact(text)) is not an http(s) URL"
         }
         do {
             guard let failure else {
@@ -113,7 +113,7 @@ final class CommitHookRunner: Sendable {
         process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
         let seconds = max(1, Int(self.hooks.timeout.inSeconds.rounded(.up)))
         process.arguments = ["timeout", "--kill-after=2s", "\(seconds)s", "/bin/sh", "-c", command]
-        var environment = ProcessInfo.processInfo.environment
+        var environment = Self.environment(ProcessInfo.processInfo.environment, passing: self.hooks.environment)
         environment["UPLOAD_EVENT_ID"] = "\(event.id)"
         environment["UPLOAD_ACCOUNT"] = event.account
         environment["UPLOAD_KEY"] = event.key
@@ -165,23 +165,35 @@ final class CommitHookRunner: Sendable {
         }
     }
 
-    /// POSTs the event; nil on a 2xx answer.
-    private func post(_ url: URL, _ event: CommitEvent) -> String? {
+    /// What a hook command's environment holds of the relay's: ``CommitHooks/baseEnvironment`` and the names the
+    /// operator passes (`--hook-env`), never the rest (the relay's S3 keys, its catalog URL and password).
+    static func environment(_ relay: [String: String], passing names: [String]) -> [String: String] {
+        var environment: [String: String] = [:]
+        for name in CommitHooks.baseEnvironment + names {
+            if let value = relay[name] { environment[name] = value }
+        }
+        if environment["PATH"] == nil { environment["PATH"] = "/usr/local/bin:/usr/bin:/bin" }
+        return environment
+    }
+
+    /// POSTs the event; nil on a 2xx answer. Messages name the URL without its user information or query.
+    private func post(_ endpoint: HookEndpoint, _ event: CommitEvent) -> String? {
         let timeout = self.hooks.timeout
         do {
             let status = try Blocking.run {
-                var request = HTTPClientRequest(url: url.absoluteString)
+                var request = HTTPClientRequest(url: endpoint.url)
                 request.method = .POST
                 request.headers.add(name: "Content-Type", value: "application/json")
                 request.headers.add(name: "User-Agent", value: "upload-relay")
+                if let authorization = endpoint.authorization { request.headers.add(name: "Authorization", value: authorization) }
                 request.body = .bytes(ByteBuffer(bytes: Self.json(event)))
                 let response = try await HTTPClient.shared.execute(request, timeout: .nanoseconds(Int64(TimeAmount(timeout).nanoseconds)))
                 _ = try? await response.body.collect(upTo: 1 << 16)
                 return response.status.code
             }
-            return (200..<300).contains(status) ? nil : "--on-commit-url \(url.absoluteString) answered HTTP \(status)"
+            return (200..<300).contains(status) ? nil : "--on-commit-url \(endpoint.redacted) answered HTTP \(status)"
         } catch {
-            return "--on-commit-url \(url.absoluteString): \(error)"
+            return "--on-commit-url \(endpoint.redacted): \(error)"
         }
     }
 }
