@@ -210,7 +210,7 @@ public final class Uploader: Sendable {
         let promise = self.group.any().makePromise(of: ConnectionOutcome.self)
         let bootstrap = ClientBootstrap(group: self.group)
             .connectTimeout(.seconds(10))
-            .channelOption(.socketOption(.tcp_nodelay), value: 1)
+            .channelOption(.tcpOption(.tcp_nodelay), value: 1)
             .channelOption(
                 .writeBufferWaterMark,
                 value: .init(low: max(1, configuration.writeBufferBytes / 2), high: max(1, configuration.writeBufferBytes))

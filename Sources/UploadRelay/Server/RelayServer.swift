@@ -111,7 +111,7 @@ public final class RelayServer: Service, Sendable {
             channel = try await ServerBootstrap(group: self.group)
                 .serverChannelOption(.backlog, value: 256)
                 .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
-                .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
+                .childChannelOption(.tcpOption(.tcp_nodelay), value: 1)
                 .childChannelOption(.maxMessagesPerRead, value: 16)
                 .childChannelInitializer { [weak self] channel in
                     guard let self, self.admit(channel) else {

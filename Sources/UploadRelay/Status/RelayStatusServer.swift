@@ -79,7 +79,7 @@ public final class RelayStatusServer: Service, Sendable {
             listener = try await ServerBootstrap(group: self.group)
                 .serverChannelOption(.backlog, value: 128)
                 .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
-                .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
+                .childChannelOption(.tcpOption(.tcp_nodelay), value: 1)
                 // One socket read per read the handler lets through: what a client sends ahead is taken a piece at a time.
                 .childChannelOption(.maxMessagesPerRead, value: 1)
                 .childChannelInitializer { [weak self] channel in
