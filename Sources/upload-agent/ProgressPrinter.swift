@@ -61,6 +61,12 @@ final class ProgressPrinter: Sendable {
             if let line { Self.stderr("\r\u{1B}[K" + line) }
         case .acknowledged:
             break
+        case .waiting(let key, let reason, let retryIn):
+            // The other items go on; this one waits for the relay to have room.
+            self.note("waiting     \(key): \(reason); trying again in \(Self.duration(retryIn))")
+            if self.json && self.events {
+                Self.stdout(Self.jsonText(["event": "waiting", "key": key, "reason": reason, "retry_in_seconds": Int(retryIn.components.seconds)]))
+            }
         case .finished(let result):
             self.state.withLockedValue { $0.finished += 1 }
             if self.json {
@@ -72,6 +78,7 @@ final class ProgressPrinter: Sendable {
                 case .stored: what = "stored      \(result.key)  \(Self.bytes(result.bytes))"
                 case .deduplicated: what = "unchanged   \(result.key)  (already on the relay, nothing sent)"
                 case .failed: what = "FAILED      \(result.path): \(result.error ?? "unknown error")"
+                case .skipped: what = "skipped     \(result.error ?? result.path)"
                 }
                 self.note(what)
             }
@@ -93,6 +100,12 @@ final class ProgressPrinter: Sendable {
         return String(line.prefix(160))
     }
 
+    /// A watched path not taken (a link, a FIFO, a name no key may have): said, and with --json an event.
+    func skipped(path: String, reason: String, json: Bool) {
+        self.note("skipped     \(path): \(reason)")
+        if json { Self.stdout(Self.jsonText(["event": "skipped", "path": path, "reason": reason])) }
+    }
+
     func note(_ text: String) {
         guard !self.quiet else { return }
         Self.stderr((self.live ? "\r\u{1B}[K" : "") + text + "\n")
@@ -103,9 +116,12 @@ final class ProgressPrinter: Sendable {
         let stored = results.filter { $0.status == .stored }.count
         let dedup = results.filter { $0.status == .deduplicated }.count
         let failed = results.filter { $0.status == .failed }.count
+        let skipped = results.filter { $0.status == .skipped }.count
         let sent = results.reduce(0) { $0 + $1.sentBytes }
         let elapsed = Date().timeIntervalSince1970 - self.state.withLockedValue { $0.started }
-        var text = "\(stored) stored, \(dedup) already there, \(failed) failed; \(Self.bytes(sent)) sent"
+        var text = "\(stored) stored, \(dedup) already there, \(failed) failed"
+        if skipped > 0 { text += ", \(skipped) skipped" }
+        text += "; \(Self.bytes(sent)) sent"
         text += String(format: " in %.1f s (%.1f MB/s)", elapsed, Double(sent) / max(elapsed, 0.001) / 1e6)
         self.note(text)
     }
@@ -157,6 +173,11 @@ final class ProgressPrinter: Sendable {
             }
         }
         text += "\""
+    }
+
+    static func duration(_ duration: Duration) -> String {
+        let seconds = Int(duration.components.seconds)
+        return seconds >= 60 ? "\(seconds / 60)m\(seconds % 60 == 0 ? "" : "\(seconds % 60)s")" : "\(max(1, seconds))s"
     }
 
     static func bytes(_ count: UInt64) -> String {

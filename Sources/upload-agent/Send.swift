@@ -27,7 +27,13 @@ struct Send: AsyncParsableCommand {
 
             Environment: UPLOAD_RELAY, UPLOAD_TOKEN and UPLOAD_CA stand in for --relay, --token and --ca.
 
-            Exit status: 0 when every item was stored or deduplicated, 1 when any failed, 2 for a usage error.
+            Only files are uploaded, and only the files named: a symbolic link is skipped (said so, in --json \
+            with status "skipped" and why) unless --follow-symlinks asks for what links point to; so are FIFOs, \
+            sockets and devices, a directory that cannot be read, and a name that is not UTF-8. A file whose name \
+            cannot make a key (a backslash, a control character) fails alone; the rest go up.
+
+            Exit status: 0 when every item was stored or deduplicated; 1 when any failed or was skipped (with \
+            --allow-skipped, skipped paths alone do not count); 2 for a usage error (the command line itself).
             """
     )
 
@@ -52,6 +58,12 @@ struct Send: AsyncParsableCommand {
     @Flag(name: .long, help: "No progress display on stderr.")
     var quiet = false
 
+    @Flag(name: [.customShort("L"), .long], help: "Follow symbolic links: upload the files they point to, and walk the directories (each once). By default a link is skipped and said so.")
+    var followSymlinks = false
+
+    @Flag(name: .long, help: "Exit 0 even when paths were skipped (symbolic links, unreadable directories, names that are not UTF-8); they are still reported.")
+    var allowSkipped = false
+
     @Argument(help: ArgumentHelp("Files, directories, or - for stdin.", valueName: "path"))
     var paths: [String]
 
@@ -66,19 +78,25 @@ struct Send: AsyncParsableCommand {
         configuration.retryFor = try DurationText.parse(self.retryFor, option: "--retry-for")
         configuration.overwrite = self.overwrite
 
-        var items: [UploadItem]
+        let plan: ItemPlanner.Plan
         do {
-            items = try ItemPlanner.plan(paths: self.paths, prefix: self.connection.prefix, stdinName: self.name, limits: configuration.limits)
+            plan = try ItemPlanner.plan(
+                paths: self.paths, prefix: self.connection.prefix, stdinName: self.name, limits: configuration.limits,
+                followSymlinks: self.followSymlinks
+            )
         } catch let error as ItemPlanner.PlanError {
             throw ValidationError(error.description)
         }
+        var items = plan.items
         let store = self.noState ? nil : try self.stateOptions.open()
         let progress = ProgressPrinter(
-            json: self.json, live: !self.quiet && isatty(2) == 1, quiet: self.quiet, totalItems: items.count
+            json: self.json, live: !self.quiet && isatty(2) == 1, quiet: self.quiet, totalItems: items.count + plan.results.count
         )
+        // What will not go up is said first, each with its reason.
+        for result in plan.results { progress.handle(.finished(result)) }
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let uploader = Uploader(configuration: configuration, group: group, logger: Logger(label: "upload-agent"))
-        let results: [UploadResult]
+        var results: [UploadResult]
         do {
             if let store {
                 results = try await QueuedSend.run(
@@ -97,8 +115,9 @@ struct Send: AsyncParsableCommand {
             throw ExitCode(1)
         }
         try? await group.shutdownGracefully()
+        results = plan.results + results
         progress.summary(results)
-        if results.contains(where: { $0.status == .failed }) {
+        if results.contains(where: { $0.status == .failed || ($0.status == .skipped && !self.allowSkipped) }) {
             throw ExitCode(1)
         }
     }

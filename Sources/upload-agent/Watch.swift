@@ -25,9 +25,14 @@ struct Watch: AsyncParsableCommand {
             deleted before its upload finished is dropped from the queue; deleting a file never \
             deletes anything on the relay.
 
-            When the relay has no room for the account (QUOTA_EXCEEDED, STORAGE_ERROR), the whole \
-            queue waits (10 s, doubling up to 10 minutes) and tries again, instead of failing every \
-            item; `status` says so meanwhile.
+            When the relay has no room for a file (the account's quota: QUOTA_EXCEEDED, or its storage \
+            full: STORAGE_ERROR), that file waits (10 s, doubling up to 10 minutes) and is tried again, \
+            instead of failing; the other files go on meanwhile, so those that fit are stored. `status` \
+            and --json ({"event":"waiting",...}) say why each waits.
+
+            Only files are uploaded: a symbolic link (present at start or made later) is skipped and said \
+            so unless --follow-symlinks; so are FIFOs, sockets, devices, directories that cannot be read \
+            and names that are not UTF-8.
 
             Conditions (--only-on-ac, --min-battery, --when CMD) are checked every --when-interval: \
             while one is false, uploads stop (the relay keeps what it acknowledged) and go on by \
@@ -77,7 +82,13 @@ struct Watch: AsyncParsableCommand {
     @Option(name: .long, help: .hidden)
     var relayFullBackoff: String = "10s"
 
-    @Flag(name: .long, help: "Print one JSON object per event on stdout: {\"event\":\"started\",...}, {\"event\":\"finished\",...}.")
+    @Flag(name: [.customShort("L"), .long], help: "Follow symbolic links: upload the files they point to, and watch the directories. By default a link is skipped and said so.")
+    var followSymlinks = false
+
+    @Flag(
+        name: .long,
+        help: "Print one JSON object per event on stdout: {\"event\":\"started\",...}, {\"event\":\"finished\",...}, {\"event\":\"skipped\",\"path\",\"reason\"}, {\"event\":\"waiting\",\"key\",\"reason\",\"retry_in_seconds\"}."
+    )
     var json = false
 
     @Flag(name: .long, help: "Print nothing on stderr but errors.")
@@ -123,6 +134,9 @@ struct Watch: AsyncParsableCommand {
         var options = DirectoryWatcher.Options(roots: self.directories)
         options.settle = try DurationText.parse(self.settle, option: "--settle")
         options.filter = PathFilter(include: self.include, exclude: self.exclude)
+        options.followSymlinks = self.followSymlinks
+        let followSymlinks = self.followSymlinks
+        let json = self.json
         let prefix = self.connection.prefix
         let limits = configuration.limits
         let onChange = self.onChange
@@ -133,10 +147,12 @@ struct Watch: AsyncParsableCommand {
                 case .ready(let path, let relative):
                     do {
                         let key = try ItemPlanner.key(relative: relative, prefix: prefix, limits: limits)
-                        ready.append(UploadItem(key: key, displayPath: path, source: FileSource(path: path)))
+                        ready.append(UploadItem(key: key, displayPath: path, source: FileSource(path: path, followSymlinks: followSymlinks)))
                     } catch {
-                        progress.note("skipped \(path): \(error)")
+                        progress.skipped(path: path, reason: "\(error)", json: json)
                     }
+                case .skipped(let path, _, let reason):
+                    progress.skipped(path: path, reason: reason, json: json)
                 case .removed(_, let relative):
                     guard let key = try? ItemPlanner.key(relative: relative, prefix: prefix, limits: limits) else { continue }
                     do { try runner.drop(key: key) } catch { progress.note("\(error)") }

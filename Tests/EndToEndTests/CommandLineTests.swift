@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import UploadAgent
 import UploadProtocol
 import UploadChecksums
 import UploadRelay
@@ -159,15 +160,16 @@ struct CommandLineTests {
         }
     }
 
-    @Test("what serve creates is private to its user whatever the umask (directories 0700, files 0600); --group-access lets the group read")
+    @Test("what serve creates is private to its user whatever the umask (directories 0700, files 0600); --group-access lets the group read; relay and agent run without root's capabilities")
     func fileModes() throws {
         for groupAccess in [false, true] {
             let data = TestRelay.makeDirectory() + "/relay"
             defer { try? FileManager.default.removeItem(atPath: data) }
-            // A umask that lets everyone read, as on most systems.
+            // A umask that lets everyone read, as on most systems; and none of root's capabilities, as a service user
+            // runs it (a socket option that needed one once kept every connection from opening).
             let child = try ChildProcess(
                 "/bin/sh",
-                ["-c", "umask 022; exec \"$0\" \"$@\"", try relayBinary(), "serve", "--dev", "--data", data, "--listen", "127.0.0.1:0", "--ready-file",
+                ["-c", "umask 022; exec setpriv --bounding-set=-all \"$0\" \"$@\"", try relayBinary(), "serve", "--dev", "--data", data, "--listen", "127.0.0.1:0", "--ready-file",
                  data + ".ready"] + (groupAccess ? ["--group-access"] : []),
                 readyFile: data + ".ready", logFile: data + ".log"
             )
@@ -177,7 +179,7 @@ struct CommandLineTests {
             defer { try? FileManager.default.removeItem(atPath: source) }
             _ = makeFile(source + "/album", "2026/IMG_1.jpg", size: 200_000, seed: 41)
             let sent = try Self.run(
-                try Self.agentBinary(), ["send", "--no-state", "--quiet", source + "/album"],
+                "/usr/bin/setpriv", ["--bounding-set=-all", try Self.agentBinary(), "send", "--no-state", "--quiet", source + "/album"],
                 environment: ["UPLOAD_RELAY": "127.0.0.1:\(port)", "UPLOAD_CA": data + "/dev/ca.pem", "UPLOAD_TOKEN": token]
             )
             #expect(sent.status == 0, "\(sent.stderr)")
@@ -365,6 +367,86 @@ struct CommandLineTests {
         await relay.stop()
     }
 
+    @Test("send DIR: every path gets a result; links, unreadable directories, FIFOs and names that are not UTF-8 are skipped with why; names no key may have fail alone; the rest are stored; exit 1, or 0 with --allow-skipped for skips alone; -L follows links")
+    func sendReportsEveryPath() throws {
+        let relay = try DevRelay()
+        defer { relay.stop() }
+        let source = TestRelay.makeDirectory()
+        defer {
+            chmod(source + "/album/locked", 0o755)
+            try? FileManager.default.removeItem(atPath: source)
+        }
+        let album = source + "/album"
+        let a = makeFile(album, "a.jpg", size: 10_000, seed: 51)
+        let z = makeFile(album, "z.jpg", size: 12_000, seed: 52)
+        _ = makeFile(album + "/locked", "x.jpg", size: 1_000, seed: 53)
+        chmod(album + "/locked", 0)
+        let secret = source + "/secret.txt"
+        try Data("private".utf8).write(to: URL(fileURLWithPath: secret))
+        chmod(secret, 0o600)
+        try FileManager.default.createSymbolicLink(atPath: album + "/link.jpg", withDestinationPath: secret)
+        #expect(mkfifo(album + "/fifo", 0o644) == 0)
+        // A name that is not UTF-8.
+        let invalid = Array((album + "/bad").utf8) + [0xFF] + Array(".jpg".utf8) + [0]
+        let fd = invalid.withUnsafeBufferPointer { pointer in
+            pointer.baseAddress!.withMemoryRebound(to: CChar.self, capacity: invalid.count) { open($0, O_WRONLY | O_CREAT, 0o644) }
+        }
+        #expect(fd >= 0)
+        close(fd)
+        for name in ["back\\slash.jpg", "new\nline.jpg", "tab\t.jpg"] {
+            _ = makeFile(album, name, size: 100, seed: 54)
+        }
+        // As root the directory would be readable: the agent runs without its capabilities, as a user would.
+        let agent = ["--bounding-set=-all", try Self.agentBinary()]
+        let run = try Self.run("/usr/bin/setpriv", agent + ["send", "--json", album], environment: relay.environment)
+        #expect(run.status == 1, "\(run.stderr)")
+        let lines = try Self.jsonLines(run.stdout)
+        func line(_ suffix: String) -> [String: Any]? { lines.first { ($0["path"] as? String ?? "").hasSuffix(suffix) } }
+        #expect(lines.count == 9, "\(run.stdout)")
+        #expect(line("/a.jpg")?["status"] as? String == "stored" && line("/z.jpg")?["status"] as? String == "stored")
+        for (suffix, reason) in [("/link.jpg", "symbolic link"), ("/locked", "cannot be read"), ("/fifo", "FIFO"), (".jpg", "UTF-8")] where suffix != ".jpg" {
+            #expect(line(suffix)?["status"] as? String == "skipped", "\(suffix): \(String(describing: line(suffix)))")
+            #expect((line(suffix)?["error"] as? String ?? "").contains(reason), "\(suffix): \(String(describing: line(suffix)))")
+        }
+        #expect(lines.contains { $0["status"] as? String == "skipped" && ($0["error"] as? String ?? "").contains("UTF-8") }, "\(run.stdout)")
+        for suffix in ["slash.jpg", "line.jpg", "tab\t.jpg"] {
+            #expect(line(suffix)?["status"] as? String == "failed", "\(suffix): \(String(describing: line(suffix)))")
+        }
+        #expect(FileManager.default.contents(atPath: relay.data + "/store/dev/album/a.jpg") == a.data)
+        #expect(FileManager.default.contents(atPath: relay.data + "/store/dev/album/z.jpg") == z.data)
+        #expect(!FileManager.default.fileExists(atPath: relay.data + "/store/dev/album/link.jpg"), "a link's target was uploaded")
+
+        // Skipped paths alone: exit 0 with --allow-skipped, 1 without; -L uploads a link's target under the link's name.
+        for name in ["back\\slash.jpg", "new\nline.jpg", "tab\t.jpg"] { try FileManager.default.removeItem(atPath: album + "/" + name) }
+        let strict = try Self.run("/usr/bin/setpriv", agent + ["send", "--json", album], environment: relay.environment)
+        #expect(strict.status == 1, "\(strict.stderr)")
+        let lenient = try Self.run("/usr/bin/setpriv", agent + ["send", "--json", "--allow-skipped", album], environment: relay.environment)
+        #expect(lenient.status == 0, "\(lenient.stderr)")
+        let followed = try Self.run(try Self.agentBinary(), ["send", "--json", "-L", album + "/link.jpg"], environment: relay.environment)
+        #expect(followed.status == 0, "\(followed.stderr)")
+        #expect(FileManager.default.contents(atPath: relay.data + "/store/dev/link.jpg") == Data("private".utf8))
+    }
+
+    @Test("a wrong token: every one of 300 files gets a failed result line, the queue's window of 256 and those beyond it alike; none stays queued")
+    func wrongTokenReportsEveryFile() throws {
+        let relay = try DevRelay()
+        defer { relay.stop() }
+        let source = TestRelay.makeDirectory()
+        defer { try? FileManager.default.removeItem(atPath: source) }
+        for index in 0..<300 { _ = makeFile(source + "/many", "f\(index).txt", size: 10, seed: UInt64(index)) }
+        var wrong = relay.environment
+        wrong["UPLOAD_TOKEN"] = "upl_wrong"
+        let state = TestRelay.makeDirectory()
+        let run = try Self.run(try Self.agentBinary(), ["send", "--json", "--state", state, source + "/many"], environment: wrong)
+        #expect(run.status == 1)
+        let lines = try Self.jsonLines(run.stdout)
+        #expect(lines.count == 300, "\(lines.count) result lines for 300 files")
+        #expect(Set(lines.compactMap { $0["key"] as? String }).count == 300)
+        #expect(lines.allSatisfy { $0["status"] as? String == "failed" && ($0["error"] as? String ?? "").contains("unknown token") })
+        let store = try AgentStateStore(directory: state)
+        #expect(try store.items().allSatisfy { $0.status == .failed }, "rows left queued")
+    }
+
     @Test("usage errors exit 2 and say what is missing")
     func usageErrors() throws {
         let agent = try Self.agentBinary()
@@ -374,9 +456,10 @@ struct CommandLineTests {
         let noToken = try Self.run(agent, ["send", "--relay", "127.0.0.1:1", "/etc/hostname"])
         #expect(noToken.status == 2)
         #expect(noToken.stderr.contains("UPLOAD_TOKEN"))
-        let missing = try Self.run(agent, ["send", "--relay", "127.0.0.1:1", "--token", "t", "/no/such/file"])
-        #expect(missing.status == 2)
-        #expect(missing.stderr.contains("/no/such/file"))
+        // A path that is not there is an item that failed, not a usage error (the others would go up).
+        let missing = try Self.run(agent, ["send", "--relay", "127.0.0.1:1", "--token", "t", "--no-state", "/no/such/file"])
+        #expect(missing.status == 1)
+        #expect(missing.stderr.contains("/no/such/file") && missing.stderr.contains("no such file"), "\(missing.stderr)")
         let stdinWithoutName = try Self.run(agent, ["send", "--relay", "127.0.0.1:1", "--token", "t", "-"])
         #expect(stdinWithoutName.status == 2)
         #expect(stdinWithoutName.stderr.contains("--name"))

@@ -204,7 +204,7 @@ struct HookTests {
         await relay.stop()
     }
 
-    @Test("the example hook tools/hooks/jpeg-preview.py: a preview next to each JPEG, at most 320 pixels; other files left alone")
+    @Test("the example hook tools/hooks/jpeg-preview.py: a preview of each JPEG, at most 320 pixels, outside the relay's store (<store>.previews); other files left alone")
     func jpegPreview() async throws {
         let source = TestRelay.makeDirectory()
         let photo = source + "/IMG_0001.jpg"
@@ -226,7 +226,9 @@ struct HookTests {
         )
         #expect(results.allSatisfy { $0.status == .stored }, "\(results.compactMap(\.error))")
         #expect(try await Self.outboxDrained(relay))
-        let preview = relay.storePath + "/dev/DCIM/IMG_0001.jpg.preview.jpg"
+        // Never inside the store, where it could replace an object the catalog vouches for.
+        let preview = relay.storePath + ".previews/dev/DCIM/IMG_0001.jpg.preview.jpg"
+        #expect(!FileManager.default.fileExists(atPath: relay.storePath + "/dev/DCIM/IMG_0001.jpg.preview.jpg"))
         let size = Process()
         size.executableURL = URL(fileURLWithPath: "/usr/bin/env")
         size.arguments = ["python3", "-c", "import sys; from PIL import Image; i = Image.open(sys.argv[1]); print(i.format, *i.size)", preview]
@@ -236,7 +238,7 @@ struct HookTests {
         size.waitUntilExit()
         let said = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
         #expect(said.trimmingCharacters(in: .whitespacesAndNewlines) == "JPEG 320 240", "\(said)")
-        #expect(!FileManager.default.fileExists(atPath: relay.storePath + "/dev/DCIM/IMG_0002.jpg.preview.jpg"))
+        #expect(!FileManager.default.fileExists(atPath: relay.storePath + ".previews/dev/DCIM/IMG_0002.jpg.preview.jpg"))
         await relay.stop()
     }
 }

@@ -41,7 +41,7 @@ struct TransferTests {
         for i in 0..<1000 {
             _ = makeFile(source + "/album", "img-\(i).jpg", size: 100 + i, seed: UInt64(i))
         }
-        let items = try ItemPlanner.plan(paths: [source + "/album"], prefix: nil, stdinName: nil)
+        let items = try ItemPlanner.plan(paths: [source + "/album"], prefix: nil, stdinName: nil).items
         #expect(items.count == 1000)
         let connections = Counter()
         let results = try await upload(items, port: relay.port, token: relay.token, ca: relay.caPath, onEvent: { event in
@@ -61,7 +61,7 @@ struct TransferTests {
         for i in 0..<30 {
             files["clips/c\(i).bin"] = makeFile(source + "/clips", "c\(i).bin", size: (1 << 20) + i, seed: UInt64(500 + i)).data
         }
-        let items = try ItemPlanner.plan(paths: [source + "/clips"], prefix: nil, stdinName: nil)
+        let items = try ItemPlanner.plan(paths: [source + "/clips"], prefix: nil, stdinName: nil).items
         let connections = Counter()
         let results = try await upload(
             items, port: relay.port, token: relay.token, ca: relay.caPath,
@@ -85,7 +85,7 @@ struct TransferTests {
         let source = TestRelay.makeDirectory()
         let big = makeFile(source + "/v", "long.mp4", size: 50 << 20, seed: 77).data
         let small = makeFile(source + "/v", "short.mp4", size: 5 << 20, seed: 78).data
-        let items = try ItemPlanner.plan(paths: [source + "/v"], prefix: nil, stdinName: nil)
+        let items = try ItemPlanner.plan(paths: [source + "/v"], prefix: nil, stdinName: nil).items
         let results = try await upload(
             items, port: relay.port, token: relay.token, ca: relay.caPath,
             configure: {
@@ -114,7 +114,7 @@ struct TransferTests {
         for i in 0..<60 {
             files["gallery/p\(i).jpg"] = makeFile(source + "/gallery", "p\(i).jpg", size: 30_000 + i, seed: UInt64(800 + i)).data
         }
-        let items = try ItemPlanner.plan(paths: [source + "/gallery"], prefix: nil, stdinName: nil)
+        let items = try ItemPlanner.plan(paths: [source + "/gallery"], prefix: nil, stdinName: nil).items
         let results = try await upload(
             items, port: relay.port, token: relay.token, ca: relay.caPath,
             configure: {
@@ -138,7 +138,7 @@ struct TransferTests {
         for i in 0..<12 {
             files["slow/s\(i).bin"] = makeFile(source + "/slow", "s\(i).bin", size: 300_000, seed: UInt64(900 + i)).data
         }
-        let items = try ItemPlanner.plan(paths: [source + "/slow"], prefix: nil, stdinName: nil)
+        let items = try ItemPlanner.plan(paths: [source + "/slow"], prefix: nil, stdinName: nil).items
         // 3.6 MB at 1 MB/s takes over 3 s: longer than --retry-for, which the refused connection must not give up at.
         let results = try await upload(
             items, port: relay.port, token: relay.token, ca: relay.caPath,

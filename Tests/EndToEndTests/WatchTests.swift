@@ -174,7 +174,7 @@ struct WatchTests {
         await relay.stop()
     }
 
-    @Test("the account's quota is full: the queue waits longer each time and tries again, nothing fails; status says why")
+    @Test("a file the account's quota has no room for waits on its own, longer each time, while the files that fit are stored; --json and status say why; it goes up once there is room")
     func quotaWaits() async throws {
         let relay = try await TestRelay().start()
         let token = try relay.addAccount("small", quota: 1_000_000)
@@ -189,27 +189,112 @@ struct WatchTests {
         defer { agent.stop() }
         #expect(AgentProcess.waitUntil { agent.child.log.contains("watching") }, "\(agent.child.log)")
         let store = try AgentStateStore(directory: home + "/state/upload-agent")
-        let first = Self.bytes(600_000, seed: 21)
-        try Self.write(first, to: watched + "/a.jpg")
+        try Self.write(Self.bytes(600_000, seed: 21), to: watched + "/a.jpg")
         #expect(AgentProcess.waitUntil { agent.finished("cam/a.jpg") != nil }, "\(agent.child.log)")
+        // 600 + 600 KB do not fit 1 MB: b waits, said with the relay's reason, in --json and in the state database.
         let second = Self.bytes(600_000, seed: 22)
         try Self.write(second, to: watched + "/b.jpg")
-        // Refused twice in a row: the second wait is twice the first.
-        #expect(
-            AgentProcess.waitUntil { agent.child.log.contains("waits 0.4 seconds") }, "\(agent.child.log)"
-        )
-        #expect(agent.child.log.contains("QUOTA_EXCEEDED"))
+        func waits(_ key: String) -> [[String: Any]] {
+            agent.events.filter { $0["event"] as? String == "waiting" && $0["key"] as? String == key }
+        }
+        #expect(AgentProcess.waitUntil { waits("cam/b.jpg").count >= 2 }, "\(agent.child.log)")
+        #expect(waits("cam/b.jpg").allSatisfy { ($0["reason"] as? String ?? "").contains("QUOTA_EXCEEDED") }, "\(waits("cam/b.jpg"))")
         #expect(agent.finished("cam/b.jpg") == nil, "an item failed for the relay's lack of room")
-        #expect(AgentProcess.waitUntil { (try? store.holdReason())??.contains("no room") == true })
-        #expect(try store.items().first { $0.key == "cam/b.jpg" }?.status != .failed)
-        // Room again (an operator removed an object): the queue goes on by itself.
+        let row = try store.items().first { $0.key == "cam/b.jpg" }
+        #expect(row?.status == .queued && (row?.error ?? "").contains("QUOTA_EXCEEDED"), "\(String(describing: row))")
+        // A file that fits goes up while b waits: one refusal holds nothing else up.
+        let third = Self.bytes(300_000, seed: 23)
+        try Self.write(third, to: watched + "/c.jpg")
+        #expect(AgentProcess.waitUntil { agent.finished("cam/c.jpg") != nil }, "\(agent.child.log)")
+        #expect(agent.finished("cam/c.jpg")?["status"] as? String == "stored")
+        #expect(relay.stored("cam/c.jpg", account: "small") == third)
+        // Room again (an operator removed an object): b goes up by itself.
         try relay.services.catalog.deleteObject(account: "small", key: "cam/a.jpg")
         #expect(AgentProcess.waitUntil(timeout: 30) { agent.finished("cam/b.jpg") != nil }, "\(agent.child.log)")
         #expect(agent.finished("cam/b.jpg")?["status"] as? String == "stored")
         #expect(relay.stored("cam/b.jpg", account: "small") == second)
-        #expect(AgentProcess.waitUntil { (try? store.holdReason()) == .some(nil) })
         #expect(agent.stop() == 0)
         await relay.stop()
+    }
+
+    @Test("symbolic links are skipped and said so, present at the start or made later, moved in or pointing at a private file elsewhere; --follow-symlinks takes their targets")
+    func symbolicLinks() async throws {
+        let relay = try await TestRelay().start()
+        let home = TestRelay.makeDirectory()
+        let watched = home + "/cam"
+        try FileManager.default.createDirectory(atPath: watched, withIntermediateDirectories: true)
+        // A private file outside the watched directory.
+        let secret = home + "/secret.txt"
+        try Data("not for the relay".utf8).write(to: URL(fileURLWithPath: secret))
+        chmod(secret, 0o600)
+        try FileManager.default.createSymbolicLink(atPath: watched + "/early.txt", withDestinationPath: secret)
+        let agent = try AgentProcess(
+            ["watch", "--json", "--settle", "300ms", watched], environment: AgentProcess.environment(relay, state: home + "/state"),
+            log: home + "/agent.log"
+        )
+        defer { agent.stop() }
+        #expect(AgentProcess.waitUntil { agent.child.log.contains("watching") }, "\(agent.child.log)")
+        // Made after the start, and moved in.
+        try FileManager.default.createSymbolicLink(atPath: watched + "/late.txt", withDestinationPath: secret)
+        try FileManager.default.createSymbolicLink(atPath: home + "/moved.txt", withDestinationPath: secret)
+        #expect(rename(home + "/moved.txt", watched + "/moved.txt") == 0)
+        // And a real file after them, to know the watcher got that far.
+        let real = Self.bytes(5_000, seed: 31)
+        try Self.write(real, to: watched + "/real.jpg")
+        #expect(AgentProcess.waitUntil { agent.finished("cam/real.jpg") != nil }, "\(agent.child.log)")
+        func skipped(_ name: String) -> [String: Any]? {
+            agent.events.first { $0["event"] as? String == "skipped" && ($0["path"] as? String ?? "").hasSuffix("/" + name) }
+        }
+        #expect(AgentProcess.waitUntil(timeout: 10) { skipped("early.txt") != nil && skipped("late.txt") != nil && skipped("moved.txt") != nil }, "\(agent.child.log)")
+        #expect((skipped("late.txt")?["reason"] as? String ?? "").contains("symbolic link"))
+        for name in ["early.txt", "late.txt", "moved.txt"] {
+            #expect(relay.stored("cam/" + name) == nil, "\(name) was uploaded with its target's bytes")
+            #expect(agent.started("cam/" + name) == 0)
+        }
+        #expect(agent.stop() == 0)
+
+        // Asked to follow: the targets go up under the links' names.
+        let following = try AgentProcess(
+            ["watch", "--json", "--follow-symlinks", "--settle", "300ms", watched], environment: AgentProcess.environment(relay, state: home + "/state2"),
+            log: home + "/agent2.log"
+        )
+        defer { following.stop() }
+        #expect(AgentProcess.waitUntil { following.finished("cam/late.txt") != nil }, "\(following.child.log)")
+        #expect(relay.stored("cam/late.txt") == Data("not for the relay".utf8))
+        #expect(following.stop() == 0)
+        await relay.stop()
+    }
+
+    @Test("a send handed to a running watch from another directory uploads the file it named, by its absolute path, and ends with its result")
+    func handOverFromElsewhere() async throws {
+        let relay = try await TestRelay().start()
+        let home = TestRelay.makeDirectory()
+        let environment = AgentProcess.environment(relay, state: home + "/state")
+        for directory in ["wa/sub", "wb/sub", "watched"] {
+            try FileManager.default.createDirectory(atPath: home + "/" + directory, withIntermediateDirectories: true)
+        }
+        // The same relative path holds different files under wa and wb.
+        try Data("wa's document".utf8).write(to: URL(fileURLWithPath: home + "/wa/sub/doc.txt"))
+        try Data("wb's document, the one named".utf8).write(to: URL(fileURLWithPath: home + "/wb/sub/doc.txt"))
+        // The watch runs from wa, the send from wb.
+        let watch = try ChildProcess(
+            "/bin/sh", ["-c", "cd \"$0\" && exec \"$1\" watch --json \"$2\"", home + "/wa", try CommandLineTests.agentBinary(), home + "/watched"],
+            readyFile: home + "/unused", logFile: home + "/watch.log",
+            environment: ProcessInfo.processInfo.environment.merging(environment) { $1 }
+        )
+        defer {
+            watch.kill(SIGTERM)
+            _ = watch.waitForExit()
+        }
+        #expect(AgentProcess.waitUntil { watch.log.contains("watching") }, "\(watch.log)")
+        let send = try CommandLineTests.run(
+            "/bin/sh", ["-c", "cd \"$0\" && exec timeout -s KILL 60 \"$1\" send --json --prefix p sub/doc.txt", home + "/wb", try CommandLineTests.agentBinary()],
+            environment: environment
+        )
+        #expect(send.status == 0, "\(send.stderr)")
+        #expect(send.stderr.contains("handed to it"), "\(send.stderr)")
+        #expect(send.stdout.contains("\"status\":\"stored\""), "\(send.stdout)")
+        #expect(relay.stored("p/doc.txt") == Data("wb's document, the one named".utf8))
     }
 
     @Test("send (and UploadClient.enqueue) hand their files to the watch already running for the relay: one uploader")

@@ -74,7 +74,14 @@ def peak_rss_mib(pid: int) -> float:
 
 
 class S3:
-    """Signed GET, HEAD and PUT on the bucket's server, for checking what the relays stored (botocore signs)."""
+    """Signed requests to the bucket's server (botocore signs, SigV4): GET, PUT, HEAD, DELETE and listing of objects,
+    making a bucket and counting its open multipart uploads; for checking what the relays stored, and for the hooks.
+
+    Every method takes a bucket and a key as they are, never a path: the key goes into the request path percent-encoded
+    once, in full, as RFC 3986 and S3 have it (every UTF-8 byte but the unreserved A-Z a-z 0-9 - . _ ~ is %XX; the "/"
+    between segments stays), and that path is also the canonical URI the signature covers (S3's SigV4 takes the path as
+    sent, with no second encoding and no normalising). So a key holding "?", "#", "%", "+", a space or any non-ASCII
+    character names that object and no other: "pic?a.jpg" is never the object "pic" with a query."""
 
     def __init__(self, endpoint: str, key: str, secret: str, region: str = "us-east-1"):
         from botocore.auth import S3SigV4Auth
@@ -84,31 +91,105 @@ class S3:
         self._auth = lambda: S3SigV4Auth(Credentials(key, secret), "s3", region)
         self._request = AWSRequest
 
-    def call(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
+    @staticmethod
+    def path(bucket: str, key: str | None = None) -> str:
+        """The request path of `key` in `bucket` (of the bucket itself when `key` is None), encoded as said above."""
         from urllib.parse import quote
-        path, _, query = path.partition("?")
-        url = self.endpoint + quote(path, safe="/-_.~") + ("?" + query if query else "")
+        if not bucket or "/" in bucket:
+            raise ValueError(f"not a bucket name: {bucket!r}")
+        if key is None:
+            return "/" + quote(bucket, safe="")
+        if not key:
+            raise ValueError("an empty key")
+        return "/" + quote(bucket, safe="") + "/" + quote(key, safe="/")
+
+    @staticmethod
+    def query(params: dict[str, str] | None) -> str:
+        """A query string as SigV4 canonicalises it: names and values encoded in full, sorted by name."""
+        from urllib.parse import quote
+        pairs = sorted((params or {}).items())
+        return "&".join(f"{quote(name, safe='')}={quote(value, safe='')}" for name, value in pairs)
+
+    def url(self, bucket: str, key: str | None = None, params: dict[str, str] | None = None) -> str:
+        query = self.query(params)
+        return self.endpoint + self.path(bucket, key) + ("?" + query if query else "")
+
+    def request(self, method: str, bucket: str, key: str | None = None, body: bytes = b"",
+                params: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+        """One signed request: (status, headers, body), whatever the status."""
+        url = self.url(bucket, key, params)
         request = self._request(method=method, url=url, data=body,
                                 headers={"x-amz-content-sha256": hashlib.sha256(body).hexdigest()})
         self._auth().add_auth(request)
-        prepared = urllib.request.Request(url, data=body if method == "PUT" else None, method=method,
+        prepared = urllib.request.Request(url, data=body if method in ("PUT", "POST") else None, method=method,
                                           headers=dict(request.headers.items()))
         try:
             with urllib.request.urlopen(prepared, timeout=120) as answer:
-                return answer.status, answer.read()
+                return answer.status, dict(answer.headers.items()), answer.read()
         except urllib.error.HTTPError as error:
-            return error.code, error.read()
+            return error.code, dict(error.headers.items()), error.read()
+
+    def call(self, method: str, bucket: str, key: str | None = None, body: bytes = b"",
+             params: dict[str, str] | None = None) -> tuple[int, bytes]:
+        """One signed request: (status, body), whatever the status."""
+        status, _, answer = self.request(method, bucket, key, body, params)
+        return status, answer
+
+    def make_bucket(self, bucket: str):
+        status, body = self.call("PUT", bucket)
+        if status != 200:
+            raise Failed(f"could not make bucket {bucket}: HTTP {status} {body[:200]!r}")
 
     def get(self, bucket: str, key: str) -> bytes | None:
-        status, body = self.call("GET", f"/{bucket}/{key}")
+        """The object's bytes; None when there is no such object."""
+        status, body = self.call("GET", bucket, key)
         if status == 404:
             return None
         if status != 200:
             raise Failed(f"GET {key}: HTTP {status}: {body[:200]!r}")
         return body
 
+    def put(self, bucket: str, key: str, body: bytes):
+        status, answer = self.call("PUT", bucket, key, body)
+        if status != 200:
+            raise Failed(f"PUT {key}: HTTP {status}: {answer[:200]!r}")
+
+    def head(self, bucket: str, key: str) -> int | None:
+        """The object's size; None when there is no such object."""
+        status, headers, _ = self.request("HEAD", bucket, key)
+        if status == 404:
+            return None
+        if status != 200:
+            raise Failed(f"HEAD {key}: HTTP {status}")
+        return int({name.lower(): value for name, value in headers.items()}.get("content-length", "0"))
+
+    def delete(self, bucket: str, key: str):
+        """Removes the object (none there is no failure, as in S3)."""
+        status, body = self.call("DELETE", bucket, key)
+        if status not in (200, 204, 404):
+            raise Failed(f"DELETE {key}: HTTP {status}: {body[:200]!r}")
+
+    def list_keys(self, bucket: str, prefix: str = "") -> list[str]:
+        """Every key in `bucket` that begins with `prefix` (ListObjectsV2, page after page)."""
+        import xml.etree.ElementTree as ElementTree
+        keys: list[str] = []
+        token = None
+        while True:
+            params = {"list-type": "2", "prefix": prefix}
+            if token:
+                params["continuation-token"] = token
+            status, body = self.call("GET", bucket, params=params)
+            if status != 200:
+                raise Failed(f"listing {bucket}/{prefix}: HTTP {status}: {body[:200]!r}")
+            root = ElementTree.fromstring(body)
+            space = root.tag[:root.tag.index("}") + 1] if root.tag.startswith("{") else ""
+            keys += [element.text or "" for element in root.iter(space + "Key")]
+            token = root.findtext(space + "NextContinuationToken")
+            if root.findtext(space + "IsTruncated") != "true" or not token:
+                return keys
+
     def open_uploads(self, bucket: str) -> int:
-        status, body = self.call("GET", f"/{bucket}?uploads=")
+        status, body = self.call("GET", bucket, params={"uploads": ""})
         if status != 200:
             raise Failed(f"listing multipart uploads: HTTP {status}")
         return body.count(b"<Upload>")
@@ -145,9 +226,7 @@ class Cluster:
         self.env["UPLOAD_RELAY_CATALOG"] = self.catalog
         self.endpoint = found["UPLOAD_S3_ENDPOINT"]
         self.s3 = S3(self.endpoint, found["AWS_ACCESS_KEY_ID"], found["AWS_SECRET_ACCESS_KEY"])
-        status, body = self.s3.call("PUT", f"/{self.bucket}")
-        if status != 200:
-            raise Failed(f"could not make bucket {self.bucket}: HTTP {status} {body[:200]!r}")
+        self.s3.make_bucket(self.bucket)
         for index in range(self.count):
             self.start_relay(index)
         self.start_haproxy()

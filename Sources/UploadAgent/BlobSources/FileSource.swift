@@ -16,6 +16,9 @@ public final class FileSource: BlobSource {
     /// Where in the file the blob begins: the blob is the file's bytes from here to its end (the new part of a log
     /// that grows, the payload after a header of known length).
     public let startOffset: UInt64
+    /// Whether a symbolic link at `path` is followed to its target. By default it is not: the open fails, and nothing
+    /// but the file named is ever read (`upload-agent send --follow-symlinks` asks for targets).
+    public let followSymlinks: Bool
 
     private struct State {
         var descriptor: Int32 = -1
@@ -44,10 +47,11 @@ public final class FileSource: BlobSource {
 
     private let state = NIOLockedValueBox(State())
 
-    public init(path: String, blockSize: Int = 1 << 20, startOffset: UInt64 = 0) {
+    public init(path: String, blockSize: Int = 1 << 20, startOffset: UInt64 = 0, followSymlinks: Bool = false) {
         self.path = path
         self.blockSize = max(1, blockSize)
         self.startOffset = startOffset
+        self.followSymlinks = followSymlinks
     }
 
     deinit {
@@ -55,10 +59,16 @@ public final class FileSource: BlobSource {
     }
 
     public func open() throws -> SourceInfo {
-        let fd = Glibc.open(self.path, O_RDONLY | O_CLOEXEC)
+        // O_NOFOLLOW: a link put where a file was checked (or appeared after a scan) is never opened through.
+        let fd = Glibc.open(self.path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | (self.followSymlinks ? 0 : O_NOFOLLOW))
         guard fd >= 0 else {
+            if errno == ELOOP && !self.followSymlinks {
+                throw SourceError("\(self.path) is a symbolic link: not followed (--follow-symlinks uploads what links point to)")
+            }
             throw SourceError("cannot open \(self.path): \(String(cString: strerror(errno)))")
         }
+        // Opened without blocking so that a FIFO put in a file's place cannot hang the open; reads are plain.
+        _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK)
         var info = stat()
         guard fstat(fd, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG else {
             Glibc.close(fd)
@@ -86,10 +96,10 @@ public final class FileSource: BlobSource {
     }
 
     /// The size and fingerprint a regular file at `path` has now (what ``open()`` would report), or nil when there is
-    /// no regular file there.
-    public static func currentInfo(path: String) -> SourceInfo? {
+    /// no regular file there: a symbolic link is none unless `followSymlinks`.
+    public static func currentInfo(path: String, followSymlinks: Bool = false) -> SourceInfo? {
         var info = stat()
-        guard stat(path, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG else { return nil }
+        guard (followSymlinks ? stat(path, &info) : lstat(path, &info)) == 0, (info.st_mode & S_IFMT) == S_IFREG else { return nil }
         return SourceInfo(size: UInt64(info.st_size), fingerprint: Self.fingerprint(info))
     }
 
@@ -163,7 +173,7 @@ public final class FileSource: BlobSource {
     public func changeSinceOpen() -> String? {
         guard let opened = self.state.withLockedValue({ $0.identity }) else { return nil }
         var info = stat()
-        guard stat(self.path, &info) == 0 else {
+        guard (self.followSymlinks ? stat(self.path, &info) : lstat(self.path, &info)) == 0 else {
             return "\(self.path) was removed during the upload: not committed (nothing of it is kept on the relay)"
         }
         let now = Identity(info)

@@ -80,10 +80,17 @@ public final class UploadClient: Sendable {
     /// Records files and directories (walked as `upload-agent send` walks them; `prefix` goes before every key) in the
     /// persistent queue `store` keeps for this client's relay and token. They go up even after this process ended:
     /// a running `upload-agent watch` or `send` for the same relay and token takes them within a second, or the next
-    /// one to start does. Returns what became of each (queued, already queued, unchanged since it was stored).
-    public func enqueue(paths: [String], prefix: String? = nil, into store: AgentStateStore) throws -> [EnqueueOutcome] {
-        let items = try ItemPlanner.plan(paths: paths.filter { $0 != "-" }, prefix: prefix, stdinName: nil, limits: self.configuration.limits)
-        let entries = items.compactMap { QueueEntry(item: $0, configuration: self.configuration) }
+    /// one to start does. Returns what became of each (queued, already queued, unchanged since it was stored); each path
+    /// not queued (a symbolic link unless `followSymlinks`, a name no key may have, ...) goes to `notQueued`, with why.
+    public func enqueue(
+        paths: [String], prefix: String? = nil, followSymlinks: Bool = false, into store: AgentStateStore,
+        notQueued: (UploadResult) -> Void = { _ in }
+    ) throws -> [EnqueueOutcome] {
+        let plan = try ItemPlanner.plan(
+            paths: paths.filter { $0 != "-" }, prefix: prefix, stdinName: nil, limits: self.configuration.limits, followSymlinks: followSymlinks
+        )
+        plan.results.forEach(notQueued)
+        let entries = plan.items.compactMap { QueueEntry(item: $0, configuration: self.configuration) }
         return try store.enqueue(entries, target: AgentStateStore.target(of: self.configuration), skipUnchanged: false, external: true)
     }
 
@@ -147,7 +154,7 @@ public final class UploadClient: Sendable {
     /// Routes the uploader's events to the uploads they concern.
     private func handle(_ event: UploadEvent) {
         switch event {
-        case .connected, .reconnecting:
+        case .connected, .reconnecting, .waiting:
             return
         case .started(let key, let size, let offset):
             self.update(key) { progress in

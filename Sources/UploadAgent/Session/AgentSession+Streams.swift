@@ -56,6 +56,13 @@ extension AgentSession {
         case .success(let prepared):
             let info = prepared.info
             let sha1 = prepared.sha1
+            if let expected = job.item.expectedFingerprint, !expected.isEmpty, expected != info.fingerprint, job.stripe == nil {
+                // Not the file that was named or queued (another one at the path now, or it changed since): never sent
+                // in its place.
+                job.item.source.close()
+                let message = "\(job.item.source.displayName) is not the file that was queued: it changed or was replaced since; not uploaded (send it again to upload it as it is now)"
+                return self.complete(job, job.finish(.failed, sha1: "", error: message))
+            }
             job.info = info
             job.knownSHA1 = sha1
             job.hashedBytes += prepared.hashedBytes
@@ -332,16 +339,24 @@ extension AgentSession {
         guard let sender = self.senders.removeValue(forKey: id) else { return [] }
         let job = sender.job
         job.lastError = "\(code.name): \(message)"
-        // A stripe's STORAGE_ERROR says its upload is gone from the relay (SPEC §6.7), not that the relay is full.
-        if self.configuration.retryForever && (code == .quotaExceeded || (code == .storageError && job.stripe == nil)) {
-            // No room on the relay for this account: every item would fail alike. The queue holds with a growing
-            // wait (its change closes this connection), and the item goes back to it, not counted as an attempt.
-            self.queue.requeue(job)
-            self.queue.relayFull(
-                "the relay has no room: \(code.name) for \"\(job.key)\": \(message)", initial: self.configuration.relayFullBackoff,
-                maximum: self.configuration.relayFullMaxBackoff
-            )
-            return []
+        // No room on the relay for this item: the account's quota (which a long-running agent waits out), or the relay's
+        // storage (which passes). The item waits on its own, longer each time, while the others go on: a smaller file may
+        // fit where this one does not (SPEC §7). A stripe's STORAGE_ERROR says its upload is gone (SPEC §6.7) instead.
+        let noRoom = code == .quotaExceeded || (code == .storageError && job.stripe == nil)
+        if noRoom && (self.configuration.retryForever || code == .storageError) {
+            job.noRoomRetries += 1
+            let since = job.noRoomSince ?? now
+            job.noRoomSince = since
+            if self.configuration.retryForever || now - since < self.configuration.retryFor {
+                let (initial, maximum) = self.configuration.retryForever
+                    ? (self.configuration.relayFullBackoff, self.configuration.relayFullMaxBackoff) : (Duration.seconds(1), Duration.seconds(30))
+                var wait = initial
+                for _ in 1..<min(job.noRoomRetries, 30) where wait < maximum { wait *= 2 }
+                wait = min(wait, maximum)
+                let reason = "\(code.name): \(message)"
+                self.queue.deferJob(job, for: wait, reason: reason)
+                return [.event(.waiting(key: job.key, reason: reason, retryIn: wait))] + self.openMore() + self.pumpAll() + self.closeIfIdle()
+            }
         }
         // KEY_BUSY and REFUSED_STREAM say "not now" (SPEC §11): they are retried for --retry-for, not counted as attempts.
         let busy = code == .keyBusy || code == .refusedStream

@@ -37,6 +37,8 @@ public struct QueuedItem: Hashable, Sendable {
     public var overwrite: Bool
     /// Whether the file is hashed before OPEN (the settings of the command that queued it, whoever uploads it).
     public var dedup: Bool
+    /// Whether a symbolic link at `path` is followed (`--follow-symlinks` of the command that queued it).
+    public var followSymlinks: Bool
     /// Bytes per second acknowledged lately, while uploading.
     public var rate: Double
     public var addedAt: Double
@@ -59,6 +61,7 @@ public struct QueuedItem: Hashable, Sendable {
         self.error = row["error"]
         self.overwrite = row["overwrite"]
         self.dedup = row["dedup"]
+        self.followSymlinks = row["follow_symlinks"]
         self.rate = row["rate"]
         self.addedAt = row["added_at"]
         self.updatedAt = row["updated_at"]
@@ -78,31 +81,39 @@ public enum EnqueueOutcome: Hashable, Sendable {
 /// What one item to add says about itself.
 public struct QueueEntry: Hashable, Sendable {
     public var key: String
+    /// Absolute: whichever process uploads it, from whatever directory, opens this file.
     public var path: String
     public var size: UInt64?
+    /// The file's fingerprint when it was queued: the uploader opens the path and refuses a file with another one.
     public var fingerprint: [UInt8]
     public var overwrite: Bool
     public var dedup: Bool
+    public var followSymlinks: Bool
 
-    public init(key: String, path: String, size: UInt64?, fingerprint: [UInt8], overwrite: Bool, dedup: Bool = true) {
+    public init(
+        key: String, path: String, size: UInt64?, fingerprint: [UInt8], overwrite: Bool, dedup: Bool = true, followSymlinks: Bool = false
+    ) {
         self.key = key
-        self.path = path
+        self.path = ItemPlanner.absolute(path)
         self.size = size
         self.fingerprint = fingerprint
         self.overwrite = overwrite
         self.dedup = dedup
+        self.followSymlinks = followSymlinks
     }
 }
 
 extension QueueEntry {
     /// The entry of a file item, its settings defaulting to `configuration`'s; nil for any other source (a stream
-    /// cannot be found again after a restart, and the queue keeps a whole file's path, not a start offset).
+    /// cannot be found again after a restart, and the queue keeps a whole file's path, not a start offset). Its
+    /// fingerprint is the one the item was planned with, else the file's now.
     init?(item: UploadItem, configuration: AgentConfiguration) {
         guard let file = item.source as? FileSource, file.startOffset == 0 else { return nil }
-        let info = FileSource.currentInfo(path: file.path)
+        let info = FileSource.currentInfo(path: file.path, followSymlinks: file.followSymlinks)
+        let fingerprint = item.expectedFingerprint.flatMap { $0.isEmpty ? nil : $0 } ?? info?.fingerprint ?? []
         self.init(
-            key: item.key, path: file.path, size: info?.size, fingerprint: info?.fingerprint ?? [],
-            overwrite: item.overwrite ?? configuration.overwrite, dedup: item.dedup ?? configuration.dedup
+            key: item.key, path: file.path, size: fingerprint == info?.fingerprint ? info?.size : nil, fingerprint: fingerprint,
+            overwrite: item.overwrite ?? configuration.overwrite, dedup: item.dedup ?? configuration.dedup, followSymlinks: file.followSymlinks
         )
     }
 }
@@ -125,12 +136,12 @@ extension AgentStateStore {
                 guard let existing else {
                     try db.execute(
                         sql: """
-                            INSERT INTO item (target, key, path, status, size, fingerprint, overwrite, dedup, added_at, updated_at)
-                            VALUES (?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?)
+                            INSERT INTO item (target, key, path, status, size, fingerprint, overwrite, dedup, follow_symlinks, added_at, updated_at)
+                            VALUES (?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?)
                             """,
                         arguments: [
                             target, entry.key, entry.path, entry.size.map { Int64($0) }, Data(entry.fingerprint), entry.overwrite, entry.dedup,
-                            now, now,
+                            entry.followSymlinks, now, now,
                         ]
                     )
                     outcomes.append(.queued(db.lastInsertedRowID))
@@ -146,9 +157,12 @@ extension AgentStateStore {
                         try db.execute(
                             sql: """
                                 UPDATE item SET path = ?, size = ?, fingerprint = ?, sha1 = NULL, acked = 0, sha1_state = NULL,
-                                overwrite = ?, dedup = ?, updated_at = ? WHERE id = ?
+                                overwrite = ?, dedup = ?, follow_symlinks = ?, updated_at = ? WHERE id = ?
                                 """,
-                            arguments: [entry.path, entry.size.map { Int64($0) }, Data(entry.fingerprint), entry.overwrite, entry.dedup, now, id]
+                            arguments: [
+                                entry.path, entry.size.map { Int64($0) }, Data(entry.fingerprint), entry.overwrite, entry.dedup, entry.followSymlinks,
+                                now, id,
+                            ]
                         )
                     }
                     outcomes.append(.alreadyQueued(id))
@@ -161,9 +175,12 @@ extension AgentStateStore {
                         sql: """
                             UPDATE item SET path = ?, status = 'queued', size = ?, fingerprint = ?, sha1 = NULL, acked = 0,
                             sha1_state = NULL, sent_bytes = 0, hashed_bytes = 0, outcome = NULL, error = NULL, overwrite = ?,
-                            dedup = ?, rate = 0, added_at = ?, updated_at = ? WHERE id = ?
+                            dedup = ?, follow_symlinks = ?, rate = 0, added_at = ?, updated_at = ? WHERE id = ?
                             """,
-                        arguments: [entry.path, entry.size.map { Int64($0) }, Data(entry.fingerprint), entry.overwrite, entry.dedup, now, now, id]
+                        arguments: [
+                            entry.path, entry.size.map { Int64($0) }, Data(entry.fingerprint), entry.overwrite, entry.dedup, entry.followSymlinks,
+                            now, now, id,
+                        ]
                     )
                     outcomes.append(.queued(id))
                 }
@@ -275,6 +292,27 @@ extension AgentStateStore {
                     try db.cachedStatement(sql: "INSERT OR REPLACE INTO hash_cache (fingerprint, sha1, used_at) VALUES (?, ?, ?)")
                         .execute(arguments: [fingerprint, sha1, now])
                 }
+            }
+        }
+    }
+
+    /// Marks every item of `target` still waiting as failed for `reason` (a `send` that gave up: a refused token), and
+    /// returns them: each gets its result.
+    func failPending(target: String, reason: String) throws -> [QueuedItem] {
+        try self.write { db in
+            let rows = try Row.fetchAll(
+                db, sql: "SELECT * FROM item WHERE target = ? AND status IN ('queued', 'uploading') ORDER BY id", arguments: [target]
+            ).map(QueuedItem.init(row:))
+            try db.execute(
+                sql: "UPDATE item SET status = 'failed', error = ?, rate = 0, updated_at = ? WHERE target = ? AND status IN ('queued', 'uploading')",
+                arguments: [reason, Self.now(), target]
+            )
+            try Self.bump(db)
+            return rows.map { row in
+                var row = row
+                row.status = .failed
+                row.error = reason
+                return row
             }
         }
     }

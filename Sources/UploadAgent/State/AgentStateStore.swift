@@ -96,6 +96,17 @@ public final class AgentStateStore: Sendable {
                     """
             )
         }
+        migrator.registerMigration("v2: absolute paths, symbolic links") { db in
+            // Paths were recorded as given, relative to the directory of the process that queued them: another process
+            // (a running watch taking a send's files) read them against its own. Those rows cannot be trusted.
+            try db.execute(
+                sql: """
+                    ALTER TABLE item ADD COLUMN follow_symlinks INTEGER NOT NULL DEFAULT 0;
+                    UPDATE item SET status = 'failed', error = 'queued with a relative path by an older agent: send it again'
+                    WHERE path NOT LIKE '/%' AND status IN ('queued', 'uploading');
+                    """
+            )
+        }
         return migrator
     }
 

@@ -101,6 +101,7 @@ public final class QueueRunner: Sendable {
                 guard var item = byKey[entry.key] else { continue }
                 item.overwrite = entry.overwrite
                 item.dedup = entry.dedup
+                item.expectedFingerprint = entry.fingerprint
                 switch outcome {
                 case .queued(let id), .alreadyQueued(let id):
                     if state.jobs[id] == nil {
@@ -114,8 +115,9 @@ public final class QueueRunner: Sendable {
                         jobs.append(job)
                     } else if case .queued = outcome {
                         state.after[id] = item
-                    } else if let running = state.jobs[id], running.info.map({ $0.fingerprint != entry.fingerprint }) ?? false {
-                        // A newer version of a file whose upload is running: it goes up again once that one ends.
+                    } else if let running = state.jobs[id], running.item.expectedFingerprint != entry.fingerprint {
+                        // A newer version of a file whose job was made for an older one: it goes up once that job ends
+                        // (the older one's job refuses the file it finds changed, or its upload stops on the change).
                         state.after[id] = item
                     }
                 case .unchanged:
@@ -229,7 +231,11 @@ public final class QueueRunner: Sendable {
     }
 
     static func job(for row: QueuedItem) -> UploadJob {
-        let job = UploadJob(item: UploadItem(key: row.key, displayPath: row.path, source: FileSource(path: row.path), overwrite: row.overwrite, dedup: row.dedup), queueID: row.id)
+        let source = FileSource(path: row.path, followSymlinks: row.followSymlinks)
+        let item = UploadItem(
+            key: row.key, displayPath: row.path, source: source, overwrite: row.overwrite, dedup: row.dedup, expectedFingerprint: row.fingerprint
+        )
+        let job = UploadJob(item: item, queueID: row.id)
         if let bytes = row.sha1State, row.acked > 0, let state = try? SHA1(importing: bytes), state.byteCount == row.acked {
             job.recorded = (row.fingerprint, row.acked, state)
         }
@@ -249,22 +255,16 @@ public final class QueueRunner: Sendable {
             poller.cancel()
             self.journal.flushNow()
         }
-        let shown = NIOLockedValueBox(false)
-        try await self.uploader.run(self.queue, service: service) { event in
-            switch event {
-            case .reconnecting(let reason, _) where self.queue.relayFullWait != nil:
-                // The relay has no room: `status` says so while the queue waits (this runs on the uploader's task).
-                shown.withLockedValue { $0 = true }
-                try? self.store.setHoldReason(reason)
-            case .connected where shown.withLockedValue({ $0 }):
-                // Off the event loop: the database write may wait for another process's.
-                shown.withLockedValue { $0 = false }
-                let holds = self.state.withLockedValue { $0.hold }
-                DispatchQueue.global().async { try? self.store.setHoldReason(holds) }
-            default:
-                break
-            }
-            onEvent(event)
+        try await self.uploader.run(self.queue, service: service, onEvent: onEvent)
+        if !service, let reason = self.queue.gaveUpReason {
+            // The run gave up (a refused token, no progress): the items still in the database, which it never loaded,
+            // get their result too, as those it held did.
+            self.journal.flushNow()
+            let known = self.state.withLockedValue { Set($0.jobs.keys).union($0.ending) }
+            let rows = try self.store.failPending(target: self.target, reason: "not attempted: \(reason)").filter { !known.contains($0.id) }
+            let results = rows.map(QueuedSend.result)
+            self.queue.record(results)
+            for result in results { onEvent(.finished(result)) }
         }
     }
 
@@ -327,15 +327,17 @@ final class QueueJournal: JobJournal {
         self.interval = interval
     }
 
-    private func submit(_ job: UploadJob, _ status: QueuedItem.Status, result: UploadResult? = nil) {
+    private func submit(_ job: UploadJob, _ status: QueuedItem.Status, result: UploadResult? = nil, waiting: String? = nil) {
         guard let id = job.queueID else { return }
         let snapshot = job.knownSHA1 == nil ? job.snapshots[job.acked].map { $0.exportState() } : nil
         let sha1 = job.knownSHA1?.hex ?? result.flatMap { $0.sha1.isEmpty ? nil : $0.sha1 }
+        // The version this job was made for: a row queued again meanwhile for a newer one keeps its own record.
+        let fingerprint = job.item.expectedFingerprint.flatMap { $0.isEmpty ? nil : $0 } ?? job.info?.fingerprint
         let progress = AgentStateStore.Progress(
-            status: status, size: job.info?.size ?? (result.map { $0.bytes }), fingerprint: job.info?.fingerprint, sha1: sha1,
+            status: status, size: job.info?.size ?? (result.map { $0.bytes }), fingerprint: fingerprint, sha1: sha1,
             acked: result?.status == .failed || result == nil ? job.acked : (job.info?.size ?? job.bytesRead), sha1State: snapshot,
             sentBytes: job.sentBytes, hashedBytes: job.hashedBytes,
-            outcome: result.flatMap { $0.status == .failed ? nil : $0.status.rawValue }, error: result?.error, rate: 0
+            outcome: result.flatMap { $0.status == .failed ? nil : $0.status.rawValue }, error: result?.error ?? waiting, rate: 0
         )
         let schedule: Bool = self.pending.withLockedValue { pending in
             pending.updates[id] = progress
@@ -399,10 +401,14 @@ final class QueueJournal: JobJournal {
     func started(_ job: UploadJob) { self.submit(job, .uploading) }
     func progressed(_ job: UploadJob) { self.submit(job, .uploading) }
     func requeued(_ job: UploadJob) { self.submit(job, .queued) }
+    /// Queued, with why it waits (`upload-agent status` shows it).
+    func deferred(_ job: UploadJob, reason: String) { self.submit(job, .queued, waiting: reason) }
 
     func finished(_ job: UploadJob, _ result: UploadResult) {
         var status: QueuedItem.Status = result.status == .failed ? .failed : .done
-        if status == .failed, let file = job.item.source as? FileSource, FileSource.currentInfo(path: file.path) == nil {
+        if status == .failed, let file = job.item.source as? FileSource,
+            FileSource.currentInfo(path: file.path, followSymlinks: file.followSymlinks) == nil
+        {
             status = .dropped
         }
         self.submit(job, status, result: result)

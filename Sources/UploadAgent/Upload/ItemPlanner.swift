@@ -1,20 +1,37 @@
+#if canImport(Glibc)
+import Glibc
+#endif
 import Foundation
 import UploadProtocol
 
-/// Turns what the user named on the command line into upload items with keys.
+/// Turns what the user named on the command line into upload items with keys, and a result for every path that will
+/// not be uploaded (nothing is left out without a word).
 ///
-/// A file's key is its base name; a directory is walked recursively and each file's key is its
-/// path relative to the directory's parent (`send dir` stores `dir/a/b.jpg`); `-` is stdin and
-/// needs `name`. `prefix` goes in front of every key.
+/// A file's key is its base name; a directory is walked recursively and each file's key is its path relative to the
+/// directory's parent (`send dir` stores `dir/a/b.jpg`); `-` is stdin and needs `name`. `prefix` goes in front of every
+/// key. Files are opened by their absolute paths (a queue handed to another process names exactly these files).
+///
+/// One policy for every path, named or found in a walk (``DirectoryWalker``): a symbolic link is skipped, and said so,
+/// unless `followSymlinks`; so are what is not a regular file or a directory, a directory that cannot be read, and a
+/// name that is not UTF-8 (keys are UTF-8). A file whose name cannot make a key (a backslash, a control character) fails
+/// alone: the rest go up.
 public enum ItemPlanner {
+    /// A command line that cannot be carried out at all (a usage error): stdin without a key, a prefix no key may have.
     public struct PlanError: Error, Hashable, Sendable, CustomStringConvertible {
         public var description: String
     }
 
+    /// What to upload, and what will not be, each with its result already.
+    public struct Plan: Sendable {
+        public var items: [UploadItem]
+        /// Paths skipped (``UploadResult/Status/skipped``) or failed before a byte was read (a name no key may have, a
+        /// path that does not exist, two paths for one key), in the order met.
+        public var results: [UploadResult]
+    }
+
     /// The key of a file at `relative` (from a watched directory's parent) under `prefix`, or why it cannot be one.
     public static func key(relative: String, prefix: String?, limits: ProtocolLimits = ProtocolLimits()) throws -> String {
-        let cleanPrefix = prefix.map { $0.split(separator: "/").joined(separator: "/") }.flatMap { $0.isEmpty ? nil : $0 }
-        let full = cleanPrefix.map { $0 + "/" + relative } ?? relative
+        let full = Self.prefixed(relative, Self.cleanPrefix(prefix))
         do {
             _ = try ObjectKey(validating: full, maxLength: limits.maxKeyLength, maxSegmentLength: limits.maxKeySegmentLength)
         } catch {
@@ -23,66 +40,95 @@ public enum ItemPlanner {
         return full
     }
 
-    public static func plan(paths: [String], prefix: String?, stdinName: String?, limits: ProtocolLimits = ProtocolLimits()) throws -> [UploadItem] {
-        var items: [UploadItem] = []
-        var seen: [String: String] = [:]
-        let cleanPrefix = prefix.map { $0.split(separator: "/").joined(separator: "/") }.flatMap { $0.isEmpty ? nil : $0 }
-        func add(_ key: String, _ display: String, _ source: any BlobSource) throws {
-            let full = cleanPrefix.map { $0 + "/" + key } ?? key
+    static func cleanPrefix(_ prefix: String?) -> String? {
+        prefix.map { $0.split(separator: "/").joined(separator: "/") }.flatMap { $0.isEmpty ? nil : $0 }
+    }
+
+    static func prefixed(_ key: String, _ prefix: String?) -> String {
+        prefix.map { $0 + "/" + key } ?? key
+    }
+
+    /// `path` made absolute against the working directory, as written (no link resolved, no `..` taken away).
+    public static func absolute(_ path: String) -> String {
+        guard !path.hasPrefix("/") else { return path }
+        var base = FileManager.default.currentDirectoryPath
+        if base.hasSuffix("/") { base.removeLast() }
+        var rest = Substring(path)
+        while rest.hasPrefix("./") { rest = rest.dropFirst(2).drop { $0 == "/" } }
+        return rest.isEmpty || rest == "." ? base : base + "/" + rest
+    }
+
+    /// The last name of `path` (of the directory it names, for `.` or `..`).
+    static func name(_ path: String) -> String {
+        URL(fileURLWithPath: path).standardizedFileURL.lastPathComponent
+    }
+
+    public static func plan(
+        paths: [String], prefix: String?, stdinName: String?, limits: ProtocolLimits = ProtocolLimits(), followSymlinks: Bool = false
+    ) throws -> Plan {
+        let cleanPrefix = Self.cleanPrefix(prefix)
+        if let cleanPrefix {
+            // A prefix no key may start with makes every key invalid: the command line is wrong, not the files.
             do {
-                _ = try ObjectKey(validating: full, maxLength: limits.maxKeyLength, maxSegmentLength: limits.maxKeySegmentLength)
+                _ = try ObjectKey(validating: cleanPrefix + "/x", maxLength: limits.maxKeyLength, maxSegmentLength: limits.maxKeySegmentLength)
             } catch {
-                throw PlanError(description: "\(display): key \"\(full)\" is not allowed: \(error.reason) (rename it, or use --prefix/--name)")
+                throw PlanError(description: "--prefix \"\(prefix ?? "")\" cannot begin a key: \(error.reason)")
             }
-            if let other = seen[full] {
-                throw PlanError(description: "\(display) and \(other) would both be stored as \"\(full)\"")
-            }
-            seen[full] = display
-            items.append(UploadItem(key: full, displayPath: display, source: source))
         }
-        for path in paths {
-            if path == "-" {
-                guard let name = stdinName else {
-                    throw PlanError(description: "reading stdin (-) needs --name KEY for the stored object")
-                }
-                try add(name, "-", StreamSource())
-                continue
-            }
-            var isDirectory: ObjCBool = false
-            guard FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory) else {
-                throw PlanError(description: "\(path): no such file or directory")
-            }
-            let trimmed = path.count > 1 && path.hasSuffix("/") ? String(path.dropLast()) : path
-            if isDirectory.boolValue {
-                let base = URL(fileURLWithPath: trimmed).standardizedFileURL
-                let parentLength = base.deletingLastPathComponent().path.count
-                var files: [String] = []
-                guard let walker = FileManager.default.enumerator(atPath: trimmed) else {
-                    throw PlanError(description: "\(path): cannot list the directory")
-                }
-                while let relative = walker.nextObject() as? String {
-                    let full = trimmed + "/" + relative
-                    var sub: ObjCBool = false
-                    if FileManager.default.fileExists(atPath: full, isDirectory: &sub), !sub.boolValue,
-                        (try? FileManager.default.attributesOfItem(atPath: full)[.type] as? FileAttributeType) == .typeRegular
-                    {
-                        files.append(relative)
-                    }
-                }
-                for relative in files.sorted() {
-                    let fullPath = trimmed + "/" + relative
-                    let absolute = base.appendingPathComponent(relative).path
-                    var key = String(absolute.dropFirst(parentLength))
-                    while key.hasPrefix("/") { key.removeFirst() }
-                    try add(key, fullPath, FileSource(path: fullPath))
-                }
-            } else {
-                try add(URL(fileURLWithPath: trimmed).lastPathComponent, path, FileSource(path: path))
-            }
+        if paths.contains("-") && stdinName == nil {
+            throw PlanError(description: "reading stdin (-) needs --name KEY for the stored object")
         }
         if let name = stdinName, !paths.contains("-") {
             throw PlanError(description: "--name \(name) names stdin, but no - was given among the paths")
         }
-        return items
+        var plan = Plan(items: [], results: [])
+        var seen: [String: String] = [:]
+        func add(_ key: String, _ display: String, _ source: any BlobSource, fingerprint: [UInt8]?) {
+            let full = Self.prefixed(key, cleanPrefix)
+            do {
+                _ = try ObjectKey(validating: full, maxLength: limits.maxKeyLength, maxSegmentLength: limits.maxKeySegmentLength)
+            } catch {
+                plan.results.append(
+                    .failed(key: full, path: display, error: "key \"\(full)\" is not allowed: \(error.reason) (rename it, or use --prefix/--name)")
+                )
+                return
+            }
+            if let other = seen[full] {
+                plan.results.append(.failed(key: full, path: display, error: "\(other) is stored as \"\(full)\" already in this run; not both"))
+                return
+            }
+            seen[full] = display
+            plan.items.append(UploadItem(key: full, displayPath: display, source: source, expectedFingerprint: fingerprint))
+        }
+        for path in paths {
+            if path == "-" {
+                add(stdinName ?? "-", "-", StreamSource(), fingerprint: nil)
+                continue
+            }
+            let walker = DirectoryWalker(followSymlinks: followSymlinks)
+            let trimmed = path.count > 1 && path.hasSuffix("/") ? String(path.dropLast()) : path
+            let absolute = Self.absolute(trimmed)
+            // A trailing slash names the directory a link points to, as the shell and POSIX read it.
+            switch walker.classify(absolute, following: followSymlinks || path.hasSuffix("/")) {
+            case .missing(let reason):
+                plan.results.append(.failed(key: "", path: path, error: "\(path): \(reason)"))
+            case .skip(let reason):
+                plan.results.append(.skipped(path: path, reason: "\(path): \(reason)"))
+            case .file(let fingerprint):
+                add(Self.name(absolute), path, FileSource(path: absolute, followSymlinks: followSymlinks), fingerprint: fingerprint)
+            case .directory:
+                // Keys are paths from the directory's parent: `send photos` stores photos/...
+                let name = Self.name(absolute)
+                walker.walk(absolute, relative: name, display: trimmed) { found in
+                    switch found {
+                    case .file(let fullPath, let relative, let display, let fingerprint):
+                        add(relative, display, FileSource(path: fullPath, followSymlinks: followSymlinks), fingerprint: fingerprint)
+                    case .skipped(let display, let reason):
+                        plan.results.append(.skipped(path: display, reason: "\(display): \(reason)"))
+                    }
+                }
+            }
+        }
+        return plan
     }
 }

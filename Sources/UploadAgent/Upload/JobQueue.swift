@@ -1,3 +1,4 @@
+import Dispatch
 import NIOConcurrencyHelpers
 import UploadChecksums
 import UploadProtocol
@@ -10,6 +11,8 @@ protocol JobJournal: Sendable {
     /// The relay's durable offset moved (or the job's SHA-1 became known).
     func progressed(_ job: UploadJob)
     func requeued(_ job: UploadJob)
+    /// The relay had no room for it: it waits, for `reason` (``JobQueue/deferJob(_:for:reason:)``).
+    func deferred(_ job: UploadJob, reason: String)
     func finished(_ job: UploadJob, _ result: UploadResult)
     /// The SHA-1 of a source hashed before, by its fingerprint (blocking, on the thread pool).
     func cachedSHA1(fingerprint: [UInt8]) -> SHA1Digest?
@@ -28,10 +31,11 @@ final class JobQueue: Sendable {
         var finished: [UploadResult] = []
         /// Why no job may start now (a pause, a condition), or nil.
         var hold: String? = nil
-        /// The relay refused for want of room (QUOTA_EXCEEDED, STORAGE_ERROR): why, and how long to wait.
-        var relayFull: (reason: String, wait: Duration)? = nil
-        /// Refusals for want of room in a row, since the last item stored: the wait doubles with each.
-        var relayFullCount = 0
+        /// Jobs waiting for the relay to have room for them (QUOTA_EXCEEDED, its storage full), each until its own time:
+        /// they go back to wait then. The other jobs go on meanwhile.
+        var deferred: [ObjectIdentifier: UploadJob] = [:]
+        /// Why the run gave up on what was left (a refused token, no progress for --retry-for), once it did.
+        var gaveUp: String? = nil
         /// Keys whose source went away (a watched file deleted) or whose upload was cancelled, with why: their uploads
         /// stop and never commit.
         var dropped: [String: String] = [:]
@@ -77,7 +81,7 @@ final class JobQueue: Sendable {
     /// The next job to start, if any may start.
     func next() -> UploadJob? {
         let job: UploadJob? = self.state.withLockedValue { state in
-            guard state.hold == nil, state.relayFull == nil, !state.stopped, !state.waiting.isEmpty else { return nil }
+            guard state.hold == nil, !state.stopped, !state.waiting.isEmpty else { return nil }
             state.active += 1
             let job = state.waiting.removeFirst()
             if job.stripe == nil { state.activeKeys.insert(job.key) }
@@ -124,7 +128,6 @@ final class JobQueue: Sendable {
         self.changed { state in
             state.active -= 1
             state.progress += 1
-            if result.status != .failed { state.relayFullCount = 0 }
             if self.keepResults { state.finished.append(result) }
             state.activeKeys.remove(job.key)
             state.dropped[job.key] = nil
@@ -157,26 +160,39 @@ final class JobQueue: Sendable {
         self.changed { $0.hold = reason }
     }
 
-    var holdReason: String? { self.state.withLockedValue { $0.hold ?? $0.relayFull?.reason } }
+    var holdReason: String? { self.state.withLockedValue { $0.hold } }
 
-    /// The relay has no room for the account (`reason`): the whole queue holds, from `initial` doubling up to
-    /// `maximum` with each refusal in a row, instead of failing every item. The uploader waits it out
-    /// (``relayFullWait``), then ends the hold (``endRelayFullWait()``).
-    func relayFull(_ reason: String, initial: Duration, maximum: Duration) {
+    /// The relay had no room for `job` (`reason`): it leaves the line for `wait`, then goes back to its end. The other
+    /// jobs go on meanwhile; a `send` is not done while a job waits so.
+    func deferJob(_ job: UploadJob, for wait: Duration, reason: String) {
+        let id = ObjectIdentifier(job)
         self.changed { state in
-            guard state.relayFull == nil else { return }
-            var wait = initial
-            for _ in 0..<min(state.relayFullCount, 30) where wait < maximum { wait *= 2 }
-            wait = min(wait, maximum)
-            state.relayFullCount += 1
-            state.relayFull = ("\(reason); the queue waits \(wait) before trying again", wait)
+            state.active -= 1
+            state.activeKeys.remove(job.key)
+            state.deferred[id] = job
+        }
+        self.journal?.deferred(job, reason: reason)
+        let nanoseconds = Int(wait.components.seconds) * 1_000_000_000 + Int(wait.components.attoseconds / 1_000_000_000)
+        DispatchQueue.global().asyncAfter(deadline: .now() + .nanoseconds(nanoseconds)) { [weak self] in
+            self?.changed { state in
+                guard let job = state.deferred.removeValue(forKey: id) else { return }
+                state.waiting.append(job)
+            }
         }
     }
 
-    var relayFullWait: (reason: String, wait: Duration)? { self.state.withLockedValue { $0.relayFull } }
+    /// Jobs are waiting for the relay to have room, and nothing else is to be done now.
+    var hasOnlyDeferred: Bool {
+        self.state.withLockedValue { $0.waiting.isEmpty && $0.active == 0 && !$0.deferred.isEmpty }
+    }
 
-    func endRelayFullWait() {
-        self.changed { $0.relayFull = nil }
+    /// Why the run gave up on the jobs left, once it did (``failWaiting(_:)``).
+    var gaveUpReason: String? { self.state.withLockedValue { $0.gaveUp } }
+
+    /// Results of items this queue never held (rows the state database kept, failed when the run gave up), kept with its own.
+    func record(_ results: [UploadResult]) {
+        guard self.keepResults, !results.isEmpty else { return }
+        self.state.withLockedValue { $0.finished += results }
     }
 
     var isStopped: Bool { self.state.withLockedValue { $0.stopped } }
@@ -189,6 +205,8 @@ final class JobQueue: Sendable {
             // A PART job carries its main job's key: the main job is the one dropped (its stripes are dropped with it).
             if let index = state.waiting.firstIndex(where: { $0.key == key && $0.stripe == nil }) {
                 removed = state.waiting.remove(at: index)
+            } else if let waiting = state.deferred.first(where: { $0.value.key == key && $0.value.stripe == nil }) {
+                removed = state.deferred.removeValue(forKey: waiting.key)
             } else if state.activeKeys.contains(key) {
                 state.dropped[key] = reason
             }
@@ -209,7 +227,7 @@ final class JobQueue: Sendable {
     /// The run is over: the sources of jobs that did not finish are closed, so a read still waiting for input (stdin
     /// that never ends) gives up and the thread pool can drain.
     func closeUnfinishedSources() {
-        for job in self.state.withLockedValue({ $0.waiting }) where job.result == nil {
+        for job in self.state.withLockedValue({ $0.waiting + Array($0.deferred.values) }) where job.result == nil {
             job.item.source.close()
         }
     }
@@ -232,8 +250,8 @@ final class JobQueue: Sendable {
 
     private static func answer(_ state: State, service: Bool) -> Bool? {
         if state.stopped { return false }
-        if !service && state.waiting.isEmpty && state.active == 0 && !state.unloaded { return false }
-        if state.hold == nil && state.relayFull == nil && !state.waiting.isEmpty { return true }
+        if !service && state.waiting.isEmpty && state.active == 0 && !state.unloaded && state.deferred.isEmpty { return false }
+        if state.hold == nil && !state.waiting.isEmpty { return true }
         return nil
     }
 
@@ -248,7 +266,7 @@ final class JobQueue: Sendable {
         for listener in self.listeners.withLockedValue({ Array($0.values) }) { listener.call() }
     }
 
-    var isDone: Bool { self.state.withLockedValue { $0.waiting.isEmpty && $0.active == 0 && !$0.unloaded } }
+    var isDone: Bool { self.state.withLockedValue { $0.waiting.isEmpty && $0.active == 0 && !$0.unloaded && $0.deferred.isEmpty } }
 
     /// Records whether more jobs wait in the state database than were added here.
     func setUnloaded(_ unloaded: Bool) {
@@ -270,11 +288,14 @@ final class JobQueue: Sendable {
             for job in state.waiting {
                 if let stripe = job.stripe { stripe.set.fail("stripe \(stripe.index): \(message)") }
             }
-            failed = state.waiting.filter { $0.stripe == nil }.map { job in
+            // And the jobs waiting for room: the run is over for them too.
+            failed = (state.waiting + state.deferred.values).filter { $0.stripe == nil }.map { job in
                 (job, job.finish(.failed, sha1: job.knownSHA1?.hex ?? "", error: job.lastError.map { "\(message); last error: \($0)" } ?? message))
             }
             state.waiting.removeAll()
-            // Items not loaded stay queued in the state database, for the next run.
+            state.deferred.removeAll()
+            state.gaveUp = message
+            // Items not loaded are the runner's to fail (``QueueRunner``): each gets its result there.
             state.unloaded = false
             if self.keepResults { state.finished += failed.map(\.1) }
         }

@@ -9,13 +9,20 @@ public struct UploadItem: Sendable {
     public var overwrite: Bool?
     /// Hash before OPEN so the relay can answer from its dedup; nil follows ``AgentConfiguration/dedup``.
     public var dedup: Bool?
+    /// The fingerprint the source had when the item was planned or queued: a source that opens with another one (a
+    /// different file now at the path, or the file changed since) is refused, never uploaded in its place. Nil or empty:
+    /// not checked.
+    public var expectedFingerprint: [UInt8]?
 
-    public init(key: String, displayPath: String, source: any BlobSource, overwrite: Bool? = nil, dedup: Bool? = nil) {
+    public init(
+        key: String, displayPath: String, source: any BlobSource, overwrite: Bool? = nil, dedup: Bool? = nil, expectedFingerprint: [UInt8]? = nil
+    ) {
         self.key = key
         self.displayPath = displayPath
         self.source = source
         self.overwrite = overwrite
         self.dedup = dedup
+        self.expectedFingerprint = expectedFingerprint
     }
 }
 
@@ -27,6 +34,9 @@ public struct UploadResult: Hashable, Sendable {
         /// The relay held these bytes already: nothing was sent.
         case deduplicated
         case failed
+        /// Not uploaded, by the agent's rules, and said why: a symbolic link (unless followed), a directory that cannot
+        /// be read, a name that is not UTF-8, something that is not a regular file.
+        case skipped
     }
 
     public var key: String
@@ -64,8 +74,13 @@ public struct UploadResult: Hashable, Sendable {
     }
 
     /// An item that ended before anything of it was read or sent.
-    static func failed(key: String, path: String = "", error: String) -> UploadResult {
+    public static func failed(key: String, path: String = "", error: String) -> UploadResult {
         UploadResult(key: key, path: path, bytes: 0, sha1: "", status: .failed, sentBytes: 0, error: error)
+    }
+
+    /// A path not uploaded by the agent's rules, and why.
+    public static func skipped(key: String = "", path: String, reason: String) -> UploadResult {
+        UploadResult(key: key, path: path, bytes: 0, sha1: "", status: .skipped, sentBytes: 0, error: reason)
     }
 }
 
@@ -83,4 +98,7 @@ public enum UploadEvent: Sendable {
     case acknowledged(key: String, offset: UInt64)
     /// An item ended.
     case finished(UploadResult)
+    /// The relay had no room for an item (QUOTA_EXCEEDED, or its storage full): it waits `retryIn`, then is tried again;
+    /// the other items go on meanwhile.
+    case waiting(key: String, reason: String, retryIn: Duration)
 }

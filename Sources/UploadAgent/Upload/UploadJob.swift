@@ -55,6 +55,9 @@ final class UploadJob: @unchecked Sendable {
     var busySince: ContinuousClock.Instant? = nil
     /// How many "not now" answers in a row: the wait before the next try grows with it.
     var busyRetries = 0
+    /// How many times the relay had no room for it (QUOTA_EXCEEDED, storage full), and since when: each wait is longer.
+    var noRoomRetries = 0
+    var noRoomSince: ContinuousClock.Instant? = nil
     var lastError: String? = nil
     var result: UploadResult? = nil
 

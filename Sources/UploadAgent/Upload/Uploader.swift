@@ -137,20 +137,9 @@ public final class Uploader: Sendable {
             } catch {
                 outcome = ConnectionOutcome(reason: Self.describe(connectError: error, configuration: configuration), fatal: false, madeProgress: false)
             }
-            if let full = queue.relayFullWait {
-                // The relay has no room for this account: wait, then try the queue again (a stop ends the wait).
-                onEvent(.reconnecting(reason: full.reason, delay: full.wait))
-                let until = clock.now + full.wait
-                while clock.now < until, !queue.isStopped {
-                    try await Task.sleep(for: min(.milliseconds(250), until - clock.now))
-                }
-                queue.endRelayFullWait()
-                deadline = nil
-                backoff = .milliseconds(200)
-                continue
-            }
-            if queue.isDone || queue.holdReason != nil {
-                // All done (a long-running agent waits for more) or paused: the next connection starts afresh.
+            if queue.isDone || queue.holdReason != nil || queue.hasOnlyDeferred {
+                // All done (a long-running agent waits for more), paused, or only items waiting for the relay to have
+                // room (they come back by themselves): the next connection starts afresh.
                 deadline = nil
                 backoff = .milliseconds(200)
                 continue

@@ -14,6 +14,9 @@ public final class DirectoryWatcher: Sendable {
         case ready(path: String, relative: String)
         /// A file deleted or moved out.
         case removed(path: String, relative: String)
+        /// A path found and not taken, and why: a symbolic link (unless followed), a FIFO or device, a directory that
+        /// cannot be read, a name that is not UTF-8. Said once when found (scan, creation, move).
+        case skipped(path: String, relative: String, reason: String)
     }
 
     public struct Options: Sendable {
@@ -22,9 +25,12 @@ public final class DirectoryWatcher: Sendable {
         /// How long a file written without a close must stay unchanged before it counts as complete.
         public var settle: Duration = .seconds(2)
         public var filter = PathFilter()
+        /// Take what symbolic links point to (`watch --follow-symlinks`); by default a link is skipped and said so.
+        public var followSymlinks = false
 
+        /// `roots` relative to the working directory are made absolute: every path reported is.
         public init(roots: [String]) {
-            self.roots = roots
+            self.roots = roots.map(ItemPlanner.absolute)
         }
     }
 

@@ -49,7 +49,10 @@ struct WatchLoop {
 
     private static let scanBatch = 1000
 
-    /// Watches `path` and everything under it, reporting complete files (and noting files still being written).
+    private var walker: DirectoryWalker { DirectoryWalker(followSymlinks: self.options.followSymlinks) }
+
+    /// Watches `path` and everything under it, reporting complete files (and noting files still being written), and
+    /// what it does not take, with why.
     private mutating func walk(
         _ path: String, relative: String, isRoot: Bool = false, deliver: (([DirectoryWatcher.Change]) -> Void)? = nil
     ) throws {
@@ -63,23 +66,40 @@ struct WatchLoop {
                         : "cannot watch \(path): \(reason)"
                 )
             }
-            return  // Removed meanwhile, or unreadable: skipped.
+            if errno == ENOENT { return }  // Removed meanwhile.
+            self.changes.append(.skipped(path: path, relative: relative, reason: "the directory cannot be watched: \(reason.lowercased())"))
+            return
         }
         self.directories[wd] = (path, relative)
-        guard let entries = try? FileManager.default.contentsOfDirectory(atPath: path) else { return }
+        let names: [[UInt8]]
+        switch DirectoryWalker.entries(path) {
+        case .names(let found): names = found
+        case .unreadable(let reason):
+            self.changes.append(
+                .skipped(path: path, relative: relative, reason: "the directory cannot be read (\(reason.lowercased())): nothing in it is uploaded")
+            )
+            return
+        }
         let now = Self.now()
-        for name in entries.sorted() {
+        for bytes in names {
+            guard let name = String(validating: bytes, as: UTF8.self) else {
+                let shown = String(decoding: bytes, as: UTF8.self)
+                self.changes.append(
+                    .skipped(path: path + "/" + shown, relative: relative + "/" + shown, reason: "the name is not valid UTF-8, and keys are UTF-8: rename it")
+                )
+                continue
+            }
             let full = path + "/" + name
             let sub = relative + "/" + name
-            var info = stat()
-            guard lstat(full, &info) == 0 else { continue }
-            switch info.st_mode & S_IFMT {
-            case S_IFDIR:
+            switch self.walker.classify(full, following: self.options.followSymlinks) {
+            case .directory:
                 if self.options.filter.takesDirectory(name: name, relative: sub) {
                     try self.walk(full, relative: sub, deliver: deliver)
                 }
-            case S_IFREG:
+            case .file:
                 guard self.options.filter.takesFile(name: name, relative: sub) else { continue }
+                var info = stat()
+                guard stat(full, &info) == 0 else { continue }
                 let modified = Double(info.st_mtim.tv_sec) + Double(info.st_mtim.tv_nsec) / 1e9
                 if Date().timeIntervalSince1970 - modified >= self.settleSeconds {
                     self.changes.append(.ready(path: full, relative: sub))
@@ -87,10 +107,19 @@ struct WatchLoop {
                 } else {
                     self.pending[full] = (sub, now)
                 }
-            default:
+            case .skip(let reason):
+                guard self.options.filter.takesFile(name: name, relative: sub) else { continue }
+                self.changes.append(.skipped(path: full, relative: sub, reason: reason))
+            case .missing:
                 continue
             }
         }
+    }
+
+    /// Why the path `path` is not taken now (a symbolic link, a FIFO), or nil when it is a file or is gone.
+    private func skipReason(_ path: String) -> String? {
+        if case .skip(let reason) = self.walker.classify(path, following: self.options.followSymlinks) { return reason }
+        return nil
     }
 
     // MARK: Events
@@ -112,8 +141,14 @@ struct WatchLoop {
         let now = Self.now()
         for (path, file) in self.pending where now - file.since >= self.settleSeconds {
             self.pending[path] = nil
-            if FileSource.currentInfo(path: path) != nil {
+            if FileSource.currentInfo(path: path, followSymlinks: self.options.followSymlinks) != nil {
                 self.changes.append(.ready(path: path, relative: file.relative))
+            } else if let reason = self.skipReason(path) {
+                // A link (or a FIFO) made where files are watched: not taken, and said so.
+                self.changes.append(.skipped(path: path, relative: file.relative, reason: reason))
+            } else if self.options.followSymlinks, case .directory = self.walker.classify(path, following: true) {
+                // A link to a directory, followed: walked and watched as one.
+                try? self.walk(path, relative: file.relative)
             }
         }
     }
@@ -130,14 +165,18 @@ struct WatchLoop {
                     let wd = raw.loadUnaligned(fromByteOffset: at, as: Int32.self)
                     let mask = raw.loadUnaligned(fromByteOffset: at + 4, as: UInt32.self)
                     let length = Int(raw.loadUnaligned(fromByteOffset: at + 12, as: UInt32.self))
-                    let nameBytes = raw[(at + 16)..<min(count, at + 16 + length)].prefix { $0 != 0 }
-                    events.append((wd, mask, String(decoding: nameBytes, as: UTF8.self)))
+                    let nameBytes = Array(raw[(at + 16)..<min(count, at + 16 + length)].prefix { $0 != 0 })
+                    // A name that is not UTF-8 cannot make a key (nor a path here): said, with its bytes shown as best they can.
+                    events.append((wd, mask, String(validating: nameBytes, as: UTF8.self) ?? Self.invalidMark + String(decoding: nameBytes, as: UTF8.self)))
                     at += 16 + length
                 }
             }
             for event in events { self.handle(event.wd, event.mask, event.name) }
         }
     }
+
+    /// Put before an event's name that is not UTF-8 (which no file name here can start with: it is a NUL).
+    static let invalidMark = "\u{0}"
 
     private mutating func handle(_ wd: Int32, _ mask: UInt32, _ name: String) {
         if mask & DirectoryWatcher.overflow != 0 {
@@ -153,6 +192,18 @@ struct WatchLoop {
             return
         }
         guard let directory = self.directories[wd], !name.isEmpty else { return }
+        if name.hasPrefix(Self.invalidMark) {
+            let shown = String(name.dropFirst(Self.invalidMark.count))
+            if mask & (DirectoryWatcher.create | DirectoryWatcher.movedTo) != 0 {
+                self.changes.append(
+                    .skipped(
+                        path: directory.path + "/" + shown, relative: directory.relative + "/" + shown,
+                        reason: "the name is not valid UTF-8, and keys are UTF-8: rename it"
+                    )
+                )
+            }
+            return
+        }
         let path = directory.path + "/" + name
         let relative = directory.relative + "/" + name
         if mask & DirectoryWatcher.isDirectory != 0 {
@@ -168,7 +219,13 @@ struct WatchLoop {
             self.changes.append(.removed(path: path, relative: relative))
         } else if mask & (DirectoryWatcher.closeWrite | DirectoryWatcher.movedTo) != 0 {
             self.pending[path] = nil
-            guard let info = FileSource.currentInfo(path: path) else { return }
+            guard let info = FileSource.currentInfo(path: path, followSymlinks: self.options.followSymlinks) else {
+                // A link moved in (a FIFO, a device): never opened through, and said so.
+                if mask & DirectoryWatcher.movedTo != 0, let reason = self.skipReason(path) {
+                    self.changes.append(.skipped(path: path, relative: relative, reason: reason))
+                }
+                return
+            }
             if info.size == 0 && mask & DirectoryWatcher.closeWrite != 0 {
                 // Created empty and closed: most writers open it again to fill it. It goes up once settled.
                 self.pending[path] = (relative, Self.now())
