@@ -174,4 +174,35 @@ struct CommitGroupTests {
         #expect(refusal.code == .internalError && refusal.keepSession)
         #expect(Self.stored("late", services: services) == nil)
     }
+
+    @Test("a commit the store made visible but the relay never recorded (its answer lost) is settled at the next OPEN of the key: the object is recorded and the OPEN answered STORED, not started over into a second commit")
+    func undecidedCommitSettledAtOpen() throws {
+        let services = try Self.services(pool: .singleton)
+        let bytes = [UInt8](repeating: 42, count: 70_000)
+        let request = try Self.staged("clip.mp4", bytes, services: services)
+        let pending = PendingCommit(
+            account: "cam-7", key: "clip.mp4", size: Int64(bytes.count), sha1: request.sha1.hex, sessionID: "s-lost"
+        )
+        // The session the upload had, its staging now gone (made into the object), and the commit begun and placed,
+        // as when S3 completed the upload and its answer never came.
+        try services.catalog.putSession(
+            UploadSession(
+                id: "s-lost", account: "cam-7", key: "clip.mp4", resumeToken: [7], fingerprint: [1], declaredSize: Int64(bytes.count),
+                durableOffset: 65_536, sha1State: SHA1().exportState(), stagingName: request.staging.name
+            )
+        )
+        try services.catalog.beginCommit(pending)
+        _ = try services.store.commit(request.staging, as: request.key, account: "cam-7")
+        let account = try #require(try services.catalog.account(named: "cam-7"))
+        let open = Frame.Open(streamID: 1, key: "clip.mp4", size: UInt64(bytes.count), sha1: request.sha1, fingerprint: [1], resumeToken: [7])
+        let answer = UploadPolicy(services: services).open(account: account, open: open, key: request.key)
+        guard case .stored(let size) = answer else {
+            Issue.record("the OPEN after an undecided commit was answered \(answer)")
+            return
+        }
+        #expect(size == UInt64(bytes.count))
+        #expect(try services.catalog.pendingCommits().isEmpty)
+        #expect(try services.catalog.object(account: "cam-7", key: "clip.mp4")?.sha1 == request.sha1.hex)
+        #expect(try services.catalog.session(account: "cam-7", key: "clip.mp4") == nil)
+    }
 }

@@ -101,10 +101,13 @@ struct UploadPolicy {
             guard try self.services.claims.lockAcrossRelays(account: name, key: key.value) else {
                 return .refuse(.keyBusy, "another relay has an upload of \"\(key)\" in progress; retry when it ends")
             }
-            // A commit another relay left when it died: settled now, under the key, before the upload looks at it.
-            for commit in try catalog.pendingCommits() where commit.account == name && commit.key == key.value {
-                try RelayRuntime.settle(commit, catalog: catalog, store: store, logger: self.services.logger)
-            }
+        }
+        // A commit left undecided (the store's answer lost, as S3's to a CompleteMultipartUpload that took effect; or a
+        // relay that died, here or elsewhere): settled now, under the key, before the upload looks at the key's object
+        // and session. Otherwise the resume found its multipart upload completed, started over, and the new commit met
+        // the object it had made (a 412). A store that still does not answer refuses the OPEN for now.
+        for commit in try catalog.pendingCommits() where commit.account == name && commit.key == key.value {
+            try RelayRuntime.settle(commit, catalog: catalog, store: store, logger: self.services.logger)
         }
         if let size, size > self.services.configuration.maxBlobSize {
             return .refuse(.tooLarge, "\(size) bytes is larger than this relay's limit of \(self.services.configuration.maxBlobSize)")
