@@ -59,6 +59,8 @@ struct Status: ParsableCommand {
                 }
             }
             if let error = item.error, item.status == .failed || item.status == .dropped { line += "  \(error)" }
+            // A queued item with an error waits for the relay to have room for it (its quota, its storage).
+            if let error = item.error, item.status == .queued { line += "  waiting: \(error)" }
             lines.append(line)
         }
         if shown.count > 200 && !self.all { lines.append("… and \(shown.count - 200) more (--json lists them all)") }

@@ -43,6 +43,15 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .long, help: "With --status-listen: its connections at once.")
     var statusMaxConnections: Int = 256
 
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "With --status-listen: a connection closes when a request is not read and answered within this long of the connection opening (TLS handshake included) or of the previous answer being written.",
+            valueName: "duration"
+        )
+    )
+    var statusRequestTimeout: String = "30s"
+
     @Option(name: .long, help: ArgumentHelp("Directory the relay owns.", valueName: "dir"))
     var data: String = "./upload-relay-data"
 
@@ -226,7 +235,7 @@ struct Serve: AsyncParsableCommand {
         }
         for (option, value) in [
             ("--idle-timeout", self.idleTimeout), ("--frame-timeout", self.frameTimeout), ("--handshake-timeout", self.handshakeTimeout),
-            ("--session-expiry", self.sessionExpiry),
+            ("--session-expiry", self.sessionExpiry), ("--status-request-timeout", self.statusRequestTimeout),
         ] {
             guard try DurationText.parse(value, option: option) > .zero else {
                 throw ValidationError("\(option) must be more than 0")
@@ -337,6 +346,7 @@ struct Serve: AsyncParsableCommand {
             let (statusHost, statusPort) = try HostPort.parse(status, option: "--status-listen")
             var endpoint = StatusEndpoint(host: statusHost, port: statusPort)
             endpoint.maxConnections = self.statusMaxConnections
+            endpoint.requestTimeout = try DurationText.parse(self.statusRequestTimeout, option: "--status-request-timeout")
             configuration.status = endpoint
         }
         let services = try RelayRuntime.makeServices(configuration: configuration, catalog: catalog, logger: logger)
