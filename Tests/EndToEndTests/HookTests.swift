@@ -183,7 +183,8 @@ struct HookTests {
             lastError = try relay.services.catalog.commitEventBacklog().lastError ?? ""
             return !lastError.isEmpty
         }
-        #expect(failed && lastError.contains("HTTP 503") && lastError.contains("http://127.0.0.1:\(port)/events?…"), "\(lastError)")
+        // Whatever the failure (a 503, or on a loaded machine a request past the hook's timeout), the URL as messages show it.
+        #expect(failed && lastError.contains("http://127.0.0.1:\(port)/events?…"), "\(lastError)")
         #expect(try await Self.outboxDrained(relay))
         for secret in ["PA$SWORD", "PA%24SWORD", "SECRET-TOKEN", "hook-user"] {
             #expect(!lastError.contains(secret), "the catalog keeps \(secret): \(lastError)")

@@ -32,8 +32,6 @@ public final class PostgresCatalog: Catalog, @unchecked Sendable {
     /// and migrates the schema.
     public init(url: String, logger: Logger, timeout: Duration = .seconds(15), lockHeartbeat: LockHeartbeat = LockHeartbeat()) throws {
         let configuration = try Self.configuration(url)
-        // A wrong password, a server without TLS, a certificate that does not verify: said as such, at once.
-        try Self.probe(url, timeout: timeout, logger: logger)
         self.logger = logger
         self.timeout = timeout
         // The pool logs each failed connection attempt at info: only what matters reaches the relay's log.
@@ -42,6 +40,9 @@ public final class PostgresCatalog: Catalog, @unchecked Sendable {
         let client = PostgresClient(configuration: configuration, backgroundLogger: background)
         self.client = client
         self.locks = try PostgresKeyLocks(url: url, logger: background, timeout: timeout, heartbeat: lockHeartbeat)
+        // A wrong password, a server without TLS, a certificate that does not verify: said as such, at once (after the
+        // settings are checked, which need no connection).
+        try Self.probe(url, timeout: timeout, logger: logger)
         // On the blocking side's executor, as the queries: the cooperative pool may be full of callers waiting for them.
         self.running = Task(executorPreference: Blocking.executor) { await client.run() }
         do {
