@@ -24,6 +24,26 @@ struct HookTests {
         try await Polling.eventually(timeout: 30) { try relay.services.catalog.commitEventBacklog().count == 0 }
     }
 
+    /// A Python HTTP server on a free loopback port for `--on-commit-url`: `state` at module level, `post` as the body of
+    /// its POST handler (indented by the caller's four spaces), `sys.argv[1]` being `output`. Ready once its port is known.
+    static func hookServer(work: String, output: String, state: String, post: String) throws -> ChildProcess {
+        let handler = post.split(separator: "\n", omittingEmptySubsequences: false).map { "        " + $0 }.joined(separator: "\n")
+        let script = """
+            import http.server, json, sys, os
+            \(state)
+            class H(http.server.BaseHTTPRequestHandler):
+                def do_POST(self):
+            \(handler)
+                def log_message(self, *a): pass
+            s = http.server.HTTPServer(("127.0.0.1", 0), H)
+            open(sys.argv[2] + ".tmp", "w").write(str(s.server_address[1])); os.rename(sys.argv[2] + ".tmp", sys.argv[2])
+            s.serve_forever()
+            """
+        return try ChildProcess(
+            "/usr/bin/env", ["python3", "-c", script, output, work + "/ready"], readyFile: work + "/ready", logFile: work + "/server.log"
+        )
+    }
+
     static func lines(_ path: String) -> [[String: Any]] {
         let text = (try? String(contentsOfFile: path, encoding: .utf8)) ?? ""
         return text.split(separator: "\n").compactMap { try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any] }
@@ -90,25 +110,17 @@ struct HookTests {
     func url() async throws {
         let work = TestRelay.makeDirectory()
         // A server that answers 500 to each key's first POST and 204 after, keeping the bodies it accepted.
-        let server = try ChildProcess(
-            "/usr/bin/env",
-            ["python3", "-c", """
-                import http.server, json, sys, os
-                seen = set()
-                class H(http.server.BaseHTTPRequestHandler):
-                    def do_POST(self):
-                        body = self.rfile.read(int(self.headers["Content-Length"]))
-                        key = json.loads(body)["key"]
-                        if key not in seen:
-                            seen.add(key); self.send_response(500); self.end_headers(); return
-                        open(sys.argv[1], "ab").write(body)
-                        self.send_response(204); self.end_headers()
-                    def log_message(self, *a): pass
-                s = http.server.HTTPServer(("127.0.0.1", 0), H)
-                open(sys.argv[2] + ".tmp", "w").write(str(s.server_address[1])); os.rename(sys.argv[2] + ".tmp", sys.argv[2])
-                s.serve_forever()
-                """, work + "/posted.jsonl", work + "/ready"],
-            readyFile: work + "/ready", logFile: work + "/server.log"
+        let server = try Self.hookServer(
+            work: work, output: work + "/posted.jsonl",
+            state: "seen = set()",
+            post: """
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                key = json.loads(body)["key"]
+                if key not in seen:
+                    seen.add(key); self.send_response(500); self.end_headers(); return
+                open(sys.argv[1], "ab").write(body)
+                self.send_response(204); self.end_headers()
+                """
         )
         defer {
             server.kill(SIGKILL)
@@ -138,23 +150,15 @@ struct HookTests {
         let work = TestRelay.makeDirectory()
         // Answers 503 to the first POST (so the relay records and logs a failure), 204 after; keeps each request's
         // Authorization header and path.
-        let server = try ChildProcess(
-            "/usr/bin/env",
-            ["python3", "-c", """
-                import http.server, json, sys, os
-                count = [0]
-                class H(http.server.BaseHTTPRequestHandler):
-                    def do_POST(self):
-                        self.rfile.read(int(self.headers["Content-Length"]))
-                        open(sys.argv[1], "a").write(json.dumps({"authorization": self.headers.get("Authorization"), "path": self.path}) + "\\n")
-                        count[0] += 1
-                        self.send_response(503 if count[0] <= 3 else 204); self.end_headers()
-                    def log_message(self, *a): pass
-                s = http.server.HTTPServer(("127.0.0.1", 0), H)
-                open(sys.argv[2] + ".tmp", "w").write(str(s.server_address[1])); os.rename(sys.argv[2] + ".tmp", sys.argv[2])
-                s.serve_forever()
-                """, work + "/requests.jsonl", work + "/ready"],
-            readyFile: work + "/ready", logFile: work + "/server.log"
+        let server = try Self.hookServer(
+            work: work, output: work + "/requests.jsonl",
+            state: "count = [0]",
+            post: """
+                self.rfile.read(int(self.headers["Content-Length"]))
+                open(sys.argv[1], "a").write(json.dumps({"authorization": self.headers.get("Authorization"), "path": self.path}) + "\\n")
+                count[0] += 1
+                self.send_response(503 if count[0] <= 3 else 204); self.end_headers()
+                """
         )
         defer {
             server.kill(SIGKILL)

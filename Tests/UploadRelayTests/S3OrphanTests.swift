@@ -21,6 +21,23 @@ struct S3OrphanTests {
         return id
     }
 
+    /// A bucket of its own, a catalog with account cam-7 as the store's ledger, and the store on them with `prefix`.
+    static func withStore(
+        prefix: String, _ body: (S3Client, String, SQLiteCatalog, S3Store) async throws -> Void
+    ) async throws {
+        let server = try S3TestServer()
+        try await S3TestServer.withBucket { client, bucket in
+            let root = TemporaryDirectories.make(prefix: "upload-s3-orphans-")
+            let catalog = try SQLiteCatalog(path: root + "/catalog.sqlite")
+            try catalog.addAccount(name: "cam-7", tokenHash: [1], quota: nil)
+            let store = try S3Store(
+                client: S3Client(endpoint: server.endpoint, credentials: server.credentials, http: .shared), bucket: bucket,
+                prefix: prefix, spoolDirectory: root + "/spool", ledger: catalog
+            )
+            try await body(client, bucket, catalog, store)
+        }
+    }
+
     static var quiet: Logger {
         var logger = Logger(label: "test-orphans")
         logger.logLevel = .critical
@@ -29,15 +46,7 @@ struct S3OrphanTests {
 
     @Test("cleanup aborts the multipart uploads the relays began and no session names, once no upload holds their key; never another writer's, even of a key that reads as an account's")
     func orphans() async throws {
-        let server = try S3TestServer()
-        try await S3TestServer.withBucket { client, bucket in
-            let root = TemporaryDirectories.make(prefix: "upload-s3-orphans-")
-            let catalog = try SQLiteCatalog(path: root + "/catalog.sqlite")
-            try catalog.addAccount(name: "cam-7", tokenHash: [1], quota: nil)
-            let store = try S3Store(
-                client: S3Client(endpoint: server.endpoint, credentials: server.credentials, http: .shared), bucket: bucket,
-                prefix: "relay", spoolDirectory: root + "/spool", ledger: catalog
-            )
+        try await Self.withStore(prefix: "relay") { client, bucket, catalog, store in
             for key in ["orphan.mov", "held.mov", "recorded.mov"] {
                 _ = try await Self.begin("relay/cam-7/" + key, account: "cam-7", key: key, ledger: catalog, client: client, bucket: bucket)
             }
@@ -82,15 +91,7 @@ struct S3OrphanTests {
 
     @Test("a store with no prefix (the whole bucket) leaves other writers' multipart uploads alone, at startup and after")
     func wholeBucket() async throws {
-        let server = try S3TestServer()
-        try await S3TestServer.withBucket { client, bucket in
-            let root = TemporaryDirectories.make(prefix: "upload-s3-bucket-")
-            let catalog = try SQLiteCatalog(path: root + "/catalog.sqlite")
-            try catalog.addAccount(name: "cam-7", tokenHash: [1], quota: nil)
-            let store = try S3Store(
-                client: S3Client(endpoint: server.endpoint, credentials: server.credentials, http: .shared), bucket: bucket,
-                prefix: "", spoolDirectory: root + "/spool", ledger: catalog
-            )
+        try await Self.withStore(prefix: "") { client, bucket, catalog, store in
             let others = ["backups/2024/db.tar", "other-app/videos/big.mp4"]
             for key in others { _ = try await client.createMultipartUpload(bucket: bucket, key: key) }
             _ = try await Self.begin("cam-7/orphan.mov", account: "cam-7", key: "orphan.mov", ledger: catalog, client: client, bucket: bucket)
