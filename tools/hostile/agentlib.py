@@ -521,8 +521,8 @@ class Relay:
         self.conns: list = []
 
     @classmethod
-    def start(cls, extra_args=(), timeout=30.0):
-        binary = relay_bin()
+    def start(cls, extra_args=(), timeout=30.0, binary=None):
+        binary = binary or relay_bin()
         if not os.path.exists(binary):
             raise AssertionError(f"relay binary {binary} does not exist (set UPLOAD_RELAY_BIN)")
         data = tempfile.mkdtemp(prefix="hostile-relay-")

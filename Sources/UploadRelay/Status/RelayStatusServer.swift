@@ -31,6 +31,8 @@ public final class RelayStatusServer: Service, Sendable {
         self.group = group
         var tls = try RelayServer.tlsConfiguration(services.configuration)
         tls.applicationProtocols = [Self.alpn]
+        // A client that does not answer the relay's close_notify holds its place this long at most after the close.
+        tls.shutdownTimeout = .seconds(1)
         self.tls = try NIOSSLContext(configuration: tls)
     }
 
@@ -93,8 +95,9 @@ public final class RelayStatusServer: Service, Sendable {
                         limits.maxHeaderFieldSize = endpoint.maxHeadBytes
                         limits.maxHeaderListSize = endpoint.maxHeadBytes
                         limits.maxHeaderFieldCount = 100
+                        // Unreadable requests are refused by StatusHTTPHandler, with the reason in JSON as every refusal.
                         try sync.configureHTTPServerPipeline(
-                            withPipeliningAssistance: false, withErrorHandling: true, withEncoderConfiguration: .init(),
+                            withPipeliningAssistance: false, withErrorHandling: false, withEncoderConfiguration: .init(),
                             withDecoderLimitConfiguration: limits
                         )
                         try sync.addHandler(StatusHTTPHandler(endpoint: endpoint, responder: responder, threadPool: threadPool))

@@ -3,8 +3,7 @@ import NIOCore
 import NIOHTTP1
 import NIOPosix
 
-/// One connection to the status endpoint, behind TLS and NIO's HTTP/1.1 server codec (which answers unreadable
-/// requests 400). It reads each request's head, hands it to ``StatusRequest`` and, on the I/O pool, to
+/// One connection to the status endpoint, behind TLS and NIO's HTTP/1.1 server codec. It reads each request's head, hands it to ``StatusRequest`` and, on the I/O pool, to
 /// ``StatusResponder``, and writes what they decide.
 ///
 /// What one connection may cost is bounded, whoever is at the other end (``StatusEndpoint``):
@@ -70,7 +69,8 @@ final class StatusHTTPHandler: ChannelDuplexHandler {
     // MARK: Reading
 
     func read(context: ChannelHandlerContext) {
-        guard self.mayRead(context: context) else {
+        // Closing, reads go on: TLS must see the client's close_notify to end at once (what they bring is dropped).
+        guard self.closing || self.mayRead(context: context) else {
             self.readPending = true
             return
         }
@@ -208,9 +208,28 @@ final class StatusHTTPHandler: ChannelDuplexHandler {
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
-        // TLS failures, resets: nothing to answer.
+        let wasClosing = self.closing
         self.closing = true
+        // A request the HTTP codec could not read: refused with the reason, as every refusal is, unless an answer is
+        // under way (then the connection just closes). TLS failures and resets: nothing to answer.
+        if let parser = error as? HTTPParserError, !wasClosing, !self.answering, context.channel.isActive {
+            self.answering = true
+            self.waiting.removeAll()
+            let head = HTTPRequestHead(version: .http1_1, method: .GET, uri: "/")
+            self.answer(context: context, head: head, refusal: Self.unreadable(parser), keepAlive: false)
+            return
+        }
         context.close(promise: nil)
+    }
+
+    /// What a request the codec refused is told.
+    static func unreadable(_ error: HTTPParserError) -> StatusRefusal {
+        switch error {
+        case .headerOverflow:
+            return StatusRefusal(.badRequest, "the request head is too long (at most 16 KiB of URI and headers, 100 headers)")
+        default:
+            return StatusRefusal(.badRequest, "the request is not readable HTTP/1.1 (\(error))")
+        }
     }
 
     private func armDeadline(context: ChannelHandlerContext) {
