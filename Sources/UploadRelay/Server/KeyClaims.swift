@@ -10,7 +10,7 @@ import NIOConcurrencyHelpers
 ///
 /// With a catalog that several relays share, a claim also takes the key's lock across relays (``KeyLocks``) before its
 /// upload looks at anything (``lockAcrossRelays(account:key:)``, on the I/O pool), and lets it go on release.
-final class KeyClaims: Sendable {
+package final class KeyClaims: Sendable {
     /// What ``claim(_:whenFree:)`` did.
     enum Outcome: Equatable {
         /// The key is the caller's until ``release(_:)``.
@@ -79,7 +79,7 @@ final class KeyClaims: Sendable {
     }
 
     /// How many keys are claimed now.
-    var count: Int { self.claims.withLockedValue { $0.count } }
+    package var count: Int { self.claims.withLockedValue { $0.count } }
 
 
     static func name(account: String, key: String) -> String {

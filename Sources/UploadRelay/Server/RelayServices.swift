@@ -11,11 +11,11 @@ public final class RelayServices: Sendable {
     public let threadPool: NIOThreadPool
     public let logger: Logger
     /// Keys with an upload in progress on any connection: a second one gets KEY_BUSY.
-    let claims: KeyClaims
+    package let claims: KeyClaims
     /// Chunk bytes the connections' windows may make the relay hold, all together.
-    let memory: ResourceBudget
+    package let memory: ResourceBudget
     /// Uploads open at once (each holds its staging file's descriptor).
-    let uploadSlots: ResourceBudget
+    package let uploadSlots: ResourceBudget
     /// Commits of all connections, made durable in groups.
     let commits: CommitGroup
     /// The relay's disk: what open uploads will still stage there, above the free-space reserve.

@@ -5,7 +5,7 @@ import UploadProtocol
 
 /// A connection's blocking work, run on the I/O thread pool, each answer delivered on the connection's event loop:
 /// the catalog lookup of a credential, and the lookup of an OPEN (with, for an upload, the executor of its storage).
-struct RelayWork {
+package struct RelayWork {
     let services: RelayServices
     let eventLoop: any EventLoop
 
@@ -39,7 +39,7 @@ struct RelayWork {
     }
 
     /// The lookup itself, blocking: the session's answer and, for an upload, its storage.
-    static func lookUp(
+    package static func lookUp(
         _ open: Frame.Open, _ key: ObjectKey, _ account: Account, services: RelayServices, logger: Logger
     ) -> (RelaySession.LookUp, UploadStorage?) {
         switch UploadPolicy(services: services).open(account: account, open: open, key: key) {

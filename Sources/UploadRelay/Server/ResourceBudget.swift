@@ -7,7 +7,7 @@ import NIOConcurrencyHelpers
 /// of what is left, and never less than a floor, so that no agent is ever refused, only slowed. File descriptors:
 /// each open upload holds its staging file, so uploads take a slot and an OPEN past the last slot is refused with
 /// REFUSED_STREAM (retried by the agent) instead of failing in the middle with EMFILE.
-final class ResourceBudget: Sendable {
+package final class ResourceBudget: Sendable {
     /// The budget, in bytes or slots.
     let total: Int
     private let used = NIOLockedValueBox(0)
@@ -17,7 +17,7 @@ final class ResourceBudget: Sendable {
     }
 
     /// How much is taken now.
-    var inUse: Int { self.used.withLockedValue { $0 } }
+    package var inUse: Int { self.used.withLockedValue { $0 } }
 
     /// Takes `count` if it fits; false (nothing taken) otherwise.
     func take(_ count: Int) -> Bool {

@@ -6,7 +6,7 @@ import UploadProtocol
 /// The relay's rules for OPEN and for commit (SPEC §6, §7, §8.3): revocation, resume, dedup, quota, overwrite and
 /// key conflicts, decided against the catalog and the store; and the one place where store and catalog errors
 /// become wire codes. Blocking: runs on the I/O thread pool.
-struct UploadPolicy {
+package struct UploadPolicy {
     enum OpenDecision {
         /// Nothing to send: the key holds these bytes (or now a copy of them).
         case stored(size: UInt64)
@@ -22,7 +22,7 @@ struct UploadPolicy {
     }
 
     /// Why a stream ends in error, and whether the bytes the relay holds are still worth a resume.
-    struct Refusal: Error, Hashable {
+    package struct Refusal: Error, Hashable {
         var code: WireErrorCode
         var message: String
         /// Keep the session (and its durable bytes) for a resume: the failure was the relay's, not the bytes'.
@@ -30,6 +30,10 @@ struct UploadPolicy {
     }
 
     let services: RelayServices
+
+    package init(services: RelayServices) {
+        self.services = services
+    }
 
     /// The answer to OPEN of `key` by `account` (as it was at HELLO; read again here).
     func open(account: Account, open: Frame.Open, key: ObjectKey) -> OpenDecision {
@@ -400,7 +404,7 @@ struct UploadPolicy {
 
     /// Drops the unfinished session `open` would have resumed (same resume token or fingerprint), under the key's
     /// claim, in the background: the OPEN was cancelled while it waited for its key (SPEC §3.11).
-    func discardSession(named open: Frame.Open, key: ObjectKey, account: String) {
+    package func discardSession(named open: Frame.Open, key: ObjectKey, account: String) {
         let services = self.services
         let claim = KeyClaims.name(account: account, key: key.value)
         guard services.claims.tryClaim(claim) else { return }

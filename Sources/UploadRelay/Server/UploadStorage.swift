@@ -13,7 +13,7 @@ import UploadProtocol
 ///
 /// The pipeline starts one step at a time, so the SHA-1 state and the staging file are never touched by two threads at
 /// once; the lock only makes that visible to the compiler.
-final class UploadStorage: Sendable {
+package final class UploadStorage: Sendable {
     private let key: ObjectKey
     private let account: String
     private let overwrite: Bool
@@ -64,7 +64,7 @@ final class UploadStorage: Sendable {
 
     /// Runs one step and calls `done` with its completion for the session (nil for a release: nothing to report):
     /// at once, or for a commit once its group is durable (``CommitGroup``).
-    func perform(_ step: UploadPipeline.Action, then done: @escaping @Sendable (RelaySession.StorageCompletion?) -> Void) {
+    package func perform(_ step: UploadPipeline.Action, then done: @escaping @Sendable (RelaySession.StorageCompletion?) -> Void) {
         switch step {
         case .write(let chunks, let offset):
             let (consumed, error) = self.write(chunks, at: offset)

@@ -6,13 +6,13 @@ extension RelaySession {
     // MARK: Connection lifecycle
 
     /// The connection was accepted: the handshake and liveness clocks start.
-    mutating func started(now: NIODeadline) -> [Action] {
+    package mutating func started(now: NIODeadline) -> [Action] {
         self.lastFrameAt = now
         return self.scheduleLiveness(now: now) + [.schedule(.handshake, in: TimeAmount(self.limits.handshakeTimeout))]
     }
 
     /// TLS is up: only agents that asked for this protocol are served (SPEC §2.1); no frame is read or written otherwise.
-    mutating func tlsHandshakeCompleted(alpn: String?, now: NIODeadline) -> [Action] {
+    package mutating func tlsHandshakeCompleted(alpn: String?, now: NIODeadline) -> [Action] {
         guard alpn == ProtocolLimits.alpn else {
             let log = Action.log(.info, "closing connection: TLS did not select ALPN \(ProtocolLimits.alpn)", ["alpn": "\(alpn ?? "none")"])
             return [log] + self.close()
@@ -23,7 +23,7 @@ extension RelaySession {
     }
 
     /// Bytes from the network, decoded by ``nextFrame(now:)``.
-    mutating func received(_ bytes: ByteBuffer) {
+    package mutating func received(_ bytes: ByteBuffer) {
         guard self.alpnAccepted, !self.closed else { return }
         self.reader.append(bytes)
     }
@@ -31,7 +31,7 @@ extension RelaySession {
     /// Decodes and handles the next whole frame held; nil when there is none (or the connection is closed). The handler
     /// calls it only while the connection can take the answers: a peer that does not read what the relay writes is not
     /// read either (issue 6 finding 7).
-    mutating func nextFrame(now: NIODeadline) -> [Action]? {
+    package mutating func nextFrame(now: NIODeadline) -> [Action]? {
         guard self.alpnAccepted, !self.closed else { return nil }
         let frame: Frame?
         self.reader.maxFrameSize = self.machine.inboundFrameLimit
@@ -50,7 +50,7 @@ extension RelaySession {
 
     /// Reading paused (no whole frame left, or the connection is not writable): a frame left half-received starts the
     /// frame timeout, so a trickled frame does not keep a connection alive (issue 6 finding 15).
-    mutating func readingPaused(now: NIODeadline) -> [Action] {
+    package mutating func readingPaused(now: NIODeadline) -> [Action] {
         guard self.reader.hasPartialFrame else {
             self.frameStartedAt = nil
             return []
@@ -60,7 +60,7 @@ extension RelaySession {
         return self.scheduleLiveness(now: now)
     }
 
-    mutating func timerFired(_ timer: Timer, now: NIODeadline) -> [Action] {
+    package mutating func timerFired(_ timer: Timer, now: NIODeadline) -> [Action] {
         switch timer {
         case .handshake:
             guard !self.machine.isReady, !self.closed else { return [] }
@@ -93,7 +93,7 @@ extension RelaySession {
     }
 
     /// The channel is gone. Durable state stays in the catalog: the agent resumes on its next connection.
-    mutating func connectionClosed() -> [Action] {
+    package mutating func connectionClosed() -> [Action] {
         self.closed = true
         self.resources.memory.give(self.grantedWindow)
         self.grantedWindow = 0
@@ -110,7 +110,7 @@ extension RelaySession {
     // MARK: Authentication
 
     /// The catalog's answer for the HELLO's credential.
-    mutating func authenticated(_ result: Result<Account?, any Error>) -> [Action] {
+    package mutating func authenticated(_ result: Result<Account?, any Error>) -> [Action] {
         guard !self.closed else { return [] }
         switch result {
         case .success(let account?) where !account.revoked:

@@ -8,7 +8,7 @@ extension RelaySession {
 
     /// OPEN passed the state machine: claim the key, take an upload slot, look the upload up. Also called again for an
     /// OPEN that waited for its key.
-    mutating func openUpload(_ open: Frame.Open, _ key: ObjectKey) -> [Action] {
+    package mutating func openUpload(_ open: Frame.Open, _ key: ObjectKey) -> [Action] {
         guard let account = self.account, !self.closed else { return [] }
         let id = open.streamID
         let cancelledWhileWaiting = self.waitingForKey.removeValue(forKey: id) ?? false
@@ -44,7 +44,7 @@ extension RelaySession {
     }
 
     /// The lookup of stream `id`'s OPEN returned.
-    mutating func uploadLookedUp(_ id: StreamID, _ decision: LookUp, key: ObjectKey) -> [Action] {
+    package mutating func uploadLookedUp(_ id: StreamID, _ decision: LookUp, key: ObjectKey) -> [Action] {
         guard let (claim, closedMeanwhile) = self.opening.removeValue(forKey: id) else { return [] }
         var actions: [Action] = []
         switch decision {
@@ -124,7 +124,7 @@ extension RelaySession {
     }
 
     /// A storage step of stream `id` finished.
-    mutating func storageFinished(_ id: StreamID, _ completion: StorageCompletion) -> [Action] {
+    package mutating func storageFinished(_ id: StreamID, _ completion: StorageCompletion) -> [Action] {
         let actions = self.step(id) { pipeline in
             switch completion {
             case .wrote(let consumed, let error): return pipeline.writeFinished(consumed: consumed, error: error)
@@ -136,7 +136,7 @@ extension RelaySession {
     }
 
     /// How a storage step ended.
-    enum StorageCompletion {
+    package enum StorageCompletion {
         case wrote(consumed: [Int], error: (WireErrorCode, String)?)
         case synced(Result<Int64, UploadPipeline.SyncFailure>)
         case committed(Result<Frame.Result.Status, UploadPolicy.Refusal>)
@@ -198,7 +198,7 @@ extension RelaySession {
     // MARK: Graceful shutdown (SPEC §6.5)
 
     /// Shutdown began: GOAWAY, then the drain period.
-    mutating func shutdown() -> [Action] {
+    package mutating func shutdown() -> [Action] {
         guard !self.closed, case .none = self.drain else { return [] }
         guard self.machine.isReady, let goAway = self.machine.sendGoAway(.noError, "relay shutting down; resume on a new connection") else {
             return self.close()

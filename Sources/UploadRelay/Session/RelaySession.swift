@@ -4,7 +4,7 @@ import UploadProtocol
 
 /// What a relay session shares with the rest of the relay: its settings, the key claims and the memory and
 /// upload budgets. In memory and thread-safe; no I/O.
-struct RelaySessionResources: Sendable {
+package struct RelaySessionResources: Sendable {
     var settings: RelaySessionSettings
     var claims: KeyClaims
     /// Chunk bytes the connections' windows may make the relay hold, all together.
@@ -19,14 +19,14 @@ struct RelaySessionResources: Sendable {
         self.uploadSlots = uploadSlots
     }
 
-    init(services: RelayServices) {
+    package init(services: RelayServices) {
         self.init(configuration: services.configuration, claims: services.claims, memory: services.memory, uploadSlots: services.uploadSlots)
     }
 }
 
 /// What of ``RelayConfiguration`` a session decides with. Each session holds it by value, so it stays small: not the
 /// paths, the S3 keys, the hooks or the status endpoint.
-struct RelaySessionSettings: Sendable {
+package struct RelaySessionSettings: Sendable {
     var limits: ProtocolLimits
     var allowDeflate: Bool
     var allowStripes: Bool
@@ -54,8 +54,8 @@ struct RelaySessionSettings: Sendable {
 /// time when it matters. Outputs are ``Action``s for ``RelayConnectionHandler`` to run: write, close, arm or cancel a
 /// timer, authenticate, look an upload up, run a storage step. The session owns the connection's state machine, the
 /// frame reader and its frame-limit rule, every stream's upload pipeline, the timers' deadlines and the GOAWAY drain.
-struct RelaySession {
-    enum Timer: Hashable {
+package struct RelaySession {
+    package enum Timer: Hashable {
         /// HELLO and authentication must be done by then (SPEC §2.3).
         case handshake
         /// The idle and frame timeouts (SPEC §2.3), checked at the next deadline.
@@ -66,7 +66,7 @@ struct RelaySession {
         case sync(StreamID)
     }
 
-    enum Action {
+    package enum Action {
         case write(Frame)
         /// Flush and close the connection.
         case close
@@ -85,7 +85,7 @@ struct RelaySession {
     }
 
     /// What a lookup decided, without the staging file and SHA-1 state that stay with the handler.
-    enum LookUp {
+    package enum LookUp {
         case stored(size: UInt64)
         /// OFFSET CONFIRM: a PROBE matched (SPEC §7.1).
         case confirm
@@ -107,7 +107,7 @@ struct RelaySession {
         case finishing
     }
 
-    var machine: RelayConnectionStateMachine
+    package var machine: RelayConnectionStateMachine
     var reader = FrameReader()
     let resources: RelaySessionResources
     var limits: ProtocolLimits { self.resources.settings.limits }
@@ -136,7 +136,7 @@ struct RelaySession {
     /// Streams whose OPEN waits for its key (the key's last upload is closing), and whether CANCEL came meanwhile.
     var waitingForKey: [StreamID: Bool] = [:]
 
-    init(resources: RelaySessionResources, now: NIODeadline, keyFreed: @escaping @Sendable (Frame.Open, ObjectKey) -> Void) {
+    package init(resources: RelaySessionResources, now: NIODeadline, keyFreed: @escaping @Sendable (Frame.Open, ObjectKey) -> Void) {
         self.resources = resources
         self.keyFreed = keyFreed
         self.lastFrameAt = now

@@ -3,7 +3,7 @@ import UploadProtocol
 /// What a pipeline decides with (its settings) and what it decides (its actions and events).
 extension UploadPipeline {
     /// What the upload reports to its connection, only while its stream is open.
-    enum Event: Hashable {
+    package enum Event: Hashable {
         /// Storage consumed `bytes` of chunks: return credit.
         case consumed(Int)
         /// Bytes below `offset` are durable: acknowledge.
@@ -14,7 +14,7 @@ extension UploadPipeline {
         case failed(WireErrorCode, String)
     }
 
-    enum Action: Hashable {
+    package enum Action: Hashable {
         /// Verify these chunks and write their raw bytes to the staging file from `offset` on; then call
         /// ``writeFinished(consumed:error:)``.
         case write([Frame.Chunk], at: Int64)
@@ -35,7 +35,7 @@ extension UploadPipeline {
         case report(Event)
 
         /// Whether this step lets go of the upload's storage (its executor).
-        var endsUpload: Bool {
+        package var endsUpload: Bool {
             switch self {
             case .release, .releaseCommitted: return true
             case .write, .sync, .commit, .armSyncTimer, .cancelSyncTimer, .markClosing, .report: return false
@@ -44,7 +44,7 @@ extension UploadPipeline {
     }
 
     /// Why a sync failed, for people.
-    struct SyncFailure: Error, Hashable {
+    package struct SyncFailure: Error, Hashable {
         var description: String
     }
 

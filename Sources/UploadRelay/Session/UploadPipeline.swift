@@ -6,7 +6,7 @@ import UploadProtocol
 ///
 /// Work runs one piece at a time, in order. Durability comes before more writes, so what is consumed (and its credit
 /// returned) never runs ahead of what is durable by more than the sync batch plus one write batch (issue 6 finding 23).
-struct UploadPipeline {
+package struct UploadPipeline {
     private enum Phase: Hashable {
         /// The stream is open: events flow to the connection.
         case open
