@@ -82,7 +82,7 @@ struct Send: AsyncParsableCommand {
         do {
             plan = try ItemPlanner.plan(
                 paths: self.paths, prefix: self.connection.prefix, stdinName: self.name, limits: configuration.limits,
-                followSymlinks: self.followSymlinks
+                followSymlinks: self.followSymlinks, notUTF8: ItemPlanner.argumentsNotUTF8()
             )
         } catch let error as ItemPlanner.PlanError {
             throw ValidationError(error.description)

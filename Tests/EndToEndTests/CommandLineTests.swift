@@ -427,6 +427,56 @@ struct CommandLineTests {
         #expect(FileManager.default.contents(atPath: relay.data + "/store/dev/link.jpg") == Data("private".utf8))
     }
 
+    @Test("a path named on the command line that is not UTF-8 is skipped with that reason, not reported missing")
+    func argumentNotUTF8() throws {
+        let relay = try DevRelay()
+        defer { relay.stop() }
+        let source = TestRelay.makeDirectory()
+        defer { try? FileManager.default.removeItem(atPath: source) }
+        let name = Array((source + "/bad").utf8) + [0xFF] + Array(".jpg".utf8) + [0]
+        let fd = name.withUnsafeBufferPointer { $0.baseAddress!.withMemoryRebound(to: CChar.self, capacity: name.count) { open($0, O_WRONLY | O_CREAT, 0o644) } }
+        #expect(fd >= 0)
+        close(fd)
+        let run = try Self.run(
+            "/bin/sh", ["-c", "exec \"$0\" send --json --no-state \"$(printf '%s/bad\\377.jpg' \"$1\")\"", try Self.agentBinary(), source],
+            environment: relay.environment
+        )
+        #expect(run.status == 1)
+        let lines = try Self.jsonLines(run.stdout)
+        #expect(lines.count == 1 && lines.first?["status"] as? String == "skipped", "\(run.stdout)")
+        #expect((lines.first?["error"] as? String ?? "").contains("not valid UTF-8"), "\(run.stdout)")
+    }
+
+    @Test("the same send twice at once, on one state: each prints exactly one result per file, and every file is stored once")
+    func twoSendsAtOnce() throws {
+        let relay = try DevRelay()
+        defer { relay.stop() }
+        let source = TestRelay.makeDirectory()
+        defer { try? FileManager.default.removeItem(atPath: source) }
+        for index in 0..<60 { _ = makeFile(source + "/twice", "f\(index).jpg", size: 3_000 + index, seed: UInt64(700 + index)) }
+        let state = TestRelay.makeDirectory()
+        let arguments = ["send", "--json", "--state", state, source + "/twice"]
+        let outputs = [source + "/one.out", source + "/two.out"]
+        let runs = try outputs.map { output -> Process in
+            let process = Process()
+            process.executableURL = URL(fileURLWithPath: try Self.agentBinary())
+            process.arguments = arguments
+            process.environment = ProcessInfo.processInfo.environment.merging(relay.environment) { $1 }
+            FileManager.default.createFile(atPath: output, contents: nil)
+            process.standardOutput = FileHandle(forWritingAtPath: output)
+            process.standardError = FileHandle.nullDevice
+            try process.run()
+            return process
+        }
+        for process in runs { process.waitUntilExit() }
+        for (process, output) in zip(runs, outputs) {
+            #expect(process.terminationStatus == 0)
+            let lines = try Self.jsonLines((try? String(contentsOfFile: output, encoding: .utf8)) ?? "")
+            let keys = lines.compactMap { $0["key"] as? String }
+            #expect(keys.count == 60 && Set(keys).count == 60, "\(output): \(keys.count) lines, \(Set(keys).count) keys")
+        }
+    }
+
     @Test("a wrong token: every one of 300 files gets a failed result line, the queue's window of 256 and those beyond it alike; none stays queued")
     func wrongTokenReportsEveryFile() throws {
         let relay = try DevRelay()

@@ -1,4 +1,5 @@
 import Foundation
+import GRDB
 import Logging
 import NIOConcurrencyHelpers
 import NIOPosix
@@ -100,6 +101,11 @@ struct StorageSpaceTests {
             for: StoreError("s3://photos/relay/cam-7/a/b.jpg: HTTP 503 SlowDown", outcomeUnknown: true), doing: "commit", key: key, logger: logger
         )
         #expect(s3.code == .storageError && !s3.message.contains("s3://") && !s3.message.contains("photos"), "\(s3.message)")
+        // The catalog's own disk full (SQLite's "database or disk is full") is the relay's storage full: retryable.
+        let catalogFull = UploadPolicy.refusal(
+            for: DatabaseError(resultCode: .SQLITE_FULL, message: "database or disk is full"), doing: "open the upload", key: key, logger: logger
+        )
+        #expect(catalogFull.code == .storageError && catalogFull.message == StoreError.fullMessage && catalogFull.keepSession)
         let database = UploadPolicy.refusal(for: CatalogFailure("PostgreSQL: password authentication failed for user \"upload\""), doing: "commit", key: key, logger: logger)
         #expect(database.code == .internalError && !database.message.contains("PostgreSQL") && !database.message.contains("upload\""), "\(database.message)")
     }

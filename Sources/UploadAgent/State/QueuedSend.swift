@@ -1,4 +1,5 @@
 import Foundation
+import NIOConcurrencyHelpers
 
 /// `upload-agent send` through the persistent queue: files are recorded before a byte moves, so a `send` that is
 /// killed resumes where the relay's durable offset stands the next time any agent runs for that relay. When another
@@ -31,14 +32,19 @@ public enum QueuedSend {
                     try runner.enqueue(files + streams, skipUnchanged: false)
                     files = []
                 }
+                let reported = NIOLockedValueBox(Set<String>())
                 try await runner.run(service: false) { event in
-                    // Items other runs left in the queue go up too, but this command reports its own.
-                    if case .finished(let result) = event, !keys.contains(result.key) { return }
+                    // Items other runs left in the queue go up too, but this command reports its own, once each: another
+                    // send of the same files meanwhile queues them again, and this runner takes them up again.
+                    if case .finished(let result) = event {
+                        guard keys.contains(result.key), reported.withLockedValue({ $0.insert(result.key).inserted }) else { return }
+                    }
                     onEvent(event)
                 }
-                // Shared, not copied, when every result is this command's (10,000 results are megabytes).
+                // Shared, not copied, when every result is this command's, once (10,000 results are megabytes).
                 let all = runner.results
-                var results = all.allSatisfy { keys.contains($0.key) } ? all : all.filter { keys.contains($0.key) }
+                var results = all.allSatisfy({ keys.contains($0.key) }) && Set(all.map(\.key)).count == all.count
+                    ? all : Self.firstOfEach(all.filter { keys.contains($0.key) })
                 if let handed {
                     // Files handed to a runner that ended before they did: this run finished the rest.
                     let reported = Set(results.map(\.key))
@@ -70,6 +76,12 @@ public enum QueuedSend {
             }
             try await Task.sleep(for: pollInterval)
         }
+    }
+
+    /// Each key's first result, in order.
+    static func firstOfEach(_ results: [UploadResult]) -> [UploadResult] {
+        var seen = Set<String>()
+        return results.filter { seen.insert($0.key).inserted }
     }
 
     /// A queue row's outcome, as a run reports it.

@@ -63,8 +63,22 @@ public enum ItemPlanner {
         URL(fileURLWithPath: path).standardizedFileURL.lastPathComponent
     }
 
+    /// The command-line arguments that were not UTF-8, as the program received them (each invalid byte a U+FFFD): no
+    /// path of that name can be opened, and it is not missing either.
+    public static func argumentsNotUTF8() -> Set<String> {
+        var found = Set<String>()
+        for index in 1..<Int(CommandLine.argc) {
+            guard let argument = CommandLine.unsafeArgv[index] else { continue }
+            let bytes = UnsafeBufferPointer(start: UnsafeRawPointer(argument).assumingMemoryBound(to: UInt8.self), count: strlen(argument))
+            if String(validating: bytes, as: UTF8.self) == nil { found.insert(String(decoding: bytes, as: UTF8.self)) }
+        }
+        return found
+    }
+
+    /// `notUTF8`: paths named that were not UTF-8 (``argumentsNotUTF8()``): skipped, and said why.
     public static func plan(
-        paths: [String], prefix: String?, stdinName: String?, limits: ProtocolLimits = ProtocolLimits(), followSymlinks: Bool = false
+        paths: [String], prefix: String?, stdinName: String?, limits: ProtocolLimits = ProtocolLimits(), followSymlinks: Bool = false,
+        notUTF8: Set<String> = []
     ) throws -> Plan {
         let cleanPrefix = Self.cleanPrefix(prefix)
         if let cleanPrefix {
@@ -103,6 +117,10 @@ public enum ItemPlanner {
         for path in paths {
             if path == "-" {
                 add(stdinName ?? "-", "-", StreamSource(), fingerprint: nil)
+                continue
+            }
+            if notUTF8.contains(path) {
+                plan.results.append(.skipped(path: path, reason: "\(path): the name is not valid UTF-8, and keys are UTF-8: rename it"))
                 continue
             }
             let walker = DirectoryWalker(followSymlinks: followSymlinks)

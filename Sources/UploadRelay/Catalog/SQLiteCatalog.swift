@@ -146,6 +146,11 @@ public final class SQLiteCatalog: Catalog {
         return migrator
     }
 
+    /// Whether `error` is SQLite's "database or disk is full": the relay's disk, not the request, is at fault.
+    static func isDiskFull(_ error: any Error) -> Bool {
+        (error as? DatabaseError)?.resultCode == .SQLITE_FULL
+    }
+
     public func addAccount(name: String, tokenHash: [UInt8], quota: Int64?) throws {
         guard Account.isValidName(name) else { throw CatalogError.invalidAccountName(name) }
         try self.database.write { db in

@@ -60,7 +60,7 @@ package struct UploadPolicy {
     static func refusal(for error: any Error, doing what: String, key: ObjectKey, logger: Logger) -> Refusal {
         func logged(_ refusal: Refusal) -> Refusal {
             logger.log(
-                level: (error as? StoreError)?.isNoSpace == true ? .warning : .error,
+                level: (error as? StoreError)?.isNoSpace == true || SQLiteCatalog.isDiskFull(error) ? .warning : .error,
                 "could not \(what)",
                 metadata: ["upload.key": "\(key)", "error": "\(error)", "wire.code": "\(refusal.code.name)"]
             )
@@ -69,6 +69,9 @@ package struct UploadPolicy {
         switch error {
         case let refusal as Refusal:
             return refusal
+        case _ where SQLiteCatalog.isDiskFull(error):
+            // The catalog's disk is full (it is the relay's own): retryable, as a full store is.
+            return logged(Refusal(code: .storageError, message: StoreError.fullMessage, keepSession: true))
         case let error as StoreError where error.alreadyExists:
             // Never to be stored there without an overwrite: like the catalog's own ALREADY_EXISTS, the session goes.
             return logged(Refusal(code: .alreadyExists, message: Self.alreadyExists(key), keepSession: false))

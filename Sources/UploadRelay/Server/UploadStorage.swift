@@ -143,13 +143,14 @@ package final class UploadStorage: Sendable {
     /// What the agent is told of a failure to `what` (SPEC §12.3): nothing of the relay's paths, bucket or database;
     /// those go to the log.
     private func agentMessage(_ error: any Error, doing what: String) -> String {
-        let full = (error as? StoreError)?.isNoSpace == true
+        let full = (error as? StoreError)?.isNoSpace == true || SQLiteCatalog.isDiskFull(error)
         if full { self.services.space.noteFull() }
         self.logger.log(
             level: full ? .warning : .error, "could not \(what) an upload's bytes",
             metadata: ["upload.key": "\(self.key)", "account": "\(self.account)", "error": "\(error)"]
         )
-        return (error as? StoreError)?.agentMessage ?? "the relay failed to \(what) the bytes; retry later"
+        return full ? StoreError.fullMessage
+            : (error as? StoreError)?.agentMessage ?? "the relay failed to \(what) the bytes; retry later"
     }
 
     private func syncFailure(_ error: any Error) -> UploadPipeline.SyncFailure {

@@ -174,8 +174,11 @@ extension StoreError {
     /// What an agent is told of this failure (SPEC §12.3): what it can act on, never the relay's paths, staging names,
     /// bucket or the store's own words, which go to the relay's log.
     public var agentMessage: String {
-        self.isNoSpace ? "the relay's storage is full; retry later" : "the relay's storage failed; retry later"
+        self.isNoSpace ? Self.fullMessage : "the relay's storage failed; retry later"
     }
+
+    /// What an agent is told when the relay's disk is full (its store's, or its catalog's).
+    public static let fullMessage = "the relay's storage is full; retry later"
 }
 
 extension BlobStore {
