@@ -342,7 +342,7 @@ extension AgentSession {
         // No room on the relay for this item: the account's quota (which a long-running agent waits out), or the relay's
         // storage (which passes). The item waits on its own, longer each time, while the others go on: a smaller file may
         // fit where this one does not (SPEC §7). A stripe's STORAGE_ERROR says its upload is gone (SPEC §6.7) instead.
-        let noRoom = code == .quotaExceeded || (code == .storageError && job.stripe == nil)
+        let noRoom = (code == .quotaExceeded || code == .storageError) && job.stripe == nil
         if noRoom && (self.configuration.retryForever || code == .storageError) {
             job.noRoomRetries += 1
             let since = job.noRoomSince ?? now
