@@ -160,6 +160,13 @@ public struct StatusEndpoint: Sendable {
     public var maxListed: Int = 1000
     /// The most bytes of a request's URI and headers (each, and all together); a longer request is answered 400.
     public var maxHeadBytes: Int = 16 << 10
+    /// The most headers in a request; more are answered 400.
+    public var maxHeaders: Int = 100
+    /// The most bytes one connection's HTTP decoder holds unparsed (requests sent ahead, a head in pieces); past it the
+    /// connection closes.
+    public var maxBufferedBytes: Int = 64 << 10
+    /// How long a connection the relay closes waits for the client's TLS close_notify.
+    public var tlsShutdownTimeout: Duration = .seconds(1)
     /// Requests carry no body; one longer than this is refused and its connection closed.
     public var maxBody: Int = 4096
 

@@ -87,7 +87,7 @@ struct Send: AsyncParsableCommand {
         } catch let error as ItemPlanner.PlanError {
             throw ValidationError(error.description)
         }
-        var items = plan.items
+        let items = plan.items
         let store = self.noState ? nil : try self.stateOptions.open()
         let progress = ProgressPrinter(
             json: self.json, live: !self.quiet && isatty(2) == 1, quiet: self.quiet, totalItems: items.count + plan.results.count

@@ -144,10 +144,15 @@ struct Watch: AsyncParsableCommand {
             var ready: [UploadItem] = []
             for change in changes {
                 switch change {
-                case .ready(let path, let relative):
+                case .ready(let path, let relative, let fingerprint):
                     do {
                         let key = try ItemPlanner.key(relative: relative, prefix: prefix, limits: limits)
-                        ready.append(UploadItem(key: key, displayPath: path, source: FileSource(path: path, followSymlinks: followSymlinks)))
+                        ready.append(
+                            UploadItem(
+                                key: key, displayPath: path, source: FileSource(path: path, followSymlinks: followSymlinks),
+                                expectedFingerprint: fingerprint
+                            )
+                        )
                     } catch {
                         progress.skipped(path: path, reason: "\(error)", json: json)
                     }

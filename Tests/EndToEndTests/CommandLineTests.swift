@@ -374,6 +374,7 @@ struct CommandLineTests {
         let source = TestRelay.makeDirectory()
         defer {
             chmod(source + "/album/locked", 0o755)
+            chmod(source + "/album/listed", 0o755)
             try? FileManager.default.removeItem(atPath: source)
         }
         let album = source + "/album"
@@ -381,6 +382,9 @@ struct CommandLineTests {
         let z = makeFile(album, "z.jpg", size: 12_000, seed: 52)
         _ = makeFile(album + "/locked", "x.jpg", size: 1_000, seed: 53)
         chmod(album + "/locked", 0)
+        // Listed, but nothing in it can be looked at (no search permission): said, not dropped.
+        _ = makeFile(album + "/listed", "y.jpg", size: 1_000, seed: 55)
+        chmod(album + "/listed", 0o644)
         let secret = source + "/secret.txt"
         try Data("private".utf8).write(to: URL(fileURLWithPath: secret))
         chmod(secret, 0o600)
@@ -402,7 +406,8 @@ struct CommandLineTests {
         #expect(run.status == 1, "\(run.stderr)")
         let lines = try Self.jsonLines(run.stdout)
         func line(_ suffix: String) -> [String: Any]? { lines.first { ($0["path"] as? String ?? "").hasSuffix(suffix) } }
-        #expect(lines.count == 9, "\(run.stdout)")
+        #expect(lines.count == 10, "\(run.stdout)")
+        #expect(line("/listed/y.jpg")?["status"] as? String == "skipped", "\(run.stdout)")
         #expect(line("/a.jpg")?["status"] as? String == "stored" && line("/z.jpg")?["status"] as? String == "stored")
         for (suffix, reason) in [("/link.jpg", "symbolic link"), ("/locked", "cannot be read"), ("/fifo", "FIFO"), (".jpg", "UTF-8")] where suffix != ".jpg" {
             #expect(line(suffix)?["status"] as? String == "skipped", "\(suffix): \(String(describing: line(suffix)))")
@@ -418,6 +423,7 @@ struct CommandLineTests {
 
         // Skipped paths alone: exit 0 with --allow-skipped, 1 without; -L uploads a link's target under the link's name.
         for name in ["back\\slash.jpg", "new\nline.jpg", "tab\t.jpg"] { try FileManager.default.removeItem(atPath: album + "/" + name) }
+        chmod(album + "/listed", 0o755)
         let strict = try Self.run("/usr/bin/setpriv", agent + ["send", "--json", album], environment: relay.environment)
         #expect(strict.status == 1, "\(strict.stderr)")
         let lenient = try Self.run("/usr/bin/setpriv", agent + ["send", "--json", "--allow-skipped", album], environment: relay.environment)
@@ -475,6 +481,30 @@ struct CommandLineTests {
             let keys = lines.compactMap { $0["key"] as? String }
             #expect(keys.count == 60 && Set(keys).count == 60, "\(output): \(keys.count) lines, \(Set(keys).count) keys")
         }
+    }
+
+    @Test("a file queued by a send that was killed, changed since: the next send uploads it as it is now and says stored")
+    func changedSinceQueued() throws {
+        let relay = try DevRelay()
+        defer { relay.stop() }
+        let source = TestRelay.makeDirectory()
+        defer { try? FileManager.default.removeItem(atPath: source) }
+        let file = makeFile(source, "clip.mov", size: 40_000, seed: 91)
+        let state = TestRelay.makeDirectory()
+        // What a killed send left: the file queued with the fingerprint it had then (another than now).
+        let store = try AgentStateStore(directory: state)
+        let configuration = AgentConfiguration(
+            relayHost: "127.0.0.1", relayPort: relay.port, token: relay.environment["UPLOAD_TOKEN"] ?? "", caPath: relay.environment["UPLOAD_CA"]
+        )
+        _ = try store.enqueue(
+            [QueueEntry(key: "clip.mov", path: file.path, size: 40_000, fingerprint: [1, 2, 3], overwrite: false)],
+            target: AgentStateStore.target(of: configuration), skipUnchanged: false, external: false
+        )
+        let run = try Self.run(try Self.agentBinary(), ["send", "--json", "--state", state, file.path], environment: relay.environment)
+        #expect(run.status == 0, "\(run.stdout) \(run.stderr)")
+        let lines = try Self.jsonLines(run.stdout)
+        #expect(lines.count == 1 && lines.first?["status"] as? String == "stored", "\(run.stdout)")
+        #expect(FileManager.default.contents(atPath: relay.data + "/store/dev/clip.mov") == file.data)
     }
 
     @Test("a wrong token: every one of 300 files gets a failed result line, the queue's window of 256 and those beyond it alike; none stays queued")

@@ -188,7 +188,7 @@ struct HookTests {
             return !lastError.isEmpty
         }
         // Whatever the failure (a 503, or on a loaded machine a request past the hook's timeout), the URL as messages show it.
-        #expect(failed && lastError.contains("http://127.0.0.1:\(port)/events?…"), "\(lastError)")
+        #expect(failed && lastError.contains("http://127.0.0.1:\(port)/…") && !lastError.contains("events"), "\(lastError)")
         FileManager.default.createFile(atPath: work + "/accept", contents: nil)
         #expect(try await Self.outboxDrained(relay))
         for secret in ["PA$SWORD", "PA%24SWORD", "SECRET-TOKEN", "hook-user"] {
@@ -206,7 +206,8 @@ struct HookTests {
         for hidden in ["UPLOAD_HOOK_TEST_SECRET", "AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "UPLOAD_TEST_POSTGRES_URL", "UPLOAD_RELAY_CATALOG"] {
             #expect(!names.contains(hidden), "a hook got \(hidden)")
         }
-        #expect(HookEndpoint.redacted("https://u:p@h.example:8443/a/b?x=1#f") == "https://h.example:8443/a/b?…")
+        #expect(HookEndpoint.redacted("https://u:p@h.example:8443/a/b?x=1#f") == "https://h.example:8443/…")
+        #expect(HookEndpoint.redacted("alice:s3cret@hooks.internal/x") == "(not an http:// or https:// URL)")
         await relay.stop()
     }
 

@@ -189,6 +189,11 @@ struct StatusEndpointTests {
         // A body ends with no line break: the next answer's status line follows it on the same line.
         let statuses = pipelined.components(separatedBy: "HTTP/1.1 ").dropFirst().map { "HTTP/1.1 " + ($0.components(separatedBy: "\r\n").first ?? "") }
         #expect(statuses == ["HTTP/1.1 404 Not Found", "HTTP/1.1 200 OK"], "\(pipelined)")
+        // CONNECT and Upgrade: refused, and what follows is not kept (the codec reads nothing after them).
+        for ask in ["CONNECT 127.0.0.1:80 HTTP/1.1\r\nHost: x\r\n\r\n", "GET /v1/status?key=x HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n"] {
+            let switched = try await RawTLS.exchange(Array(ask.utf8) + Array(repeating: 0x41, count: 1 << 20), port: port, ca: ca, group: group)
+            #expect(switched.hasPrefix("HTTP/1.1 400") && switched.contains("no CONNECT, no Upgrade"), "\(switched.prefix(300))")
+        }
         // Silence after the handshake, and a request that trickles in: both closed after the request timeout (3 s).
         #expect(try await RawTLS.exchange([], port: port, ca: ca, group: group).isEmpty)
         #expect(try await RawTLS.exchange(Array("GET /v1/sta".utf8), port: port, ca: ca, group: group).isEmpty)

@@ -31,6 +31,7 @@ struct TransferTests {
             #expect(result.sha1 == SHA1.hash(files[name]!).map { ($0 < 16 ? "0" : "") + String($0, radix: 16) }.joined())
         }
         #expect(try FileManager.default.contentsOfDirectory(atPath: relay.services.configuration.stagingDirectory).isEmpty)
+        #expect(relay.services.space.promised == 0, "\(relay.services.space.promised) bytes still promised")
         await relay.stop()
     }
 
@@ -100,6 +101,8 @@ struct TransferTests {
         #expect(byKey["v/short.mp4"]?.stripes == 1)
         #expect(relay.stored("v/long.mp4") == big)
         #expect(relay.stored("v/short.mp4") == small)
+        // Committed: no disk space stays promised to them (a striped upload's main stream writes one stripe only).
+        #expect(relay.services.space.promised == 0, "\(relay.services.space.promised) bytes still promised")
         await relay.stop()
     }
 

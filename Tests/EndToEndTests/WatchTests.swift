@@ -265,6 +265,36 @@ struct WatchTests {
         await relay.stop()
     }
 
+    @Test("a watched directory moved away and a link put in its place: nothing is uploaded through the link, whatever happens in the moved directory")
+    func directoryReplacedByLink() async throws {
+        let relay = try await TestRelay().start()
+        let home = TestRelay.makeDirectory()
+        let watched = home + "/cam"
+        try Self.write(Self.bytes(3_000, seed: 41), to: watched + "/sub/a.jpg")
+        // A private directory elsewhere, holding a file of the name that will be touched in the moved directory.
+        try Self.write(Data("private".utf8), to: home + "/private/passwd.txt")
+        chmod(home + "/private/passwd.txt", 0o600)
+        let agent = try AgentProcess(
+            ["watch", "--json", "--settle", "300ms", watched], environment: AgentProcess.environment(relay, state: home + "/state"),
+            log: home + "/agent.log"
+        )
+        defer { agent.stop() }
+        #expect(AgentProcess.waitUntil { agent.finished("cam/sub/a.jpg") != nil }, "\(agent.child.log)")
+        #expect(rename(watched + "/sub", home + "/moved") == 0)
+        try FileManager.default.createSymbolicLink(atPath: watched + "/sub", withDestinationPath: home + "/private")
+        // Events in the moved directory name files by its old path, which now leads through the link.
+        try Self.write(Data("touched".utf8), to: home + "/moved/passwd.txt")
+        try Self.write(Data("touched again".utf8), to: home + "/moved/passwd.txt")
+        // A file after them, to know the watcher got that far.
+        try Self.write(Self.bytes(2_000, seed: 42), to: watched + "/after.jpg")
+        #expect(AgentProcess.waitUntil { agent.finished("cam/after.jpg") != nil }, "\(agent.child.log)")
+        #expect(AgentProcess.waitUntil(timeout: 5) { agent.child.log.contains("symbolic link") }, "\(agent.child.log)")
+        #expect(agent.started("cam/sub/passwd.txt") == 0, "\(agent.child.log)")
+        #expect(relay.stored("cam/sub/passwd.txt") == nil, "a file was uploaded through the link")
+        #expect(agent.stop() == 0)
+        await relay.stop()
+    }
+
     @Test("a send handed to a running watch from another directory uploads the file it named, by its absolute path, and ends with its result")
     func handOverFromElsewhere() async throws {
         let relay = try await TestRelay().start()

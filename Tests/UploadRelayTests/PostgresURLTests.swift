@@ -27,9 +27,15 @@ struct PostgresURLTests {
     @Test("libpq's six sslmode values are taken, any other value or parameter is refused with what is allowed; each mode's TLS settings")
     func modes() throws {
         let base = "postgres://u:p@db.example:5432/upload"
+        let ca = try Self.ca()
         for mode in ["disable", "allow", "prefer", "require", "verify-ca", "verify-full"] {
-            #expect(try PostgresCatalog.Address(base + "?sslmode=" + mode).tlsMode.rawValue == mode)
+            #expect(try PostgresCatalog.Address(base + "?sslmode=" + mode + "&sslrootcert=" + ca).tlsMode.rawValue == mode)
         }
+        // As libpq: the verifying modes need the CA named; the system's CAs only with the host name checked.
+        #expect(throws: CatalogFailure.self) { try PostgresCatalog.Address(base + "?sslmode=verify-ca") }
+        #expect(throws: CatalogFailure.self) { try PostgresCatalog.Address(base + "?sslmode=verify-full") }
+        #expect(throws: CatalogFailure.self) { try PostgresCatalog.Address(base + "?sslmode=verify-ca&sslrootcert=system") }
+        #expect(throws: CatalogFailure.self) { try PostgresCatalog.Address(base + "?sslmode=require&sslrootcert=system") }
         #expect(try PostgresCatalog.Address(base).tlsMode == .prefer)
         for wrong in ["?sslmode=requre", "?sslmode=verify_ca", "?sslmode=REQUIRE", "?sslmode=", "?ssl=true", "?sslmode=require&sslmode=disable"] {
             #expect(throws: CatalogFailure.self, "\(wrong)") { try PostgresCatalog.Address(base + wrong) }
@@ -49,9 +55,8 @@ struct PostgresURLTests {
 
         #expect(try PostgresCatalog.Address(base + "?sslmode=disable").tlsConfiguration() == nil)
         #expect(try PostgresCatalog.Address(base + "?sslmode=require").tlsConfiguration()?.certificateVerification == CertificateVerification.none)
-        #expect(try PostgresCatalog.Address(base + "?sslmode=verify-ca").tlsConfiguration()?.certificateVerification == .noHostnameVerification)
-        #expect(try PostgresCatalog.Address(base + "?sslmode=verify-full").tlsConfiguration()?.certificateVerification == .fullVerification)
-        let ca = try Self.ca()
+        #expect(try PostgresCatalog.Address(base + "?sslmode=verify-ca&sslrootcert=" + ca).tlsConfiguration()?.certificateVerification == .noHostnameVerification)
+        #expect(try PostgresCatalog.Address(base + "?sslmode=verify-full&sslrootcert=system").tlsConfiguration()?.certificateVerification == .fullVerification)
         #expect(try PostgresCatalog.Address(base + "?sslmode=require&sslrootcert=" + ca).tlsConfiguration()?.certificateVerification == .noHostnameVerification)
         #expect(try PostgresCatalog.Address(base + "?sslmode=verify-full&sslrootcert=system").rootCertificates == nil)
     }
@@ -83,7 +88,7 @@ struct PostgresURLTests {
         let started = Date()
         // The server's certificate is signed by the test CA, which the system does not trust.
         do {
-            let catalog = try PostgresCatalog(url: try Self.url("sslmode=verify-full"), logger: PostgresTestDatabase.quietLogger)
+            let catalog = try PostgresCatalog(url: try Self.url("sslmode=verify-full&sslrootcert=system"), logger: PostgresTestDatabase.quietLogger)
             catalog.shutdown()
             Issue.record("verify-full connected with a certificate from a CA the system does not trust")
         } catch let error as CatalogFailure {

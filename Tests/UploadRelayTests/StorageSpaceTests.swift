@@ -33,13 +33,14 @@ struct StorageSpaceTests {
         case refused(WireErrorCode, String)
     }
 
-    static func open(_ key: String, size: Int64, _ services: RelayServices) throws -> (Answer, (any StagingFile)?) {
+    /// The answer to an OPEN of `key`, and for an upload its staging and the session its disk space is promised under.
+    static func open(_ key: String, size: Int64, _ services: RelayServices) throws -> (Answer, (any StagingFile)?, String?) {
         let account = try #require(try services.catalog.account(named: "cam-7"))
         let open = Frame.Open(streamID: 1, key: key, size: UInt64(size))
         switch UploadPolicy(services: services).open(account: account, open: open, key: try ObjectKey(validating: key)) {
-        case .upload(_, let staging, _, _, _, _): return (.upload, staging)
-        case .refuse(let code, let message): return (.refused(code, message), nil)
-        case .stored, .confirm, .stripe: return (.refused(.internalError, "unexpected answer"), nil)
+        case .upload(let session, let staging, _, _, _, _): return (.upload, staging, session.id)
+        case .refuse(let code, let message): return (.refused(code, message), nil, nil)
+        case .stored, .confirm, .stripe: return (.refused(.internalError, "unexpected answer"), nil, nil)
         }
     }
 
@@ -53,7 +54,7 @@ struct StorageSpaceTests {
         let free = NIOLockedValueBox<Int64>(50 * Self.megabyte)
         let services = try Self.services(free: free, reserve: Self.megabyte)
 
-        let (big, _) = try Self.open("videos/big.mp4", size: 100 * Self.megabyte, services)
+        let (big, _, _) = try Self.open("videos/big.mp4", size: 100 * Self.megabyte, services)
         guard case .refused(.storageError, let message) = big else {
             Issue.record("a 100 MB upload on a disk with 50 MB free was answered \(big)")
             return
@@ -65,22 +66,25 @@ struct StorageSpaceTests {
         #expect(services.space.isFull == false, "49 MB above the reserve is not full")
 
         // 30 MB fits; a second 30 MB does not while the first may still write its 30.
-        let (first, staging) = try Self.open("a.bin", size: 30 * Self.megabyte, services)
+        let (first, staging, a) = try Self.open("a.bin", size: 30 * Self.megabyte, services)
         #expect(first == .upload)
-        let (second, _) = try Self.open("b.bin", size: 30 * Self.megabyte, services)
+        let upload = try #require(a)
+        let (second, _, _) = try Self.open("b.bin", size: 30 * Self.megabyte, services)
         guard case .refused(.storageError, _) = second else {
             Issue.record("two uploads of 30 MB were both admitted on 49 MB: \(second)")
             return
         }
         // The first writes 20 MB (the disk has 20 MB less free): its promise shrinks with them, so 30 MB still does not fit.
-        services.space.wrote(20 * Self.megabyte, claim: KeyClaims.name(account: "cam-7", key: "a.bin"))
+        services.space.wrote(20 * Self.megabyte, upload: upload)
         free.withLockedValue { $0 -= 20 * Self.megabyte }
         #expect(try Self.open("b.bin", size: 30 * Self.megabyte, services).0 != .upload)
-        #expect(try Self.open("b.bin", size: 15 * Self.megabyte, services).0 == .upload)
-        services.space.release(claim: KeyClaims.name(account: "cam-7", key: "b.bin"))
+        let (fits, _, b) = try Self.open("b.bin", size: 15 * Self.megabyte, services)
+        #expect(fits == .upload)
+        services.space.release(upload: try #require(b))
         // The first ends (its last 10 MB never written): 30 MB of room above the reserve's 1 MB minus nothing promised.
         staging?.close()
-        services.space.release(claim: KeyClaims.name(account: "cam-7", key: "a.bin"))
+        services.space.release(upload: upload)
+        #expect(services.space.promised == 0)
         #expect(try Self.open("b.bin", size: 28 * Self.megabyte, services).0 == .upload)
 
         // A disk below its reserve is full: even an upload of unknown size is refused, and the status endpoint says so.

@@ -340,8 +340,9 @@ extension AgentSession {
         let job = sender.job
         job.lastError = "\(code.name): \(message)"
         // No room on the relay for this item: the account's quota (which a long-running agent waits out), or the relay's
-        // storage (which passes). The item waits on its own, longer each time, while the others go on: a smaller file may
-        // fit where this one does not (SPEC §7). A stripe's STORAGE_ERROR says its upload is gone (SPEC §6.7) instead.
+        // storage, full or failing (which passes). The item waits on its own, longer each time, while the others go on:
+        // a smaller file may fit where this one does not (SPEC §7). A stripe's STORAGE_ERROR says its upload is gone
+        // (SPEC §6.7) instead.
         let noRoom = (code == .quotaExceeded || code == .storageError) && job.stripe == nil
         if noRoom && (self.configuration.retryForever || code == .storageError) {
             job.noRoomRetries += 1
@@ -349,11 +350,21 @@ extension AgentSession {
             job.noRoomSince = since
             if self.configuration.retryForever || now - since < self.configuration.retryFor {
                 let (initial, maximum) = self.configuration.retryForever
-                    ? (self.configuration.relayFullBackoff, self.configuration.relayFullMaxBackoff) : (Duration.seconds(1), Duration.seconds(30))
+                    ? (self.configuration.relayFullBackoff, self.configuration.relayFullMaxBackoff)
+                    : (self.configuration.storageRetryBackoff, self.configuration.storageRetryMaxBackoff)
                 var wait = initial
                 for _ in 1..<min(job.noRoomRetries, 30) where wait < maximum { wait *= 2 }
                 wait = min(wait, maximum)
                 let reason = "\(code.name): \(message)"
+                if job.item.source.isSeekable {
+                    // It may wait for minutes, and every queued file may: none holds its descriptor or a read block
+                    // meanwhile. It is opened again, and its fingerprint checked, when its turn comes.
+                    job.item.source.close()
+                    job.info = nil
+                    job.knownSHA1 = nil
+                    job.probe = nil
+                    job.probePrefix = nil
+                }
                 self.queue.deferJob(job, for: wait, reason: reason)
                 return [.event(.waiting(key: job.key, reason: reason, retryIn: wait))] + self.openMore() + self.pumpAll() + self.closeIfIdle()
             }

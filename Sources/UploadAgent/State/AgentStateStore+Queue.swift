@@ -88,8 +88,10 @@ public struct QueueEntry: Hashable, Sendable {
     public var fingerprint: [UInt8]
     public var overwrite: Bool
     public var dedup: Bool
+    /// Whether a symbolic link at `path` is followed (else the uploader refuses one there).
     public var followSymlinks: Bool
 
+    /// `path` relative to the working directory is made absolute.
     public init(
         key: String, path: String, size: UInt64?, fingerprint: [UInt8], overwrite: Bool, dedup: Bool = true, followSymlinks: Bool = false
     ) {

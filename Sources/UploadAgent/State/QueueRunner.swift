@@ -95,6 +95,8 @@ public final class QueueRunner: Sendable {
         }
         let outcomes = try self.store.enqueue(entries, target: self.target, skipUnchanged: skipUnchanged, skipChanged: skipChanged, external: false)
         var jobs = streams
+        // Jobs made for an older version of a file that have not started: the new version's job takes their place.
+        var replaced: [(old: UploadJob, new: UploadJob)] = []
         let unloaded: Bool = self.state.withLockedValue { state in
             var unloaded = false
             for (entry, outcome) in zip(entries, outcomes) {
@@ -116,15 +118,26 @@ public final class QueueRunner: Sendable {
                     } else if case .queued = outcome {
                         state.after[id] = item
                     } else if let running = state.jobs[id], running.item.expectedFingerprint != entry.fingerprint {
-                        // A newer version of a file whose job was made for an older one: it goes up once that job ends
-                        // (the older one's job refuses the file it finds changed, or its upload stops on the change).
+                        // A newer version of a file whose job was made for an older one: its job, in the older one's
+                        // place if that has not started; else it goes up once that one ends (which refuses the file it
+                        // finds changed, or stops on the change).
                         state.after[id] = item
+                        replaced.append((running, UploadJob(item: item, queueID: id)))
                     }
                 case .unchanged:
                     continue
                 }
             }
             return unloaded
+        }
+        for (old, new) in replaced {
+            guard let id = new.queueID else { continue }
+            // Under the queue's lock: only a job no connection took is replaced.
+            self.state.withLockedValue { state in
+                guard state.jobs[id] === old, state.after[id] != nil, self.queue.replaceWaiting(old, with: new) else { return }
+                state.jobs[id] = new
+                state.after[id] = nil
+            }
         }
         self.queue.add(jobs)
         if unloaded { self.queue.setUnloaded(true) }
@@ -258,7 +271,11 @@ public final class QueueRunner: Sendable {
         try await self.uploader.run(self.queue, service: service, onEvent: onEvent)
         if !service, let reason = self.queue.gaveUpReason {
             // The run gave up (a refused token, no progress): the items still in the database, which it never loaded,
-            // get their result too, as those it held did.
+            // get their result too, as those it held did. No more loads first: rows loaded after the give-up (another
+            // process queued more meanwhile) fail here with the rest.
+            poller.cancel()
+            _ = await poller.result
+            for result in self.queue.failWaiting(reason) { onEvent(.finished(result)) }
             self.journal.flushNow()
             let known = self.state.withLockedValue { Set($0.jobs.keys).union($0.ending) }
             let rows = try self.store.failPending(target: self.target, reason: "not attempted: \(reason)").filter { !known.contains($0.id) }

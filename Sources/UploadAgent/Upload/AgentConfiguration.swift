@@ -49,11 +49,16 @@ public struct AgentConfiguration: Sendable {
     public var retryForever = false
     /// Longest wait between reconnection attempts.
     public var maxBackoff: Duration = .seconds(5)
-    /// A long-running agent (``retryForever``) told QUOTA_EXCEEDED or STORAGE_ERROR holds the whole queue this long
-    /// instead of failing every item, doubling each time the relay refuses again, up to ``relayFullMaxBackoff``; a
-    /// stored item resets it. A one-shot run reports the error instead.
+    /// A long-running agent (``retryForever``) told QUOTA_EXCEEDED or STORAGE_ERROR for an item lets that item wait this
+    /// long instead of failing it, doubling each time the relay refuses it again, up to ``relayFullMaxBackoff``; the
+    /// other items go on meanwhile.
     public var relayFullBackoff: Duration = .seconds(10)
     public var relayFullMaxBackoff: Duration = .seconds(600)
+    /// A one-shot run (`send`) told STORAGE_ERROR (the relay's storage full or failing) lets the item wait this long,
+    /// doubling up to ``storageRetryMaxBackoff``, for ``retryFor`` since the first refusal; then it fails. It reports
+    /// QUOTA_EXCEEDED at once.
+    public var storageRetryBackoff: Duration = .seconds(1)
+    public var storageRetryMaxBackoff: Duration = .seconds(30)
     /// With nothing received for this long the agent sends PING; with nothing for twice as long it
     /// takes the connection for dead and reconnects (SPEC §2.3). Catches links that vanish silently.
     public var keepaliveInterval: Duration = .seconds(15)

@@ -8,6 +8,7 @@ import Foundation
 /// directory walked once whatever the links to it); so are FIFOs, sockets and devices, a directory that cannot be read,
 /// and a name that is not UTF-8. Every path it does not take is reported, with why.
 struct DirectoryWalker {
+    /// Take what symbolic links point to (`--follow-symlinks`); else each link is skipped and said so.
     let followSymlinks: Bool
 
     /// What is at a path.
@@ -30,12 +31,17 @@ struct DirectoryWalker {
         case skipped(display: String, reason: String)
     }
 
+    /// Why a link is skipped.
     static let notFollowed = "a symbolic link: not followed (--follow-symlinks uploads what links point to)"
 
     /// What is at `path`; a symbolic link is looked through when `following`.
     func classify(_ path: String, following: Bool) -> Kind {
         var info = stat()
-        guard lstat(path, &info) == 0 else { return .missing(String(cString: strerror(errno)).lowercased()) }
+        guard lstat(path, &info) == 0 else {
+            let reason = String(cString: strerror(errno)).lowercased()
+            // Not there: missing. There but not to be looked at (a directory without search permission): skipped, said.
+            return errno == ENOENT || errno == ENOTDIR ? .missing(reason) : .skip("cannot be looked at (\(reason))")
+        }
         if (info.st_mode & S_IFMT) == S_IFLNK {
             guard following else { return .skip(Self.notFollowed) }
             guard stat(path, &info) == 0 else { return .skip("a symbolic link to nothing (\(String(cString: strerror(errno))))") }
@@ -47,6 +53,7 @@ struct DirectoryWalker {
         }
     }
 
+    /// What a file that is neither regular nor a directory is, for people.
     static func kind(_ mode: mode_t) -> String {
         switch mode & S_IFMT {
         case S_IFIFO: return "a FIFO"
@@ -79,21 +86,44 @@ struct DirectoryWalker {
 
     /// Walks the directory `path` (its path from its parent is `relative`, as the user sees it `display`), calling
     /// `visit` for every file taken and every path skipped, in name order, depth first.
-    func walk(_ path: String, relative: String, display: String, visit: (Found) -> Void) {
-        var visited = Set<[UInt64]>()
-        var info = stat()
-        if stat(path, &info) == 0 { visited.insert([UInt64(info.st_dev), UInt64(info.st_ino)]) }
-        self.walk(path, relative: relative, display: display, visited: &visited, visit: visit)
-    }
-
-    private func walk(_ path: String, relative: String, display: String, visited: inout Set<[UInt64]>, visit: (Found) -> Void) {
-        let names: [[UInt8]]
-        switch Self.entries(path) {
-        case .names(let found): names = found
-        case .unreadable(let reason):
-            visit(.skipped(display: display, reason: "the directory cannot be read (\(reason.lowercased())): nothing in it was uploaded"))
+    ///
+    /// Directories are opened relative to their parent's descriptor, never by path, and never through a link unless
+    /// `followSymlinks`: a directory swapped for a link while the walk runs is not walked through. (A file is opened by
+    /// its path later, with `O_NOFOLLOW`, and must still have the fingerprint taken here.)
+    func walk(_ path: String, relative: String, display: String, followingRoot: Bool = false, visit: (Found) -> Void) {
+        let fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC | (followingRoot || self.followSymlinks ? 0 : O_NOFOLLOW))
+        guard fd >= 0 else {
+            visit(.skipped(display: display, reason: "the directory cannot be read (\(String(cString: strerror(errno)).lowercased())): nothing in it was uploaded"))
             return
         }
+        var visited = Set<[UInt64]>()
+        var info = stat()
+        if fstat(fd, &info) == 0 { visited.insert([UInt64(info.st_dev), UInt64(info.st_ino)]) }
+        self.walk(fd, path: path, relative: relative, display: display, visited: &visited, visit: visit)
+    }
+
+    /// Walks the directory open at `fd` (closed when done).
+    private func walk(
+        _ fd: Int32, path: String, relative: String, display: String, visited: inout Set<[UInt64]>, visit: (Found) -> Void
+    ) {
+        guard let directory = fdopendir(fd) else {
+            close(fd)
+            visit(.skipped(display: display, reason: "the directory cannot be read (\(String(cString: strerror(errno)).lowercased())): nothing in it was uploaded"))
+            return
+        }
+        defer { closedir(directory) }
+        var names: [[UInt8]] = []
+        errno = 0
+        while let entry = readdir(directory) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in Array(raw.prefix { $0 != 0 }) }
+            if name == [0x2E] || name == [0x2E, 0x2E] { continue }
+            names.append(name)
+        }
+        if errno != 0 {
+            visit(.skipped(display: display, reason: "the directory could not be read to its end (\(String(cString: strerror(errno)).lowercased()))"))
+        }
+        names.sort { $0.lexicographicallyPrecedes($1) }
+        let parent = dirfd(directory)
         for bytes in names {
             guard let name = String(validating: bytes, as: UTF8.self) else {
                 let shown = display + "/" + String(decoding: bytes, as: UTF8.self)
@@ -103,21 +133,38 @@ struct DirectoryWalker {
             let full = path + "/" + name
             let sub = relative + "/" + name
             let shown = display + "/" + name
-            switch self.classify(full, following: self.followSymlinks) {
-            case .file(let fingerprint):
-                visit(.file(path: full, relative: sub, display: shown, fingerprint: fingerprint))
-            case .directory:
-                var info = stat()
-                if stat(full, &info) == 0, !visited.insert([UInt64(info.st_dev), UInt64(info.st_ino)]).inserted {
+            var info = stat()
+            guard fstatat(parent, name, &info, AT_SYMLINK_NOFOLLOW) == 0 else {
+                // Gone since it was listed: nothing to say of a file deleted meanwhile; anything else is said.
+                if errno != ENOENT { visit(.skipped(display: shown, reason: "cannot be looked at (\(String(cString: strerror(errno)).lowercased()))")) }
+                continue
+            }
+            if (info.st_mode & S_IFMT) == S_IFLNK {
+                guard self.followSymlinks else {
+                    visit(.skipped(display: shown, reason: Self.notFollowed))
+                    continue
+                }
+                guard fstatat(parent, name, &info, 0) == 0 else {
+                    visit(.skipped(display: shown, reason: "a symbolic link to nothing (\(String(cString: strerror(errno))))"))
+                    continue
+                }
+            }
+            switch info.st_mode & S_IFMT {
+            case S_IFREG:
+                visit(.file(path: full, relative: sub, display: shown, fingerprint: FileSource.fingerprint(info)))
+            case S_IFDIR:
+                guard visited.insert([UInt64(info.st_dev), UInt64(info.st_ino)]).inserted else {
                     visit(.skipped(display: shown, reason: "a directory walked already (a link leads back to it)"))
                     continue
                 }
-                self.walk(full, relative: sub, display: shown, visited: &visited, visit: visit)
-            case .skip(let reason):
-                visit(.skipped(display: shown, reason: reason))
-            case .missing:
-                // Gone since it was listed: nothing to say of a file deleted meanwhile.
-                continue
+                let child = openat(parent, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC | (self.followSymlinks ? 0 : O_NOFOLLOW))
+                guard child >= 0 else {
+                    visit(.skipped(display: shown, reason: "the directory cannot be read (\(String(cString: strerror(errno)).lowercased())): nothing in it was uploaded"))
+                    continue
+                }
+                self.walk(child, path: full, relative: sub, display: shown, visited: &visited, visit: visit)
+            default:
+                visit(.skipped(display: shown, reason: "not a regular file (\(Self.kind(info.st_mode)))"))
             }
         }
     }

@@ -55,7 +55,8 @@ public enum ItemPlanner {
         if base.hasSuffix("/") { base.removeLast() }
         var rest = Substring(path)
         while rest.hasPrefix("./") { rest = rest.dropFirst(2).drop { $0 == "/" } }
-        return rest.isEmpty || rest == "." ? base : base + "/" + rest
+        if rest.isEmpty || rest == "." { return base.isEmpty ? "/" : base }
+        return base + "/" + rest
     }
 
     /// The last name of `path` (of the directory it names, for `.` or `..`).
@@ -126,6 +127,10 @@ public enum ItemPlanner {
             let walker = DirectoryWalker(followSymlinks: followSymlinks)
             let trimmed = path.count > 1 && path.hasSuffix("/") ? String(path.dropLast()) : path
             let absolute = Self.absolute(trimmed)
+            guard !Self.name(absolute).isEmpty, Self.name(absolute) != "/" else {
+                // Keys are paths from a directory's parent: the root has no name to begin them.
+                throw PlanError(description: "\(path) names the root directory: name a directory below it (keys begin with its name)")
+            }
             // A trailing slash names the directory a link points to, as the shell and POSIX read it.
             switch walker.classify(absolute, following: followSymlinks || path.hasSuffix("/")) {
             case .missing(let reason):
@@ -137,7 +142,7 @@ public enum ItemPlanner {
             case .directory:
                 // Keys are paths from the directory's parent: `send photos` stores photos/...
                 let name = Self.name(absolute)
-                walker.walk(absolute, relative: name, display: trimmed) { found in
+                walker.walk(absolute, relative: name, display: trimmed, followingRoot: followSymlinks || path.hasSuffix("/")) { found in
                     switch found {
                     case .file(let fullPath, let relative, let display, let fingerprint):
                         add(relative, display, FileSource(path: fullPath, followSymlinks: followSymlinks), fingerprint: fingerprint)

@@ -113,6 +113,21 @@ final class JobQueue: Sendable {
         self.changed { $0.waiting += jobs }
     }
 
+    /// Puts `new` in `old`'s place if `old` has not started (it waits, or waits for room); false when it has.
+    func replaceWaiting(_ old: UploadJob, with new: UploadJob) -> Bool {
+        var replaced = false
+        self.changed { state in
+            if let index = state.waiting.firstIndex(where: { $0 === old }) {
+                state.waiting[index] = new
+                replaced = true
+            } else if state.deferred.removeValue(forKey: ObjectIdentifier(old)) != nil {
+                state.waiting.append(new)
+                replaced = true
+            }
+        }
+        return replaced
+    }
+
     /// A job goes back to wait for the next connection (or a free stream).
     func requeue(_ job: UploadJob) {
         self.changed { state in

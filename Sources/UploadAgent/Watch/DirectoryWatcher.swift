@@ -10,8 +10,9 @@ import NIOConcurrencyHelpers
 public final class DirectoryWatcher: Sendable {
     /// What changed under a root.
     public enum Change: Hashable, Sendable {
-        /// A complete regular file: `relative` is its path from the root's parent (`Pictures/2026/a.jpg`).
-        case ready(path: String, relative: String)
+        /// A complete regular file: `relative` is its path from the root's parent (`Pictures/2026/a.jpg`); `fingerprint` is
+        /// what it was when found complete (the uploader refuses a file that no longer has it).
+        case ready(path: String, relative: String, fingerprint: [UInt8])
         /// A file deleted or moved out.
         case removed(path: String, relative: String)
         /// A path found and not taken, and why: a symbolic link (unless followed), a FIFO or device, a directory that
@@ -57,6 +58,7 @@ public final class DirectoryWatcher: Sendable {
     static let ignored: UInt32 = 0x0000_8000
     static let isDirectory: UInt32 = 0x4000_0000
     static let onlyDirectories: UInt32 = 0x0100_0000
+    static let dontFollow: UInt32 = 0x0200_0000
     static let watchMask = closeWrite | movedFrom | movedTo | create | delete | modify | deleteSelf | moveSelf | onlyDirectories
 
     /// Sets up the watches, scans every root (reporting what is complete there), then watches on a thread of its own

@@ -8,10 +8,21 @@ import UploadProtocol
 struct WatchLoop {
     let fd: Int32
     let options: DirectoryWatcher.Options
-    /// Watched directories by watch descriptor: path and path from the root's parent.
-    private var directories: [Int32: (path: String, relative: String)] = [:]
-    /// Files written without a close yet, by path: when they last changed.
-    private var pending: [String: (relative: String, since: Double)] = [:]
+    /// A watched directory: its path, its path from the root's parent, and what it was when the watch was added (device
+    /// and inode). A file's event counts only while the path still leads to that same directory: one moved away, or
+    /// replaced by a link, reports nothing of what is now at its path.
+    struct Watched {
+        var path: String
+        var relative: String
+        var identity: [UInt64]
+    }
+
+    /// Watched directories by watch descriptor.
+    private var directories: [Int32: Watched] = [:]
+    /// Files written without a close yet, by path: their watch, and when they last changed.
+    private var pending: [String: (relative: String, wd: Int32, since: Double)] = [:]
+    /// Paths said skipped (a FIFO written to again, a link touched): said once, until they go.
+    private var skippedPaths = Set<String>()
     private var changes: [DirectoryWatcher.Change] = []
     private var buffer = [UInt8](repeating: 0, count: 64 << 10)
 
@@ -56,7 +67,9 @@ struct WatchLoop {
     private mutating func walk(
         _ path: String, relative: String, isRoot: Bool = false, deliver: (([DirectoryWatcher.Change]) -> Void)? = nil
     ) throws {
-        let wd = inotify_add_watch(self.fd, path, DirectoryWatcher.watchMask)
+        // Below a root, never through a link unless links are followed (the root is the one the user named).
+        let follow = isRoot || self.options.followSymlinks
+        let wd = inotify_add_watch(self.fd, path, DirectoryWatcher.watchMask | (follow ? 0 : DirectoryWatcher.dontFollow))
         guard wd >= 0 else {
             let reason = String(cString: strerror(errno))
             if isRoot || errno == ENOSPC {
@@ -70,7 +83,14 @@ struct WatchLoop {
             self.changes.append(.skipped(path: path, relative: relative, reason: "the directory cannot be watched: \(reason.lowercased())"))
             return
         }
-        self.directories[wd] = (path, relative)
+        // A directory watched already (a link, followed, that leads back to one): walked once.
+        guard self.directories[wd] == nil else { return }
+        var info = stat()
+        guard (follow ? stat(path, &info) : lstat(path, &info)) == 0, (info.st_mode & S_IFMT) == S_IFDIR else {
+            inotify_rm_watch(self.fd, wd)
+            return
+        }
+        self.directories[wd] = Watched(path: path, relative: relative, identity: [UInt64(info.st_dev), UInt64(info.st_ino)])
         let names: [[UInt8]]
         switch DirectoryWalker.entries(path) {
         case .names(let found): names = found
@@ -99,21 +119,58 @@ struct WatchLoop {
             case .file:
                 guard self.options.filter.takesFile(name: name, relative: sub) else { continue }
                 var info = stat()
-                guard stat(full, &info) == 0 else { continue }
+                guard (self.options.followSymlinks ? stat(full, &info) : lstat(full, &info)) == 0 else { continue }
                 let modified = Double(info.st_mtim.tv_sec) + Double(info.st_mtim.tv_nsec) / 1e9
                 if Date().timeIntervalSince1970 - modified >= self.settleSeconds {
-                    self.changes.append(.ready(path: full, relative: sub))
+                    self.ready(full, relative: sub, in: wd)
                     if let deliver, self.changes.count >= Self.scanBatch { deliver(self.takeChanges()) }
                 } else {
-                    self.pending[full] = (sub, now)
+                    self.pending[full] = (sub, wd, now)
                 }
             case .skip(let reason):
                 guard self.options.filter.takesFile(name: name, relative: sub) else { continue }
-                self.changes.append(.skipped(path: full, relative: sub, reason: reason))
+                self.skipped(full, relative: sub, reason: reason)
             case .missing:
                 continue
             }
         }
+    }
+
+    /// Reports the file at `path` complete, with its fingerprint now, if the directory watched as `wd` is still at its
+    /// path (nothing is reported through a directory moved away or replaced by a link since it was watched).
+    private mutating func ready(_ path: String, relative: String, in wd: Int32) {
+        guard self.stillWatched(wd),
+            let info = FileSource.currentInfo(path: path, followSymlinks: self.options.followSymlinks)
+        else { return }
+        self.skippedPaths.remove(path)
+        self.changes.append(.ready(path: path, relative: relative, fingerprint: info.fingerprint))
+    }
+
+    /// Says `path` is not taken, once until it goes.
+    private mutating func skipped(_ path: String, relative: String, reason: String) {
+        guard self.skippedPaths.insert(path).inserted else { return }
+        self.changes.append(.skipped(path: path, relative: relative, reason: reason))
+    }
+
+    /// Whether the directory watched as `wd` is still the one at its path.
+    private func stillWatched(_ wd: Int32) -> Bool {
+        guard let directory = self.directories[wd] else { return false }
+        var info = stat()
+        let follow = self.options.followSymlinks || self.options.roots.contains(directory.path)
+        guard (follow ? stat(directory.path, &info) : lstat(directory.path, &info)) == 0, (info.st_mode & S_IFMT) == S_IFDIR else {
+            return false
+        }
+        return [UInt64(info.st_dev), UInt64(info.st_ino)] == directory.identity
+    }
+
+    /// Stops watching `path` and everything under it (moved away or deleted): its old path now names something else.
+    private mutating func forget(_ path: String) {
+        for (wd, directory) in self.directories where directory.path == path || directory.path.hasPrefix(path + "/") {
+            inotify_rm_watch(self.fd, wd)
+            self.directories[wd] = nil
+        }
+        for file in self.pending.keys where file.hasPrefix(path + "/") { self.pending[file] = nil }
+        for file in self.skippedPaths where file == path || file.hasPrefix(path + "/") { self.skippedPaths.remove(file) }
     }
 
     /// Why the path `path` is not taken now (a symbolic link, a FIFO), or nil when it is a file or is gone.
@@ -127,7 +184,7 @@ struct WatchLoop {
     /// Waits for events (or until a pending file settles, at most half a second) and handles them.
     mutating func wait() {
         var timeout = 500
-        if let oldest = self.pending.values.map(\.since).min() {
+        if let oldest = self.pending.values.map({ $0.since }).min() {
             timeout = max(10, min(timeout, Int(((oldest + self.settleSeconds) - Self.now()) * 1000) + 1))
         }
         var poller = pollfd(fd: self.fd, events: Int16(POLLIN), revents: 0)
@@ -141,11 +198,12 @@ struct WatchLoop {
         let now = Self.now()
         for (path, file) in self.pending where now - file.since >= self.settleSeconds {
             self.pending[path] = nil
+            guard self.stillWatched(file.wd) else { continue }
             if FileSource.currentInfo(path: path, followSymlinks: self.options.followSymlinks) != nil {
-                self.changes.append(.ready(path: path, relative: file.relative))
+                self.ready(path, relative: file.relative, in: file.wd)
             } else if let reason = self.skipReason(path) {
                 // A link (or a FIFO) made where files are watched: not taken, and said so.
-                self.changes.append(.skipped(path: path, relative: file.relative, reason: reason))
+                self.skipped(path, relative: file.relative, reason: reason)
             } else if self.options.followSymlinks, case .directory = self.walker.classify(path, following: true) {
                 // A link to a directory, followed: walked and watched as one.
                 try? self.walk(path, relative: file.relative)
@@ -191,23 +249,31 @@ struct WatchLoop {
             self.directories[wd] = nil
             return
         }
+        if mask & (DirectoryWatcher.moveSelf | DirectoryWatcher.deleteSelf) != 0, let directory = self.directories[wd] {
+            // The directory itself went (its move into a watched place is reported there, as a new directory).
+            if !self.options.roots.contains(directory.path) { self.forget(directory.path) }
+            return
+        }
         guard let directory = self.directories[wd], !name.isEmpty else { return }
         if name.hasPrefix(Self.invalidMark) {
             let shown = String(name.dropFirst(Self.invalidMark.count))
             if mask & (DirectoryWatcher.create | DirectoryWatcher.movedTo) != 0 {
-                self.changes.append(
-                    .skipped(
-                        path: directory.path + "/" + shown, relative: directory.relative + "/" + shown,
-                        reason: "the name is not valid UTF-8, and keys are UTF-8: rename it"
-                    )
+                self.skipped(
+                    directory.path + "/" + shown, relative: directory.relative + "/" + shown,
+                    reason: "the name is not valid UTF-8, and keys are UTF-8: rename it"
                 )
             }
             return
         }
         let path = directory.path + "/" + name
         let relative = directory.relative + "/" + name
+        // Nothing is reported through a directory that is no longer the one watched at its path.
+        guard self.stillWatched(wd) else { return }
         if mask & DirectoryWatcher.isDirectory != 0 {
-            if mask & (DirectoryWatcher.create | DirectoryWatcher.movedTo) != 0, self.options.filter.takesDirectory(name: name, relative: relative) {
+            if mask & (DirectoryWatcher.delete | DirectoryWatcher.movedFrom) != 0 {
+                // Moved away or deleted: its watches go with it, and its old path is watched again only if one comes.
+                self.forget(path)
+            } else if mask & (DirectoryWatcher.create | DirectoryWatcher.movedTo) != 0, self.options.filter.takesDirectory(name: name, relative: relative) {
                 // Files may have landed in it before the watch was added: the walk reports them.
                 try? self.walk(path, relative: relative)
             }
@@ -216,24 +282,25 @@ struct WatchLoop {
         guard self.options.filter.takesFile(name: name, relative: relative) else { return }
         if mask & (DirectoryWatcher.delete | DirectoryWatcher.movedFrom) != 0 {
             self.pending[path] = nil
+            self.skippedPaths.remove(path)
             self.changes.append(.removed(path: path, relative: relative))
         } else if mask & (DirectoryWatcher.closeWrite | DirectoryWatcher.movedTo) != 0 {
             self.pending[path] = nil
             guard let info = FileSource.currentInfo(path: path, followSymlinks: self.options.followSymlinks) else {
                 // A link moved in (a FIFO, a device): never opened through, and said so.
                 if mask & DirectoryWatcher.movedTo != 0, let reason = self.skipReason(path) {
-                    self.changes.append(.skipped(path: path, relative: relative, reason: reason))
+                    self.skipped(path, relative: relative, reason: reason)
                 }
                 return
             }
             if info.size == 0 && mask & DirectoryWatcher.closeWrite != 0 {
                 // Created empty and closed: most writers open it again to fill it. It goes up once settled.
-                self.pending[path] = (relative, Self.now())
+                self.pending[path] = (relative, wd, Self.now())
             } else {
-                self.changes.append(.ready(path: path, relative: relative))
+                self.ready(path, relative: relative, in: wd)
             }
         } else if mask & (DirectoryWatcher.create | DirectoryWatcher.modify) != 0 {
-            self.pending[path] = (relative, Self.now())
+            self.pending[path] = (relative, wd, Self.now())
         }
     }
 }

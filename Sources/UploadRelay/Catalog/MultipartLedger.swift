@@ -3,13 +3,16 @@ import Foundation
 /// A multipart upload the relays sharing a catalog began (or were about to begin) in the bucket: recorded before the
 /// store holds it, so that cleanup aborts only uploads of theirs, never another writer's in a shared bucket.
 public struct MultipartIntent: Hashable, Sendable {
+    /// The ledger's own number for it.
     public var id: Int64
+    /// The account and key the upload is for.
     public var account: String
     public var key: String
     /// The upload's key in the bucket (prefix, account and key).
     public var objectKey: String
     /// The store's upload id, once CreateMultipartUpload answered; nil when the relay stopped before it heard.
     public var uploadID: String?
+    /// When it was recorded, just before the upload began.
     public var createdAt: Date
 
     public init(id: Int64, account: String, key: String, objectKey: String, uploadID: String?, createdAt: Date) {

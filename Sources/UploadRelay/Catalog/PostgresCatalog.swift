@@ -72,7 +72,8 @@ public final class PostgresCatalog: Catalog, @unchecked Sendable {
         var database: String?
         /// `sslmode`, as libpq takes it (``TLSMode``); `prefer` when absent.
         var tlsMode: TLSMode
-        /// `sslrootcert`: a PEM file of the CA certificates to trust, or `system` for the system's; nil: the system's.
+        /// `sslrootcert`: a PEM file of the CA certificates to trust; nil: the system's (`sslrootcert=system`, with
+        /// `verify-full` only), or none needed.
         var rootCertificates: String?
 
         /// libpq's six `sslmode` values (https://www.postgresql.org/docs/current/libpq-ssl.html), and no other.
@@ -123,7 +124,19 @@ public final class PostgresCatalog: Catalog, @unchecked Sendable {
                 )
             }
             self.tlsMode = tlsMode
-            if let roots = url.queryItems?.first(where: { $0.name == "sslrootcert" })?.value, roots != "system" {
+            let roots = url.queryItems?.first(where: { $0.name == "sslrootcert" })?.value
+            switch (tlsMode, roots) {
+            case (.verifyCA, nil), (.verifyFull, nil):
+                // As libpq, which then reads ~/.postgresql/root.crt and fails without it: the CA is named, never assumed.
+                throw CatalogFailure(
+                    "sslmode=\(tlsMode.rawValue) needs sslrootcert: the CA's PEM file to verify the server by (or sslrootcert=system with verify-full)"
+                )
+            case (_, "system") where tlsMode != .verifyFull:
+                // As libpq: the system's CAs vouch for any name, so only with the name checked too.
+                throw CatalogFailure("sslrootcert=system goes with sslmode=verify-full only (the system's CAs vouch for any host name)")
+            case (_, "system"), (_, nil):
+                break
+            case (_, let roots?):
                 guard FileManager.default.isReadableFile(atPath: roots) else {
                     throw CatalogFailure("sslrootcert \(roots): no readable file there (a PEM file of CA certificates, or system)")
                 }

@@ -1,14 +1,14 @@
 import Foundation
 
 /// `--on-commit-url` as the relay uses it: the URL it posts to, without the user and password it may carry, which go as
-/// HTTP Basic authentication; and the URL as messages and the catalog show it, with neither the user information nor the
-/// query (where tokens travel).
+/// HTTP Basic authentication; and the URL as messages and the catalog show it: scheme, host and port only (tokens travel
+/// in the user information, the path and the query).
 public struct HookEndpoint: Sendable {
     /// What is requested: no user information.
     let url: String
     /// `Basic base64(user:password)`, when the URL carried a user.
     let authorization: String?
-    /// For logs and `commit_event.last_error`: scheme, host, port and path; `?…` where a query was.
+    /// For logs and `commit_event.last_error`: scheme, host and port; `/…` where a path or a query was.
     let redacted: String
 
     /// Nil when `text` is not an http(s) URL with a host.
@@ -30,15 +30,21 @@ public struct HookEndpoint: Sendable {
         self.redacted = Self.redact(text)
     }
 
-    /// `text` without user information or query, for messages: never a password or a token, whatever the URL.
+    /// `text` as scheme, host and port, for messages: never a password or a token, whatever the URL.
     static func redact(_ text: String) -> String {
-        guard var components = URLComponents(string: text), components.scheme != nil else { return "(a URL that cannot be read)" }
-        let hadQuery = components.query != nil
+        // Anything but an http(s) URL with a host shows nothing of itself: `user:password@host/x` reads as a URL whose
+        // scheme is the user's name.
+        guard var components = URLComponents(string: text), let scheme = components.scheme?.lowercased(), ["http", "https"].contains(scheme),
+            let host = components.host, !host.isEmpty
+        else { return "(not an http:// or https:// URL)" }
+        // The path goes too: webhooks often carry their secret there (…/services/T0/B0/XXXX).
+        let hidden = !components.path.isEmpty && components.path != "/" || components.query != nil
         components.user = nil
         components.password = nil
+        components.path = ""
         components.query = nil
         components.fragment = nil
-        return (components.string ?? "(a URL)") + (hadQuery ? "?…" : "")
+        return (components.string ?? "(a URL)") + (hidden ? "/…" : "")
     }
 }
 

@@ -19,7 +19,7 @@ public final class RelayServices: Sendable {
     /// Commits of all connections, made durable in groups.
     let commits: CommitGroup
     /// The relay's disk: what open uploads will still stage there, above the free-space reserve.
-    let space: StorageSpace
+    package let space: StorageSpace
     /// Told when commits queued events for the post-commit hooks (set by the server that runs them).
     let commitEventsQueued = NIOLockedValueBox<(@Sendable () -> Void)?>(nil)
     /// Connection handlers alive now: one per connection, freed once its channel closed and its storage let go.

@@ -9,9 +9,9 @@ import NIOConcurrencyHelpers
 /// upload that could never fit is refused before a byte is staged, instead of failing half-way and leaving its bytes on
 /// a full disk until its session expires.
 ///
-/// Each admitted upload's promise is kept under its claim (one upload per key at a time) and shrinks as its bytes are
-/// written (they then show in the free space itself); it goes when the upload ends.
-final class StorageSpace: Sendable {
+/// Each admitted upload's promise is kept under its session's id and shrinks as its bytes are written (they then show in
+/// the free space itself); it goes when the upload has written its last byte (at its commit) or ends.
+package final class StorageSpace: Sendable {
     /// Where the store stages bytes on the relay's disk, and the bytes kept free there.
     let directory: String
     let reserve: Int64
@@ -20,8 +20,10 @@ final class StorageSpace: Sendable {
     private let measure: @Sendable (String) -> (free: Int64, size: Int64)?
 
     private struct State {
-        /// Bytes each open upload may still write, by claim.
+        /// Bytes each open upload may still write, by its session's id.
         var promised: [String: Int64] = [:]
+        /// Their sum.
+        var total: Int64 = 0
         /// Whether the last look found no room (logged once per change).
         var full = false
         /// What the last look saw, for the status endpoint and messages.
@@ -57,11 +59,11 @@ final class StorageSpace: Sendable {
         return (Int64(info.f_bavail) * unit, Int64(info.f_blocks) * unit)
     }
 
-    /// Why `bytes` more cannot be staged for the upload holding `claim`, or nil once they are promised to it.
-    func admit(_ bytes: Int64, claim: String) -> String? {
+    /// Why `bytes` more cannot be staged for the upload `upload` (its session's id), or nil once they are promised to it.
+    func admit(_ bytes: Int64, upload: String) -> String? {
         guard let look = self.measure(self.directory) else { return nil }
         let outcome: (refused: String?, changed: Bool, free: Int64, promised: Int64) = self.state.withLockedValue { state in
-            let others = state.promised.filter { $0.key != claim }.values.reduce(0, +)
+            let others = state.total - (state.promised[upload] ?? 0)
             let room = look.free - others - self.reserve
             let wasFull = state.full
             state.free = look.free
@@ -69,7 +71,8 @@ final class StorageSpace: Sendable {
                 state.full = true
                 return ("the relay's storage is full (\(max(0, room)) bytes free for uploads, \(bytes) needed); retry later", !wasFull, look.free, others)
             }
-            state.promised[claim] = max(0, bytes)
+            state.total = others + max(0, bytes)
+            state.promised[upload] = max(0, bytes)
             state.full = look.free - others - bytes < self.reserve
             return (nil, wasFull != state.full, look.free, others)
         }
@@ -87,18 +90,26 @@ final class StorageSpace: Sendable {
         return outcome.refused
     }
 
-    /// `bytes` of the upload holding `claim` were written: they count in the free space now.
-    func wrote(_ bytes: Int64, claim: String) {
+    /// `bytes` of the upload `upload` were written: they count in the free space now.
+    func wrote(_ bytes: Int64, upload: String) {
         self.state.withLockedValue { state in
-            guard let left = state.promised[claim] else { return }
-            state.promised[claim] = max(0, left - bytes)
+            guard let left = state.promised[upload] else { return }
+            let now = max(0, left - bytes)
+            state.promised[upload] = now
+            state.total -= left - now
         }
     }
 
-    /// The upload holding `claim` ended: what it did not write is free again.
-    func release(claim: String) {
-        self.state.withLockedValue { _ = $0.promised.removeValue(forKey: claim) }
+    /// The upload `upload` wrote its last byte, or ended: what it did not write is free again.
+    func release(upload: String) {
+        self.state.withLockedValue { state in
+            guard let left = state.promised.removeValue(forKey: upload) else { return }
+            state.total -= left
+        }
     }
+
+    /// Bytes promised now, all uploads together.
+    package var promised: Int64 { self.state.withLockedValue { $0.total } }
 
     /// A write found the disk full (something else filled it): said at once, not at the next OPEN.
     func noteFull() {
@@ -116,8 +127,6 @@ final class StorageSpace: Sendable {
     /// Whether the relay's storage is full now: less free than the reserve and what open uploads will still write.
     var isFull: Bool {
         guard let look = self.measure(self.directory) else { return false }
-        return self.state.withLockedValue { state in
-            look.free - state.promised.values.reduce(0, +) < self.reserve
-        }
+        return self.state.withLockedValue { state in look.free - state.total < self.reserve }
     }
 }

@@ -31,12 +31,15 @@ package struct UploadPolicy {
 
     let services: RelayServices
 
+    /// The rules as the relay of `services` applies them.
     package init(services: RelayServices) {
         self.services = services
     }
 
     /// The answer to OPEN of `key` by `account` (as it was at HELLO; read again here).
     func open(account: Account, open: Frame.Open, key: ObjectKey) -> OpenDecision {
+        // The session whose bytes were promised disk space here, if one was.
+        var promised: String? = nil
         do {
             // Quota, revocation and dedup decisions read the account as it is now, not as it was at HELLO.
             guard let current = try self.services.catalog.account(named: account.name), !current.revoked else {
@@ -45,10 +48,11 @@ package struct UploadPolicy {
             if let part = open.part {
                 return try self.openStripe(account: current, open: open, key: key, index: Int(part))
             }
-            return try self.openThrowing(account: current, open: open, key: key)
+            return try self.openThrowing(account: current, open: open, key: key, promised: &promised)
         } catch {
-            // Space promised to it before the failure is free again.
-            self.services.space.release(claim: KeyClaims.name(account: account.name, key: key.value))
+            // Space this OPEN was promised before the failure is free again (never another upload's: a PART's failure
+            // leaves its main stream's promise alone).
+            if let promised { self.services.space.release(upload: promised) }
             let refusal = Self.refusal(for: error, doing: "open the upload", key: key, logger: self.services.logger)
             return .refuse(refusal.code, refusal.message)
         }
@@ -98,7 +102,7 @@ package struct UploadPolicy {
         return try services.store.identity(of: key, account: object.account) == identity ? object : nil
     }
 
-    private func openThrowing(account: Account, open: Frame.Open, key: ObjectKey) throws -> OpenDecision {
+    private func openThrowing(account: Account, open: Frame.Open, key: ObjectKey, promised: inout String?) throws -> OpenDecision {
         let catalog = self.services.catalog
         let store = self.services.store
         let name = account.name
@@ -199,11 +203,12 @@ package struct UploadPolicy {
             {
                 do {
                     let staging = try self.openStaging(session, key: key, size: size)
-                    if let full = self.admitSpace((size ?? 0) - session.durableOffset, key: key, account: name) {
+                    if let full = self.admitSpace((size ?? 0) - session.durableOffset, upload: session.id) {
                         // Kept, with its durable bytes, for when there is room.
                         staging.close()
                         return .refuse(.storageError, full)
                     }
+                    promised = session.id
                     return .upload(session, staging, sha1, recorded: true, resumed: session.durableOffset > 0, byteLimit: byteLimit)
                 } catch let error as StoreError where error.outcomeUnknown {
                     // The store did not answer: the acknowledged bytes may well be there. Refused for now, kept.
@@ -216,10 +221,11 @@ package struct UploadPolicy {
             try store.removeStaging(session.stagingName)
             try catalog.deleteSession(id: session.id)
         }
-        if let full = self.admitSpace(size ?? 0, key: key, account: name) {
+        let id = Self.randomID()
+        if let full = self.admitSpace(size ?? 0, upload: id) {
             return .refuse(.storageError, full)
         }
-        let id = Self.randomID()
+        promised = id
         let session = UploadSession(
             id: id, account: name, key: key.value, resumeToken: Self.randomBytes(), fingerprint: open.fingerprint,
             declaredSize: size, durableOffset: 0, sha1State: SHA1().exportState(), stagingName: id, declaredSHA1: open.sha1?.hex,
@@ -242,11 +248,11 @@ package struct UploadPolicy {
         return .upload(session, staging, SHA1(), recorded: false, resumed: false, byteLimit: byteLimit)
     }
 
-    /// Why `bytes` more of `key` cannot be staged on the relay's disk now (SPEC §7), or nil once they are promised to
-    /// the upload (until it ends).
-    private func admitSpace(_ bytes: Int64, key: ObjectKey, account: String) -> String? {
+    /// Why `bytes` more cannot be staged on the relay's disk now for the upload of session `upload` (SPEC §7), or nil
+    /// once they are promised to it (until it has written them, or ends).
+    private func admitSpace(_ bytes: Int64, upload: String) -> String? {
         let local = self.services.store.localSpace(forBlobOf: max(0, bytes))
-        return self.services.space.admit(local.bytes, claim: KeyClaims.name(account: account, key: key.value))
+        return self.services.space.admit(local.bytes, upload: upload)
     }
 
     /// The staging file of a session being resumed: cut to its durable offset, or, striped, as it is.

@@ -105,7 +105,7 @@ package final class UploadStorage: Sendable {
                 case .success(let raw):
                     do {
                         try self.staging.write(raw, at: base + offset)
-                        self.services.space.wrote(Int64(raw.readableBytes), claim: self.claim)
+                        if self.stripe == nil { self.services.space.wrote(Int64(raw.readableBytes), upload: self.session.id) }
                     } catch {
                         return (consumed, .stream(chunk.streamID, .storageError, self.agentMessage(error, doing: "write")))
                     }
@@ -186,6 +186,9 @@ package final class UploadStorage: Sendable {
 
     /// Checks the SHA-1 of the bytes written against HASH, then commits by the relay's rules with the next group.
     private func commit(_ hash: Frame.Hash, written: Int64, then done: @escaping CommitGroup.Completion) {
+        // Every byte is written: the disk space promised to this upload and not used is free for others now (a striped
+        // upload's other stripes were written under their own streams).
+        if self.stripe == nil { self.services.space.release(upload: self.session.id) }
         if let stripe = self.stripe {
             done(
                 Result { try self.completeStripe(stripe.index, bytes: stripe.length) }.mapError {
@@ -261,7 +264,8 @@ package final class UploadStorage: Sendable {
     /// resume a session this upload just discarded.
     private func release(discardSession: Bool) {
         defer {
-            self.services.space.release(claim: self.claim)
+            // A PART stream shares its main stream's session: the promise is the main stream's to let go.
+            if self.stripe == nil { self.services.space.release(upload: self.session.id) }
             self.services.uploadSlots.give(1)
             self.services.claims.release(self.claim)
         }

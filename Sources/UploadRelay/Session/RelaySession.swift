@@ -19,6 +19,7 @@ package struct RelaySessionResources: Sendable {
         self.uploadSlots = uploadSlots
     }
 
+    /// What the relay of `services` shares with every session.
     package init(services: RelayServices) {
         self.init(configuration: services.configuration, claims: services.claims, memory: services.memory, uploadSlots: services.uploadSlots)
     }

@@ -32,7 +32,7 @@ public final class RelayStatusServer: Service, Sendable {
         var tls = try RelayServer.tlsConfiguration(services.configuration)
         tls.applicationProtocols = [Self.alpn]
         // A client that does not answer the relay's close_notify holds its place this long at most after the close.
-        tls.shutdownTimeout = .seconds(1)
+        tls.shutdownTimeout = TimeAmount(endpoint.tlsShutdownTimeout)
         self.tls = try NIOSSLContext(configuration: tls)
     }
 
@@ -94,12 +94,18 @@ public final class RelayStatusServer: Service, Sendable {
                         var limits = NIOHTTPDecoderLimitConfiguration()
                         limits.maxHeaderFieldSize = endpoint.maxHeadBytes
                         limits.maxHeaderListSize = endpoint.maxHeadBytes
-                        limits.maxHeaderFieldCount = 100
-                        // Unreadable requests are refused by StatusHTTPHandler, with the reason in JSON as every refusal.
-                        try sync.configureHTTPServerPipeline(
-                            withPipeliningAssistance: false, withErrorHandling: false, withEncoderConfiguration: .init(),
-                            withDecoderLimitConfiguration: limits
+                        limits.maxHeaderFieldCount = endpoint.maxHeaders
+                        // The HTTP/1.1 codec, its buffer bounded (NIO's pipeline set-up leaves it unbounded, and the
+                        // decoder keeps every byte after a CONNECT or an Upgrade); unreadable requests are refused by
+                        // StatusHTTPHandler, with the reason in JSON as every refusal.
+                        try sync.addHandler(HTTPResponseEncoder(configuration: .init()))
+                        try sync.addHandler(
+                            ByteToMessageHandler(
+                                HTTPRequestDecoder(leftOverBytesStrategy: .dropBytes, informationalResponseStrategy: .drop, limitConfiguration: limits),
+                                maximumBufferSize: endpoint.maxBufferedBytes
+                            )
                         )
+                        try sync.addHandler(NIOHTTPResponseHeadersValidator())
                         try sync.addHandler(StatusHTTPHandler(endpoint: endpoint, responder: responder, threadPool: threadPool))
                     }
                 }

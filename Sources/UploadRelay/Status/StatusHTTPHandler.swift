@@ -41,6 +41,8 @@ final class StatusHTTPHandler: ChannelDuplexHandler {
     private var readPending = false
     /// Nothing more is read or answered: the connection is closing.
     private var closing = false
+    /// The close was asked of the channel: reads go on, only for TLS to see the client's close_notify.
+    private var closeIssued = false
     private var deadline: Scheduled<Void>?
 
     init(endpoint: StatusEndpoint, responder: StatusResponder, threadPool: NIOThreadPool) {
@@ -69,12 +71,25 @@ final class StatusHTTPHandler: ChannelDuplexHandler {
     // MARK: Reading
 
     func read(context: ChannelHandlerContext) {
-        // Closing, reads go on: TLS must see the client's close_notify to end at once (what they bring is dropped).
-        guard self.closing || self.mayRead(context: context) else {
+        // Once closed, reads go on: TLS must see the client's close_notify to end at once (what they bring is dropped).
+        guard self.closeIssued || self.mayRead(context: context) else {
             self.readPending = true
             return
         }
         context.read()
+    }
+
+    /// Closes the connection (TLS first sends close_notify), and reads on so that the client's is seen at once.
+    private func close(context: ChannelHandlerContext) {
+        self.closing = true
+        guard !self.closeIssued else { return }
+        self.closeIssued = true
+        self.waiting.removeAll()
+        context.close(promise: nil)
+        if self.readPending {
+            self.readPending = false
+            context.read()
+        }
     }
 
     /// Whether the socket may be read now: nothing being answered or waiting its turn, and room to write an answer.
@@ -118,13 +133,20 @@ final class StatusHTTPHandler: ChannelDuplexHandler {
     private func enqueue(_ request: Pending, context: ChannelHandlerContext) {
         guard self.waiting.count < self.endpoint.maxPipelinedRequests else {
             // More requests sent ahead than one connection may have waiting: a client that does not wait for answers.
-            self.closing = true
-            self.waiting.removeAll()
-            context.close(promise: nil)
+            self.close(context: context)
             return
         }
         self.waiting.append(request)
+        if Self.asksToSwitch(request.head) {
+            // The HTTP codec reads nothing after such a request: refused in its turn, and nothing more is taken.
+            self.closing = true
+        }
         self.answerNext(context: context)
+    }
+
+    /// CONNECT, or an Upgrade: the status endpoint serves plain requests only.
+    static func asksToSwitch(_ head: HTTPRequestHead) -> Bool {
+        head.method == .CONNECT || head.headers.contains(name: "upgrade")
     }
 
     // MARK: Answering
@@ -135,6 +157,10 @@ final class StatusHTTPHandler: ChannelDuplexHandler {
         self.answering = true
         if request.body > 0 {
             self.answer(context: context, head: request.head, refusal: Self.bodyRefused, keepAlive: false)
+            return
+        }
+        if Self.asksToSwitch(request.head) {
+            self.answer(context: context, head: request.head, refusal: Self.switchRefused, keepAlive: false)
             return
         }
         let head = request.head
@@ -192,8 +218,7 @@ final class StatusHTTPHandler: ChannelDuplexHandler {
         let written = context.writeAndFlush(self.wrapOutboundOut(.end(nil)))
         written.assumeIsolated().whenComplete { result in
             guard keepAlive, case .success = result else {
-                self.closing = true
-                context.close(promise: nil)
+                self.close(context: context)
                 return
             }
             // In the socket: the next request's turn, with a new deadline.
@@ -216,17 +241,20 @@ final class StatusHTTPHandler: ChannelDuplexHandler {
             self.answering = true
             self.waiting.removeAll()
             let head = HTTPRequestHead(version: .http1_1, method: .GET, uri: "/")
-            self.answer(context: context, head: head, refusal: Self.unreadable(parser), keepAlive: false)
+            self.answer(context: context, head: head, refusal: self.unreadable(parser), keepAlive: false)
             return
         }
-        context.close(promise: nil)
+        self.close(context: context)
     }
 
     /// What a request the codec refused is told.
-    static func unreadable(_ error: HTTPParserError) -> StatusRefusal {
+    func unreadable(_ error: HTTPParserError) -> StatusRefusal {
         switch error {
         case .headerOverflow:
-            return StatusRefusal(.badRequest, "the request head is too long (at most 16 KiB of URI and headers, 100 headers)")
+            return StatusRefusal(
+                .badRequest,
+                "the request head is too long (at most \(self.endpoint.maxHeadBytes) bytes of URI and headers, \(self.endpoint.maxHeaders) headers)"
+            )
         default:
             return StatusRefusal(.badRequest, "the request is not readable HTTP/1.1 (\(error))")
         }
@@ -235,12 +263,12 @@ final class StatusHTTPHandler: ChannelDuplexHandler {
     private func armDeadline(context: ChannelHandlerContext) {
         self.deadline?.cancel()
         self.deadline = context.eventLoop.assumeIsolated().scheduleTask(in: TimeAmount(self.endpoint.requestTimeout)) {
-            self.closing = true
-            context.close(promise: nil)
+            self.close(context: context)
         }
     }
 
     static let bodyRefused = StatusRefusal(.payloadTooLarge, "status requests carry no body")
+    static let switchRefused = StatusRefusal(.badRequest, "the status endpoint serves plain GET and HEAD requests: no CONNECT, no Upgrade")
 
     static func errorBody(_ refusal: StatusRefusal) -> [UInt8] {
         // JSONSerialization escapes what the message holds (a key may hold quotes).

@@ -6,7 +6,9 @@ import Glibc
 /// objects): private to the relay's user by default, whatever the umask. Group access is asked for explicitly
 /// (`upload-relay serve --group-access`): the group may then read, never write.
 public struct FileModes: Hashable, Sendable {
+    /// The mode of each directory created.
     public var directory: mode_t
+    /// The mode of each file created.
     public var file: mode_t
 
     public init(directory: mode_t, file: mode_t) {

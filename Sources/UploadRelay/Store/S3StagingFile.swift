@@ -1,0 +1,200 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+import Crypto
+import Foundation
+import NIOConcurrencyHelpers
+import NIOCore
+import UploadChecksums
+import UploadProtocol
+import UploadS3
+
+/// One upload's staging in S3: its multipart upload (created at its first part) and the spool of the bytes since.
+final class S3StagingFile: StagingFile, @unchecked Sendable {
+    let name: String
+    let key: ObjectKey
+    let account: String
+    let objectKey: String
+    private let store: S3Store
+    private let spoolPath: String
+    /// The blob's announced size (nil: unknown), which sets the least part size.
+    private let expectedSize: Int64?
+    private let lock = NIOLock()
+    private var descriptor: Int32
+    /// Bytes in uploaded parts.
+    private var base: Int64
+    /// Bytes in the spool, from `base` on.
+    private var spooled: Int64 = 0
+    private var upload: (id: String, parts: [StagedPart])?
+    /// Parts uploaded and not yet taken for the catalog.
+    private var unrecorded: [StagedPart] = []
+
+    init(
+        store: S3Store, name: String, key: ObjectKey, account: String, objectKey: String, spoolPath: String, descriptor: Int32, base: Int64,
+        upload: (id: String, parts: [StagedPart])?, expectedSize: Int64?
+    ) {
+        self.store = store
+        self.name = name
+        self.key = key
+        self.account = account
+        self.objectKey = objectKey
+        self.spoolPath = spoolPath
+        self.descriptor = descriptor
+        self.base = base
+        self.upload = upload
+        self.expectedSize = expectedSize
+    }
+
+    deinit {
+        if self.descriptor >= 0 {
+            Glibc.close(self.descriptor)
+            unlink(self.spoolPath)
+        }
+    }
+
+    func takeNewParts() -> [StagedPart] {
+        self.lock.withLock {
+            defer { self.unrecorded = [] }
+            return self.unrecorded
+        }
+    }
+
+    var currentName: String {
+        self.lock.withLock { self.upload.map { S3Store.name(uploadID: $0.id, key: self.objectKey) } ?? self.name }
+    }
+
+    func write(_ bytes: ByteBuffer, at offset: Int64) throws {
+        try self.lock.withLock {
+            guard self.descriptor >= 0 else { throw StoreError("staging of \(self.objectKey) is closed") }
+            let at = offset - self.base
+            guard at >= 0 else { throw StoreError("write at \(offset), below the \(self.base) bytes in parts of \(self.objectKey)") }
+            var done = 0
+            let count = bytes.readableBytes
+            try bytes.withUnsafeReadableBytes { raw in
+                guard let start = raw.baseAddress else { return }
+                while done < count {
+                    let n = pwrite(self.descriptor, start + done, count - done, off_t(at) + off_t(done))
+                    if n < 0 {
+                        if errno == EINTR { continue }
+                        throw StoreError("cannot write spool file \(self.spoolPath): \(LocalDirectoryStore.reason())", isNoSpace: errno == ENOSPC)
+                    }
+                    done += n
+                }
+            }
+            self.spooled = max(self.spooled, at + Int64(count))
+        }
+    }
+
+    /// Nothing of S3's is durable short of a part: see ``sync(through:)``.
+    func sync() throws {
+        _ = try self.sync(through: self.lock.withLock { self.base + self.spooled })
+    }
+
+    func sync(through offset: Int64) throws -> Bool {
+        try self.lock.withLock {
+            let pending = offset - self.base
+            guard pending > 0 else { return true }
+            let next = (self.upload?.parts.count ?? 0) + 1
+            guard pending >= self.store.partBytes(number: next, size: self.expectedSize) else { return false }
+            try self.uploadPart(bytes: pending)
+            return true
+        }
+    }
+
+    /// Uploads the first `count` spooled bytes as the next part (creating the upload first), then empties the spool.
+    private func uploadPart(bytes count: Int64) throws {
+        let (sha1, sha256) = try self.hashSpool(count)
+        let body = S3Body.file(descriptor: self.descriptor, offset: 0, length: count, sha256: sha256)
+        let (store, key) = (self.store, self.objectKey)
+        let id: String
+        if let upload = self.upload {
+            id = upload.id
+        } else {
+            // Recorded before it exists: cleanup aborts only what the ledger names (never another writer's upload).
+            let intent = try store.ledger?.recordMultipartIntent(account: self.account, key: self.key.value, objectKey: key)
+            id = try store.blocking { try await store.client.createMultipartUpload(bucket: store.bucket, key: key, sha1Checksums: true) }
+            self.upload = (id, [])
+            if let intent { try store.ledger?.recordMultipartUpload(intent: intent, uploadID: id) }
+        }
+        let number = (self.upload?.parts.count ?? 0) + 1
+        let part = try store.blocking {
+            try await store.client.uploadPart(bucket: store.bucket, key: key, uploadID: id, number: number, body: body, sha1: sha1)
+        }
+        let staged = StagedPart(number: number, end: self.base + count, etag: part.etag, sha1: sha1)
+        self.upload?.parts.append(staged)
+        self.unrecorded.append(staged)
+        self.base += count
+        self.spooled -= count
+        guard self.spooled == 0, ftruncate(self.descriptor, 0) == 0 else {
+            throw StoreError("cannot empty spool file \(self.spoolPath): \(LocalDirectoryStore.reason())")
+        }
+    }
+
+    /// The SHA-1 (base64, for `x-amz-checksum-sha1`) and SHA-256 (hex, for the signature) of the first `count` spooled
+    /// bytes, read a MiB at a time: a part is then sent from the file, never held in memory whole.
+    private func hashSpool(_ count: Int64) throws -> (sha1: String, sha256: String) {
+        var sha1 = SHA1()
+        var sha256 = SHA256()
+        let piece = UnsafeMutableRawBufferPointer.allocate(byteCount: 1 << 20, alignment: 16)
+        defer { piece.deallocate() }
+        var done: Int64 = 0
+        while done < count {
+            let want = Int(min(Int64(piece.count), count - done))
+            guard let base = piece.baseAddress else { break }
+            let n = pread(self.descriptor, base, want, off_t(done))
+            if n < 0 && errno == EINTR { continue }
+            guard n > 0 else { throw StoreError("spool file \(self.spoolPath) ends at \(done) of \(count) bytes") }
+            let bytes = UnsafeRawBufferPointer(rebasing: piece[0..<n])
+            sha1.update(bytes)
+            sha256.update(bufferPointer: bytes)
+            done += Int64(n)
+        }
+        return (Data(sha1.finalize()).base64EncodedString(), Array(sha256.finalize()).hexString)
+    }
+
+    /// The object: the spool as one PutObject when no part went up, else as the last part and CompleteMultipartUpload.
+    func finish(sha1: SHA1Digest?, ifNoneMatch: Bool) throws {
+        try self.lock.withLock {
+            let (store, key) = (self.store, self.objectKey)
+            if self.upload == nil {
+                // The SHA-1 of the spool, not the one verified: S3 then checks that what it got is what was spooled, and
+                // the relay compared the verified one with HASH already.
+                let (checksum, sha256) = try self.hashSpool(self.spooled)
+                if let sha1, Data(sha1.bytes).base64EncodedString() != checksum {
+                    throw StoreError("the spool of \(key) does not hold the bytes verified (SHA-1 \(sha1))")
+                }
+                let body = S3Body.file(descriptor: self.descriptor, offset: 0, length: self.spooled, sha256: sha256)
+                try store.blocking {
+                    try await store.client.putObject(bucket: store.bucket, key: key, body: body, sha1: checksum, ifNoneMatch: ifNoneMatch)
+                }
+                return
+            }
+            if self.spooled > 0 { try self.uploadPart(bytes: self.spooled) }
+            guard let upload = self.upload else { return }
+            try store.blocking {
+                try await store.client.completeMultipartUpload(
+                    bucket: store.bucket, key: key, uploadID: upload.id,
+                    parts: upload.parts.map { S3Part(number: $0.number, etag: $0.etag, checksumSHA1: $0.sha1) }, ifNoneMatch: ifNoneMatch
+                )
+            }
+            // Completed: nothing left to clean up. (If this record fails, cleanup forgets it once the upload is gone.)
+            try? store.forgetIntents(of: upload.id, key: key)
+        }
+    }
+
+    /// Only the spool can be read back (striped uploads, which read back, are not offered with this store).
+    func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws -> Int {
+        throw StoreError("the bytes of s3://\(self.store.bucket)/\(self.objectKey) are in parts; they are not read back")
+    }
+
+    func close() {
+        self.lock.withLock {
+            guard self.descriptor >= 0 else { return }
+            Glibc.close(self.descriptor)
+            self.descriptor = -1
+            unlink(self.spoolPath)
+        }
+    }
+}
