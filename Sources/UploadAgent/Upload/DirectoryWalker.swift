@@ -73,6 +73,11 @@ struct DirectoryWalker {
     static func entries(_ path: String) -> Listing {
         guard let directory = opendir(path) else { return .unreadable(String(cString: strerror(errno))) }
         defer { closedir(directory) }
+        return Self.names(in: directory)
+    }
+
+    /// The names an open directory holds but `.` and `..`, as bytes, sorted; or why it could not be read to its end.
+    static func names(in directory: OpaquePointer) -> Listing {
         var names: [[UInt8]] = []
         errno = 0
         while let entry = readdir(directory) {
@@ -112,17 +117,13 @@ struct DirectoryWalker {
             return
         }
         defer { closedir(directory) }
-        var names: [[UInt8]] = []
-        errno = 0
-        while let entry = readdir(directory) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in Array(raw.prefix { $0 != 0 }) }
-            if name == [0x2E] || name == [0x2E, 0x2E] { continue }
-            names.append(name)
+        let names: [[UInt8]]
+        switch Self.names(in: directory) {
+        case .names(let found): names = found
+        case .unreadable(let reason):
+            visit(.skipped(display: display, reason: "the directory could not be read (\(reason.lowercased())): nothing in it was uploaded"))
+            return
         }
-        if errno != 0 {
-            visit(.skipped(display: display, reason: "the directory could not be read to its end (\(String(cString: strerror(errno)).lowercased()))"))
-        }
-        names.sort { $0.lexicographicallyPrecedes($1) }
         let parent = dirfd(directory)
         for bytes in names {
             guard let name = String(validating: bytes, as: UTF8.self) else {
