@@ -183,20 +183,22 @@ public enum RelayRuntime {
         }
     }
 
-    /// Records `commit` when the store holds its verified bytes, gives it up otherwise. The caller holds its key.
-    static func settle(_ commit: PendingCommit, catalog: any Catalog, store: any BlobStore, logger: Logger) throws {
+    /// Records `commit` when the store holds its verified bytes (true), gives it up otherwise. The caller holds its key.
+    @discardableResult
+    static func settle(_ commit: PendingCommit, catalog: any Catalog, store: any BlobStore, logger: Logger) throws -> Bool {
         guard let key = try? ObjectKey(validating: commit.key) else {
             try catalog.abandonCommit(account: commit.account, key: commit.key)
-            return
+            return false
         }
         if let identity = try store.identity(of: key, account: commit.account), identity.size == commit.size,
             try store.contentSHA1(of: key, account: commit.account)?.hex == commit.sha1
         {
             try catalog.finishCommit(commit, identity: identity)
             logger.notice("recovered a commit the relay had not recorded", metadata: ["upload.key": "\(commit.key)", "account": "\(commit.account)"])
-        } else {
-            try catalog.abandonCommit(account: commit.account, key: commit.key)
+            return true
         }
+        try catalog.abandonCommit(account: commit.account, key: commit.key)
+        return false
     }
 
     /// Builds the server's shared services.

@@ -213,6 +213,44 @@ struct AgentSessionTests {
         #expect(second.sha1 == whole && second.probe == nil && second.streamID > first.streamID)
     }
 
+    @Test(
+        "a HASH answered by an error (the commit's answer lost): the next OPEN of the unchanged source states that SHA-1, and STORED is reported stored; a changed source opens without it",
+        arguments: [false, true]
+    )
+    func undecidedCommitReopensWithItsSHA1(changed: Bool) throws {
+        var h = AgentHarness(files: 1, size: 1 << 20)
+        let id = h.connect(connectionWindow: 8 << 20, streamWindow: 8 << 20)[0]
+        var actions = h.receive(.offset(Frame.Offset(streamID: id, disposition: .start, offset: 0)))
+        var hash: Frame.Hash? = nil
+        for _ in 0..<100 {
+            for case .hash(let sent) in AgentHarness.frames(actions) { hash = sent }
+            guard let read = AgentHarness.reads(actions).first else { break }
+            let ended = read.offset >= 1 << 20
+            actions = h.session.readFinished(read.streamID, .success(AgentHarness.batch(read, bytes: ended ? 0 : read.budget, ended: ended)))
+        }
+        let digest = try #require(hash?.sha1, "no HASH sent")
+        // The relay's store failed to answer the commit: the stream ends with an error that allows a retry.
+        let failed = h.receive(.error(Frame.Error(streamID: id, code: .internalError, message: "the relay failed to commit; retry later")))
+        guard case .prepare(let job, _, _)? = failed.first(where: { if case .prepare = $0 { return true } else { return false } }) else {
+            Issue.record("the job was not prepared again: \(failed)")
+            return
+        }
+        let info = SourceInfo(size: 1 << 20, fingerprint: changed ? [9, 9] : job.info!.fingerprint)
+        let reopened = AgentHarness.frames(h.session.prepared(job, .success(SourceReader.Prepared(info: info, sha1: nil))))
+        guard case .open(let open)? = reopened.first else {
+            Issue.record("no second OPEN: \(reopened)")
+            return
+        }
+        if changed {
+            #expect(open.sha1 == nil, "a changed source was opened with the SHA-1 of what it held before")
+            return
+        }
+        #expect(open.sha1 == digest)
+        h.receive(.offset(Frame.Offset(streamID: open.streamID, disposition: .stored, offset: 1 << 20)))
+        let result = try #require(h.queue.results.first)
+        #expect(result.status == .stored && result.sha1 == digest.hex, "\(result)")
+    }
+
     @Test("a full socket pauses reads though credit remains; once it drains they go on, every stream")
     func fullSocketPausesReads() {
         var h = AgentHarness(files: 2)

@@ -175,8 +175,11 @@ struct CommitGroupTests {
         #expect(Self.stored("late", services: services) == nil)
     }
 
-    @Test("a commit the store made visible but the relay never recorded (its answer lost) is settled at the next OPEN of the key: the object is recorded and the OPEN answered STORED, not started over into a second commit")
-    func undecidedCommitSettledAtOpen() throws {
+    @Test(
+        "a commit the store made visible but the relay never recorded (its answer lost) is settled at the next OPEN of the key: the object is recorded and the OPEN answered STORED, not started over into a second commit; a resume by token or fingerprint alone too (fault matrix seed 330)",
+        arguments: ["sha1", "token", "fingerprint"]
+    )
+    func undecidedCommitSettledAtOpen(naming: String) throws {
         let services = try Self.services(pool: .singleton)
         let bytes = [UInt8](repeating: 42, count: 70_000)
         let request = try Self.staged("clip.mp4", bytes, services: services)
@@ -194,7 +197,10 @@ struct CommitGroupTests {
         try services.catalog.beginCommit(pending)
         _ = try services.store.commit(request.staging, as: request.key, account: "cam-7")
         let account = try #require(try services.catalog.account(named: "cam-7"))
-        let open = Frame.Open(streamID: 1, key: "clip.mp4", size: UInt64(bytes.count), sha1: request.sha1, fingerprint: [1], resumeToken: [7])
+        let open = Frame.Open(
+            streamID: 1, key: "clip.mp4", size: UInt64(bytes.count), sha1: naming == "sha1" ? request.sha1 : nil, fingerprint: naming == "token" ? [] : [1],
+            resumeToken: naming == "fingerprint" ? [] : [7]
+        )
         let answer = UploadPolicy(services: services).open(account: account, open: open, key: request.key)
         guard case .stored(let size) = answer else {
             Issue.record("the OPEN after an undecided commit was answered \(answer)")

@@ -55,8 +55,8 @@ extension AgentSession {
         switch result {
         case .success(let prepared):
             let info = prepared.info
-            let sha1 = prepared.sha1
-            if let expected = job.item.expectedFingerprint, !expected.isEmpty, expected != info.fingerprint, job.stripe == nil {
+            let sha1 = prepared.sha1 ?? job.undecided.flatMap { $0.fingerprint == info.fingerprint ? $0.sha1 : nil }
+            if let expected = job.item.checkedFingerprint, expected != info.fingerprint, job.stripe == nil {
                 // Not the file that was named or queued (another one at the path now, or it changed since): never sent
                 // in its place.
                 job.item.source.close()
@@ -132,6 +132,9 @@ extension AgentSession {
         job.resumeToken = offset.resumeToken
         if offset.disposition == .stored {
             self.senders[id] = nil
+            if let sha1 = job.knownSHA1, job.undecided?.sha1 == sha1 {
+                return self.complete(job, job.finish(.stored, sha1: sha1.hex))
+            }
             return self.complete(job, job.finish(.deduplicated, sha1: job.knownSHA1?.hex ?? ""))
         }
         if offset.disposition == .confirm {
@@ -308,6 +311,7 @@ extension AgentSession {
             return []
         }
         sender.hashSent = true
+        sender.hashedSHA1 = digest
         self.senders[id] = sender
         sender.job.bytesRead = size
         switch self.machine.sendHash(Frame.Hash(streamID: id, size: size, sha1: self.configuration.faults.lieAboutSHA1 ?? digest)) {
@@ -339,6 +343,7 @@ extension AgentSession {
         guard let sender = self.senders.removeValue(forKey: id) else { return [] }
         let job = sender.job
         job.lastError = "\(code.name): \(message)"
+        job.hashUndecided(sender.hashedSHA1)
         // No room on the relay for this item: the account's quota (which a long-running agent waits out), or the relay's
         // storage, full or failing (which passes). The item waits on its own, longer each time, while the others go on:
         // a smaller file may fit where this one does not (SPEC §7). A stripe's STORAGE_ERROR says its upload is gone

@@ -52,6 +52,8 @@ struct AgentSession {
         var started = false
         var reading = false
         var hashSent = false
+        /// The SHA-1 its HASH carried.
+        var hashedSHA1: SHA1Digest? = nil
         /// A striped upload's stream sent stripe 0 and waits for the other stripes (and the SHA-1 of their bytes) before
         /// HASH (SPEC §6.7). It holds no read block meanwhile, and no place of ``AgentConfiguration/concurrency``.
         var waitingForStripes = false
@@ -212,7 +214,10 @@ struct AgentSession {
     mutating func connectionClosed() -> [Action] {
         self.closed = true
         for id in self.senders.keys.sorted() {
-            if let sender = self.senders.removeValue(forKey: id) { self.queue.requeue(sender.job) }
+            guard let sender = self.senders.removeValue(forKey: id) else { continue }
+            // Its HASH may have been committed, its RESULT lost with the connection.
+            sender.job.hashUndecided(sender.hashedSHA1)
+            self.queue.requeue(sender.job)
         }
         for job in self.delayed.values {
             self.queue.requeue(job)

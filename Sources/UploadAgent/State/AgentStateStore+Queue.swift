@@ -112,7 +112,7 @@ extension QueueEntry {
     init?(item: UploadItem, configuration: AgentConfiguration) {
         guard let file = item.source as? FileSource, file.startOffset == 0 else { return nil }
         let info = FileSource.currentInfo(path: file.path, followSymlinks: file.followSymlinks)
-        let fingerprint = item.expectedFingerprint.flatMap { $0.isEmpty ? nil : $0 } ?? info?.fingerprint ?? []
+        let fingerprint = item.checkedFingerprint ?? info?.fingerprint ?? []
         self.init(
             key: item.key, path: file.path, size: fingerprint == info?.fingerprint ? info?.size : nil, fingerprint: fingerprint,
             overwrite: item.overwrite ?? configuration.overwrite, dedup: item.dedup ?? configuration.dedup, followSymlinks: file.followSymlinks

@@ -349,7 +349,7 @@ final class QueueJournal: JobJournal {
         let snapshot = job.knownSHA1 == nil ? job.snapshots[job.acked].map { $0.exportState() } : nil
         let sha1 = job.knownSHA1?.hex ?? result.flatMap { $0.sha1.isEmpty ? nil : $0.sha1 }
         // The version this job was made for: a row queued again meanwhile for a newer one keeps its own record.
-        let fingerprint = job.item.expectedFingerprint.flatMap { $0.isEmpty ? nil : $0 } ?? job.info?.fingerprint
+        let fingerprint = job.item.checkedFingerprint ?? job.info?.fingerprint
         let progress = AgentStateStore.Progress(
             status: status, size: job.info?.size ?? (result.map { $0.bytes }), fingerprint: fingerprint, sha1: sha1,
             acked: result?.status == .failed || result == nil ? job.acked : (job.info?.size ?? job.bytesRead), sha1State: snapshot,

@@ -15,7 +15,8 @@ struct DirectoryWalker {
     enum Kind: Equatable {
         /// A regular file, with its fingerprint now (``FileSource/fingerprint(_:startOffset:)``).
         case file(fingerprint: [UInt8])
-        case directory
+        /// A directory, and what identifies it (device, inode).
+        case directory(identity: [UInt64])
         /// Not taken, and why.
         case skip(String)
         /// Nothing there (or it cannot be looked at).
@@ -33,22 +34,41 @@ struct DirectoryWalker {
 
     /// Why a link is skipped.
     static let notFollowed = "a symbolic link: not followed (--follow-symlinks uploads what links point to)"
+    /// Why a name that is not UTF-8 is skipped.
+    static let notUTF8 = "the name is not valid UTF-8, and keys are UTF-8: rename it"
+
+    /// Why a directory is skipped that cannot be opened or listed (`reason`, as the system says it).
+    static func unreadable(_ reason: String) -> String {
+        "the directory cannot be read (\(reason.lowercased())): nothing in it is uploaded"
+    }
+
+    /// The system's words for the last error.
+    static func lastError() -> String {
+        String(cString: strerror(errno))
+    }
 
     /// What is at `path`; a symbolic link is looked through when `following`.
     func classify(_ path: String, following: Bool) -> Kind {
+        Self.classify(following: following) { info, through in through ? stat(path, &info) : lstat(path, &info) }
+    }
+
+    /// What `look` finds: it fills in the `stat` of one path, through a link when asked (`stat`) or not (`lstat`), and
+    /// answers as they do.
+    static func classify(following: Bool, look: (inout stat, _ throughLink: Bool) -> Int32) -> Kind {
         var info = stat()
-        guard lstat(path, &info) == 0 else {
-            let reason = String(cString: strerror(errno)).lowercased()
+        guard look(&info, false) == 0 else {
+            let code = errno
+            let reason = Self.lastError().lowercased()
             // Not there: missing. There but not to be looked at (a directory without search permission): skipped, said.
-            return errno == ENOENT || errno == ENOTDIR ? .missing(reason) : .skip("cannot be looked at (\(reason))")
+            return code == ENOENT || code == ENOTDIR ? .missing(reason) : .skip("cannot be looked at (\(reason))")
         }
         if (info.st_mode & S_IFMT) == S_IFLNK {
             guard following else { return .skip(Self.notFollowed) }
-            guard stat(path, &info) == 0 else { return .skip("a symbolic link to nothing (\(String(cString: strerror(errno))))") }
+            guard look(&info, true) == 0 else { return .skip("a symbolic link to nothing (\(Self.lastError()))") }
         }
         switch info.st_mode & S_IFMT {
         case S_IFREG: return .file(fingerprint: FileSource.fingerprint(info))
-        case S_IFDIR: return .directory
+        case S_IFDIR: return .directory(identity: [UInt64(info.st_dev), UInt64(info.st_ino)])
         default: return .skip("not a regular file (\(Self.kind(info.st_mode)))")
         }
     }
@@ -71,7 +91,7 @@ struct DirectoryWalker {
 
     /// The names in `path` as bytes, sorted.
     static func entries(_ path: String) -> Listing {
-        guard let directory = opendir(path) else { return .unreadable(String(cString: strerror(errno))) }
+        guard let directory = opendir(path) else { return .unreadable(Self.lastError()) }
         defer { closedir(directory) }
         return Self.names(in: directory)
     }
@@ -85,7 +105,7 @@ struct DirectoryWalker {
             if name == [0x2E] || name == [0x2E, 0x2E] { continue }
             names.append(name)
         }
-        if errno != 0 { return .unreadable(String(cString: strerror(errno))) }
+        if errno != 0 { return .unreadable(Self.lastError()) }
         return .names(names.sorted { $0.lexicographicallyPrecedes($1) })
     }
 
@@ -98,7 +118,7 @@ struct DirectoryWalker {
     func walk(_ path: String, relative: String, display: String, followingRoot: Bool = false, visit: (Found) -> Void) {
         let fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC | (followingRoot || self.followSymlinks ? 0 : O_NOFOLLOW))
         guard fd >= 0 else {
-            visit(.skipped(display: display, reason: "the directory cannot be read (\(String(cString: strerror(errno)).lowercased())): nothing in it was uploaded"))
+            visit(.skipped(display: display, reason: Self.unreadable(Self.lastError())))
             return
         }
         var visited = Set<[UInt64]>()
@@ -112,8 +132,8 @@ struct DirectoryWalker {
         _ fd: Int32, path: String, relative: String, display: String, visited: inout Set<[UInt64]>, visit: (Found) -> Void
     ) {
         guard let directory = fdopendir(fd) else {
+            visit(.skipped(display: display, reason: Self.unreadable(Self.lastError())))
             close(fd)
-            visit(.skipped(display: display, reason: "the directory cannot be read (\(String(cString: strerror(errno)).lowercased())): nothing in it was uploaded"))
             return
         }
         defer { closedir(directory) }
@@ -121,51 +141,41 @@ struct DirectoryWalker {
         switch Self.names(in: directory) {
         case .names(let found): names = found
         case .unreadable(let reason):
-            visit(.skipped(display: display, reason: "the directory could not be read (\(reason.lowercased())): nothing in it was uploaded"))
+            visit(.skipped(display: display, reason: Self.unreadable(reason)))
             return
         }
         let parent = dirfd(directory)
         for bytes in names {
             guard let name = String(validating: bytes, as: UTF8.self) else {
                 let shown = display + "/" + String(decoding: bytes, as: UTF8.self)
-                visit(.skipped(display: shown, reason: "the name is not valid UTF-8, and keys are UTF-8: rename it"))
+                visit(.skipped(display: shown, reason: Self.notUTF8))
                 continue
             }
             let full = path + "/" + name
             let sub = relative + "/" + name
             let shown = display + "/" + name
-            var info = stat()
-            guard fstatat(parent, name, &info, AT_SYMLINK_NOFOLLOW) == 0 else {
-                // Gone since it was listed: nothing to say of a file deleted meanwhile; anything else is said.
-                if errno != ENOENT { visit(.skipped(display: shown, reason: "cannot be looked at (\(String(cString: strerror(errno)).lowercased()))")) }
-                continue
+            let kind = Self.classify(following: self.followSymlinks) { info, throughLink in
+                fstatat(parent, name, &info, throughLink ? 0 : AT_SYMLINK_NOFOLLOW)
             }
-            if (info.st_mode & S_IFMT) == S_IFLNK {
-                guard self.followSymlinks else {
-                    visit(.skipped(display: shown, reason: Self.notFollowed))
-                    continue
-                }
-                guard fstatat(parent, name, &info, 0) == 0 else {
-                    visit(.skipped(display: shown, reason: "a symbolic link to nothing (\(String(cString: strerror(errno))))"))
-                    continue
-                }
-            }
-            switch info.st_mode & S_IFMT {
-            case S_IFREG:
-                visit(.file(path: full, relative: sub, display: shown, fingerprint: FileSource.fingerprint(info)))
-            case S_IFDIR:
-                guard visited.insert([UInt64(info.st_dev), UInt64(info.st_ino)]).inserted else {
+            switch kind {
+            case .file(let fingerprint):
+                visit(.file(path: full, relative: sub, display: shown, fingerprint: fingerprint))
+            case .directory(let identity):
+                guard visited.insert(identity).inserted else {
                     visit(.skipped(display: shown, reason: "a directory walked already (a link leads back to it)"))
                     continue
                 }
                 let child = openat(parent, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC | (self.followSymlinks ? 0 : O_NOFOLLOW))
                 guard child >= 0 else {
-                    visit(.skipped(display: shown, reason: "the directory cannot be read (\(String(cString: strerror(errno)).lowercased())): nothing in it was uploaded"))
+                    visit(.skipped(display: shown, reason: Self.unreadable(Self.lastError())))
                     continue
                 }
                 self.walk(child, path: full, relative: sub, display: shown, visited: &visited, visit: visit)
-            default:
-                visit(.skipped(display: shown, reason: "not a regular file (\(Self.kind(info.st_mode)))"))
+            case .skip(let reason):
+                visit(.skipped(display: shown, reason: reason))
+            case .missing:
+                // Gone since it was listed: nothing to say of a file deleted meanwhile.
+                continue
             }
         }
     }

@@ -121,13 +121,14 @@ public enum ItemPlanner {
                 continue
             }
             if notUTF8.contains(path) {
-                plan.results.append(.skipped(path: path, reason: "\(path): the name is not valid UTF-8, and keys are UTF-8: rename it"))
+                plan.results.append(.skipped(path: path, reason: "\(path): \(DirectoryWalker.notUTF8)"))
                 continue
             }
             let walker = DirectoryWalker(followSymlinks: followSymlinks)
             let trimmed = path.count > 1 && path.hasSuffix("/") ? String(path.dropLast()) : path
             let absolute = Self.absolute(trimmed)
-            guard !Self.name(absolute).isEmpty, Self.name(absolute) != "/" else {
+            let name = Self.name(absolute)
+            guard !name.isEmpty, name != "/" else {
                 // Keys are paths from a directory's parent: the root has no name to begin them.
                 throw PlanError(description: "\(path) names the root directory: name a directory below it (keys begin with its name)")
             }
@@ -138,10 +139,9 @@ public enum ItemPlanner {
             case .skip(let reason):
                 plan.results.append(.skipped(path: path, reason: "\(path): \(reason)"))
             case .file(let fingerprint):
-                add(Self.name(absolute), path, FileSource(path: absolute, followSymlinks: followSymlinks), fingerprint: fingerprint)
+                add(name, path, FileSource(path: absolute, followSymlinks: followSymlinks), fingerprint: fingerprint)
             case .directory:
                 // Keys are paths from the directory's parent: `send photos` stores photos/...
-                let name = Self.name(absolute)
                 walker.walk(absolute, relative: name, display: trimmed, followingRoot: followSymlinks || path.hasSuffix("/")) { found in
                     switch found {
                     case .file(let fullPath, let relative, let display, let fingerprint):

@@ -14,6 +14,11 @@ public struct UploadItem: Sendable {
     /// not checked.
     public var expectedFingerprint: [UInt8]?
 
+    /// ``expectedFingerprint`` when there is one to check.
+    var checkedFingerprint: [UInt8]? {
+        self.expectedFingerprint.flatMap { $0.isEmpty ? nil : $0 }
+    }
+
     public init(
         key: String, displayPath: String, source: any BlobSource, overwrite: Bool? = nil, dedup: Bool? = nil, expectedFingerprint: [UInt8]? = nil
     ) {

@@ -16,6 +16,17 @@ final class UploadJob: @unchecked Sendable {
     var info: SourceInfo? = nil
     /// The blob's SHA-1 when hashed before OPEN (dedup), or once the upload completed.
     var knownSHA1: SHA1Digest? = nil
+    /// The SHA-1 of a HASH the relay answered with an error or never answered, and the fingerprint of the source it
+    /// was read from: the commit may have taken effect. The next OPEN of the same source states that SHA-1, so the
+    /// relay answers STORED if it did (the session is gone then: a resume token alone would start over from 0), and
+    /// STORED is then this upload's, not a copy that was there (fault matrix seed 330, s3-faults/reset).
+    var undecided: (sha1: SHA1Digest, fingerprint: [UInt8])? = nil
+
+    /// Notes that the relay was sent `sha1` in a HASH whose answer was an error or lost.
+    func hashUndecided(_ sha1: SHA1Digest?) {
+        guard self.stripe == nil, let sha1, let fingerprint = self.info?.fingerprint, !fingerprint.isEmpty else { return }
+        self.undecided = (sha1, fingerprint)
+    }
     /// The relay answered a probe with CONFIRM (SPEC §7.1): the next OPEN carries the whole SHA-1.
     var probeConfirmed = false
     /// The SHA-1 of the first 256 KiB, when it was opened with the dedup probe.

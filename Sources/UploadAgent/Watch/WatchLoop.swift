@@ -96,7 +96,7 @@ struct WatchLoop {
         case .names(let found): names = found
         case .unreadable(let reason):
             self.changes.append(
-                .skipped(path: path, relative: relative, reason: "the directory cannot be read (\(reason.lowercased())): nothing in it is uploaded")
+                .skipped(path: path, relative: relative, reason: DirectoryWalker.unreadable(reason))
             )
             return
         }
@@ -105,7 +105,7 @@ struct WatchLoop {
             guard let name = String(validating: bytes, as: UTF8.self) else {
                 let shown = String(decoding: bytes, as: UTF8.self)
                 self.changes.append(
-                    .skipped(path: path + "/" + shown, relative: relative + "/" + shown, reason: "the name is not valid UTF-8, and keys are UTF-8: rename it")
+                    .skipped(path: path + "/" + shown, relative: relative + "/" + shown, reason: DirectoryWalker.notUTF8)
                 )
                 continue
             }
@@ -260,7 +260,7 @@ struct WatchLoop {
             if mask & (DirectoryWatcher.create | DirectoryWatcher.movedTo) != 0 {
                 self.skipped(
                     directory.path + "/" + shown, relative: directory.relative + "/" + shown,
-                    reason: "the name is not valid UTF-8, and keys are UTF-8: rename it"
+                    reason: DirectoryWalker.notUTF8
                 )
             }
             return

@@ -111,6 +111,11 @@ package final class StorageSpace: Sendable {
     /// Bytes promised now, all uploads together.
     package var promised: Int64 { self.state.withLockedValue { $0.total } }
 
+    /// Whether `error` says the relay's disk is full: the store's (ENOSPC, EDQUOT) or the catalog's.
+    static func isDiskFull(_ error: any Error) -> Bool {
+        (error as? StoreError)?.isNoSpace == true || SQLiteCatalog.isDiskFull(error)
+    }
+
     /// A write found the disk full (something else filled it): said at once, not at the next OPEN.
     func noteFull() {
         let changed = self.state.withLockedValue { state in

@@ -64,7 +64,7 @@ package struct UploadPolicy {
     static func refusal(for error: any Error, doing what: String, key: ObjectKey, logger: Logger) -> Refusal {
         func logged(_ refusal: Refusal) -> Refusal {
             logger.log(
-                level: (error as? StoreError)?.isNoSpace == true || SQLiteCatalog.isDiskFull(error) ? .warning : .error,
+                level: StorageSpace.isDiskFull(error) ? .warning : .error,
                 "could not \(what)",
                 metadata: ["upload.key": "\(key)", "error": "\(error)", "wire.code": "\(refusal.code.name)"]
             )
@@ -73,8 +73,8 @@ package struct UploadPolicy {
         switch error {
         case let refusal as Refusal:
             return refusal
-        case _ where SQLiteCatalog.isDiskFull(error):
-            // The catalog's disk is full (it is the relay's own): retryable, as a full store is.
+        case _ where StorageSpace.isDiskFull(error):
+            // The store's disk or the catalog's (both the relay's own): retryable.
             return logged(Refusal(code: .storageError, message: StoreError.fullMessage, keepSession: true))
         case let error as StoreError where error.alreadyExists:
             // Never to be stored there without an overwrite: like the catalog's own ALREADY_EXISTS, the session goes.
@@ -118,7 +118,14 @@ package struct UploadPolicy {
         // and session. Otherwise the resume found its multipart upload completed, started over, and the new commit met
         // the object it had made (a 412). A store that still does not answer refuses the OPEN for now.
         for commit in try catalog.pendingCommits() where commit.account == name && commit.key == key.value {
-            try RelayRuntime.settle(commit, catalog: catalog, store: store, logger: self.services.logger)
+            let committing = try commit.sessionID.flatMap { id in try catalog.session(account: name, key: key.value).flatMap { $0.id == id ? $0 : nil } }
+            let recorded = try RelayRuntime.settle(commit, catalog: catalog, store: store, logger: self.services.logger)
+            // The upload this OPEN resumes is the one whose commit took effect (the agent heard STORAGE_ERROR, S3's
+            // answer lost after it completed): STORED, never started over from 0 (fault matrix seed 330, s3-faults/reset
+            // re-sent the whole blob and dropped its acknowledged bytes; SPEC §6.2).
+            if recorded, let committing, Self.resumes(open, committing, size: size), open.sha1.map({ $0.hex == commit.sha1 }) ?? true {
+                return .stored(size: UInt64(commit.size))
+            }
         }
         if let size, size > self.services.configuration.maxBlobSize {
             return .refuse(.tooLarge, "\(size) bytes is larger than this relay's limit of \(self.services.configuration.maxBlobSize)")
@@ -194,11 +201,7 @@ package struct UploadPolicy {
         let room = use.left > Int64.max - (existing?.size ?? 0) ? Int64.max : use.left + (existing?.size ?? 0)
         let byteLimit = size == nil ? min(self.services.configuration.maxBlobSize, room) : nil
         if let session = try catalog.session(account: name, key: key.value) {
-            let byToken = !open.resumeToken.isEmpty && open.resumeToken == session.resumeToken
-            let byFingerprint = !open.fingerprint.isEmpty && open.fingerprint == session.fingerprint
-            let sameSource = open.fingerprint.isEmpty || session.fingerprint.isEmpty || open.fingerprint == session.fingerprint
-            let sameSHA1 = open.sha1 == nil || session.declaredSHA1 == nil || open.sha1?.hex == session.declaredSHA1
-            if (byToken || byFingerprint) && sameSource && sameSHA1 && session.declaredSize == size && session.striped == open.striped,
+            if Self.resumes(open, session, size: size),
                 let sha1 = try? SHA1(importing: session.sha1State), sha1.byteCount == UInt64(session.durableOffset)
             {
                 do {
@@ -246,6 +249,16 @@ package struct UploadPolicy {
         // Recorded by its first durable sync (``UploadStorage``): an upload committed at once never writes a session.
         let staging = try store.openStaging(session.stagingName, for: key, account: name, truncatingTo: 0, expectedSize: size, parts: [])
         return .upload(session, staging, SHA1(), recorded: false, resumed: false, byteLimit: byteLimit)
+    }
+
+    /// Whether `open` (of a blob of `size` bytes, nil when unknown) resumes `session`, found under its key (SPEC §6.2):
+    /// named by its resume token or fingerprint, of the same source, size, SHA-1 (when both state one) and striping.
+    static func resumes(_ open: Frame.Open, _ session: UploadSession, size: Int64?) -> Bool {
+        let byToken = !open.resumeToken.isEmpty && open.resumeToken == session.resumeToken
+        let byFingerprint = !open.fingerprint.isEmpty && open.fingerprint == session.fingerprint
+        let sameSource = open.fingerprint.isEmpty || session.fingerprint.isEmpty || open.fingerprint == session.fingerprint
+        let sameSHA1 = open.sha1 == nil || session.declaredSHA1 == nil || open.sha1?.hex == session.declaredSHA1
+        return (byToken || byFingerprint) && sameSource && sameSHA1 && session.declaredSize == size && session.striped == open.striped
     }
 
     /// Why `bytes` more cannot be staged on the relay's disk now for the upload of session `upload` (SPEC §7), or nil

@@ -95,19 +95,18 @@ package final class UploadStorage: Sendable {
     /// the error that stopped the batch.
     private func write(_ chunks: [Frame.Chunk], at startOffset: Int64) -> ([Int], ProtocolError?) {
         let base = self.stripe?.base ?? 0
-        return self.sha1.withLockedValue { sha1 in
+        let (consumed, error, written) = self.sha1.withLockedValue { sha1 -> ([Int], ProtocolError?, Int64) in
             var offset = startOffset
             var consumed: [Int] = []
             for chunk in chunks {
                 switch ChunkPayload.open(chunk) {
                 case .failure(let error):
-                    return (consumed, error)
+                    return (consumed, error, offset - startOffset)
                 case .success(let raw):
                     do {
                         try self.staging.write(raw, at: base + offset)
-                        if self.stripe == nil { self.services.space.wrote(Int64(raw.readableBytes), upload: self.session.id) }
                     } catch {
-                        return (consumed, .stream(chunk.streamID, .storageError, self.agentMessage(error, doing: "write")))
+                        return (consumed, .stream(chunk.streamID, .storageError, self.agentMessage(error, doing: "write")), offset - startOffset)
                     }
                     // A stripe's bytes are hashed in order with the whole blob, at the main stream's commit.
                     if self.stripe == nil { raw.withUnsafeReadableBytes { self.hash($0, into: &sha1) } }
@@ -115,8 +114,12 @@ package final class UploadStorage: Sendable {
                     consumed.append(chunk.payloadLength)
                 }
             }
-            return (consumed, nil)
+            return (consumed, nil, offset - startOffset)
         }
+        // What was written counts in the disk's free space now: the upload's promise shrinks by it, once per batch (the
+        // promises' lock is every upload's).
+        if self.stripe == nil && written > 0 { self.services.space.wrote(written, upload: self.session.id) }
+        return (consumed, error)
     }
 
     /// Hashes `bytes`, keeping the digest of the first ``Frame/Open/probeLength`` bytes when they end within them.
@@ -143,7 +146,7 @@ package final class UploadStorage: Sendable {
     /// What the agent is told of a failure to `what` (SPEC §12.3): nothing of the relay's paths, bucket or database;
     /// those go to the log.
     private func agentMessage(_ error: any Error, doing what: String) -> String {
-        let full = (error as? StoreError)?.isNoSpace == true || SQLiteCatalog.isDiskFull(error)
+        let full = StorageSpace.isDiskFull(error)
         if full { self.services.space.noteFull() }
         self.logger.log(
             level: full ? .warning : .error, "could not \(what) an upload's bytes",
