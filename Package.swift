@@ -3,7 +3,6 @@ import PackageDescription
 
 let package = Package(
     name: "swift-upload",
-    platforms: [.macOS(.v14)],
     products: [
         .library(name: "UploadProtocol", targets: ["UploadProtocol"]),
         .library(name: "UploadChecksums", targets: ["UploadChecksums"]),
@@ -38,6 +37,8 @@ let package = Package(
         // System libraries, reached through tiny module maps.
         .systemLibrary(name: "CUploadZlib", pkgConfig: "zlib", providers: [.apt(["zlib1g-dev"])]),
         .systemLibrary(name: "CUploadCrypto", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),
+        // The agent's state database, on SQLite's C API (no binding library: GRDB brings Foundation and ICU's data).
+        .systemLibrary(name: "CUploadSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
         // What Swift's Glibc module leaves out (O_DIRECT).
         .target(name: "CUploadSystem"),
         // SHA-1 (libcrypto, exportable state), CRC32 and deflate (zlib).
@@ -58,8 +59,9 @@ let package = Package(
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "NIOTLS", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
-                .product(name: "GRDB", package: "GRDB.swift"),
+                "CUploadSQLite",
             ],
             exclude: ["README.md"]
         ),
@@ -98,7 +100,7 @@ let package = Package(
         // Values both command-line programs parse (byte counts, durations, host:port).
         .target(
             name: "UploadCommandLine",
-            dependencies: [.product(name: "ArgumentParser", package: "swift-argument-parser")]
+            dependencies: ["UploadProtocol", "CUploadSystem", .product(name: "ArgumentParser", package: "swift-argument-parser")]
         ),
         .executableTarget(
             name: "upload-agent",
@@ -177,7 +179,8 @@ let package = Package(
         .testTarget(
             name: "UploadAgentTests",
             dependencies: [
-                "UploadAgent", "UploadProtocol", "UploadChecksums", "UploadTestSupport",
+                "UploadAgent", "UploadProtocol", "UploadChecksums", "UploadTestSupport", "UploadCommandLine",
+                .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),

@@ -22,3 +22,16 @@ int upload_set_mmap_threshold(int bytes) {
     return 0;
 #endif
 }
+
+// The commit a release is built from: tools/package writes build_commit.h (git-ignored) for its build, so that only this
+// file is compiled again, not every C target as a -D flag would.
+#if __has_include("build_commit.h")
+#include "build_commit.h"
+#endif
+#ifndef UPLOAD_BUILD_COMMIT
+#define UPLOAD_BUILD_COMMIT "unknown"
+#endif
+
+const char *upload_build_commit(void) {
+    return UPLOAD_BUILD_COMMIT;
+}

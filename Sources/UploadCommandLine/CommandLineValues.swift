@@ -1,5 +1,8 @@
 import ArgumentParser
-import Foundation
+import FoundationEssentials
+#if canImport(Glibc)
+import Glibc
+#endif
 
 // Values both command-line programs read, parsed in one place.
 
@@ -65,8 +68,9 @@ extension AsyncParsableCommand {
             }
         } catch {
             if Self.exitCode(for: error) == .validationFailure {
-                FileHandle.standardError.write(Data((Self.fullMessage(for: error) + "\n").utf8))
-                Foundation.exit(2)
+                let message = Array((Self.fullMessage(for: error) + "\n").utf8)
+                _ = message.withUnsafeBytes { write(2, $0.baseAddress, $0.count) }
+                Glibc.exit(2)
             }
             Self.exit(withError: error)
         }

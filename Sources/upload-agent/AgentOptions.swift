@@ -1,5 +1,5 @@
 import ArgumentParser
-import Foundation
+import FoundationEssentials
 import Logging
 import UploadAgent
 import UploadCommandLine
@@ -128,7 +128,7 @@ struct StateOptions: ParsableArguments {
             return try AgentStateStore(directory: self.directory)
         } catch {
             // Not a usage error: exit 1, with what failed and where.
-            FileHandle.standardError.write(Data("upload-agent: \(error)\n".utf8))
+            Platform.writeStandardError("upload-agent: \(error)\n")
             throw ExitCode(1)
         }
     }

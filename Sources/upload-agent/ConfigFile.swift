@@ -1,5 +1,5 @@
 import ArgumentParser
-import Foundation
+import FoundationEssentials
 
 /// `--config FILE`: options from a JSON file, placed before the command line's own so that those override them (an
 /// option given twice takes its last value; a list option, such as --include, takes both).
@@ -35,7 +35,7 @@ enum ConfigFile {
         do {
             data = try Data(contentsOf: URL(fileURLWithPath: path))
         } catch {
-            throw Failure(description: "--config \(path): cannot read it (\(error.localizedDescription))")
+            throw Failure(description: "--config \(path): cannot read it (\(error))")
         }
         let object: [String: Value]
         do {

@@ -1,6 +1,7 @@
-import Foundation
+import FoundationEssentials
 import NIOConcurrencyHelpers
 import UploadAgent
+import UploadCommandLine
 
 /// Progress for people on stderr (a live status line on a terminal) and one JSON object per
 /// finished item on stdout with --json.
@@ -91,10 +92,10 @@ final class ProgressPrinter: Sendable {
         let total = state.sizes.values.reduce(0, +)
         var line = "[\(state.finished)/\(self.totalItems)] \(Self.bytes(state.totalSent))"
         if total > 0 { line += " / \(Self.bytes(total))" }
-        line += String(format: "  %.1f MB/s", rate / 1e6)
+        line += "  \(Format.fixed(rate / 1e6)) MB/s"
         if total > state.totalSent, rate > 0 {
             let eta = Int(Double(total - state.totalSent) / rate)
-            line += String(format: "  ETA %d:%02d", eta / 60, eta % 60)
+            line += "  ETA \(eta / 60):\(Format.twoDigits(eta % 60))"
         }
         line += "  \(state.current)"
         return String(line.prefix(160))
@@ -122,7 +123,7 @@ final class ProgressPrinter: Sendable {
         var text = "\(stored) stored, \(dedup) already there, \(failed) failed"
         if skipped > 0 { text += ", \(skipped) skipped" }
         text += "; \(Self.bytes(sent)) sent"
-        text += String(format: " in %.1f s (%.1f MB/s)", elapsed, Double(sent) / max(elapsed, 0.001) / 1e6)
+        text += " in \(Format.fixed(elapsed)) s (\(Format.fixed(Double(sent) / max(elapsed, 0.001) / 1e6)) MB/s)"
         self.note(text)
     }
 
@@ -137,23 +138,39 @@ final class ProgressPrinter: Sendable {
         return Self.jsonText(object)
     }
 
-    /// One JSON object on one line, keys sorted. Written by hand: the flat objects here hold only strings, integers and
-    /// booleans, and Foundation's JSONSerialization took an eighth of the agent's CPU on 10,000 small files.
+    /// One JSON object on one line, keys sorted. Written by hand: Foundation's JSONSerialization took an eighth of the
+    /// agent's CPU on 10,000 small files, and the agent links FoundationEssentials only (issue 26).
     static func jsonText(_ object: [String: Any]) -> String {
-        var text = "{"
-        for (index, key) in object.keys.sorted().enumerated() {
-            if index > 0 { text += "," }
-            Self.appendJSONString(key, to: &text)
-            text += ":"
-            switch object[key] {
-            case let value as String: Self.appendJSONString(value, to: &text)
-            case let value as Bool: text += value ? "true" : "false"
-            case let value as any BinaryInteger: text += "\(value)"
-            case let value as Double where value.isFinite: text += "\(value)"
-            default: text += "null"
+        var text = ""
+        Self.appendJSON(object, to: &text)
+        return text + "\n"
+    }
+
+    /// Strings, booleans, integers, finite doubles, arrays and objects (keys sorted); anything else is null.
+    static func appendJSON(_ value: Any?, to text: inout String) {
+        switch value {
+        case let value as String: Self.appendJSONString(value, to: &text)
+        case let value as Bool: text += value ? "true" : "false"
+        case let value as any BinaryInteger: text += "\(value)"
+        case let value as Double where value.isFinite: text += "\(value)"
+        case let object as [String: Any]:
+            text += "{"
+            for (index, key) in object.keys.sorted().enumerated() {
+                if index > 0 { text += "," }
+                Self.appendJSONString(key, to: &text)
+                text += ":"
+                Self.appendJSON(object[key], to: &text)
             }
+            text += "}"
+        case let array as [Any]:
+            text += "["
+            for (index, element) in array.enumerated() {
+                if index > 0 { text += "," }
+                Self.appendJSON(element, to: &text)
+            }
+            text += "]"
+        default: text += "null"
         }
-        return text + "}\n"
     }
 
     /// `value` as a JSON string: quotes, backslashes and control characters escaped (RFC 8259 §7), all else as is.
@@ -188,14 +205,14 @@ final class ProgressPrinter: Sendable {
             value /= 1024
             unit += 1
         }
-        return unit == 0 ? "\(count) B" : String(format: "%.1f %@", value, units[unit])
+        return unit == 0 ? "\(count) B" : "\(Format.fixed(value)) \(units[unit])"
     }
 
     static func stderr(_ text: String) {
-        FileHandle.standardError.write(Data(text.utf8))
+        Platform.writeStandardError(text)
     }
 
     static func stdout(_ text: String) {
-        FileHandle.standardOutput.write(Data(text.utf8))
+        Platform.writeStandardOutput(text)
     }
 }

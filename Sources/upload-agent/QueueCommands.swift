@@ -1,6 +1,7 @@
 import ArgumentParser
-import Foundation
+import FoundationEssentials
 import UploadAgent
+import UploadCommandLine
 
 /// `upload-agent status`: the queue at a glance, readable while an agent runs.
 struct Status: ParsableCommand {
@@ -41,8 +42,7 @@ struct Status: ParsableCommand {
             ]
             if let hold { object["held"] = hold }
             if rate > 0 { object["eta_seconds"] = Int(Double(remaining) / rate) }
-            let data = try JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes])
-            print(String(decoding: data, as: UTF8.self))
+            print(ProgressPrinter.jsonText(object), terminator: "")
             return
         }
         var lines: [String] = []
@@ -50,12 +50,12 @@ struct Status: ParsableCommand {
         if let hold, !paused { lines.append("HELD: \(hold)") }
         let shown = items.filter { self.all || $0.status != .done }
         for item in shown.prefix(self.all ? Int.max : 200) {
-            var line = "\(item.status.rawValue.padding(toLength: 10, withPad: " ", startingAt: 0)) \(item.key)"
+            var line = "\(Format.padded(item.status.rawValue, to: 10)) \(item.key)"
             if let size = item.size, [.queued, .uploading, .failed].contains(item.status) {
-                line += String(format: "  %.0f%%", size == 0 ? 100 : Double(item.acked) / Double(size) * 100)
+                line += "  \(Format.fixed(size == 0 ? 100 : Double(item.acked) / Double(size) * 100, 0))%"
                 line += " of \(ProgressPrinter.bytes(size))"
                 if item.status == .uploading, item.rate > 0 {
-                    line += String(format: "  %.1f MB/s  ETA %@", item.rate / 1e6, Self.duration(Double(size - min(size, item.acked)) / item.rate))
+                    line += "  \(Format.fixed(item.rate / 1e6)) MB/s  ETA \(Self.duration(Double(size - min(size, item.acked)) / item.rate))"
                 }
             }
             if let error = item.error, item.status == .failed || item.status == .dropped { line += "  \(error)" }
@@ -66,7 +66,7 @@ struct Status: ParsableCommand {
         if shown.count > 200 && !self.all { lines.append("… and \(shown.count - 200) more (--json lists them all)") }
         let summary = QueuedItem.Status.allCases.map { "\(totals[$0.rawValue] ?? 0) \($0.rawValue)" }.joined(separator: ", ")
         var tail = "\(summary); \(ProgressPrinter.bytes(remaining)) to go"
-        if rate > 0 { tail += String(format: " at %.1f MB/s, ETA %@", rate / 1e6, Self.duration(Double(remaining) / rate)) }
+        if rate > 0 { tail += " at \(Format.fixed(rate / 1e6)) MB/s, ETA \(Self.duration(Double(remaining) / rate))" }
         lines.append(tail)
         print(lines.joined(separator: "\n"))
     }
@@ -89,7 +89,7 @@ struct Status: ParsableCommand {
 
     static func duration(_ seconds: Double) -> String {
         let total = Int(seconds.isFinite ? seconds : 0)
-        return total >= 3600 ? String(format: "%d:%02d:%02d", total / 3600, total / 60 % 60, total % 60) : String(format: "%d:%02d", total / 60, total % 60)
+        return Format.clock(total)
     }
 }
 

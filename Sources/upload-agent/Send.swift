@@ -1,5 +1,5 @@
 import ArgumentParser
-import Foundation
+import FoundationEssentials
 import Logging
 import NIOCore
 import NIOPosix
@@ -111,7 +111,7 @@ struct Send: AsyncParsableCommand {
             }
         } catch {
             try? await group.shutdownGracefully()
-            FileHandle.standardError.write(Data("upload-agent: \(error)\n".utf8))
+            Platform.writeStandardError("upload-agent: \(error)\n")
             throw ExitCode(1)
         }
         try? await group.shutdownGracefully()

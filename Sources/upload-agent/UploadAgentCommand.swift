@@ -1,6 +1,10 @@
 import ArgumentParser
+#if canImport(Glibc)
+import Glibc
+#endif
 import CUploadSystem
-import Foundation
+import FoundationEssentials
+import UploadAgent
 import UploadCommandLine
 
 @main
@@ -14,6 +18,7 @@ struct UploadAgentCommand: AsyncParsableCommand {
 
             Exit status: 0 when every item was stored or was already there, 1 when any failed, 2 for a usage error.
             """,
+        version: BuildInfo.versionLine("upload-agent"),
         subcommands: [Send.self, Watch.self, Status.self, Pause.self, Resume.self, Retry.self]
     )
 
@@ -24,8 +29,8 @@ struct UploadAgentCommand: AsyncParsableCommand {
         do {
             arguments = try ConfigFile.expand(Array(CommandLine.arguments.dropFirst()))
         } catch {
-            FileHandle.standardError.write(Data("upload-agent: \(error)\n".utf8))
-            Foundation.exit(2)
+            Platform.writeStandardError("upload-agent: \(error)\n")
+            Glibc.exit(2)
         }
         await Self.mainExitingTwoOnUsageError(arguments)
     }

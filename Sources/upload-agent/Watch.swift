@@ -1,5 +1,6 @@
 import ArgumentParser
-import Foundation
+import Dispatch
+import FoundationEssentials
 import Logging
 import NIOCore
 import NIOPosix
@@ -94,6 +95,15 @@ struct Watch: AsyncParsableCommand {
     @Flag(name: .long, help: "Print nothing on stderr but errors.")
     var quiet = false
 
+    @Flag(
+        name: .long,
+        help: "Wait for a directory that does not exist yet (a card, a mount, a folder made later): said once on stderr, looked for every 5 seconds, watched once it is there. Without it, a missing directory is a usage error."
+    )
+    var waitForDirectories = false
+
+    /// How often a missing directory is looked for again (``waitForDirectories``).
+    static let directoryPollInterval: Duration = .seconds(5)
+
     @Argument(help: ArgumentHelp("Directories to watch.", valueName: "dir"))
     var directories: [String]
 
@@ -103,9 +113,8 @@ struct Watch: AsyncParsableCommand {
         _ = try DurationText.parse(self.whenInterval, option: "--when-interval")
         _ = try DurationText.parse(self.relayFullBackoff, option: "--relay-full-backoff")
         if let minimum = self.minBattery, !(0...100).contains(minimum) { throw ValidationError("--min-battery takes a percentage, 0 to 100") }
-        for directory in self.directories {
-            var isDirectory: ObjCBool = false
-            guard FileManager.default.fileExists(atPath: directory, isDirectory: &isDirectory), isDirectory.boolValue else {
+        for directory in self.directories where !(self.waitForDirectories && !Platform.exists(directory)) {
+            guard Platform.isDirectory(directory) else {
                 throw ValidationError("\(directory): not a directory (watch takes directories; send takes files)")
             }
         }
@@ -113,6 +122,7 @@ struct Watch: AsyncParsableCommand {
 
     func run() async throws {
         ConnectionOptions.bootstrapLogging()
+        if self.waitForDirectories { try await self.waitForMissingDirectories() }
         var configuration = try self.connection.configuration()
         configuration.retryForever = true
         configuration.relayFullBackoff = try DurationText.parse(self.relayFullBackoff, option: "--relay-full-backoff")
@@ -120,8 +130,8 @@ struct Watch: AsyncParsableCommand {
         let store = try self.stateOptions.open()
         let target = AgentStateStore.target(of: configuration)
         guard let lock = try RunnerLock.tryAcquire(store: store, target: target) else {
-            FileHandle.standardError.write(
-                Data("upload-agent: another upload-agent already uploads for this relay and token from \(store.directory); stop it first, or give this one another --state\n".utf8)
+            Platform.writeStandardError(
+                "upload-agent: another upload-agent already uploads for this relay and token from \(store.directory); stop it first, or give this one another --state\n"
             )
             throw ExitCode(1)
         }
@@ -197,10 +207,32 @@ struct Watch: AsyncParsableCommand {
         } catch {
             watcher.stop()
             try? await group.shutdownGracefully()
-            FileHandle.standardError.write(Data("upload-agent: \(error)\n".utf8))
+            Platform.writeStandardError("upload-agent: \(error)\n")
             throw ExitCode(1)
         }
         watcher.stop()
         try? await group.shutdownGracefully()
+    }
+
+    /// Returns once every directory exists; each missing one is said once on stderr (even with --quiet: a service that
+    /// waits says why), and again when it appears. A path that exists but is not a directory is an error.
+    private func waitForMissingDirectories() async throws {
+        var said = Set<String>()
+        while true {
+            for directory in self.directories where Platform.exists(directory) && !Platform.isDirectory(directory) {
+                throw ValidationError("\(directory): not a directory (watch takes directories; send takes files)")
+            }
+            let missing = self.directories.filter { !Platform.isDirectory($0) }
+            for directory in said.subtracting(missing).sorted() {
+                Platform.writeStandardError("upload-agent: \(directory) is there now: watching it\n")
+                said.remove(directory)
+            }
+            if missing.isEmpty { return }
+            for directory in missing where !said.contains(directory) {
+                Platform.writeStandardError("upload-agent: waiting for \(directory) to exist (--wait-for-directories)\n")
+                said.insert(directory)
+            }
+            try await Task.sleep(for: Self.directoryPollInterval)
+        }
     }
 }

@@ -20,6 +20,7 @@ struct UploadRelayCommand: AsyncParsableCommand {
             and see what is stored and under way:
               upload-relay ls --data /srv/upload --in-progress
             """,
+        version: BuildInfo.versionLine("upload-relay"),
         subcommands: [Serve.self, Token.self, ListCommand.self]
     )
 

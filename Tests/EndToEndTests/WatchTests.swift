@@ -81,6 +81,31 @@ struct WatchTests {
         await relay.stop()
     }
 
+    @Test("a watched folder that is not there yet: a usage error naming it (exit 2, which the unit does not restart); with --wait-for-directories it is waited for, said once, and watched once it appears")
+    func missingDirectory() async throws {
+        let relay = try await TestRelay().start()
+        let home = TestRelay.makeDirectory()
+        let watched = home + "/Videos"
+        let environment = AgentProcess.environment(relay, state: home + "/state")
+        let refused = try AgentProcess(["watch", watched], environment: environment, log: home + "/refused.log")
+        #expect(refused.child.waitForExit() == 2)
+        #expect(refused.child.log.contains(watched), "\(refused.child.log)")
+
+        let agent = try AgentProcess(
+            ["watch", "--json", "--settle", "1s", "--wait-for-directories", watched], environment: environment, log: home + "/agent.log"
+        )
+        defer { agent.stop() }
+        #expect(AgentProcess.waitUntil { agent.child.log.contains("waiting for \(watched) to exist") }, "\(agent.child.log)")
+        // The card is mounted: its folder appears with a clip in it.
+        let clip = Self.bytes(300_000, seed: 9)
+        try Self.write(clip, to: watched + "/clip.mp4")
+        #expect(AgentProcess.waitUntil(timeout: 20) { agent.finished("Videos/clip.mp4") != nil }, "\(agent.child.log)")
+        #expect(relay.stored("Videos/clip.mp4") == clip)
+        #expect(agent.child.log.components(separatedBy: "waiting for \(watched)").count == 2, "said more than once: \(agent.child.log)")
+        #expect(agent.stop() == 0)
+        await relay.stop()
+    }
+
     @Test("pause survives a restart; a file deleted while queued is dropped, never uploaded; resume uploads the rest; status tells it all")
     func pauseDropResume() async throws {
         let relay = try await TestRelay().start()

@@ -9,4 +9,7 @@ int upload_o_direct_flag(void);
 /// of glibc's threshold that rises to the largest block freed so far. Returns 0 where that cannot be set.
 int upload_set_mmap_threshold(int bytes);
 
+/// The commit the binary was built from (tools/package sets it), or "unknown" for a build from a work tree.
+const char *upload_build_commit(void);
+
 #endif

@@ -1,5 +1,3 @@
-import Foundation
-import GRDB
 
 /// One item of the persistent queue, as `upload-agent status` shows it.
 public struct QueuedItem: Hashable, Sendable {
@@ -44,27 +42,28 @@ public struct QueuedItem: Hashable, Sendable {
     public var addedAt: Double
     public var updatedAt: Double
 
-    init(row: Row) {
-        self.id = row["id"]
-        self.target = row["target"]
-        self.key = row["key"]
-        self.path = row["path"]
-        self.status = Status(rawValue: row["status"]) ?? .queued
-        self.size = (row["size"] as Int64?).map { UInt64(max(0, $0)) }
-        self.fingerprint = [UInt8]((row["fingerprint"] as Data?) ?? Data())
-        self.sha1 = row["sha1"]
-        self.acked = UInt64(max(0, row["acked"] as Int64))
-        self.sha1State = (row["sha1_state"] as Data?).map { [UInt8]($0) }
-        self.sentBytes = UInt64(max(0, row["sent_bytes"] as Int64))
-        self.hashedBytes = UInt64(max(0, row["hashed_bytes"] as Int64))
-        self.outcome = row["outcome"]
-        self.error = row["error"]
-        self.overwrite = row["overwrite"]
-        self.dedup = row["dedup"]
-        self.followSymlinks = row["follow_symlinks"]
-        self.rate = row["rate"]
-        self.addedAt = row["added_at"]
-        self.updatedAt = row["updated_at"]
+    init(row: SQLRow) {
+        func count(_ column: String) -> UInt64 { UInt64(max(0, row.int64(column) ?? 0)) }
+        self.id = row.int64("id") ?? 0
+        self.target = row.string("target") ?? ""
+        self.key = row.string("key") ?? ""
+        self.path = row.string("path") ?? ""
+        self.status = row.string("status").flatMap(Status.init(rawValue:)) ?? .queued
+        self.size = row.int64("size").map { UInt64(max(0, $0)) }
+        self.fingerprint = row.bytes("fingerprint") ?? []
+        self.sha1 = row.string("sha1")
+        self.acked = count("acked")
+        self.sha1State = row.bytes("sha1_state")
+        self.sentBytes = count("sent_bytes")
+        self.hashedBytes = count("hashed_bytes")
+        self.outcome = row.string("outcome")
+        self.error = row.string("error")
+        self.overwrite = row.bool("overwrite")
+        self.dedup = row.bool("dedup")
+        self.followSymlinks = row.bool("follow_symlinks")
+        self.rate = row.double("rate") ?? 0
+        self.addedAt = row.double("added_at") ?? 0
+        self.updatedAt = row.double("updated_at") ?? 0
     }
 }
 
@@ -132,37 +131,35 @@ extension AgentStateStore {
             let now = Self.now()
             var outcomes: [EnqueueOutcome] = []
             for entry in entries {
-                let existing = try Row.fetchOne(
-                    db, sql: "SELECT id, status, fingerprint FROM item WHERE target = ? AND key = ?", arguments: [target, entry.key]
-                )
+                let existing = try db.row("SELECT id, status, fingerprint FROM item WHERE target = ? AND key = ?", [target, entry.key])
                 guard let existing else {
                     try db.execute(
-                        sql: """
+                        """
                             INSERT INTO item (target, key, path, status, size, fingerprint, overwrite, dedup, follow_symlinks, added_at, updated_at)
                             VALUES (?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?)
                             """,
-                        arguments: [
-                            target, entry.key, entry.path, entry.size.map { Int64($0) }, Data(entry.fingerprint), entry.overwrite, entry.dedup,
+                        [
+                            target, entry.key, entry.path, entry.size.map { Int64($0) }, entry.fingerprint, entry.overwrite, entry.dedup,
                             entry.followSymlinks, now, now,
                         ]
                     )
                     outcomes.append(.queued(db.lastInsertedRowID))
                     continue
                 }
-                let id: Int64 = existing["id"]
-                let status = QueuedItem.Status(rawValue: existing["status"]) ?? .queued
-                let sameContent = [UInt8]((existing["fingerprint"] as Data?) ?? Data()) == entry.fingerprint && !entry.fingerprint.isEmpty
+                let id = existing.int64("id") ?? 0
+                let status = existing.string("status").flatMap(QueuedItem.Status.init(rawValue:)) ?? .queued
+                let sameContent = (existing.bytes("fingerprint") ?? []) == entry.fingerprint && !entry.fingerprint.isEmpty
                 switch status {
                 case .queued, .uploading:
                     if !sameContent {
                         // A newer version of a file still waiting: its progress belonged to the old one.
                         try db.execute(
-                            sql: """
+                            """
                                 UPDATE item SET path = ?, size = ?, fingerprint = ?, sha1 = NULL, acked = 0, sha1_state = NULL,
                                 overwrite = ?, dedup = ?, follow_symlinks = ?, updated_at = ? WHERE id = ?
                                 """,
-                            arguments: [
-                                entry.path, entry.size.map { Int64($0) }, Data(entry.fingerprint), entry.overwrite, entry.dedup, entry.followSymlinks,
+                            [
+                                entry.path, entry.size.map { Int64($0) }, entry.fingerprint, entry.overwrite, entry.dedup, entry.followSymlinks,
                                 now, id,
                             ]
                         )
@@ -174,13 +171,13 @@ extension AgentStateStore {
                     continue
                 case .done, .failed, .dropped:
                     try db.execute(
-                        sql: """
+                        """
                             UPDATE item SET path = ?, status = 'queued', size = ?, fingerprint = ?, sha1 = NULL, acked = 0,
                             sha1_state = NULL, sent_bytes = 0, hashed_bytes = 0, outcome = NULL, error = NULL, overwrite = ?,
                             dedup = ?, follow_symlinks = ?, rate = 0, added_at = ?, updated_at = ? WHERE id = ?
                             """,
-                        arguments: [
-                            entry.path, entry.size.map { Int64($0) }, Data(entry.fingerprint), entry.overwrite, entry.dedup, entry.followSymlinks,
+                        [
+                            entry.path, entry.size.map { Int64($0) }, entry.fingerprint, entry.overwrite, entry.dedup, entry.followSymlinks,
                             now, now, id,
                         ]
                     )
@@ -195,10 +192,8 @@ extension AgentStateStore {
     /// Items of `target` waiting or left uploading by an agent that stopped, oldest first.
     public func pending(target: String, limit: Int? = nil) throws -> [QueuedItem] {
         try self.read { db in
-            try Row.fetchAll(
-                db, sql: "SELECT * FROM item WHERE target = ? AND status IN ('queued', 'uploading') ORDER BY id LIMIT ?",
-                arguments: [target, limit ?? -1]
-            ).map(QueuedItem.init(row:))
+            try db.rows("SELECT * FROM item WHERE target = ? AND status IN ('queued', 'uploading') ORDER BY id LIMIT ?", [target, limit ?? -1])
+                .map(QueuedItem.init(row:))
         }
     }
 
@@ -206,16 +201,15 @@ extension AgentStateStore {
     public func items(target: String? = nil) throws -> [QueuedItem] {
         try self.read { db in
             if let target {
-                return try Row.fetchAll(db, sql: "SELECT * FROM item WHERE target = ? ORDER BY id", arguments: [target]).map(QueuedItem.init(row:))
+                return try db.rows("SELECT * FROM item WHERE target = ? ORDER BY id", [target]).map(QueuedItem.init(row:))
             }
-            return try Row.fetchAll(db, sql: "SELECT * FROM item ORDER BY id").map(QueuedItem.init(row:))
+            return try db.rows("SELECT * FROM item ORDER BY id").map(QueuedItem.init(row:))
         }
     }
 
     public func items(ids: [Int64]) throws -> [QueuedItem] {
         try self.read { db in
-            try Row.fetchAll(db, sql: "SELECT * FROM item WHERE id IN (SELECT value FROM json_each(?))", arguments: [Self.jsonArray(ids)])
-                .map(QueuedItem.init(row:))
+            try db.rows("SELECT * FROM item WHERE id IN (SELECT value FROM json_each(?))", [Self.jsonArray(ids)]).map(QueuedItem.init(row:))
         }
     }
 
@@ -226,11 +220,11 @@ extension AgentStateStore {
     /// Items whose file was deleted before they were uploaded: they leave the queue (nothing on the relay is touched).
     public func drop(target: String, key: String, reason: String) throws -> Int64? {
         try self.write { db in
-            guard let id = try Int64.fetchOne(
-                db, sql: "SELECT id FROM item WHERE target = ? AND key = ? AND status IN ('queued', 'uploading', 'failed')",
-                arguments: [target, key]
-            ) else { return nil }
-            try db.execute(sql: "UPDATE item SET status = 'dropped', error = ?, rate = 0, updated_at = ? WHERE id = ?", arguments: [reason, Self.now(), id])
+            guard
+                let id = try db.row("SELECT id FROM item WHERE target = ? AND key = ? AND status IN ('queued', 'uploading', 'failed')", [target, key])?
+                    .int64("id")
+            else { return nil }
+            try db.execute("UPDATE item SET status = 'dropped', error = ?, rate = 0, updated_at = ? WHERE id = ?", [reason, Self.now(), id])
             return id
         }
     }
@@ -239,10 +233,10 @@ extension AgentStateStore {
     public func retryFailed(target: String? = nil) throws -> Int {
         try self.write { db in
             try db.execute(
-                sql: "UPDATE item SET status = 'queued', error = NULL, updated_at = ? WHERE status = 'failed' AND (? IS NULL OR target = ?)",
-                arguments: [Self.now(), target, target]
+                "UPDATE item SET status = 'queued', error = NULL, updated_at = ? WHERE status = 'failed' AND (? IS NULL OR target = ?)",
+                [Self.now(), target, target]
             )
-            let count = db.changesCount
+            let count = db.changes
             try Self.bump(db)
             return count
         }
@@ -272,18 +266,17 @@ extension AgentStateStore {
             for (id, progress) in updates {
                 // An item dropped (file deleted) meanwhile stays dropped; one whose file changed meanwhile (a new
                 // fingerprint queued by a rescan) is not marked with the old version's progress.
-                let fingerprint = progress.fingerprint.map { Data($0) }
-                // Cached: this runs for every item, and compiling it cost more than running it.
-                try db.cachedStatement(
-                    sql: """
+                let fingerprint = progress.fingerprint
+                // Prepared once (every statement is): this runs for every item, and compiling it cost more than running it.
+                try db.execute(
+                    """
                         UPDATE item SET status = ?, size = COALESCE(?, size), sha1 = COALESCE(?, sha1), acked = ?, sha1_state = ?,
                         sent_bytes = ?, hashed_bytes = ?, outcome = ?, error = ?, rate = ?, updated_at = ?
                         WHERE id = ? AND status IN ('queued', 'uploading') AND (? IS NULL OR fingerprint = ? OR fingerprint = x'')
-                        """
-                ).execute(
-                    arguments: [
+                        """,
+                    [
                         progress.status.rawValue, progress.size.map { Int64($0) }, progress.sha1, Int64(progress.acked),
-                        progress.sha1State.map { Data($0) }, Int64(progress.sentBytes), Int64(progress.hashedBytes), progress.outcome,
+                        progress.sha1State, Int64(progress.sentBytes), Int64(progress.hashedBytes), progress.outcome,
                         progress.error, progress.rate, now, id, fingerprint, fingerprint,
                     ]
                 )
@@ -291,8 +284,7 @@ extension AgentStateStore {
                 // learns it, so the next run's dedup needs no read (a probed or --no-dedup upload hashed it only while
                 // sending).
                 if progress.status == .done, progress.outcome != nil, let sha1 = progress.sha1, let fingerprint, !fingerprint.isEmpty {
-                    try db.cachedStatement(sql: "INSERT OR REPLACE INTO hash_cache (fingerprint, sha1, used_at) VALUES (?, ?, ?)")
-                        .execute(arguments: [fingerprint, sha1, now])
+                    try db.execute("INSERT OR REPLACE INTO hash_cache (fingerprint, sha1, used_at) VALUES (?, ?, ?)", [fingerprint, sha1, now])
                 }
             }
         }
@@ -302,12 +294,11 @@ extension AgentStateStore {
     /// returns them: each gets its result.
     func failPending(target: String, reason: String) throws -> [QueuedItem] {
         try self.write { db in
-            let rows = try Row.fetchAll(
-                db, sql: "SELECT * FROM item WHERE target = ? AND status IN ('queued', 'uploading') ORDER BY id", arguments: [target]
-            ).map(QueuedItem.init(row:))
+            let rows = try db.rows("SELECT * FROM item WHERE target = ? AND status IN ('queued', 'uploading') ORDER BY id", [target])
+                .map(QueuedItem.init(row:))
             try db.execute(
-                sql: "UPDATE item SET status = 'failed', error = ?, rate = 0, updated_at = ? WHERE target = ? AND status IN ('queued', 'uploading')",
-                arguments: [reason, Self.now(), target]
+                "UPDATE item SET status = 'failed', error = ?, rate = 0, updated_at = ? WHERE target = ? AND status IN ('queued', 'uploading')",
+                [reason, Self.now(), target]
             )
             try Self.bump(db)
             return rows.map { row in
@@ -322,7 +313,7 @@ extension AgentStateStore {
     /// At a runner's start: items left `uploading` by an agent that stopped go back to `queued`.
     func resetUploading(target: String) throws {
         try self.write { db in
-            try db.execute(sql: "UPDATE item SET status = 'queued', rate = 0 WHERE target = ? AND status = 'uploading'", arguments: [target])
+            try db.execute("UPDATE item SET status = 'queued', rate = 0 WHERE target = ? AND status = 'uploading'", [target])
         }
     }
 }

@@ -1,4 +1,5 @@
-import Foundation
+import Dispatch
+import FoundationEssentials
 import Logging
 import NIOConcurrencyHelpers
 import UploadChecksums
@@ -235,7 +236,7 @@ public final class QueueRunner: Sendable {
                 try self.load()
             } catch {
                 // The rows stay queued for the next run; this run does not wait for them.
-                FileHandle.standardError.write(Data("upload-agent: cannot load more of the queue: \(error)\n".utf8))
+                Platform.writeStandardError("upload-agent: cannot load more of the queue: \(error)\n")
                 self.queue.setUnloaded(false)
             }
             self.state.withLockedValue { $0.loading = false }
@@ -367,7 +368,7 @@ final class QueueJournal: JobJournal {
     }
 
     private func flush() {
-        let now = Date().timeIntervalSince1970
+        let now = Platform.unixTime()
         let updates: [(Int64, AgentStateStore.Progress)] = self.pending.withLockedValue { pending in
             pending.scheduled = false
             defer { pending.updates.removeAll() }
@@ -395,7 +396,7 @@ final class QueueJournal: JobJournal {
             let ended = updates.filter { ![.queued, .uploading].contains($0.1.status) }.map(\.0)
             if !ended.isEmpty { self.runner.withLockedValue { $0 }?.runner?.written(ended) }
         } catch {
-            FileHandle.standardError.write(Data("upload-agent: cannot record progress: \(error)\n".utf8))
+            Platform.writeStandardError("upload-agent: cannot record progress: \(error)\n")
         }
     }
 

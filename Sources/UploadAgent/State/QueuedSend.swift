@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 import NIOConcurrencyHelpers
 
 /// `upload-agent send` through the persistent queue: files are recorded before a byte moves, so a `send` that is

@@ -1,7 +1,7 @@
 #if canImport(Glibc)
 import Glibc
 #endif
-import Foundation
+import FoundationEssentials
 
 /// What the agent takes from the file system, the same way for `send`, a watch's scans and its events: regular files,
 /// and directories walked. A symbolic link is skipped unless `followSymlinks` (then what it points to is taken, a

@@ -1,7 +1,7 @@
 #if canImport(Glibc)
 import Glibc
 #endif
-import Foundation
+import FoundationEssentials
 import UploadProtocol
 
 /// Turns what the user named on the command line into upload items with keys, and a result for every path that will

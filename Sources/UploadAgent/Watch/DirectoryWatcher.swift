@@ -1,7 +1,7 @@
 #if canImport(Glibc)
 import Glibc
 #endif
-import Foundation
+import FoundationEssentials
 import NIOConcurrencyHelpers
 
 /// Watches directory trees with inotify and reports files once they are complete: closed after writing, moved in, or
@@ -70,8 +70,7 @@ public final class DirectoryWatcher: Sendable {
         }
         var loop = WatchLoop(fd: fd, options: self.options)
         for root in self.options.roots {
-            var isDirectory: ObjCBool = false
-            guard FileManager.default.fileExists(atPath: root, isDirectory: &isDirectory), isDirectory.boolValue else {
+            guard Platform.isDirectory(root) else {
                 close(fd)
                 throw SourceError("\(root): not a directory (watch takes directories)")
             }
@@ -84,17 +83,20 @@ public final class DirectoryWatcher: Sendable {
         }
         self.onChanges(loop.takeChanges())
         let scanned = loop
-        let thread = Thread { [self] in
-            var loop = scanned
-            while !self.stopped.withLockedValue({ $0 }) {
-                loop.wait()
-                let changes = loop.takeChanges()
-                if !changes.isEmpty { self.onChanges(changes) }
+        do {
+            try Platform.startThread { [self] in
+                var loop = scanned
+                while !self.stopped.withLockedValue({ $0 }) {
+                    loop.wait()
+                    let changes = loop.takeChanges()
+                    if !changes.isEmpty { self.onChanges(changes) }
+                }
+                close(loop.fd)
             }
-            close(loop.fd)
+        } catch {
+            close(fd)
+            throw error
         }
-        thread.name = "upload-agent watch"
-        thread.start()
     }
 
     /// Stops watching (within half a second).

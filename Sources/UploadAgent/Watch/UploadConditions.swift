@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 
 /// When uploads may run on a device: on mains power, above a battery level, while a command says yes (an unmetered
 /// network, a quiet hour). Checked every `interval` by a running agent; a condition that turns false holds the queue
@@ -18,8 +18,7 @@ public struct UploadConditions: Sendable {
     public var isEmpty: Bool { !self.onlyOnAC && self.minBattery == nil && self.command == nil }
 
     private func read(_ supply: String, _ name: String) -> String? {
-        (try? String(contentsOfFile: self.powerSupplyDirectory + "/" + supply + "/" + name, encoding: .utf8))?
-            .trimmingCharacters(in: .whitespacesAndNewlines)
+        (try? String(contentsOfFile: self.powerSupplyDirectory + "/" + supply + "/" + name, encoding: .utf8))?.trimmed
     }
 
     /// Why uploads must wait now, or nil when they may run. Blocking: `--when` runs its command.
@@ -28,19 +27,13 @@ public struct UploadConditions: Sendable {
             return blocker
         }
         guard let command = self.command else { return nil }
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/bin/sh")
-        process.arguments = ["-c", command]
-        process.standardInput = FileHandle.nullDevice
-        process.standardOutput = FileHandle.nullDevice
-        process.standardError = FileHandle.nullDevice
+        let status: Int32
         do {
-            try process.run()
-            process.waitUntilExit()
+            status = try Platform.runShell(command)
         } catch {
             return "--when \(command) could not run: \(error)"
         }
-        return process.terminationStatus == 0 ? nil : "--when \(command) exited \(process.terminationStatus)"
+        return status == 0 ? nil : "--when \(command) exited \(status)"
     }
 
     /// What the power supplies forbid: running off mains power, or a battery below the minimum.

@@ -1,7 +1,7 @@
 #if canImport(Glibc)
 import Glibc
 #endif
-import Foundation
+import FoundationEssentials
 import UploadProtocol
 
 /// The watcher's state, owned by its thread: the watch descriptors, files still being written, changes to report.

@@ -1,0 +1,34 @@
+/// Numbers as the terminal lines show them, without Foundation's `String(format:)` (the agent links
+/// FoundationEssentials only: no ICU, issue 26).
+public enum Format {
+    /// `value` with `digits` decimals, rounded half away from zero, as `%.Nf` prints a finite value.
+    public static func fixed(_ value: Double, _ digits: Int = 1) -> String {
+        guard value.isFinite, abs(value) < 1e15 else { return "\(value)" }
+        var scale: Double = 1
+        for _ in 0..<digits { scale *= 10 }
+        let scaled = Int64((abs(value) * scale).rounded(.toNearestOrAwayFromZero))
+        let divisor = Int64(scale)
+        let whole = scaled / divisor
+        let sign = value < 0 && scaled != 0 ? "-" : ""
+        guard digits > 0 else { return "\(sign)\(whole)" }
+        let fraction = String(scaled % divisor)
+        return "\(sign)\(whole)." + String(repeating: "0", count: digits - fraction.count) + fraction
+    }
+
+    /// `value` as at least two digits (`%02d`).
+    public static func twoDigits(_ value: Int) -> String {
+        value >= 0 && value < 10 ? "0\(value)" : "\(value)"
+    }
+
+    /// `text` padded with spaces to `width` characters (longer text as it is).
+    public static func padded(_ text: String, to width: Int) -> String {
+        text.count >= width ? text : text + String(repeating: " ", count: width - text.count)
+    }
+
+    /// A duration in seconds as M:SS, or H:MM:SS from an hour.
+    public static func clock(_ seconds: Int) -> String {
+        seconds >= 3600
+            ? "\(seconds / 3600):\(Self.twoDigits(seconds / 60 % 60)):\(Self.twoDigits(seconds % 60))"
+            : "\(seconds / 60):\(Self.twoDigits(seconds % 60))"
+    }
+}
