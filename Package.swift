@@ -20,9 +20,6 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
         .package(url: "https://github.com/apple/swift-nio-ssl.git", from: "2.37.6"),
         .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
-        .package(url: "https://github.com/apple/swift-certificates.git", from: "1.21.1"),
-        .package(url: "https://github.com/apple/swift-asn1.git", from: "1.7.4"),
-        .package(url: "https://github.com/apple/swift-crypto.git", from: "4.5.2"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
         .package(url: "https://github.com/groue/GRDB.swift.git", from: "7.10.0"),
         .package(url: "https://github.com/swift-server/async-http-client.git", from: "1.37.0"),
@@ -41,6 +38,8 @@ let package = Package(
         .systemLibrary(name: "CUploadSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
         // What Swift's Glibc module leaves out (O_DIRECT).
         .target(name: "CUploadSystem"),
+        // The relay's --dev CA and server certificate, made with the system's libcrypto (OpenSSL 3).
+        .target(name: "CUploadCertificates", linkerSettings: [.linkedLibrary("crypto")]),
         // SHA-1 (libcrypto, exportable state), CRC32 and deflate (zlib).
         .target(
             name: "UploadChecksums",
@@ -78,19 +77,17 @@ let package = Package(
                 .product(name: "NIOTLS", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "GRDB", package: "GRDB.swift"),
-                .product(name: "X509", package: "swift-certificates"),
-                .product(name: "SwiftASN1", package: "swift-asn1"),
-                .product(name: "Crypto", package: "swift-crypto"),
+                "CUploadCertificates",
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
             exclude: ["README.md"]
         ),
-        // An S3 client of our own (no Swift package signs S3 requests here): SigV4 on swift-crypto's HMAC-SHA256, the
+        // An S3 client of our own (no Swift package signs S3 requests here): SigV4 on libcrypto's HMAC-SHA256, the
         // requests the relay's S3 store makes, over async-http-client.
         .target(
             name: "UploadS3",
             dependencies: [
-                .product(name: "Crypto", package: "swift-crypto"),
+                "UploadChecksums",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),

@@ -2,7 +2,7 @@
 import Glibc
 #endif
 import AsyncHTTPClient
-import Crypto
+import UploadChecksums
 import Foundation
 import Logging
 import NIOCore
@@ -436,7 +436,7 @@ public final class S3Client: Sendable {
 
     static func sha256Hex(_ buffer: ByteBuffer) -> String {
         var hasher = SHA256()
-        buffer.withUnsafeReadableBytes { hasher.update(bufferPointer: $0) }
+        buffer.withUnsafeReadableBytes { hasher.update($0) }
         return SigV4Signer.hex(hasher.finalize())
     }
 

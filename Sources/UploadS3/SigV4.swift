@@ -1,4 +1,4 @@
-import Crypto
+import UploadChecksums
 import Foundation
 
 /// An S3 access key: the pair every request is signed with, and the session token of temporary credentials.
@@ -94,14 +94,14 @@ public struct SigV4Signer: Sendable {
         ].joined(separator: "\n")
         let scope = "\(day)/\(self.region)/\(self.service)/aws4_request"
         let stringToSign = [
-            "AWS4-HMAC-SHA256", amzDate, scope, Self.hex(SHA256.hash(data: Data(canonicalRequest.utf8))),
+            "AWS4-HMAC-SHA256", amzDate, scope, Self.hex(SHA256.hash(canonicalRequest.utf8)),
         ].joined(separator: "\n")
 
-        var key = SymmetricKey(data: Data("AWS4\(self.credentials.secretAccessKey)".utf8))
+        var key = Array("AWS4\(self.credentials.secretAccessKey)".utf8)
         for part in [day, self.region, self.service, "aws4_request"] {
-            key = SymmetricKey(data: Data(HMAC<SHA256>.authenticationCode(for: Data(part.utf8), using: key)))
+            key = HMACSHA256.authenticationCode(for: Array(part.utf8), key: key)
         }
-        let signature = Self.hex(HMAC<SHA256>.authenticationCode(for: Data(stringToSign.utf8), using: key))
+        let signature = Self.hex(HMACSHA256.authenticationCode(for: Array(stringToSign.utf8), key: key))
 
         var added: [(name: String, value: String)] = [
             (
@@ -118,7 +118,7 @@ public struct SigV4Signer: Sendable {
     /// The hex SHA-256 of `bytes`, for ``Request/payloadHash``.
     public static func payloadHash<Bytes: Sequence>(_ bytes: Bytes) -> String where Bytes.Element == UInt8 {
         var hasher = SHA256()
-        hasher.update(data: Array(bytes))
+        hasher.update(bytes)
         return Self.hex(hasher.finalize())
     }
 

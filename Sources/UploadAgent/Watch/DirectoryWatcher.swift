@@ -45,40 +45,21 @@ public final class DirectoryWatcher: Sendable {
         self.onChanges = onChanges
     }
 
-    // Linux's inotify values (the C macros, not all of which Swift imports).
-    static let closeWrite: UInt32 = 0x0000_0008
-    static let movedFrom: UInt32 = 0x0000_0040
-    static let movedTo: UInt32 = 0x0000_0080
-    static let create: UInt32 = 0x0000_0100
-    static let delete: UInt32 = 0x0000_0200
-    static let modify: UInt32 = 0x0000_0002
-    static let deleteSelf: UInt32 = 0x0000_0400
-    static let moveSelf: UInt32 = 0x0000_0800
-    static let overflow: UInt32 = 0x0000_4000
-    static let ignored: UInt32 = 0x0000_8000
-    static let isDirectory: UInt32 = 0x4000_0000
-    static let onlyDirectories: UInt32 = 0x0100_0000
-    static let dontFollow: UInt32 = 0x0200_0000
-    static let watchMask = closeWrite | movedFrom | movedTo | create | delete | modify | deleteSelf | moveSelf | onlyDirectories
-
     /// Sets up the watches, scans every root (reporting what is complete there), then watches on a thread of its own
     /// until ``stop()``.
     public func start() throws {
-        let fd = inotify_init1(Int32(O_NONBLOCK | O_CLOEXEC))
-        guard fd >= 0 else {
-            throw SourceError("cannot start watching: inotify_init1: \(String(cString: strerror(errno)))")
-        }
-        var loop = WatchLoop(fd: fd, options: self.options)
+        let inotify = try Inotify()
+        var loop = WatchLoop(inotify: inotify, options: self.options)
         for root in self.options.roots {
             guard Platform.isDirectory(root) else {
-                close(fd)
+                inotify.close()
                 throw SourceError("\(root): not a directory (watch takes directories)")
             }
         }
         do {
             try loop.scanAll(deliver: self.onChanges)
         } catch {
-            close(fd)
+            inotify.close()
             throw error
         }
         self.onChanges(loop.takeChanges())
@@ -91,10 +72,10 @@ public final class DirectoryWatcher: Sendable {
                     let changes = loop.takeChanges()
                     if !changes.isEmpty { self.onChanges(changes) }
                 }
-                close(loop.fd)
+                loop.inotify.close()
             }
         } catch {
-            close(fd)
+            inotify.close()
             throw error
         }
     }

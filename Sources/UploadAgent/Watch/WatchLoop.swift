@@ -6,7 +6,7 @@ import UploadProtocol
 
 /// The watcher's state, owned by its thread: the watch descriptors, files still being written, changes to report.
 struct WatchLoop {
-    let fd: Int32
+    let inotify: Inotify
     let options: DirectoryWatcher.Options
     /// A watched directory: its path, its path from the root's parent, and what it was when the watch was added (device
     /// and inode). A file's event counts only while the path still leads to that same directory: one moved away, or
@@ -26,8 +26,8 @@ struct WatchLoop {
     private var changes: [DirectoryWatcher.Change] = []
     private var buffer = [UInt8](repeating: 0, count: 64 << 10)
 
-    init(fd: Int32, options: DirectoryWatcher.Options) {
-        self.fd = fd
+    init(inotify: Inotify, options: DirectoryWatcher.Options) {
+        self.inotify = inotify
         self.options = options
     }
 
@@ -69,17 +69,20 @@ struct WatchLoop {
     ) throws {
         // Below a root, never through a link unless links are followed (the root is the one the user named).
         let follow = isRoot || self.options.followSymlinks
-        let wd = inotify_add_watch(self.fd, path, DirectoryWatcher.watchMask | (follow ? 0 : DirectoryWatcher.dontFollow))
-        guard wd >= 0 else {
-            let reason = String(cString: strerror(errno))
-            if isRoot || errno == ENOSPC {
+        let wd: Int32
+        switch self.inotify.addWatch(path, follow: follow) {
+        case .success(let watch):
+            wd = watch
+        case .failure(let error):
+            let reason = error.description
+            if isRoot || error.code == ENOSPC {
                 throw SourceError(
-                    errno == ENOSPC
+                    error.code == ENOSPC
                         ? "cannot watch \(path): the system's inotify watch limit is reached (raise fs.inotify.max_user_watches)"
                         : "cannot watch \(path): \(reason)"
                 )
             }
-            if errno == ENOENT { return }  // Removed meanwhile.
+            if error.code == ENOENT { return }  // Removed meanwhile.
             self.changes.append(.skipped(path: path, relative: relative, reason: "the directory cannot be watched: \(reason.lowercased())"))
             return
         }
@@ -87,7 +90,7 @@ struct WatchLoop {
         guard self.directories[wd] == nil else { return }
         var info = stat()
         guard (follow ? stat(path, &info) : lstat(path, &info)) == 0, (info.st_mode & S_IFMT) == S_IFDIR else {
-            inotify_rm_watch(self.fd, wd)
+            self.inotify.removeWatch(wd)
             return
         }
         self.directories[wd] = Watched(path: path, relative: relative, identity: [UInt64(info.st_dev), UInt64(info.st_ino)])
@@ -166,7 +169,7 @@ struct WatchLoop {
     /// Stops watching `path` and everything under it (moved away or deleted): its old path now names something else.
     private mutating func forget(_ path: String) {
         for (wd, directory) in self.directories where directory.path == path || directory.path.hasPrefix(path + "/") {
-            inotify_rm_watch(self.fd, wd)
+            self.inotify.removeWatch(wd)
             self.directories[wd] = nil
         }
         for file in self.pending.keys where file.hasPrefix(path + "/") { self.pending[file] = nil }
@@ -187,8 +190,7 @@ struct WatchLoop {
         if let oldest = self.pending.values.map({ $0.since }).min() {
             timeout = max(10, min(timeout, Int(((oldest + self.settleSeconds) - Self.now()) * 1000) + 1))
         }
-        var poller = pollfd(fd: self.fd, events: Int16(POLLIN), revents: 0)
-        if poll(&poller, 1, Int32(timeout)) > 0 {
+        if self.inotify.wait(milliseconds: timeout) {
             self.readEvents()
         }
         self.settle()
@@ -213,23 +215,13 @@ struct WatchLoop {
 
     private mutating func readEvents() {
         while true {
-            let count = self.buffer.withUnsafeMutableBytes { read(self.fd, $0.baseAddress, $0.count) }
-            guard count > 0 else { return }
-            var events: [(wd: Int32, mask: UInt32, name: String)] = []
-            self.buffer.withUnsafeBytes { raw in
-                var at = 0
-                // struct inotify_event: wd (i32), mask (u32), cookie (u32), len (u32), name (len bytes, NUL-padded).
-                while at + 16 <= count {
-                    let wd = raw.loadUnaligned(fromByteOffset: at, as: Int32.self)
-                    let mask = raw.loadUnaligned(fromByteOffset: at + 4, as: UInt32.self)
-                    let length = Int(raw.loadUnaligned(fromByteOffset: at + 12, as: UInt32.self))
-                    let nameBytes = Array(raw[(at + 16)..<min(count, at + 16 + length)].prefix { $0 != 0 })
-                    // A name that is not UTF-8 cannot make a key (nor a path here): said, with its bytes shown as best they can.
-                    events.append((wd, mask, String(validating: nameBytes, as: UTF8.self) ?? Self.invalidMark + String(decoding: nameBytes, as: UTF8.self)))
-                    at += 16 + length
-                }
+            let events = self.inotify.read(into: &self.buffer)
+            guard !events.isEmpty else { return }
+            for event in events {
+                // A name that is not UTF-8 cannot make a key (nor a path here): said, with its bytes shown as best they can.
+                let name = String(validating: event.name, as: UTF8.self) ?? Self.invalidMark + String(decoding: event.name, as: UTF8.self)
+                self.handle(event.wd, event.mask, name)
             }
-            for event in events { self.handle(event.wd, event.mask, event.name) }
         }
     }
 
@@ -237,19 +229,19 @@ struct WatchLoop {
     static let invalidMark = "\u{0}"
 
     private mutating func handle(_ wd: Int32, _ mask: UInt32, _ name: String) {
-        if mask & DirectoryWatcher.overflow != 0 {
+        if mask & Inotify.overflow != 0 {
             // Events were lost: look at everything again (files done before are skipped by the queue).
             self.pending.removeAll()
-            for wd in self.directories.keys { inotify_rm_watch(self.fd, wd) }
+            for wd in self.directories.keys { self.inotify.removeWatch(wd) }
             self.directories.removeAll()
             try? self.scanAll()
             return
         }
-        if mask & DirectoryWatcher.ignored != 0 {
+        if mask & Inotify.ignored != 0 {
             self.directories[wd] = nil
             return
         }
-        if mask & (DirectoryWatcher.moveSelf | DirectoryWatcher.deleteSelf) != 0, let directory = self.directories[wd] {
+        if mask & (Inotify.moveSelf | Inotify.deleteSelf) != 0, let directory = self.directories[wd] {
             // The directory itself went (its move into a watched place is reported there, as a new directory).
             if !self.options.roots.contains(directory.path) { self.forget(directory.path) }
             return
@@ -257,7 +249,7 @@ struct WatchLoop {
         guard let directory = self.directories[wd], !name.isEmpty else { return }
         if name.hasPrefix(Self.invalidMark) {
             let shown = String(name.dropFirst(Self.invalidMark.count))
-            if mask & (DirectoryWatcher.create | DirectoryWatcher.movedTo) != 0 {
+            if mask & (Inotify.create | Inotify.movedTo) != 0 {
                 self.skipped(
                     directory.path + "/" + shown, relative: directory.relative + "/" + shown,
                     reason: DirectoryWalker.notUTF8
@@ -269,37 +261,37 @@ struct WatchLoop {
         let relative = directory.relative + "/" + name
         // Nothing is reported through a directory that is no longer the one watched at its path.
         guard self.stillWatched(wd) else { return }
-        if mask & DirectoryWatcher.isDirectory != 0 {
-            if mask & (DirectoryWatcher.delete | DirectoryWatcher.movedFrom) != 0 {
+        if mask & Inotify.isDirectory != 0 {
+            if mask & (Inotify.delete | Inotify.movedFrom) != 0 {
                 // Moved away or deleted: its watches go with it, and its old path is watched again only if one comes.
                 self.forget(path)
-            } else if mask & (DirectoryWatcher.create | DirectoryWatcher.movedTo) != 0, self.options.filter.takesDirectory(name: name, relative: relative) {
+            } else if mask & (Inotify.create | Inotify.movedTo) != 0, self.options.filter.takesDirectory(name: name, relative: relative) {
                 // Files may have landed in it before the watch was added: the walk reports them.
                 try? self.walk(path, relative: relative)
             }
             return
         }
         guard self.options.filter.takesFile(name: name, relative: relative) else { return }
-        if mask & (DirectoryWatcher.delete | DirectoryWatcher.movedFrom) != 0 {
+        if mask & (Inotify.delete | Inotify.movedFrom) != 0 {
             self.pending[path] = nil
             self.skippedPaths.remove(path)
             self.changes.append(.removed(path: path, relative: relative))
-        } else if mask & (DirectoryWatcher.closeWrite | DirectoryWatcher.movedTo) != 0 {
+        } else if mask & (Inotify.closeWrite | Inotify.movedTo) != 0 {
             self.pending[path] = nil
             guard let info = FileSource.currentInfo(path: path, followSymlinks: self.options.followSymlinks) else {
                 // A link moved in (a FIFO, a device): never opened through, and said so.
-                if mask & DirectoryWatcher.movedTo != 0, let reason = self.skipReason(path) {
+                if mask & Inotify.movedTo != 0, let reason = self.skipReason(path) {
                     self.skipped(path, relative: relative, reason: reason)
                 }
                 return
             }
-            if info.size == 0 && mask & DirectoryWatcher.closeWrite != 0 {
+            if info.size == 0 && mask & Inotify.closeWrite != 0 {
                 // Created empty and closed: most writers open it again to fill it. It goes up once settled.
                 self.pending[path] = (relative, wd, Self.now())
             } else {
                 self.ready(path, relative: relative, in: wd)
             }
-        } else if mask & (DirectoryWatcher.create | DirectoryWatcher.modify) != 0 {
+        } else if mask & (Inotify.create | Inotify.modify) != 0 {
             self.pending[path] = (relative, wd, Self.now())
         }
     }

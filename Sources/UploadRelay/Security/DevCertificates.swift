@@ -1,10 +1,8 @@
 #if canImport(Glibc)
 import Glibc
 #endif
-import Crypto
+import CUploadCertificates
 import Foundation
-import SwiftASN1
-import X509
 
 /// `upload-relay serve --dev`: a private CA and a server certificate for localhost, 127.0.0.1, ::1 and the names
 /// the relay is reached by (its listen address, or this host's name and addresses, and any `--dev-host`).
@@ -46,57 +44,79 @@ public enum DevCertificates {
             return false
         }
         try files.createDirectory(atPath: paths.directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
-        let now = Date()
-        let caName = try DistinguishedName {
-            OrganizationName("upload-relay dev")
-            CommonName("upload-relay dev CA")
-        }
-        let caKey: P256.Signing.PrivateKey
-        if haveCA, let pem = try? String(contentsOfFile: paths.caKey, encoding: .utf8), let key = try? P256.Signing.PrivateKey(pemRepresentation: pem) {
-            caKey = key
-        } else {
+        let organization = "upload-relay dev"
+        var caKey = haveCA ? (try? String(contentsOfFile: paths.caKey, encoding: .utf8)) : nil
+        var caCertificate = haveCA ? (try? String(contentsOfFile: paths.caCertificate, encoding: .utf8)) : nil
+        if caKey.map({ upload_certificates_key_is_valid($0) != 1 }) ?? true || caCertificate == nil {
             // A new CA: agents must be given the new ca.pem.
-            caKey = P256.Signing.PrivateKey()
-            let ca = try Certificate(
-                version: .v3, serialNumber: Certificate.SerialNumber(), publicKey: .init(caKey.publicKey),
-                notValidBefore: now.addingTimeInterval(-3600), notValidAfter: now.addingTimeInterval(3650 * 86400),
-                issuer: caName, subject: caName, signatureAlgorithm: .ecdsaWithSHA256,
-                extensions: try Certificate.Extensions {
-                    Critical(BasicConstraints.isCertificateAuthority(maxPathLength: 0))
-                    Critical(KeyUsage(keyCertSign: true, cRLSign: true))
-                },
-                issuerPrivateKey: .init(caKey)
+            let key = try Self.makeKey()
+            let certificate = try Self.makeCertificate(
+                subjectKey: key, issuerKey: key, issuerCertificate: nil, organization: organization, commonName: "upload-relay dev CA",
+                days: 3650
             )
-            try self.write(caKey.pemRepresentation + "\n", to: paths.caKey, mode: 0o600)
-            try self.write(try ca.serializeAsPEM().pemString + "\n", to: paths.caCertificate, mode: 0o644)
+            try self.write(key, to: paths.caKey, mode: 0o600)
+            try self.write(certificate, to: paths.caCertificate, mode: 0o644)
+            (caKey, caCertificate) = (key, certificate)
         }
-        let serverKey = P256.Signing.PrivateKey()
-        let serverName = try DistinguishedName {
-            OrganizationName("upload-relay dev")
-            CommonName(wanted.first(where: { !Self.isIPAddress($0) && $0 != "localhost" }) ?? "localhost")
-        }
-        let alternatives = wanted.map { name -> GeneralName in
-            if let bytes = Self.ipAddressBytes(name) {
-                return .ipAddress(ASN1OctetString(contentBytes: ArraySlice(bytes)))
-            }
-            return .dnsName(name)
-        }
-        let server = try Certificate(
-            version: .v3, serialNumber: Certificate.SerialNumber(), publicKey: .init(serverKey.publicKey),
-            notValidBefore: now.addingTimeInterval(-3600), notValidAfter: now.addingTimeInterval(825 * 86400),
-            issuer: caName, subject: serverName, signatureAlgorithm: .ecdsaWithSHA256,
-            extensions: try Certificate.Extensions {
-                Critical(BasicConstraints.notCertificateAuthority)
-                Critical(KeyUsage(digitalSignature: true))
-                try ExtendedKeyUsage([.serverAuth])
-                SubjectAlternativeNames(alternatives)
-            },
-            issuerPrivateKey: .init(caKey)
+        guard let caKey, let caCertificate else { throw DevCertificateError(description: "no CA key and certificate in \(paths.directory)") }
+        let serverKey = try Self.makeKey()
+        let server = try Self.makeCertificate(
+            subjectKey: serverKey, issuerKey: caKey, issuerCertificate: caCertificate, organization: organization,
+            commonName: wanted.first(where: { !Self.isIPAddress($0) && $0 != "localhost" }) ?? "localhost", days: 825,
+            dnsNames: wanted.filter { !Self.isIPAddress($0) }, ipAddresses: wanted.filter(Self.isIPAddress)
         )
-        try self.write(try server.serializeAsPEM().pemString + "\n", to: paths.serverCertificate, mode: 0o644)
-        try self.write(serverKey.pemRepresentation + "\n", to: paths.serverKey, mode: 0o600)
+        try self.write(server, to: paths.serverCertificate, mode: 0o644)
+        try self.write(serverKey, to: paths.serverKey, mode: 0o600)
         try self.write(wanted.joined(separator: "\n"), to: paths.serverNames, mode: 0o644)
         return true
+    }
+
+    /// What libcrypto said when a key or certificate could not be made.
+    struct DevCertificateError: Error, CustomStringConvertible {
+        var description: String
+    }
+
+    /// A new P-256 private key, PKCS#8 PEM.
+    static func makeKey() throws -> String {
+        var pem: UnsafeMutablePointer<CChar>?
+        var error: UnsafeMutablePointer<CChar>?
+        defer {
+            upload_certificates_free(pem)
+            upload_certificates_free(error)
+        }
+        guard upload_certificates_make_key(&pem, &error) == 0, let pem else {
+            throw DevCertificateError(description: error.map { String(cString: $0) } ?? "cannot make a key")
+        }
+        return String(cString: pem)
+    }
+
+    /// A certificate (PEM) for `subjectKey`'s public key signed by `issuerKey`: a self-signed CA when
+    /// `issuerCertificate` is nil, else a server certificate for `dnsNames` and `ipAddresses` issued by that CA.
+    static func makeCertificate(
+        subjectKey: String, issuerKey: String, issuerCertificate: String?, organization: String, commonName: String, days: Int32,
+        dnsNames: [String] = [], ipAddresses: [String] = []
+    ) throws -> String {
+        var pem: UnsafeMutablePointer<CChar>?
+        var error: UnsafeMutablePointer<CChar>?
+        defer {
+            upload_certificates_free(pem)
+            upload_certificates_free(error)
+        }
+        let dns = dnsNames.map { strdup($0) }
+        let ips = ipAddresses.map { strdup($0) }
+        defer { for pointer in dns + ips { free(pointer) } }
+        let status = dns.map { UnsafePointer($0) }.withUnsafeBufferPointer { dns in
+            ips.map { UnsafePointer($0) }.withUnsafeBufferPointer { ips in
+                upload_certificates_make_certificate(
+                    subjectKey, issuerKey, issuerCertificate, organization, commonName, days, dns.baseAddress, Int32(dns.count),
+                    ips.baseAddress, Int32(ips.count), &pem, &error
+                )
+            }
+        }
+        guard status == 0, let pem else {
+            throw DevCertificateError(description: error.map { String(cString: $0) } ?? "cannot make a certificate")
+        }
+        return String(cString: pem)
     }
 
     public static func isIPAddress(_ text: String) -> Bool {

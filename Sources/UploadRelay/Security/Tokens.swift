@@ -1,4 +1,4 @@
-import Crypto
+import UploadChecksums
 import Foundation
 
 /// Bearer tokens: made from 32 random bytes, shown once, stored only as their SHA-256.
@@ -15,6 +15,6 @@ public enum Tokens {
 
     /// What the catalog keeps of a token. Tokens carry 256 random bits, so one SHA-256 is enough.
     public static func hash<Bytes: Sequence>(_ token: Bytes) -> [UInt8] where Bytes.Element == UInt8 {
-        Array(SHA256.hash(data: Array(token)))
+        SHA256.hash(token)
     }
 }

@@ -3,7 +3,6 @@ import Glibc
 #elseif canImport(Darwin)
 import Darwin
 #endif
-import Crypto
 import Foundation
 import NIOConcurrencyHelpers
 import NIOCore
@@ -148,7 +147,7 @@ final class S3StagingFile: StagingFile, @unchecked Sendable {
             guard n > 0 else { throw StoreError("spool file \(self.spoolPath) ends at \(done) of \(count) bytes") }
             let bytes = UnsafeRawBufferPointer(rebasing: piece[0..<n])
             sha1.update(bytes)
-            sha256.update(bufferPointer: bytes)
+            sha256.update(bytes)
             done += Int64(n)
         }
         return (Data(sha1.finalize()).base64EncodedString(), Array(sha256.finalize()).hexString)

@@ -4,7 +4,6 @@ import Glibc
 import Darwin
 #endif
 import AsyncHTTPClient
-import Crypto
 import Dispatch
 import Foundation
 import Logging
