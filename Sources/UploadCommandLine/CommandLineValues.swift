@@ -76,3 +76,22 @@ extension AsyncParsableCommand {
         }
     }
 }
+
+/// The relay's data directory: `--data`, else `UPLOAD_RELAY_DATA`. Never a default in the current directory: a
+/// command run from the wrong place would make a second, empty relay there (issue 27).
+public enum DataDirectory {
+    /// The variable that names the data directory when `--data` is not given.
+    public static let environmentVariable = "UPLOAD_RELAY_DATA"
+
+    /// `option`, else the environment's, else nil.
+    public static func resolve(_ option: String?, environment: [String: String]) -> String? {
+        if let option, !option.isEmpty { return option }
+        if let named = environment[Self.environmentVariable], !named.isEmpty { return named }
+        return nil
+    }
+
+    /// The usage error when neither names it.
+    public static let missing = ValidationError(
+        "which data directory? pass --data DIR (the relay's catalog, staged uploads and, by default, its objects; e.g. /var/lib/upload-relay) or set UPLOAD_RELAY_DATA"
+    )
+}

@@ -51,7 +51,16 @@ struct ConnectionOptions: ParsableArguments {
     )
     var bwlimit: String?
 
+    @Option(
+        name: .long,
+        help: ArgumentHelp("What the agent logs on stderr beside its results: trace, debug, info, notice, warning (the default), error.", valueName: "level")
+    )
+    var logLevel: String = "warning"
+
     func validate() throws {
+        guard Logger.Level(rawValue: self.logLevel) != nil else {
+            throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error")
+        }
         guard self.concurrency >= 1 else { throw ValidationError("--concurrency must be at least 1") }
         guard (1...64).contains(self.connections) else { throw ValidationError("--connections must be between 1 and 64") }
         if let bwlimit = self.bwlimit, try ByteCount.parse(bwlimit, option: "--bwlimit") < 1 {
@@ -66,10 +75,12 @@ struct ConnectionOptions: ParsableArguments {
     }
 
     /// Warnings and errors of the agent's libraries on stderr.
-    static func bootstrapLogging() {
+    /// Logs on stderr at `--log-level`.
+    func bootstrapLogging() {
+        let level = Logger.Level(rawValue: self.logLevel) ?? .warning
         LoggingSystem.bootstrap { label in
             var handler = StreamLogHandler.standardError(label: label)
-            handler.logLevel = .warning
+            handler.logLevel = level
             return handler
         }
     }

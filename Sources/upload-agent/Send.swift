@@ -73,7 +73,7 @@ struct Send: AsyncParsableCommand {
     }
 
     func run() async throws {
-        ConnectionOptions.bootstrapLogging()
+        self.connection.bootstrapLogging()
         var configuration = try self.connection.configuration()
         configuration.retryFor = try DurationText.parse(self.retryFor, option: "--retry-for")
         configuration.overwrite = self.overwrite

@@ -121,7 +121,7 @@ struct Watch: AsyncParsableCommand {
     }
 
     func run() async throws {
-        ConnectionOptions.bootstrapLogging()
+        self.connection.bootstrapLogging()
         if self.waitForDirectories { try await self.waitForMissingDirectories() }
         var configuration = try self.connection.configuration()
         configuration.retryForever = true

@@ -52,8 +52,14 @@ struct Serve: AsyncParsableCommand {
     )
     var statusRequestTimeout: String = "30s"
 
-    @Option(name: .long, help: ArgumentHelp("Directory the relay owns.", valueName: "dir"))
-    var data: String = "./upload-relay-data"
+    @Option(
+        name: .long,
+        help: ArgumentHelp("Directory the relay owns: its catalog, staged uploads and, by default, objects (or UPLOAD_RELAY_DATA). Required.", valueName: "dir")
+    )
+    var data: String?
+
+    /// `--data`, else UPLOAD_RELAY_DATA (``validate()`` makes sure one is given).
+    var dataDirectory: String { DataDirectory.resolve(self.data, environment: ProcessInfo.processInfo.environment) ?? "" }
 
     @Flag(
         name: .long,
@@ -209,6 +215,7 @@ struct Serve: AsyncParsableCommand {
     var sessionExpiry: String = "24h"
 
     func validate() throws {
+        guard DataDirectory.resolve(self.data, environment: ProcessInfo.processInfo.environment) != nil else { throw DataDirectory.missing }
         guard (self.cert == nil) == (self.key == nil) else {
             throw ValidationError("--cert and --key go together")
         }
@@ -295,7 +302,7 @@ struct Serve: AsyncParsableCommand {
         let catalogURL = self.catalog ?? ProcessInfo.processInfo.environment["UPLOAD_RELAY_CATALOG"]
         let catalog: any Catalog
         do {
-            catalog = try RelayRuntime.openCatalog(dataDirectory: self.data, url: catalogURL, logger: logger, modes: modes)
+            catalog = try RelayRuntime.openCatalog(dataDirectory: self.dataDirectory, url: catalogURL, logger: logger, modes: modes)
         } catch let error as CatalogFailure {
             throw ValidationError("--catalog: \(error)")
         }
@@ -306,7 +313,7 @@ struct Serve: AsyncParsableCommand {
         var devSetup: RelayRuntime.DevSetup? = nil
         if self.dev {
             let names = (everyAddress ? localNames : [host]) + self.devHost
-            let setup = try RelayRuntime.prepareDev(dataDirectory: self.data, catalog: catalog, names: names)
+            let setup = try RelayRuntime.prepareDev(dataDirectory: self.dataDirectory, catalog: catalog, names: names)
             if certificate == nil {
                 certificate = setup.paths.serverCertificate
                 privateKey = setup.paths.serverKey
@@ -314,7 +321,7 @@ struct Serve: AsyncParsableCommand {
             devSetup = setup
         }
         var configuration = RelayConfiguration(
-            certificatePath: certificate!, privateKeyPath: privateKey!, dataDirectory: self.data, storePath: self.store
+            certificatePath: certificate!, privateKeyPath: privateKey!, dataDirectory: self.dataDirectory, storePath: self.store
         )
         configuration.host = host
         configuration.port = port

@@ -12,8 +12,8 @@ struct Token: ParsableCommand {
     )
 
     struct Options: ParsableArguments {
-        @Option(name: .long, help: ArgumentHelp("Directory the relay owns.", valueName: "dir"))
-        var data: String = "./upload-relay-data"
+        @Option(name: .long, help: ArgumentHelp("Directory the relay owns (or UPLOAD_RELAY_DATA). Required.", valueName: "dir"))
+        var data: String?
 
         @Option(
             name: .long,
@@ -21,12 +21,17 @@ struct Token: ParsableCommand {
         )
         var catalog: String?
 
+        func validate() throws {
+            guard DataDirectory.resolve(self.data, environment: ProcessInfo.processInfo.environment) != nil else { throw DataDirectory.missing }
+        }
+
         func openCatalog() throws -> any Catalog {
             let url = self.catalog ?? ProcessInfo.processInfo.environment["UPLOAD_RELAY_CATALOG"]
+            guard let data = DataDirectory.resolve(self.data, environment: ProcessInfo.processInfo.environment) else { throw DataDirectory.missing }
             // The data directory and catalog a first `token add` creates are private, as `serve` makes them.
             umask(FileModes.private.umask)
             do {
-                return try RelayRuntime.openCatalog(dataDirectory: self.data, url: url, logger: Logger(label: "upload-relay"))
+                return try RelayRuntime.openCatalog(dataDirectory: data, url: url, logger: Logger(label: "upload-relay"))
             } catch let error as CatalogFailure {
                 throw ValidationError("--catalog: \(error)")
             }
@@ -63,11 +68,26 @@ struct Token: ParsableCommand {
 
         @OptionGroup var options: Options
 
+        @Flag(name: .long, help: "One JSON object per account: {\"name\", \"used_bytes\", \"quota_bytes\" (null: none), \"state\": \"active\"|\"revoked\"}.")
+        var json = false
+
         func run() throws {
             let catalog = try self.options.openCatalog()
-            print("NAME\tUSED\tQUOTA\tSTATE")
-            for account in try catalog.accounts() {
-                print("\(account.name)\t\(account.usedBytes)\t\(account.quota.map(String.init) ?? "-")\t\(account.revoked ? "revoked" : "active")")
+            let accounts = try catalog.accounts()
+            guard self.json else {
+                print("NAME\tUSED\tQUOTA\tSTATE")
+                for account in accounts {
+                    print("\(account.name)\t\(account.usedBytes)\t\(account.quota.map(String.init) ?? "-")\t\(account.revoked ? "revoked" : "active")")
+                }
+                return
+            }
+            for account in accounts {
+                let object: [String: Any] = [
+                    "name": account.name, "used_bytes": account.usedBytes, "quota_bytes": account.quota.map { $0 as Any } ?? NSNull(),
+                    "state": account.revoked ? "revoked" : "active",
+                ]
+                let line = try JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes])
+                print(String(decoding: line, as: UTF8.self))
             }
         }
     }

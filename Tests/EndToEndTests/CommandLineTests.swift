@@ -15,12 +15,13 @@ struct CommandLineTests {
         var stderr: String
     }
 
-    static func run(_ executable: String, _ arguments: [String], environment: [String: String] = [:]) throws -> Run {
+    static func run(_ executable: String, _ arguments: [String], environment: [String: String] = [:], in directory: String? = nil) throws -> Run {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: executable)
         process.arguments = arguments
+        if let directory { process.currentDirectoryURL = URL(fileURLWithPath: directory) }
         var env = ProcessInfo.processInfo.environment
-        for key in ["UPLOAD_RELAY", "UPLOAD_TOKEN", "UPLOAD_CA"] { env[key] = nil }
+        for key in ["UPLOAD_RELAY", "UPLOAD_TOKEN", "UPLOAD_CA", "UPLOAD_RELAY_DATA"] { env[key] = nil }
         // The agent's persistent queue: in a directory the tests remove, never in the user's home.
         env["XDG_STATE_HOME"] = env["XDG_STATE_HOME"] ?? Self.stateHome
         env.merge(environment) { $1 }
@@ -137,6 +138,45 @@ struct CommandLineTests {
         let status = try Self.run(try relayBinary(), ["serve", "--dev", "--data", data, "--listen", "127.0.0.1:0", "--status-listen", "nowhere"])
         #expect(status.status == 2 && status.stderr.contains("--status-listen"), "\(status.stderr)")
         #expect(!FileManager.default.fileExists(atPath: data), "a refused serve created its data directory")
+    }
+
+    @Test("no data directory named (--data or UPLOAD_RELAY_DATA): serve, token and ls are usage errors that say what to pass, and nothing is written in the current directory; UPLOAD_RELAY_DATA alone serves")
+    func dataDirectoryRequired() throws {
+        let cwd = TestRelay.makeDirectory()
+        for arguments in [["serve", "--dev", "--listen", "127.0.0.1:0"], ["token", "add", "cam"], ["token", "list"], ["ls"]] {
+            let run = try Self.run(try relayBinary(), arguments, in: cwd)
+            #expect(run.status == 2, "\(arguments): exit \(run.status) \(run.stderr)")
+            #expect(run.stderr.contains("--data DIR") && run.stderr.contains("UPLOAD_RELAY_DATA"), "\(arguments): \(run.stderr)")
+        }
+        #expect(try FileManager.default.contentsOfDirectory(atPath: cwd).isEmpty, "written in the current directory")
+        let data = cwd + "/named"
+        let made = try Self.run(try relayBinary(), ["token", "add", "cam"], environment: ["UPLOAD_RELAY_DATA": data], in: cwd)
+        #expect(made.status == 0 && made.stdout.hasPrefix("upl_"), "\(made.stderr)")
+        let listed = try Self.run(try relayBinary(), ["token", "list"], environment: ["UPLOAD_RELAY_DATA": data], in: cwd)
+        #expect(listed.status == 0 && listed.stdout.contains("cam"), "\(listed.stderr)")
+        // token list --json: one object per account.
+        _ = try Self.run(try relayBinary(), ["token", "add", "quota-cam", "--quota", "5M", "--data", data], in: cwd)
+        _ = try Self.run(try relayBinary(), ["token", "revoke", "cam", "--data", data], in: cwd)
+        let json = try Self.jsonLines(try Self.run(try relayBinary(), ["token", "list", "--json", "--data", data], in: cwd).stdout)
+        let byName = Dictionary(uniqueKeysWithValues: json.compactMap { line in (line["name"] as? String).map { ($0, line) } })
+        #expect(byName["cam"]?["state"] as? String == "revoked" && byName["cam"]?["quota_bytes"] is NSNull, "\(json)")
+        #expect(byName["quota-cam"]?["quota_bytes"] as? Int == 5 << 20 && byName["quota-cam"]?["used_bytes"] as? Int == 0, "\(json)")
+        #expect(try FileManager.default.contentsOfDirectory(atPath: cwd) == ["named"])
+    }
+
+    @Test("agent --log-level: a level that is none is a usage error naming the levels; debug shows the agent's own log lines on stderr")
+    func agentLogLevel() throws {
+        let file = TestRelay.makeDirectory() + "/a.bin"
+        FileManager.default.createFile(atPath: file, contents: Data("x".utf8))
+        let wrong = try Self.run(try Self.agentBinary(), ["send", "--relay", "127.0.0.1:1", "--token", "t", "--log-level", "loud", file])
+        #expect(wrong.status == 2 && wrong.stderr.contains("--log-level must be one of"), "\(wrong.stderr)")
+        // Nothing listens on port 1: the connection is refused, which the agent logs at debug.
+        let quiet = try Self.run(try Self.agentBinary(), ["send", "--relay", "127.0.0.1:1", "--token", "t", "--retry-for", "0s", "--json", file])
+        let loud = try Self.run(
+            try Self.agentBinary(), ["send", "--relay", "127.0.0.1:1", "--token", "t", "--retry-for", "0s", "--json", "--log-level", "trace", file]
+        )
+        #expect(quiet.status != 0 && loud.status != 0)
+        #expect(loud.stderr.split(separator: "\n").count > quiet.stderr.split(separator: "\n").count, "quiet:\n\(quiet.stderr)\nloud:\n\(loud.stderr)")
     }
 
     @Test("serve whose --listen or --status-listen address is taken ends at once with exit 1, naming the option and the address")

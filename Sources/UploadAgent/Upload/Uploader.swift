@@ -222,9 +222,11 @@ public final class Uploader: Sendable {
                     )
                 }
             }
+        logger.debug("connecting", metadata: ["relay": "\(host):\(configuration.relayPort)"])
         do {
             _ = try await bootstrap.connect(host: host, port: configuration.relayPort).get()
         } catch {
+            logger.info("could not connect", metadata: ["relay": "\(host):\(configuration.relayPort)", "error": "\(error)"])
             // Never active, so the handler will not report: this is the only completion.
             promise.fail(error)
             throw error
