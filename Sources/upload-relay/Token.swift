@@ -8,7 +8,7 @@ struct Token: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Manage agent accounts and their tokens.",
         discussion: "Tokens are shown once, when made, and stored only hashed in the catalog (<data>/catalog.sqlite, or --catalog).",
-        subcommands: [Add.self, List.self, Revoke.self]
+        subcommands: [Add.self, List.self, Rotate.self, Quota.self, Disable.self, Enable.self, Revoke.self]
     )
 
     struct Options: ParsableArguments {
@@ -92,8 +92,92 @@ struct Token: ParsableCommand {
         }
     }
 
+    /// Applies a change to account `name`, or fails naming it when there is no such account.
+    static func update(_ name: String, _ options: Options, quota: Int64?? = nil, tokenHash: [UInt8]? = nil, revoked: Bool? = nil) throws {
+        let catalog = try options.openCatalog()
+        guard try catalog.updateAccount(named: name, quota: quota, tokenHash: tokenHash, revoked: revoked) else {
+            throw ValidationError(CatalogError.unknownAccount(name).description)
+        }
+    }
+
+    static func say(_ text: String) {
+        FileHandle.standardError.write(Data((text + "\n").utf8))
+    }
+
+    struct Rotate: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Give an account a new token and print it (once); the old one is refused from then on.",
+            discussion: "Running relays close the connections made with the old token within seconds (the agent reconnects with the new one once it has it)."
+        )
+
+        @Argument(help: "Account name.")
+        var name: String
+
+        @OptionGroup var options: Options
+
+        func run() throws {
+            let token = Tokens.generate()
+            try Token.update(self.name, self.options, tokenHash: Tokens.hash(Array(token.utf8)))
+            print(token)
+            Token.say("new token for account \"\(self.name)\" (shown once); the old one is refused from now on")
+        }
+    }
+
+    struct Quota: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Set or remove an account's quota.",
+            discussion: "A quota below what the account stores already keeps what is stored and refuses what would add to it."
+        )
+
+        @Argument(help: "Account name.")
+        var name: String
+
+        @Argument(help: ArgumentHelp("Most bytes the account may store, e.g. 50G; none for no limit.", valueName: "size|none"))
+        var size: String
+
+        @OptionGroup var options: Options
+
+        func run() throws {
+            let quota: Int64? = self.size == "none" ? nil : try ByteCount.parse(self.size, option: "SIZE")
+            try Token.update(self.name, self.options, quota: .some(quota))
+            Token.say("account \"\(self.name)\": quota \(quota.map { "\($0) bytes" } ?? "none")")
+        }
+    }
+
+    struct Disable: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Refuse an account's token until enable: new connections are refused, open ones close within seconds."
+        )
+
+        @Argument(help: "Account name.")
+        var name: String
+
+        @OptionGroup var options: Options
+
+        func run() throws {
+            try Token.update(self.name, self.options, revoked: true)
+            Token.say("account \"\(self.name)\" disabled: its token is refused until `token enable`")
+        }
+    }
+
+    struct Enable: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Accept a disabled (or revoked) account's token again.")
+
+        @Argument(help: "Account name.")
+        var name: String
+
+        @OptionGroup var options: Options
+
+        func run() throws {
+            try Token.update(self.name, self.options, revoked: false)
+            Token.say("account \"\(self.name)\" enabled: its token is accepted again")
+        }
+    }
+
     struct Revoke: ParsableCommand {
-        static let configuration = CommandConfiguration(abstract: "Revoke an account's token: new connections are refused.")
+        static let configuration = CommandConfiguration(
+            abstract: "Revoke an account's token: new connections are refused, open ones close within seconds (as disable; enable undoes it)."
+        )
 
         @Argument(help: "Account name.")
         var name: String

@@ -179,6 +179,65 @@ struct CommandLineTests {
         #expect(loud.stderr.split(separator: "\n").count > quiet.stderr.split(separator: "\n").count, "quiet:\n\(quiet.stderr)\nloud:\n\(loud.stderr)")
     }
 
+    @Test("token rotate, quota, disable and enable on a running relay: the old token is refused and its open connection closes; a quota refuses what does not fit and none lifts it; a disabled account is refused until enabled")
+    func tokenAdministration() throws {
+        let relay = try DevRelay()
+        defer { relay.stop() }
+        let home = TestRelay.makeDirectory()
+        let small = home + "/small.bin"
+        FileManager.default.createFile(atPath: small, contents: Data(repeating: 7, count: 4096))
+        func admin(_ arguments: [String]) throws -> Run {
+            try Self.run(try relayBinary(), ["token"] + arguments + ["--data", relay.data])
+        }
+        func send(_ path: String, token: String? = nil, _ extra: [String] = []) throws -> [String: Any] {
+            var environment = relay.environment
+            if let token { environment["UPLOAD_TOKEN"] = token }
+            let run = try Self.run(try Self.agentBinary(), ["send", "--json", "--no-state", "--retry-for", "0s", "--overwrite"] + extra + [path], environment: environment)
+            return try #require(try Self.jsonLines(run.stdout).first, "\(run.stderr)")
+        }
+        #expect(try send(small)["status"] as? String == "stored")
+
+        // A large upload under way with the old token, throttled: the rotation closes its connection.
+        let large = home + "/large.bin"
+        FileManager.default.createFile(atPath: large, contents: Data(repeating: 1, count: 8 << 20))
+        let uploading = try AgentProcess(
+            ["send", "--json", "--no-state", "--retry-for", "0s", "--bwlimit", "1M", large], environment: relay.environment, log: home + "/large.log"
+        )
+        defer { uploading.stop(SIGKILL) }
+        #expect(
+            try AgentProcess.waitUntil {
+                try Self.run(try relayBinary(), ["ls", "--in-progress", "--json", "--data", relay.data]).stdout.contains("large.bin")
+            }, "\(uploading.child.log)"
+        )
+        let rotated = try admin(["rotate", "dev"])
+        #expect(rotated.status == 0 && rotated.stdout.hasPrefix("upl_"), "\(rotated.stderr)")
+        let newToken = rotated.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+        #expect(uploading.child.waitForExit() == 1)
+        #expect(uploading.child.log.contains("was replaced (token rotate)"), "\(uploading.child.log)")
+        let refused = try send(small)
+        #expect(refused["status"] as? String == "failed" && (refused["error"] as? String ?? "").contains("token"), "\(refused)")
+        #expect(try send(small, token: newToken)["status"] as? String != "failed")
+
+        // Quota: 1 KiB refuses a 4 KiB file that is new; none lifts it.
+        let other = home + "/other.bin"
+        FileManager.default.createFile(atPath: other, contents: Data(repeating: 9, count: 4096))
+        #expect(try admin(["quota", "dev", "1K"]).status == 0)
+        let json = try Self.jsonLines(try Self.run(try relayBinary(), ["token", "list", "--json", "--data", relay.data]).stdout)
+        #expect(json.first { $0["name"] as? String == "dev" }?["quota_bytes"] as? Int == 1024, "\(json)")
+        let over = try send(other, token: newToken)
+        #expect((over["error"] as? String ?? "").contains("QUOTA_EXCEEDED"), "\(over)")
+        #expect(try admin(["quota", "dev", "none"]).status == 0)
+        #expect(try send(other, token: newToken)["status"] as? String == "stored")
+
+        // Disable, enable.
+        #expect(try admin(["disable", "dev"]).status == 0)
+        let disabled = try send(small, token: newToken)
+        #expect((disabled["error"] as? String ?? "").contains("revoked"), "\(disabled)")
+        #expect(try admin(["enable", "dev"]).status == 0)
+        #expect(try send(small, token: newToken)["status"] as? String != "failed")
+        #expect(try admin(["rotate", "nobody"]).status == 2)
+    }
+
     @Test("serve whose --listen or --status-listen address is taken ends at once with exit 1, naming the option and the address")
     func serveAddressTaken() throws {
         let holder = try DevRelay()

@@ -91,6 +91,27 @@ struct CatalogContractTests {
         }
     }
 
+    @Test("accounts changed: quota set and removed, token replaced (the old hash finds nothing), disabled and enabled; an unknown name changes nothing", arguments: Backend.allCases)
+    func accountsChanged(_ backend: Backend) throws {
+        try Self.withCatalog(backend) { catalog, _ in
+            try catalog.addAccount(name: "cam", tokenHash: [1, 1], quota: nil)
+            #expect(try catalog.account(named: "cam")?.tokenHash == [1, 1])
+            #expect(try catalog.updateAccount(named: "cam", quota: .some(5_000), tokenHash: nil, revoked: nil))
+            #expect(try catalog.account(named: "cam")?.quota == 5_000)
+            #expect(try catalog.updateAccount(named: "cam", quota: .some(nil), tokenHash: nil, revoked: nil))
+            #expect(try catalog.account(named: "cam")?.quota == nil)
+            #expect(try catalog.updateAccount(named: "cam", quota: nil, tokenHash: [2, 2], revoked: nil))
+            #expect(try catalog.account(tokenHash: [1, 1]) == nil)
+            #expect(try catalog.account(tokenHash: [2, 2])?.name == "cam")
+            #expect(try catalog.updateAccount(named: "cam", quota: nil, tokenHash: nil, revoked: true))
+            #expect(try catalog.account(named: "cam")?.revoked == true)
+            #expect(try catalog.updateAccount(named: "cam", quota: nil, tokenHash: nil, revoked: false))
+            #expect(try catalog.account(named: "cam")?.revoked == false && catalog.account(named: "cam")?.tokenHash == [2, 2])
+            #expect(try !catalog.updateAccount(named: "nobody", quota: .some(1), tokenHash: [3], revoked: true))
+            #expect(try catalog.account(tokenHash: [3]) == nil)
+        }
+    }
+
     @Test("sessions: recorded, replaced by key, updated with their parts, gone with them; an update of a gone one refused", arguments: Backend.allCases)
     func sessions(_ backend: Backend) throws {
         try Self.withCatalog(backend) { catalog, _ in

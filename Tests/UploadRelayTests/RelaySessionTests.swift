@@ -45,11 +45,11 @@ struct SessionHarness {
     }
 
     /// TLS up, HELLO, catalog says `account`: the connection is ready.
-    mutating func handshake(account: String = "a") {
+    mutating func handshake(account: String = "a", tokenHash: [UInt8] = [1]) {
         _ = self.take(self.session.started(now: self.now))
         _ = self.take(self.session.tlsHandshakeCompleted(alpn: ProtocolLimits.alpn, now: self.now))
         self.send(.hello(Frame.Hello(maxFrameSize: 65_536, features: [], credential: [1], agentName: "t")))
-        _ = self.take(self.session.authenticated(.success(Account(name: account, quota: nil))))
+        _ = self.take(self.session.authenticated(.success(Account(name: account, quota: nil, tokenHash: tokenHash))))
     }
 
     static func frames(_ actions: [RelaySession.Action]) -> [Frame] {
@@ -231,6 +231,20 @@ struct RelaySessionTests {
         #expect(h.session.accountRevoked("b").isEmpty)
         let closed = h.session.accountRevoked("a")
         #expect(SessionHarness.errors(closed).map(\.code) == [.unauthenticated])
+    }
+
+    @Test("token rotate: a connection made with the old token closes with UNAUTHENTICATED saying so; one made with the new token, and other accounts', do not")
+    func rotation() {
+        var old = SessionHarness()
+        old.handshake(account: "a", tokenHash: [1])
+        #expect(old.session.accountToken("b", is: [2]).isEmpty)
+        #expect(old.session.accountToken("a", is: [1]).isEmpty)
+        let closed = old.session.accountToken("a", is: [2])
+        #expect(SessionHarness.errors(closed).map(\.code) == [.unauthenticated])
+        #expect(SessionHarness.errors(closed).first?.message.contains("token rotate") == true)
+        var renewed = SessionHarness()
+        renewed.handshake(account: "a", tokenHash: [2])
+        #expect(renewed.session.accountToken("a", is: [2]).isEmpty)
     }
 
     /// Seeded: streams opened, fed, cancelled and completed in random orders, the link cut at a random point; at the

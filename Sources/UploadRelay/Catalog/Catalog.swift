@@ -7,15 +7,21 @@ public struct Account: Hashable, Sendable {
     public var quota: Int64?
     /// Bytes of committed objects.
     public var usedBytes: Int64
+    /// Disabled (`token revoke` or `token disable`): its token is refused until `token enable`.
     public var revoked: Bool
     public var createdAt: Date
+    /// The hash of its token now: a `token rotate` changes it, and connections made with the old one close.
+    public var tokenHash: [UInt8]
 
-    public init(name: String, quota: Int64?, usedBytes: Int64 = 0, revoked: Bool = false, createdAt: Date = Date()) {
+    public init(
+        name: String, quota: Int64?, usedBytes: Int64 = 0, revoked: Bool = false, createdAt: Date = Date(), tokenHash: [UInt8] = []
+    ) {
         self.name = name
         self.quota = quota
         self.usedBytes = usedBytes
         self.revoked = revoked
         self.createdAt = createdAt
+        self.tokenHash = tokenHash
     }
 
     /// Whether `bytes` more fit the quota.
@@ -283,7 +289,7 @@ public enum CatalogError: Error, Hashable, Sendable, CustomStringConvertible {
     public var description: String {
         switch self {
         case .accountExists(let name):
-            return "account \"\(name)\" already exists (revoke it first, or pick another name)"
+            return "account \"\(name)\" already exists (give it a new token with `token rotate`, or pick another name)"
         case .unknownSession(let id):
             return "upload session \(id) is gone (expired or replaced); upload again"
         case .invalidAccountName(let name):
@@ -305,6 +311,9 @@ public protocol Catalog: Sendable {
     func accounts() throws -> [Account]
     /// Revokes the account's token; false when there is no such account.
     func revokeAccount(named name: String) throws -> Bool
+    /// Changes what is given of account `name`: its quota (`.some(nil)`: no limit), its token's hash (a rotation), whether
+    /// it is disabled. False when there is no such account.
+    func updateAccount(named name: String, quota: Int64??, tokenHash: [UInt8]?, revoked: Bool?) throws -> Bool
 
     func session(account: String, key: String) throws -> UploadSession?
     /// Records a new session, replacing any other session of the same account and key.

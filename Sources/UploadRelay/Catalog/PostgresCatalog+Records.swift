@@ -25,7 +25,8 @@ extension PostgresCatalog {
         Account(
             name: try row["name"].decode(String.self), quota: try row["quota"].decode(Int64?.self),
             usedBytes: try row["used_bytes"].decode(Int64.self), revoked: try row["revoked"].decode(Bool.self),
-            createdAt: Date(timeIntervalSince1970: try row["created_at"].decode(Double.self))
+            createdAt: Date(timeIntervalSince1970: try row["created_at"].decode(Double.self)),
+            tokenHash: [UInt8](try row["token_hash"].decode(Data.self))
         )
     }
 
@@ -49,6 +50,23 @@ extension PostgresCatalog {
         let logger = self.logger
         return try self.run {
             try await !Self.rows("UPDATE account SET revoked = TRUE WHERE name = \(name) RETURNING name", on: $0, logger).isEmpty
+        }
+    }
+
+    public func updateAccount(named name: String, quota: Int64??, tokenHash: [UInt8]?, revoked: Bool?) throws -> Bool {
+        let logger = self.logger
+        return try self.run { connection in
+            guard try await !Self.rows("SELECT name FROM account WHERE name = \(name)", on: connection, logger).isEmpty else { return false }
+            if let quota {
+                _ = try await Self.rows("UPDATE account SET quota = \(quota) WHERE name = \(name) RETURNING name", on: connection, logger)
+            }
+            if let tokenHash {
+                _ = try await Self.rows("UPDATE account SET token_hash = \(Data(tokenHash)) WHERE name = \(name) RETURNING name", on: connection, logger)
+            }
+            if let revoked {
+                _ = try await Self.rows("UPDATE account SET revoked = \(revoked) WHERE name = \(name) RETURNING name", on: connection, logger)
+            }
+            return true
         }
     }
 

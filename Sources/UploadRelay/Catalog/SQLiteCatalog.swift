@@ -167,7 +167,7 @@ public final class SQLiteCatalog: Catalog {
     static func account(_ row: Row) -> Account {
         Account(
             name: row["name"], quota: row["quota"], usedBytes: row["used_bytes"], revoked: row["revoked"],
-            createdAt: Date(timeIntervalSince1970: row["created_at"])
+            createdAt: Date(timeIntervalSince1970: row["created_at"]), tokenHash: [UInt8]((row["token_hash"] as Data?) ?? Data())
         )
     }
 
@@ -194,6 +194,16 @@ public final class SQLiteCatalog: Catalog {
         try self.database.write { db in
             try db.execute(cached: "UPDATE account SET revoked = 1 WHERE name = ?", arguments: [name])
             return db.changesCount > 0
+        }
+    }
+
+    public func updateAccount(named name: String, quota: Int64??, tokenHash: [UInt8]?, revoked: Bool?) throws -> Bool {
+        try self.database.write { db in
+            guard try Row.fetchOne(db, sql: "SELECT name FROM account WHERE name = ?", arguments: [name]) != nil else { return false }
+            if let quota { try db.execute(sql: "UPDATE account SET quota = ? WHERE name = ?", arguments: [quota, name]) }
+            if let tokenHash { try db.execute(sql: "UPDATE account SET token_hash = ? WHERE name = ?", arguments: [Data(tokenHash), name]) }
+            if let revoked { try db.execute(sql: "UPDATE account SET revoked = ? WHERE name = ?", arguments: [revoked, name]) }
+            return true
         }
     }
 

@@ -95,6 +95,8 @@ final class RelayConnectionHandler: ChannelInboundHandler {
             self.act { $0.shutdown() }
         case let revoked as RelayAccountRevokedEvent:
             self.act { $0.accountRevoked(revoked.account) }
+        case let replaced as RelayAccountTokenEvent:
+            self.act { $0.accountToken(replaced.account, is: replaced.tokenHash) }
         case is RelayKeyLocksLostEvent:
             self.act { $0.keyLocksLost() }
         case TLSUserEvent.handshakeCompleted(let negotiated):

@@ -205,11 +205,15 @@ public final class RelayServer: Service, Sendable {
         let loop = self.group.next()
         // Starts empty: an account revoked before the first look has its connections closed then too.
         let revoked = NIOLockedValueBox<Set<String>>([])
+        // Each account's token hash at the last look; nil before the first, which tells every connection its token's.
+        let tokens = NIOLockedValueBox<[String: [UInt8]]?>(nil)
         let lastExpiry = NIOLockedValueBox(NIODeadline.now())
         let expiryEvery = min(TimeAmount.nanoseconds(TimeAmount(services.configuration.sessionExpiry).nanoseconds / 4), .minutes(10))
         let task = loop.scheduleRepeatedAsyncTask(initialDelay: interval, delay: interval) { _ in
-            services.threadPool.runIfActive(eventLoop: loop) { () -> Set<String> in
-                let now = Set(try services.catalog.accounts().filter(\.revoked).map(\.name))
+            services.threadPool.runIfActive(eventLoop: loop) { () -> (revoked: Set<String>, tokens: [String: [UInt8]]) in
+                let accounts = try services.catalog.accounts()
+                let now = Set(accounts.filter(\.revoked).map(\.name))
+                let hashes = Dictionary(accounts.map { ($0.name, $0.tokenHash) }, uniquingKeysWith: { first, _ in first })
                 let due = lastExpiry.withLockedValue { last in
                     guard NIODeadline.now() - last >= expiryEvery else { return false }
                     last = .now()
@@ -225,8 +229,25 @@ public final class RelayServer: Service, Sendable {
                         orphansBefore: Date().addingTimeInterval(-Double(expiry.components.seconds))
                     )
                 }
-                return now
-            }.map { now in
+                return (now, hashes)
+            }.map { looked in
+                let now = looked.revoked
+                let (replaced, first) = tokens.withLockedValue { known -> ([String: [UInt8]], Bool) in
+                    defer { known = looked.tokens }
+                    guard let known else { return (looked.tokens, true) }
+                    return (looked.tokens.filter { known[$0.key] != nil && known[$0.key] != $0.value }, false)
+                }
+                if !replaced.isEmpty {
+                    let connections = self.connections
+                    for (account, hash) in replaced.sorted(by: { $0.key < $1.key }) {
+                        if !first {
+                            services.logger.notice("token replaced: closing the connections made with the old one", metadata: ["account": "\(account)"])
+                        }
+                        for connection in connections {
+                            connection.pipeline.fireUserInboundEventTriggered(RelayAccountTokenEvent(account: account, tokenHash: hash))
+                        }
+                    }
+                }
                 let newly = revoked.withLockedValue { known -> Set<String> in
                     defer { known = now }
                     return now.subtracting(known)
@@ -334,4 +355,10 @@ struct RelayKeyLocksLostEvent: Sendable {}
 
 struct RelayAccountRevokedEvent: Sendable {
     var account: String
+}
+
+/// The token of `account` is now the one hashed `tokenHash` (`token rotate`): connections made with another close.
+struct RelayAccountTokenEvent: Sendable {
+    var account: String
+    var tokenHash: [UInt8]
 }

@@ -83,6 +83,15 @@ extension RelaySession {
         return self.failConnection(.unauthenticated, "the token of account \"\(name)\" was revoked (ask the relay operator for a new one)")
     }
 
+    /// The token of account `name` is now the one hashed `tokenHash` (`token rotate`): a connection made with another
+    /// closes; the agent's next connection needs the new token.
+    mutating func accountToken(_ name: String, is tokenHash: [UInt8]) -> [Action] {
+        guard name == self.account?.name, let current = self.account?.tokenHash, !current.isEmpty, current != tokenHash else { return [] }
+        return self.failConnection(
+            .unauthenticated, "the token of account \"\(name)\" was replaced (token rotate): connect with the new one"
+        )
+    }
+
     /// The relay's key locks across relays were lost (its connection to the shared catalog dropped): uploads stop, since
     /// another relay may take their keys now. The agent reconnects and goes on from the acknowledged bytes.
     mutating func keyLocksLost() -> [Action] {
