@@ -13,6 +13,8 @@ final class ProgressPrinter: Sendable {
         var finished = 0
         var current: String = ""
         var lastDraw: Double = 0
+        /// The last reconnection reason said, and how many times it came again since (said once, then counted).
+        var reconnect: (reason: String, repeats: Int)? = nil
         var started: Double = Date().timeIntervalSince1970
     }
 
@@ -37,7 +39,19 @@ final class ProgressPrinter: Sendable {
         case .connected(let relay, let account):
             self.note("connected to \(relay) as \"\(account)\"")
         case .reconnecting(let reason, let delay):
-            self.note("\(reason); reconnecting in \(delay)")
+            // The same failure again is counted, not printed again: said when it changes, with how often it came.
+            let said = self.state.withLockedValue { state -> String? in
+                if let last = state.reconnect, last.reason == reason {
+                    state.reconnect = (reason, last.repeats + 1)
+                    return nil
+                }
+                defer { state.reconnect = (reason, 0) }
+                guard let last = state.reconnect, last.repeats > 0 else { return "" }
+                return "(that came \(last.repeats + 1) times)"
+            }
+            guard let said else { return }
+            if !said.isEmpty { self.note(said) }
+            self.note("\(reason); reconnecting in \(delay), and again while it fails the same way")
         case .started(let key, let size, let offset):
             self.state.withLockedValue {
                 if let size { $0.sizes[key] = size }
@@ -114,6 +128,9 @@ final class ProgressPrinter: Sendable {
 
     func summary(_ results: [UploadResult]) {
         guard !self.quiet else { return }
+        if let last = self.state.withLockedValue({ $0.reconnect }), last.repeats > 0 {
+            self.note("(the connection failed that way \(last.repeats + 1) times)")
+        }
         let stored = results.filter { $0.status == .stored }.count
         let dedup = results.filter { $0.status == .deduplicated }.count
         let failed = results.filter { $0.status == .failed }.count

@@ -238,6 +238,23 @@ struct CommandLineTests {
         #expect(try admin(["rotate", "nobody"]).status == 2)
     }
 
+    @Test("a relay that cannot be reached: one line naming the address and what to check, said once however often it is retried, then counted; never NIO's own description")
+    func unreachableRelayMessages() throws {
+        let file = TestRelay.makeDirectory() + "/a.bin"
+        FileManager.default.createFile(atPath: file, contents: Data("x".utf8))
+        let refused = try Self.run(try Self.agentBinary(), ["send", "--relay", "127.0.0.1:1", "--token", "t", "--retry-for", "2s", file])
+        #expect(refused.status == 1)
+        #expect(refused.stderr.contains("cannot connect to the relay at 127.0.0.1:1: connection refused: is upload-relay running"), "\(refused.stderr)")
+        #expect(refused.stderr.components(separatedBy: "reconnecting in").count == 2, "said more than once:\n\(refused.stderr)")
+        #expect(refused.stderr.contains("times)"), "\(refused.stderr)")
+        let unknown = try Self.run(try Self.agentBinary(), ["send", "--relay", "no-such-host.invalid:7443", "--token", "t", "--retry-for", "0s", file])
+        #expect(unknown.status == 1)
+        #expect(unknown.stderr.contains("no-such-host.invalid"), "\(unknown.stderr)")
+        for run in [refused, unknown] {
+            #expect(!run.stderr.contains("SingleConnectionFailure") && !run.stderr.contains("NIOConnectionError"), "\(run.stderr)")
+        }
+    }
+
     @Test("serve whose --listen or --status-listen address is taken ends at once with exit 1, naming the option and the address")
     func serveAddressTaken() throws {
         let holder = try DevRelay()

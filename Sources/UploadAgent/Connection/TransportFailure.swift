@@ -25,7 +25,7 @@ extension TransportFailure {
                     self = .io("the relay closed the connection during the TLS handshake (full, restarting, or not behind this address): \(text)")
                     return
                 }
-                self = .handshake(text, untrustedCertificate: text.contains("CERTIFICATE_VERIFY_FAILED"))
+                self = .handshake(Self.handshakeReason(text), untrustedCertificate: text.contains("CERTIFICATE_VERIFY_FAILED"))
             } else {
                 self = .tls("\(tls)")
             }
@@ -35,6 +35,27 @@ extension TransportFailure {
             self = .io("\(io)")
         default:
             self = .other("\(error)")
+        }
+    }
+}
+
+extension TransportFailure {
+    /// BoringSSL's reason code in `text` (`...:OPENSSL_internal:WRONG_VERSION_NUMBER at ...`), worded for the user, never
+    /// the library's whole description.
+    static func handshakeReason(_ text: String) -> String {
+        let code = text.split(separator: ":").map { $0.split(separator: " ").first.map(String.init) ?? "" }
+            .last { !$0.isEmpty && $0.allSatisfy { $0.isUppercase || $0.isNumber || $0 == "_" } && $0.count > 3 }
+        switch code {
+        case "TLSV1_ALERT_NO_APPLICATION_PROTOCOL":
+            return "the server at that address is not an upload-relay (it does not speak the upload protocol over TLS); check --relay"
+        case "WRONG_VERSION_NUMBER", "HTTP_REQUEST", "PACKET_LENGTH_TOO_LONG":
+            return "the server at that address does not speak TLS as upload-relay does; check --relay's port"
+        case "TLSV1_ALERT_PROTOCOL_VERSION", "UNSUPPORTED_PROTOCOL":
+            return "the server does not speak TLS 1.3, as upload-relay does; check --relay"
+        case let code?:
+            return "\(code) (check --relay and --ca)"
+        case nil:
+            return "the server ended the handshake (check --relay and --ca)"
         }
     }
 }

@@ -1,3 +1,6 @@
+#if canImport(Glibc)
+import Glibc
+#endif
 import Logging
 import NIOCore
 import NIOPosix
@@ -234,7 +237,43 @@ public final class Uploader: Sendable {
         return try await promise.futureResult.get()
     }
 
+    /// One line that names the relay's address, what went wrong and what to check (issue 27): never NIO's own
+    /// description of its connection attempts.
     static func describe(connectError error: any Error, configuration: AgentConfiguration) -> String {
-        "cannot connect to the relay at \(configuration.relayHost):\(configuration.relayPort): \(error)"
+        let address = "\(configuration.relayHost):\(configuration.relayPort)"
+        return "cannot connect to the relay at \(address): " + Self.reason(connectError: error, host: configuration.relayHost)
+    }
+
+    static func reason(connectError error: any Error, host: String) -> String {
+        func errnoReason(_ code: Int32) -> String? {
+            switch code {
+            case ECONNREFUSED: return "connection refused: is upload-relay running and listening there (--relay host:port)?"
+            case ETIMEDOUT: return "no answer: a firewall in the way, or the wrong address?"
+            case ENETUNREACH, EHOSTUNREACH: return "no route to that host: is this device on the network?"
+            case ECONNRESET: return "the connection was reset: something in between closed it"
+            default: return nil
+            }
+        }
+        switch error {
+        case let error as NIOConnectionError:
+            let attempts = error.connectionErrors.map(\.error)
+            if attempts.isEmpty, error.dnsAError != nil || error.dnsAAAAError != nil {
+                return "cannot resolve \"\(host)\" (check the name in --relay, or the device's DNS)"
+            }
+            for attempt in attempts {
+                if let io = attempt as? IOError, let reason = errnoReason(io.errnoCode) { return reason }
+                if case ChannelError.connectTimeout = attempt { return "no answer within 10 s: a firewall in the way, or the wrong address?" }
+            }
+            return attempts.first.map { "\($0)" } ?? "no address to connect to"
+        case let error as IOError:
+            return errnoReason(error.errnoCode) ?? "\(error)"
+        case ChannelError.connectTimeout:
+            return "no answer within 10 s: a firewall in the way, or the wrong address?"
+        case let error as SocketAddressError:
+            if case .unknown = error { return "cannot resolve \"\(host)\" (check the name in --relay, or the device's DNS)" }
+            return "\(error)"
+        default:
+            return "\(error)"
+        }
     }
 }
