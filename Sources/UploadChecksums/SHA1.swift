@@ -3,7 +3,7 @@ import CUploadCrypto
 /// SHA-1 (FIPS 180-4) from the system's libcrypto, whose running state can be exported to
 /// bytes and imported again: the relay persists it at every durable offset so a resumed
 /// upload never re-reads its prefix (SPEC §6.3).
-public struct SHA1: Sendable {
+public struct SHA1: StreamingDigest, Sendable {
     private var context = SHA_CTX()
     /// Bytes hashed so far.
     public private(set) var byteCount: UInt64 = 0
@@ -22,13 +22,6 @@ public struct SHA1: Sendable {
         self.byteCount += UInt64(bytes.count)
     }
 
-    /// Hashes `bytes`.
-    public mutating func update<Bytes: Sequence>(_ bytes: Bytes) where Bytes.Element == UInt8 {
-        let done: Void? = bytes.withContiguousStorageIfAvailable { self.update(UnsafeRawBufferPointer($0)) }
-        if done == nil {
-            Array(bytes).withUnsafeBytes { self.update($0) }
-        }
-    }
 
     /// The digest of everything hashed so far. The value itself may go on hashing.
     public func finalize() -> [UInt8] {
@@ -38,12 +31,6 @@ public struct SHA1: Sendable {
         return digest
     }
 
-    /// One-shot digest of `bytes`.
-    public static func hash<Bytes: Sequence>(_ bytes: Bytes) -> [UInt8] where Bytes.Element == UInt8 {
-        var sha = SHA1()
-        sha.update(bytes)
-        return sha.finalize()
-    }
 
     // MARK: Exported state
 

@@ -1,7 +1,7 @@
 import CUploadCrypto
 
 /// SHA-256 from the system's libcrypto: S3's payload hashes and request signatures, and the digests of tokens.
-public struct SHA256: Sendable {
+public struct SHA256: StreamingDigest, Sendable {
     private var context = SHA256_CTX()
 
     /// Bytes in a digest.
@@ -17,27 +17,12 @@ public struct SHA256: Sendable {
         SHA256_Update(&self.context, bytes.baseAddress, bytes.count)
     }
 
-    /// Hashes `bytes`.
-    public mutating func update<Bytes: Sequence>(_ bytes: Bytes) where Bytes.Element == UInt8 {
-        let done: Void? = bytes.withContiguousStorageIfAvailable { self.update(UnsafeRawBufferPointer($0)) }
-        if done == nil {
-            Array(bytes).withUnsafeBytes { self.update($0) }
-        }
-    }
-
     /// The digest of everything hashed so far. The value itself may go on hashing.
     public func finalize() -> [UInt8] {
         var copy = self.context
         var digest = [UInt8](repeating: 0, count: Self.digestSize)
         digest.withUnsafeMutableBufferPointer { _ = SHA256_Final($0.baseAddress, &copy) }
         return digest
-    }
-
-    /// One-shot digest of `bytes`.
-    public static func hash<Bytes: Sequence>(_ bytes: Bytes) -> [UInt8] where Bytes.Element == UInt8 {
-        var sha = SHA256()
-        sha.update(bytes)
-        return sha.finalize()
     }
 }
 

@@ -78,7 +78,7 @@ extension AsyncParsableCommand {
 }
 
 /// The relay's data directory: `--data`, else `UPLOAD_RELAY_DATA`. Never a default in the current directory: a
-/// command run from the wrong place would make a second, empty relay there (issue 27).
+/// command run from the wrong place would make a second, empty relay there.
 public enum DataDirectory {
     /// The variable that names the data directory when `--data` is not given.
     public static let environmentVariable = "UPLOAD_RELAY_DATA"

@@ -1,5 +1,5 @@
 /// Numbers as the terminal lines show them, without Foundation's `String(format:)` (the agent links
-/// FoundationEssentials only: no ICU, issue 26).
+/// FoundationEssentials only, so that ICU's 34 MB of data stays out of a binary meant for devices).
 public enum Format {
     /// `value` with `digits` decimals, rounded half away from zero, as `%.Nf` prints a finite value.
     public static func fixed(_ value: Double, _ digits: Int = 1) -> String {

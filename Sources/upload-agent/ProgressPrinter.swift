@@ -156,7 +156,7 @@ final class ProgressPrinter: Sendable {
     }
 
     /// One JSON object on one line, keys sorted. Written by hand: Foundation's JSONSerialization took an eighth of the
-    /// agent's CPU on 10,000 small files, and the agent links FoundationEssentials only (issue 26).
+    /// agent's CPU on 10,000 small files, and the agent links FoundationEssentials only (no ICU data on a device).
     static func jsonText(_ object: [String: Any]) -> String {
         var text = ""
         Self.appendJSON(object, to: &text)

@@ -898,7 +898,7 @@ class Round:
                 gaps.append(f"{key!r} not stored ({w.last_about(key)})")
             elif which == ("rerun" if w.phase == "rerun" else "fault") and key not in w.finished:
                 # In the store before the watch heard its RESULT: stopped now, the watch would never say it (and the
-                # held-up check would read that as never stored: tools/test, seed 330 round 2).
+                # held-up check would read that as never stored).
                 gaps.append(f"{key!r} stored, not yet said by the watch ({w.last_about(key)})")
         for key in job.watch.waiting:
             if key not in w.waiting:

@@ -310,7 +310,6 @@ extension AgentSession {
         else {
             return []
         }
-        sender.hashSent = true
         sender.hashedSHA1 = digest
         self.senders[id] = sender
         sender.job.bytesRead = size

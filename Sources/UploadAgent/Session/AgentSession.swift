@@ -51,9 +51,9 @@ struct AgentSession {
         var sha1: SHA1? = nil
         var started = false
         var reading = false
-        var hashSent = false
-        /// The SHA-1 its HASH carried.
+        /// The SHA-1 its HASH carried, once sent.
         var hashedSHA1: SHA1Digest? = nil
+        var hashSent: Bool { self.hashedSHA1 != nil }
         /// A striped upload's stream sent stripe 0 and waits for the other stripes (and the SHA-1 of their bytes) before
         /// HASH (SPEC §6.7). It holds no read block meanwhile, and no place of ``AgentConfiguration/concurrency``.
         var waitingForStripes = false

@@ -77,7 +77,7 @@ struct SQLiteError: Error, CustomStringConvertible {
 }
 
 /// The agent's small state database on SQLite's C API, with no binding library: the agent links neither GRDB nor the
-/// Foundation (and ICU data, 34 MB) it brings (issue 26). One connection, its calls serialized by a lock; prepared
+/// Foundation (and ICU data, 34 MB) it brings, too much for a device's flash. One connection, its calls serialized by a lock; prepared
 /// statements cached by their text.
 final class StateDatabase: @unchecked Sendable {
     private let lock = NIOLock()

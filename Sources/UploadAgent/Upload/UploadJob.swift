@@ -19,7 +19,7 @@ final class UploadJob: @unchecked Sendable {
     /// The SHA-1 of a HASH the relay answered with an error or never answered, and the fingerprint of the source it
     /// was read from: the commit may have taken effect. The next OPEN of the same source states that SHA-1, so the
     /// relay answers STORED if it did (the session is gone then: a resume token alone would start over from 0), and
-    /// STORED is then this upload's, not a copy that was there (fault matrix seed 330, s3-faults/reset).
+    /// STORED is then this upload's, not a copy that was there.
     var undecided: (sha1: SHA1Digest, fingerprint: [UInt8])? = nil
 
     /// Notes that the relay was sent `sha1` in a HASH whose answer was an error or lost.

@@ -237,14 +237,16 @@ public final class Uploader: Sendable {
         return try await promise.futureResult.get()
     }
 
-    /// One line that names the relay's address, what went wrong and what to check (issue 27): never NIO's own
-    /// description of its connection attempts.
+    /// One line that names the relay's address, what went wrong and what to check: a person on a device acts on it,
+    /// where NIO's own description of its connection attempts ran to several lines of internals.
     static func describe(connectError error: any Error, configuration: AgentConfiguration) -> String {
         let address = "\(configuration.relayHost):\(configuration.relayPort)"
         return "cannot connect to the relay at \(address): " + Self.reason(connectError: error, host: configuration.relayHost)
     }
 
     static func reason(connectError error: any Error, host: String) -> String {
+        let timedOut = "no answer within 10 s: a firewall in the way, or the wrong address?"
+        let unresolved = "cannot resolve \"\(host)\" (check the name in --relay, or the device's DNS)"
         func errnoReason(_ code: Int32) -> String? {
             switch code {
             case ECONNREFUSED: return "connection refused: is upload-relay running and listening there (--relay host:port)?"
@@ -258,19 +260,19 @@ public final class Uploader: Sendable {
         case let error as NIOConnectionError:
             let attempts = error.connectionErrors.map(\.error)
             if attempts.isEmpty, error.dnsAError != nil || error.dnsAAAAError != nil {
-                return "cannot resolve \"\(host)\" (check the name in --relay, or the device's DNS)"
+                return unresolved
             }
             for attempt in attempts {
                 if let io = attempt as? IOError, let reason = errnoReason(io.errnoCode) { return reason }
-                if case ChannelError.connectTimeout = attempt { return "no answer within 10 s: a firewall in the way, or the wrong address?" }
+                if case ChannelError.connectTimeout = attempt { return timedOut }
             }
             return attempts.first.map { "\($0)" } ?? "no address to connect to"
         case let error as IOError:
             return errnoReason(error.errnoCode) ?? "\(error)"
         case ChannelError.connectTimeout:
-            return "no answer within 10 s: a firewall in the way, or the wrong address?"
+            return timedOut
         case let error as SocketAddressError:
-            if case .unknown = error { return "cannot resolve \"\(host)\" (check the name in --relay, or the device's DNS)" }
+            if case .unknown = error { return unresolved }
             return "\(error)"
         default:
             return "\(error)"

@@ -121,8 +121,8 @@ package struct UploadPolicy {
             let committing = try commit.sessionID.flatMap { id in try catalog.session(account: name, key: key.value).flatMap { $0.id == id ? $0 : nil } }
             let recorded = try RelayRuntime.settle(commit, catalog: catalog, store: store, logger: self.services.logger)
             // The upload this OPEN resumes is the one whose commit took effect (the agent heard STORAGE_ERROR, S3's
-            // answer lost after it completed): STORED, never started over from 0 (fault matrix seed 330, s3-faults/reset
-            // re-sent the whole blob and dropped its acknowledged bytes; SPEC §6.2).
+            // answer lost after it completed): STORED, never started over from 0, which would re-send the whole blob and
+            // drop its acknowledged bytes (SPEC §6.2).
             if recorded, let committing, Self.resumes(open, committing, size: size), open.sha1.map({ $0.hex == commit.sha1 }) ?? true {
                 return .stored(size: UInt64(commit.size))
             }
