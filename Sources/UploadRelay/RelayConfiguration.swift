@@ -26,6 +26,10 @@ public struct RelayConfiguration: Sendable {
     public var hooks: CommitHooks? = nil
     /// The HTTPS status endpoint (`--status-listen`); nil: none.
     public var status: StatusEndpoint? = nil
+    /// The plain-HTTP operations endpoint, `/metrics`, `/healthz`, `/readyz` (`--metrics-listen`); nil: none.
+    public var operations: StatusEndpoint? = nil
+    /// Whether committed uploads and bytes are counted per account in the metrics (`--metrics-per-account`).
+    public var metricsPerAccount = false
     /// Whether agents may send one blob as stripes on several streams (SPEC §6.7). An S3 store does not take stripes.
     public var allowStripes = true
 
@@ -144,9 +148,27 @@ public struct CommitHooks: Sendable {
 /// `GET /v1/status?key=KEY` or `?prefix=P`, with the account's token as `Authorization: Bearer TOKEN`. It serves the
 /// relay's certificate, and reads the catalog, so every relay sharing one answers for every upload.
 public struct StatusEndpoint: Sendable {
+    /// What a listener serves.
+    public struct Routes: OptionSet, Sendable, Hashable {
+        public let rawValue: Int
+        public init(rawValue: Int) { self.rawValue = rawValue }
+
+        /// `GET /v1/status`: an account's keys, for its token.
+        public static let status = Routes(rawValue: 1 << 0)
+        /// `GET /healthz` (alive) and `GET /readyz` (fit for new agents), for anyone: probes carry no token.
+        public static let health = Routes(rawValue: 1 << 1)
+        /// `GET /metrics`, Prometheus' text format, for anyone who reaches the listener (loopback by default).
+        public static let metrics = Routes(rawValue: 1 << 2)
+    }
+
     public var host: String
     /// Port 0 picks a free port (see ``RelayStatusServer/waitUntilListening()``).
     public var port: Int
+    /// What this listener serves: the status endpoint serves status and health over TLS, the operations endpoint
+    /// (`--metrics-listen`) metrics and health in plain HTTP.
+    public var routes: Routes = [.status, .health]
+    /// Whether connections speak TLS first (on the relay's certificate).
+    public var tls = true
     /// The most connections at once; more are closed at accept.
     public var maxConnections: Int = 256
     /// A connection closes when a request is not read and answered, its answer written to the socket, within this long
@@ -173,5 +195,14 @@ public struct StatusEndpoint: Sendable {
     public init(host: String, port: Int) {
         self.host = host
         self.port = port
+    }
+
+    /// The operations endpoint: `/metrics`, `/healthz` and `/readyz` in plain HTTP.
+    public static func operations(host: String, port: Int) -> StatusEndpoint {
+        var endpoint = StatusEndpoint(host: host, port: port)
+        endpoint.routes = [.metrics, .health]
+        endpoint.tls = false
+        endpoint.maxConnections = 64
+        return endpoint
     }
 }

@@ -226,7 +226,10 @@ public enum RelayRuntime {
                 )
             }
         }
-        return RelayServices(configuration: configuration, catalog: catalog, store: store, threadPool: pool, logger: logger)
+        return RelayServices(
+            configuration: configuration, catalog: catalog, store: store, threadPool: pool, logger: logger,
+            metrics: RelayMetrics(perAccount: configuration.metricsPerAccount)
+        )
     }
 
     /// The store the configuration names: an S3 bucket (which takes no stripes), or the local directory.

@@ -150,7 +150,10 @@ final class ProgressPrinter: Sendable {
             "status": result.status.rawValue, "sent_bytes": result.sentBytes, "hashed_bytes": result.hashedBytes,
             "wire_bytes": result.wireBytes, "stripes": result.stripes,
         ]
-        if let error = result.error { object["error"] = error }
+        if let error = result.error {
+            object["error"] = error
+            object["error_code"] = result.errorCode ?? UploadResult.ErrorCode.failed
+        }
         if let event { object["event"] = event }
         return Self.jsonText(object)
     }

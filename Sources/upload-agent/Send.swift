@@ -33,7 +33,10 @@ struct Send: AsyncParsableCommand {
             cannot make a key (a backslash, a control character) fails alone; the rest go up.
 
             Exit status: 0 when every item was stored or deduplicated; 1 when any failed or was skipped (with \
-            --allow-skipped, skipped paths alone do not count); 2 for a usage error (the command line itself).
+            --allow-skipped, skipped paths alone do not count); 2 for a usage error (the command line itself); \
+            3 when nothing went up because the relay could not be reached or refused the account (bad token, \
+            TLS). With --json each failed or skipped item carries error and error_code (a wire code such as \
+            QUOTA_EXCEEDED, or RELAY_UNREACHABLE, NO_PROGRESS, TLS_UNTRUSTED, SOURCE_ERROR, INVALID_KEY, SKIPPED).
             """
     )
 
@@ -117,8 +120,16 @@ struct Send: AsyncParsableCommand {
         try? await group.shutdownGracefully()
         results = plan.results + results
         progress.summary(results)
-        if results.contains(where: { $0.status == .failed || ($0.status == .skipped && !self.allowSkipped) }) {
-            throw ExitCode(1)
-        }
+        if let code = Self.exitCode(results, allowSkipped: self.allowSkipped) { throw ExitCode(code) }
+    }
+
+    /// 0 (nil) when every item is stored or already there (skipped ones too with --allow-skipped); 3 when nothing went
+    /// up because the relay could not be reached or refused the account; 1 otherwise.
+    static func exitCode(_ results: [UploadResult], allowSkipped: Bool) -> Int32? {
+        let failures = results.filter { $0.status == .failed || ($0.status == .skipped && !allowSkipped) }
+        guard !failures.isEmpty else { return nil }
+        let anyStored = results.contains { $0.status == .stored || $0.status == .deduplicated }
+        let refused = failures.allSatisfy { $0.status == .failed && UploadResult.ErrorCode.relayRefused.contains($0.errorCode ?? "") }
+        return !anyStored && refused ? 3 : 1
     }
 }

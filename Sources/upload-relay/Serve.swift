@@ -40,6 +40,18 @@ struct Serve: AsyncParsableCommand {
     )
     var statusListen: String?
 
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "Also serve plain HTTP here for operators: GET /metrics (Prometheus' text format), /healthz (the process answers) and /readyz (503 unless the catalog answers, the staging directory is writable, free space is above --min-free and the relay is not shutting down). No token: keep it on loopback or a private network. A port alone listens on 127.0.0.1. Off unless given.",
+            valueName: "[host:]port"
+        )
+    )
+    var metricsListen: String?
+
+    @Flag(name: .long, help: "With --metrics-listen: count committed uploads and bytes per account (a label per account).")
+    var metricsPerAccount = false
+
     @Option(name: .long, help: "With --status-listen: its connections at once.")
     var statusMaxConnections: Int = 256
 
@@ -57,6 +69,15 @@ struct Serve: AsyncParsableCommand {
         help: ArgumentHelp("Directory the relay owns: its catalog, staged uploads and, by default, objects (or UPLOAD_RELAY_DATA). Required.", valueName: "dir")
     )
     var data: String?
+
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "Read options from this JSON file first: keys are option names without dashes ({\"listen\": \"0.0.0.0:7443\", \"dev\": true}); UPLOAD_RELAY_<NAME> variables override it, the command line overrides both. Any option NAME may be read from a file as NAME-file (--catalog-file, \"catalog-file\", UPLOAD_RELAY_CATALOG_FILE), for secrets. See the README.",
+            valueName: "file"
+        )
+    )
+    var config: String?
 
     /// `--data`, else UPLOAD_RELAY_DATA (``validate()`` makes sure one is given).
     var dataDirectory: String { DataDirectory.resolve(self.data, environment: ProcessInfo.processInfo.environment) ?? "" }
@@ -226,6 +247,9 @@ struct Serve: AsyncParsableCommand {
         if let status = self.statusListen {
             _ = try HostPort.parse(status, option: "--status-listen")
         }
+        if let metrics = self.metricsListen {
+            _ = try Self.metricsAddress(metrics)
+        }
         guard self.statusMaxConnections >= 1 else {
             throw ValidationError("--status-max-connections must be at least 1")
         }
@@ -356,10 +380,16 @@ struct Serve: AsyncParsableCommand {
             endpoint.requestTimeout = try DurationText.parse(self.statusRequestTimeout, option: "--status-request-timeout")
             configuration.status = endpoint
         }
+        if let metrics = self.metricsListen {
+            let (metricsHost, metricsPort) = try Self.metricsAddress(metrics)
+            configuration.operations = .operations(host: metricsHost, port: metricsPort)
+        }
+        configuration.metricsPerAccount = self.metricsPerAccount
         let services = try RelayRuntime.makeServices(configuration: configuration, catalog: catalog, logger: logger)
         let group = MultiThreadedEventLoopGroup(numberOfThreads: System.coreCount)
         let server = try RelayServer(services: services, group: group)
         let statusServer = try configuration.status.map { try RelayStatusServer(services: services, endpoint: $0, group: group) }
+        let operationsServer = try configuration.operations.map { try RelayStatusServer(services: services, endpoint: $0, group: group) }
         // Every listener is bound before the relay says it is ready: an address in use ends the start here, with the
         // address named, instead of a relay serving without one of its endpoints.
         let address: SocketAddress
@@ -376,6 +406,16 @@ struct Serve: AsyncParsableCommand {
                 server.shutdown()
                 await Self.stop(services: services, group: group)
                 throw Self.listenFailure(error, option: "--status-listen", address: status)
+            }
+        }
+        if let operationsServer, let metrics = self.metricsListen {
+            do {
+                try await operationsServer.bind()
+            } catch {
+                server.shutdown()
+                statusServer?.shutdown()
+                await Self.stop(services: services, group: group)
+                throw Self.listenFailure(error, option: "--metrics-listen", address: metrics)
             }
         }
         if let port = address.port {
@@ -395,13 +435,24 @@ struct Serve: AsyncParsableCommand {
             configuration: .init(
                 services: [
                     .init(service: server, failureTerminationBehavior: .gracefullyShutdownGroup)
-                ] + (statusServer.map { [.init(service: $0, successTerminationBehavior: .gracefullyShutdownGroup, failureTerminationBehavior: .gracefullyShutdownGroup)] } ?? []),
+                ] + [statusServer, operationsServer].compactMap { $0 }.map {
+                    .init(service: $0, successTerminationBehavior: .gracefullyShutdownGroup, failureTerminationBehavior: .gracefullyShutdownGroup)
+                },
                 gracefulShutdownSignals: [.sigterm, .sigint], logger: logger
             )
         )
         try await group2.run()
         try await services.threadPool.shutdownGracefully()
         try await group.shutdownGracefully()
+    }
+
+    /// `--metrics-listen`: HOST:PORT, or a port alone on loopback.
+    static func metricsAddress(_ text: String) throws -> (String, Int) {
+        if let port = Int(text) {
+            guard (0...65535).contains(port) else { throw ValidationError("--metrics-listen \"\(text)\" is not a port (0 to 65535)") }
+            return ("127.0.0.1", port)
+        }
+        return try HostPort.parse(text, option: "--metrics-listen")
     }
 
     /// A listener that could not be bound, said so that the operator can act: which option, which address, why.

@@ -24,8 +24,16 @@ struct UploadRelayCommand: AsyncParsableCommand {
         subcommands: [Serve.self, Token.self, ListCommand.self]
     )
 
-    /// Usage errors exit 2, as scripts expect (ArgumentParser's own default is 64).
+    /// Usage errors exit 2, as scripts expect (ArgumentParser's own default is 64). `serve` takes its options from
+    /// `--config FILE` and `UPLOAD_RELAY_*` too (``ServeConfig``).
     static func main() async {
-        await Self.mainExitingTwoOnUsageError()
+        let arguments: [String]
+        do {
+            arguments = try ServeConfig.expand(Array(CommandLine.arguments.dropFirst()), environment: ProcessInfo.processInfo.environment)
+        } catch {
+            FileHandle.standardError.write(Data("upload-relay: \(error)\n".utf8))
+            Glibc.exit(2)
+        }
+        await Self.mainExitingTwoOnUsageError(arguments)
     }
 }

@@ -89,7 +89,7 @@ struct CommandLineTests {
         return path
     }
 
-    @Test("send --json: exit 0, one JSON object per item with the documented fields; then dedup; then exit 1 on a bad token")
+    @Test("send --json: exit 0, one JSON object per item with the documented fields; then dedup; then exit 3 and error_code UNAUTHENTICATED on a bad token")
     func sendJSON() throws {
         let relay = try DevRelay()
         defer { relay.stop() }
@@ -111,6 +111,7 @@ struct CommandLineTests {
         #expect(photo["sent_bytes"] as? Int == 300_000)
         #expect((photo["sha1"] as? String)?.count == 40)
         #expect(photo["path"] as? String == file.path)
+        #expect(photo["error"] == nil && photo["error_code"] == nil)
         #expect(FileManager.default.contents(atPath: data + "/store/dev/trip/day1/IMG_1.jpg") == file.data)
 
         let again = try Self.run(agent, ["send", "--json", source + "/trip"], environment: environment)
@@ -121,9 +122,10 @@ struct CommandLineTests {
         var wrong = environment
         wrong["UPLOAD_TOKEN"] = "upl_wrong"
         let refused = try Self.run(agent, ["send", "--json", file.path], environment: wrong)
-        #expect(refused.status == 1)
+        #expect(refused.status == 3, "\(refused.stderr)")
         #expect(refused.stdout.contains("\"status\":\"failed\""))
         #expect(refused.stdout.contains("\"error\""))
+        #expect(refused.stdout.contains("\"error_code\":\"UNAUTHENTICATED\""), "\(refused.stdout)")
         #expect(refused.stderr.contains("unknown token"))
     }
 
@@ -212,7 +214,8 @@ struct CommandLineTests {
         let rotated = try admin(["rotate", "dev"])
         #expect(rotated.status == 0 && rotated.stdout.hasPrefix("upl_"), "\(rotated.stderr)")
         let newToken = rotated.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
-        #expect(uploading.child.waitForExit() == 1)
+        // Nothing of that run went up and the relay no longer takes its token: exit 3.
+        #expect(uploading.child.waitForExit() == 3)
         #expect(uploading.child.log.contains("was replaced (token rotate)"), "\(uploading.child.log)")
         let refused = try send(small)
         #expect(refused["status"] as? String == "failed" && (refused["error"] as? String ?? "").contains("token"), "\(refused)")
@@ -226,6 +229,7 @@ struct CommandLineTests {
         #expect(json.first { $0["name"] as? String == "dev" }?["quota_bytes"] as? Int == 1024, "\(json)")
         let over = try send(other, token: newToken)
         #expect((over["error"] as? String ?? "").contains("QUOTA_EXCEEDED"), "\(over)")
+        #expect(over["error_code"] as? String == "QUOTA_EXCEEDED", "\(over)")
         #expect(try admin(["quota", "dev", "none"]).status == 0)
         #expect(try send(other, token: newToken)["status"] as? String == "stored")
 
@@ -242,13 +246,14 @@ struct CommandLineTests {
     func unreachableRelayMessages() throws {
         let file = TestRelay.makeDirectory() + "/a.bin"
         FileManager.default.createFile(atPath: file, contents: Data("x".utf8))
-        let refused = try Self.run(try Self.agentBinary(), ["send", "--relay", "127.0.0.1:1", "--token", "t", "--retry-for", "2s", file])
-        #expect(refused.status == 1)
+        let refused = try Self.run(try Self.agentBinary(), ["send", "--json", "--relay", "127.0.0.1:1", "--token", "t", "--retry-for", "2s", file])
+        #expect(refused.status == 3, "nothing went up, the relay unreachable: exit 3")
+        #expect(refused.stdout.contains("\"error_code\":\"RELAY_UNREACHABLE\""), "\(refused.stdout)")
         #expect(refused.stderr.contains("cannot connect to the relay at 127.0.0.1:1: connection refused: is upload-relay running"), "\(refused.stderr)")
         #expect(refused.stderr.components(separatedBy: "reconnecting in").count == 2, "said more than once:\n\(refused.stderr)")
         #expect(refused.stderr.contains("times)"), "\(refused.stderr)")
         let unknown = try Self.run(try Self.agentBinary(), ["send", "--relay", "no-such-host.invalid:7443", "--token", "t", "--retry-for", "0s", file])
-        #expect(unknown.status == 1)
+        #expect(unknown.status == 3)
         #expect(unknown.stderr.contains("no-such-host.invalid"), "\(unknown.stderr)")
         for run in [refused, unknown] {
             #expect(!run.stderr.contains("SingleConnectionFailure") && !run.stderr.contains("NIOConnectionError"), "\(run.stderr)")
@@ -634,11 +639,12 @@ struct CommandLineTests {
         wrong["UPLOAD_TOKEN"] = "upl_wrong"
         let state = TestRelay.makeDirectory()
         let run = try Self.run(try Self.agentBinary(), ["send", "--json", "--state", state, source + "/many"], environment: wrong)
-        #expect(run.status == 1)
+        #expect(run.status == 3)
         let lines = try Self.jsonLines(run.stdout)
         #expect(lines.count == 300, "\(lines.count) result lines for 300 files")
         #expect(Set(lines.compactMap { $0["key"] as? String }).count == 300)
         #expect(lines.allSatisfy { $0["status"] as? String == "failed" && ($0["error"] as? String ?? "").contains("unknown token") })
+        #expect(lines.allSatisfy { $0["error_code"] as? String == "UNAUTHENTICATED" }, "every result, beyond the window too")
         let store = try AgentStateStore(directory: state)
         #expect(try store.items().allSatisfy { $0.status == .failed }, "rows left queued")
     }

@@ -23,9 +23,9 @@ struct ConfigFileTests {
             to: config
         )
         let agent = try CommandLineTests.agentBinary()
-        // The file's token is wrong: the run fails for it, so the file was read.
+        // The file's token is wrong: the run fails for it (exit 3: nothing went up, the account refused), so the file was read.
         let refused = try CommandLineTests.run(agent, ["send", "--config", config, file.path])
-        #expect(refused.status == 1, "\(refused.stderr)")
+        #expect(refused.status == 3, "\(refused.stderr)")
         #expect(refused.stderr.contains("UNAUTHENTICATED"), "\(refused.stderr)")
         // The command line's token wins; --json comes from the "send" section.
         let run = try CommandLineTests.run(agent, ["send", "--config=\(config)", "--token", relay.token, file.path])
@@ -85,5 +85,62 @@ struct ConfigFileTests {
         #expect(invalid.status == 2)
         #expect(invalid.stderr.contains("--bwlimit"))
         await relay.stop()
+    }
+
+    @Test("upload-relay serve runs from a configuration file alone, its catalog URL read from a file (PostgreSQL when the tests have one) and never on its command line; UPLOAD_RELAY_* overrides the file, the command line both; a key no option has is a usage error")
+    func relayFromFile() async throws {
+        let home = TestRelay.makeDirectory()
+        defer { try? FileManager.default.removeItem(atPath: home) }
+        let data = home + "/data"
+        let catalogURL = ProcessInfo.processInfo.environment["UPLOAD_TEST_POSTGRES_URL"]
+        var object: [String: Any] = [
+            "data": data, "dev": true, "listen": "127.0.0.1:0", "ready-file": home + "/ready", "log-level": "warning",
+            "min-free": "1M", "metrics-listen": 0, "dev-host": ["relay.example", "relay2.example"],
+        ]
+        if let catalogURL {
+            try Data((catalogURL + "\n").utf8).write(to: URL(fileURLWithPath: home + "/catalog-url"))
+            object["catalog-file"] = home + "/catalog-url"
+        }
+        try self.write(object, to: home + "/relay.json")
+        // The environment overrides the file: info lines, though the file says warning.
+        var environment = ProcessInfo.processInfo.environment
+        environment["UPLOAD_RELAY_LOG_LEVEL"] = "info"
+        let relay = try ChildProcess(
+            try relayBinary(), ["serve", "--config", home + "/relay.json"], readyFile: home + "/ready", logFile: home + "/relay.log",
+            environment: environment
+        )
+        defer {
+            relay.kill(SIGTERM)
+            _ = relay.waitForExit()
+        }
+        let port = try relay.waitUntilReady()
+        let commandLine = try String(contentsOfFile: "/proc/\(relay.process.processIdentifier)/cmdline", encoding: .utf8)
+        if let catalogURL {
+            #expect(!commandLine.contains(catalogURL), "the catalog URL is on the relay's command line")
+            #expect(!relay.log.contains(catalogURL), "the catalog URL is in the relay's log")
+        }
+        #expect(relay.log.contains("relay.example, relay2.example"), "the file's dev-host list: \(relay.log)")
+        #expect(relay.log.contains("info upload-relay"), "UPLOAD_RELAY_LOG_LEVEL did not override the file: \(relay.log)")
+        let token = try String(contentsOfFile: data + "/dev/token", encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
+        let file = makeFile(home, "clip.mp4", size: 3 << 20, seed: 12)
+        let sent = try CommandLineTests.run(
+            try CommandLineTests.agentBinary(),
+            ["send", "--json", "--no-state", "--relay", "127.0.0.1:\(port)", "--ca", data + "/dev/ca.pem", "--token", token, file.path]
+        )
+        #expect(sent.status == 0, "\(sent.stderr)")
+        #expect(FileManager.default.contents(atPath: data + "/store/dev/clip.mp4") == file.data)
+        if let catalogURL {
+            // The object is in the PostgreSQL catalog: `ls` with the same URL lists it.
+            let listed = try CommandLineTests.run(try relayBinary(), ["ls", "--json", "--data", data, "--catalog", catalogURL])
+            #expect(listed.stdout.contains("clip.mp4"), "\(listed.stdout) \(listed.stderr)")
+        }
+
+        try self.write(["data": data, "listen-addr": "127.0.0.1:0"], to: home + "/bad.json")
+        let bad = try CommandLineTests.run(try relayBinary(), ["serve", "--config", home + "/bad.json"])
+        #expect(bad.status == 2)
+        #expect(bad.stderr.contains("\"listen-addr\" is not an option of upload-relay serve"), "\(bad.stderr)")
+        let unreadable = try CommandLineTests.run(try relayBinary(), ["serve", "--config", home + "/relay.json", "--catalog-file", home + "/none"])
+        #expect(unreadable.status == 2)
+        #expect(unreadable.stderr.contains("--catalog-file: cannot read \(home)/none"), "\(unreadable.stderr)")
     }
 }

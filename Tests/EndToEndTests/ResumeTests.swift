@@ -115,8 +115,9 @@ struct ResumeTests {
                 configure: {
                     $0.dedup = false
                     $0.retryFor = .seconds(60)
-                    // 32 MiB/s: the kill lands midway (at full loopback speed 48 MiB can be gone before it does).
-                    $0.bandwidthLimit = 32 << 20
+                    // 8 MiB/s: the kill lands 4 s before the end even with the whole suite running (at 32 MiB/s, once,
+                    // the last 32 MiB went before the test's task ran again after its wait).
+                    $0.bandwidthLimit = 8 << 20
                 }
             ) { event in
                 if case .sent(_, let bytes) = event { sent.add(bytes) }

@@ -393,7 +393,7 @@ struct AgentSessionTests {
         let stripe = try #require(queue.next())
         #expect(stripe.stripe?.index == 1)
         queue.requeue(stripe)
-        let failed = queue.failWaiting("the relay is unreachable")
+        let failed = queue.failWaiting("the relay is unreachable", code: UploadResult.ErrorCode.relayUnreachable)
         #expect(failed.map(\.key) == ["w.mov"], "stripes are the agent's own, never reported")
         #expect(set.failure?.contains("the relay is unreachable") == true, "the main job, still active, learns its stripes are gone")
     }

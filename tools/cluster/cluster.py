@@ -242,15 +242,15 @@ class Cluster:
             subprocess.run(["apt-get", "install", "-y", "-qq", "haproxy"], env=environment, check=True,
                            capture_output=True)
 
-    def relay_command(self, index: int, port: int, status_port: int) -> list[str]:
+    def relay_command(self, index: int, port: int, status_port: int, ops_port: int) -> list[str]:
         data = os.path.join(self.work, f"relay{index}")
         tls = ["--dev"] if index == 0 else ["--cert", self.cert, "--key", self.key]
         return [os.path.join(self.bin, "upload-relay"), "serve", "--data", data, "--listen", f"127.0.0.1:{port}",
-                "--status-listen", f"127.0.0.1:{status_port}",
+                "--status-listen", f"127.0.0.1:{status_port}", "--metrics-listen", f"127.0.0.1:{ops_port}",
                 "--ready-file", os.path.join(data, "ready"), "--store", f"s3://{self.bucket}/relay",
                 "--s3-endpoint", self.endpoint, "--log-level", "warning", *tls]
 
-    def start_relay(self, index: int, port: int = 0):
+    def start_relay(self, index: int, port: int = 0, ops_port: int = 0):
         data = os.path.join(self.work, f"relay{index}")
         os.makedirs(data, exist_ok=True)
         ready = os.path.join(data, "ready")
@@ -258,8 +258,10 @@ class Cluster:
             os.unlink(ready)
         port = port or free_port()
         status_port = free_port()
+        # A relay started again keeps its health-check port: HAProxy's configuration names it.
+        ops_port = ops_port or free_port()
         logfile = open(os.path.join(data, "relay.log"), "ab")
-        proc = subprocess.Popen(self.relay_command(index, port, status_port), env=self.env, stdout=logfile, stderr=logfile,
+        proc = subprocess.Popen(self.relay_command(index, port, status_port, ops_port), env=self.env, stdout=logfile, stderr=logfile,
                                 start_new_session=True)
         deadline = time.monotonic() + 60
         while not (os.path.exists(ready) and os.path.getsize(ready) > 0):
@@ -270,7 +272,8 @@ class Cluster:
             self.cert = os.path.join(data, "dev", "server.pem")
             self.key = os.path.join(data, "dev", "server-key.pem")
             self.ca = os.path.join(data, "dev", "ca.pem")
-        relay = {"index": index, "port": port, "status_port": status_port, "proc": proc, "data": data}
+        relay = {"index": index, "port": port, "status_port": status_port, "ops_port": ops_port, "proc": proc,
+                 "data": data}
         if index < len(self.relays):
             self.relays[index] = relay
         else:
@@ -287,8 +290,8 @@ class Cluster:
         self.port = free_port()
         with open(os.path.join(HERE, "haproxy.cfg.in")) as f:
             template = f.read()
-        servers = "\n".join(f"    server relay{r['index']} 127.0.0.1:{r['port']} check inter 500ms fall 2 rise 2"
-                            for r in self.relays)
+        servers = "\n".join(f"    server relay{r['index']} 127.0.0.1:{r['port']} check port {r['ops_port']} "
+                            f"inter 500ms fall 2 rise 2" for r in self.relays)
         config = template.replace("@PORT@", str(self.port)).replace("@SERVERS@", servers)
         path = os.path.join(self.work, "haproxy.cfg")
         with open(path, "w") as f:
@@ -470,7 +473,7 @@ def demo(cluster: Cluster, a) -> str:
     # next cleanup) aborts it.
     orphans = cluster.s3.open_uploads(cluster.bucket)
     log(f"restarting relay{killed['index']}; multipart uploads open before: {orphans}")
-    cluster.start_relay(killed["index"], killed["port"])
+    cluster.start_relay(killed["index"], killed["port"], killed["ops_port"])
     open_uploads = cluster.s3.open_uploads(cluster.bucket)
     if open_uploads:
         raise Failed(f"{open_uploads} multipart uploads left open in the bucket after the restart")

@@ -1068,6 +1068,25 @@ def port_refuses(port: int) -> bool:
         return False
 
 
+def unused_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def readyz(port: int) -> tuple[int, str]:
+    """GET /readyz on the relay's operations endpoint: (HTTP status, body); (0, why) when it did not answer."""
+    import urllib.error
+    import urllib.request
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as r:
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+    except OSError as e:
+        return 0, str(e)
+
+
 def scenario_postgres(env: Env, res: Result, rng: random.Random) -> None:
     work = os.path.join(env.root, "s3pg")
     pgdir = os.path.join(work, "pg")
@@ -1089,8 +1108,11 @@ def scenario_postgres(env: Env, res: Result, rng: random.Random) -> None:
         if made.returncode != 0:
             raise SetupError(f"token add pgcam --catalog: {made.stderr.strip()}")
         token = made.stdout.strip().split()[-1]
+        ops_port = unused_port()
         relay = Relay(env, "relay-pg", os.path.join(work, "relay"), catalog_url=url, account="pgcam",
-                      token=token).start()
+                      token=token, extra=["--metrics-listen", f"127.0.0.1:{ops_port}"]).start()
+        ready0 = readyz(ops_port)
+        res.expect(ready0[0] == 200, f"/readyz before the fault: {ready0[0]} {short(ready0[1], 200)}")
         size = rng.randint(38, 42) * MiB + rng.randrange(MiB)
         key = "pg-big.bin"
         src = os.path.join(work, "src", key)
@@ -1117,7 +1139,12 @@ def scenario_postgres(env: Env, res: Result, rng: random.Random) -> None:
             down = stop.returncode == 0 and refused and st.returncode == 3
             res.expect(down, f"PostgreSQL was not down: pg_ctl stop exit {stop.returncode} ({short(stop.stderr)}), "
                              f"port refused={refused}, pg_ctl status exit {st.returncode}")
-            time.sleep(3.0)
+            # Down for 3 s: /readyz must say unready (the catalog does not answer) while it is.
+            t_end = time.monotonic() + 3.0
+            unready = wait_for(lambda: (lambda a: a if a[0] == 503 else None)(readyz(ops_port)), timeout=3.0, interval=0.1)
+            time.sleep(max(0.0, t_end - time.monotonic()))
+            res.expect(unready is not None and '"catalog":"the catalog does not answer"' in unready[1],
+                       f"/readyz did not turn unready while PostgreSQL was down: {readyz(ops_port)}")
             relay_alive_while_down = relay.alive()
             d_down = relay.durable(key)
             start = subprocess.run(
@@ -1127,6 +1154,10 @@ def scenario_postgres(env: Env, res: Result, rng: random.Random) -> None:
                  f"-c max_connections=200", "start"], capture_output=True, text=True, timeout=90)
             res.expect(start.returncode == 0, f"PostgreSQL did not start again: {short(start.stderr)}")
             down_secs = time.monotonic() - t_stop
+            ready_again = wait_for(lambda: (lambda a: a if a[0] == 200 else None)(readyz(ops_port)), timeout=30, interval=0.1)
+            res.expect(ready_again is not None, f"/readyz not ready again 30s after PostgreSQL came back: {readyz(ops_port)}")
+            res.fact(f"/readyz: 200 before, {unready[0] if unready else 'never 503'} while down, "
+                     f"{'200' if ready_again else 'not 200'} {time.monotonic() - t_stop - down_secs:.1f}s after it was back")
             res.fact(f"PostgreSQL down at {mib(acked)} durable (stop took {stop_secs:.1f}s, port refused: {refused}), "
                      f"up again after {down_secs:.1f}s on port {port}; durable read while down: {d_down}; "
                      f"relay {'alive' if relay_alive_while_down else 'DEAD'} while it was down")

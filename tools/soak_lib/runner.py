@@ -26,6 +26,9 @@ DIRECT_IO_SLACK = 4 * MiB      # staging files may hold an aligned, not yet dura
 STRIPE = 16 * MiB              # SPEC §6.7: the stripe of a blob below 4 GiB
 CRASH_RE = re.compile(r"precondition|Fatal error", re.IGNORECASE)
 CRASH_CODES = (132, 134, 139)  # 128 + SIGILL / SIGABRT / SIGSEGV (as a shell reports them)
+# send exits 3 when nothing went up and every failure has one of these codes (README: exit status).
+RELAY_REFUSED_CODES = {"RELAY_UNREACHABLE", "UNAUTHENTICATED", "UNSUPPORTED_VERSION", "TLS_UNTRUSTED",
+                       "TLS_NAME_MISMATCH", "TLS_HANDSHAKE"}
 OK_STATUSES = ("stored", "deduplicated")
 STORAGE_FULL_RE = re.compile(r"STORAGE_ERROR|storage is full", re.IGNORECASE)
 TMPFS_SLACK = 1 * MiB          # the catalog's growth and a tmpfs's own blocks, on top of the relay's reserve
@@ -789,7 +792,12 @@ class Round:
                 self.find("exit-code-truth", f"{who}: exit 1 though all {len(ok)} items were stored"
                           + (f" and the {len(skipped)} skipped paths are allowed (--allow-skipped)" if skipped else "")
                           + f": {err[-300:]!r}")
-            elif rc not in (0, 1) and rc >= 0 and rc not in CRASH_CODES:
+            elif rc == 3 and (ok or any(o.get("error_code") not in RELAY_REFUSED_CODES
+                                        for o in [*results.values(), *(o for got in by_path.values() for o in got)]
+                                        if o.get("status") == "failed")):
+                self.find("exit-code-truth", f"{who}: exit 3 (nothing went up: relay unreachable or refused) though "
+                          f"{len(ok)} items were stored or a failure had another code: {err[-300:]!r}")
+            elif rc not in (0, 1, 3) and rc >= 0 and rc not in CRASH_CODES:
                 self.find("exit-code-truth", f"{who}: exit {rc}: {err[-300:]!r}")
             if final and missing and rc >= 0:
                 self.find("json-truth", f"{who}: exit {rc}, {len(missing)} of {len(job.expected)} items "

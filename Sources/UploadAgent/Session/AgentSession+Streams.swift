@@ -61,7 +61,7 @@ extension AgentSession {
                 // in its place.
                 job.item.source.close()
                 let message = "\(job.item.source.displayName) is not the file that was queued: it changed or was replaced since; not uploaded (send it again to upload it as it is now)"
-                return self.complete(job, job.finish(.failed, sha1: "", error: message))
+                return self.complete(job, job.finish(.failed, sha1: "", error: message, code: UploadResult.ErrorCode.sourceError))
             }
             job.info = info
             job.knownSHA1 = sha1
@@ -111,7 +111,7 @@ extension AgentSession {
             self.senders[id] = Sender(job: job)
             return self.write(frame)
         case .failure(let error):
-            return self.complete(job, job.finish(.failed, sha1: "", error: "\(error)"))
+            return self.complete(job, job.finish(.failed, sha1: "", error: "\(error)", code: UploadResult.ErrorCode.sourceError))
         }
     }
 
@@ -332,7 +332,7 @@ extension AgentSession {
             actions += self.write(cancel)
         }
         if let sender = self.senders.removeValue(forKey: id) {
-            actions += self.complete(sender.job, sender.job.finish(.failed, sha1: "", error: message))
+            actions += self.complete(sender.job, sender.job.finish(.failed, sha1: "", error: message, code: UploadResult.ErrorCode.sourceError))
         }
         return actions + self.pumpAll()
     }
@@ -387,7 +387,9 @@ extension AgentSession {
             ? now - (job.busySince ?? now) < patience
             : code.isRetryable && job.attempts < self.configuration.maxAttemptsPerItem
         guard retry else {
-            let result = job.finish(.failed, sha1: job.knownSHA1?.hex ?? "", error: "relay refused \"\(job.key)\": \(code.name): \(message)")
+            let result = job.finish(
+                .failed, sha1: job.knownSHA1?.hex ?? "", error: "relay refused \"\(job.key)\": \(code.name): \(message)", code: code.name
+            )
             return self.complete(job, result)
         }
         var actions: [Action] = [.log(.info, "retrying", ["upload.key": "\(job.key)", "error": "\(job.lastError ?? "")"])]

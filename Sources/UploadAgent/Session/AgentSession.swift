@@ -11,6 +11,10 @@ struct ConnectionOutcome: Sendable {
     var fatal: Bool
     /// True when some item finished or some bytes were acknowledged: the relay is alive.
     var madeProgress: Bool
+    /// The code of ``reason`` for scripts (``UploadResult/ErrorCode``, or the wire's); nil for a transient failure.
+    var code: String? = nil
+    /// True once the relay welcomed the connection.
+    var welcomed = false
 }
 
 /// Everything one agent connection decides (SPEC §2 to §6), with no channel, no thread and no clock of its own.
@@ -170,12 +174,14 @@ struct AgentSession {
                     ? "TLS: the relay's certificate does not verify against the CA given (CERTIFICATE_VERIFY_FAILED); pass the CA that signed it with --ca or UPLOAD_CA"
                     : "TLS handshake with the relay failed: \(text)"
                 self.outcome.fatal = !self.machine.isClosed && self.machine.terms == nil
+                self.outcome.code = untrusted ? UploadResult.ErrorCode.tlsUntrusted : UploadResult.ErrorCode.tlsHandshake
             case .hostnameMismatch(let text):
                 // Not transient: retrying cannot change what the certificate names (issue 6 finding 22).
                 let asked = self.configuration.serverName ?? self.configuration.relayHost
                 self.outcome.reason =
                     "TLS: the relay's certificate is not valid for \"\(asked)\" (\(text)); connect by a name or address it holds, pass --server-name NAME with the name it holds, or, for a --dev relay, restart it with --dev-host \(asked)"
                 self.outcome.fatal = true
+                self.outcome.code = UploadResult.ErrorCode.tlsNameMismatch
             case .tls(let text):
                 self.outcome.reason = "TLS error: \(text)"
             case .io(let text):
@@ -241,6 +247,7 @@ struct AgentSession {
         case .none:
             return []
         case .connected(let welcome):
+            self.outcome.welcomed = true
             self.deflate = welcome.features.contains(.deflate)
             let relay = "\(self.configuration.relayHost):\(self.configuration.relayPort)"
             return [.event(.connected(relay: relay, account: welcome.account))] + self.openMore()
@@ -278,6 +285,7 @@ struct AgentSession {
         case .peerClosed(let code, let message):
             self.outcome.reason = "relay closed the connection: \(code.name): \(message)"
             self.outcome.fatal = code == .unauthenticated || code == .unsupportedVersion
+            self.outcome.code = code.name
             return self.close()
         case .goingAway(let goAway):
             self.outcome.reason = "the relay is going away: \(goAway.message)"

@@ -276,11 +276,16 @@ public final class QueueRunner: Sendable {
             // process queued more meanwhile) fail here with the rest.
             poller.cancel()
             _ = await poller.result
-            for result in self.queue.failWaiting(reason) { onEvent(.finished(result)) }
+            let code = self.queue.gaveUpCode
+            for result in self.queue.failWaiting(reason, code: code) { onEvent(.finished(result)) }
             self.journal.flushNow()
             let known = self.state.withLockedValue { Set($0.jobs.keys).union($0.ending) }
             let rows = try self.store.failPending(target: self.target, reason: "not attempted: \(reason)").filter { !known.contains($0.id) }
-            let results = rows.map(QueuedSend.result)
+            let results = rows.map { row in
+                var result = QueuedSend.result(row)
+                result.errorCode = code
+                return result
+            }
             self.queue.record(results)
             for result in results { onEvent(.finished(result)) }
         }

@@ -88,9 +88,12 @@ public enum QueuedSend {
     static func result(_ row: QueuedItem) -> UploadResult {
         let status: UploadResult.Status =
             row.status == .done ? (row.outcome == UploadResult.Status.deduplicated.rawValue ? .deduplicated : .stored) : .failed
-        return UploadResult(
+        var result = UploadResult(
             key: row.key, path: row.path, bytes: row.size ?? 0, sha1: row.sha1 ?? "", status: status, sentBytes: row.sentBytes,
             hashedBytes: row.hashedBytes, error: status == .failed ? row.error ?? "\(row.status.rawValue)" : nil
         )
+        // The database keeps the words of a failure, not its code.
+        if status == .failed { result.errorCode = UploadResult.ErrorCode.failed }
+        return result
     }
 }

@@ -104,12 +104,17 @@ public enum ItemPlanner {
                 _ = try ObjectKey(validating: full, maxLength: limits.maxKeyLength, maxSegmentLength: limits.maxKeySegmentLength)
             } catch {
                 plan.results.append(
-                    .failed(key: full, path: display, error: "key \"\(full)\" is not allowed: \(error.reason) (rename it, or use --prefix/--name)")
+                    .failed(
+                        key: full, path: display, error: "key \"\(full)\" is not allowed: \(error.reason) (rename it, or use --prefix/--name)",
+                        code: UploadResult.ErrorCode.invalidKey
+                    )
                 )
                 return
             }
             if let other = seen[full] {
-                plan.results.append(.failed(key: full, path: display, error: "\(other) is stored as \"\(full)\" already in this run; not both"))
+                plan.results.append(
+                    .failed(key: full, path: display, error: "\(other) is stored as \"\(full)\" already in this run; not both", code: UploadResult.ErrorCode.invalidKey)
+                )
                 return
             }
             seen[full] = display
@@ -135,7 +140,7 @@ public enum ItemPlanner {
             // A trailing slash names the directory a link points to, as the shell and POSIX read it.
             switch walker.classify(absolute, following: followSymlinks || path.hasSuffix("/")) {
             case .missing(let reason):
-                plan.results.append(.failed(key: "", path: path, error: "\(path): \(reason)"))
+                plan.results.append(.failed(key: "", path: path, error: "\(path): \(reason)", code: UploadResult.ErrorCode.sourceError))
             case .skip(let reason):
                 plan.results.append(.skipped(path: path, reason: "\(path): \(reason)"))
             case .file(let fingerprint):

@@ -36,6 +36,7 @@ final class JobQueue: Sendable {
         var deferred: [ObjectIdentifier: UploadJob] = [:]
         /// Why the run gave up on what was left (a refused token, no progress for --retry-for), once it did.
         var gaveUp: String? = nil
+        var gaveUpCode = UploadResult.ErrorCode.failed
         /// Keys whose source went away (a watched file deleted) or whose upload was cancelled, with why: their uploads
         /// stop and never commit.
         var dropped: [String: String] = [:]
@@ -203,6 +204,8 @@ final class JobQueue: Sendable {
 
     /// Why the run gave up on the jobs left, once it did (``failWaiting(_:)``).
     var gaveUpReason: String? { self.state.withLockedValue { $0.gaveUp } }
+    /// The code of ``gaveUpReason``.
+    var gaveUpCode: String { self.state.withLockedValue { $0.gaveUpCode } }
 
     /// Results of items this queue never held (rows the state database kept, failed when the run gave up), kept with its own.
     func record(_ results: [UploadResult]) {
@@ -294,7 +297,7 @@ final class JobQueue: Sendable {
     var results: [UploadResult] { self.state.withLockedValue { $0.finished } }
 
     /// Gives up on every job still waiting.
-    func failWaiting(_ message: String) -> [UploadResult] {
+    func failWaiting(_ message: String, code: String) -> [UploadResult] {
         var failed: [(UploadJob, UploadResult)] = []
         // Through `changed`: with --connections, the others hear that the queue may be done now (else an idle one
         // waited for jobs forever).
@@ -305,11 +308,14 @@ final class JobQueue: Sendable {
             }
             // And the jobs waiting for room: the run is over for them too.
             failed = (state.waiting + state.deferred.values).filter { $0.stripe == nil }.map { job in
-                (job, job.finish(.failed, sha1: job.knownSHA1?.hex ?? "", error: job.lastError.map { "\(message); last error: \($0)" } ?? message))
+                (job, job.finish(
+                    .failed, sha1: job.knownSHA1?.hex ?? "", error: job.lastError.map { "\(message); last error: \($0)" } ?? message, code: code
+                ))
             }
             state.waiting.removeAll()
             state.deferred.removeAll()
             state.gaveUp = message
+            state.gaveUpCode = code
             // Items not loaded are the runner's to fail (``QueueRunner``): each gets its result there.
             state.unloaded = false
             if self.keepResults { state.finished += failed.map(\.1) }

@@ -62,6 +62,38 @@ public struct UploadResult: Hashable, Sendable {
     /// The streams its bytes went on: more than 1 when it was striped over the agent's connections (SPEC §6.7).
     public var stripes: Int = 1
     public var error: String?
+    /// What went wrong, for scripts: the relay's wire code (`QUOTA_EXCEEDED`, `STORAGE_ERROR`, ...) or one of the
+    /// agent's own (``ErrorCode``). Set with ``error`` on failed and skipped results.
+    public var errorCode: String?
+
+    /// The agent's own error codes (beside the wire's, SPEC §8), as `--json` results carry them in `error_code`.
+    public enum ErrorCode {
+        /// No connection to the relay worked within `--retry-for` (refused, no route, name unknown, no answer).
+        public static let relayUnreachable = "RELAY_UNREACHABLE"
+        /// The relay was reached, but nothing went forward within `--retry-for`.
+        public static let noProgress = "NO_PROGRESS"
+        /// The relay's certificate does not verify against the CA given.
+        public static let tlsUntrusted = "TLS_UNTRUSTED"
+        /// The relay's certificate does not name the host connected to.
+        public static let tlsNameMismatch = "TLS_NAME_MISMATCH"
+        /// The TLS handshake failed otherwise (not an upload-relay, or no TLS).
+        public static let tlsHandshake = "TLS_HANDSHAKE"
+        /// The file could not be read, or changed or was replaced while it was read.
+        public static let sourceError = "SOURCE_ERROR"
+        /// The name cannot be a key (SPEC §12.2), or two names make one key.
+        public static let invalidKey = "INVALID_KEY"
+        /// Not uploaded by the agent's rules (a symbolic link, not a regular file, a name that is not UTF-8, a
+        /// directory that cannot be read).
+        public static let skipped = "SKIPPED"
+        /// Anything else.
+        public static let failed = "FAILED"
+
+        /// Codes that mean the relay could not be reached or did not take the account: nothing of the run went up
+        /// (`send` exits 3 when every failure has one of them and nothing was stored).
+        public static let relayRefused: Set<String> = [
+            relayUnreachable, tlsUntrusted, tlsNameMismatch, tlsHandshake, "UNAUTHENTICATED", "UNSUPPORTED_VERSION",
+        ]
+    }
 
     public init(
         key: String, path: String, bytes: UInt64, sha1: String, status: Status, sentBytes: UInt64, hashedBytes: UInt64 = 0,
@@ -79,13 +111,17 @@ public struct UploadResult: Hashable, Sendable {
     }
 
     /// An item that ended before anything of it was read or sent.
-    public static func failed(key: String, path: String = "", error: String) -> UploadResult {
-        UploadResult(key: key, path: path, bytes: 0, sha1: "", status: .failed, sentBytes: 0, error: error)
+    public static func failed(key: String, path: String = "", error: String, code: String = ErrorCode.failed) -> UploadResult {
+        var result = UploadResult(key: key, path: path, bytes: 0, sha1: "", status: .failed, sentBytes: 0, error: error)
+        result.errorCode = code
+        return result
     }
 
     /// A path not uploaded by the agent's rules, and why.
     public static func skipped(key: String = "", path: String, reason: String) -> UploadResult {
-        UploadResult(key: key, path: path, bytes: 0, sha1: "", status: .skipped, sentBytes: 0, error: reason)
+        var result = UploadResult(key: key, path: path, bytes: 0, sha1: "", status: .skipped, sentBytes: 0, error: reason)
+        result.errorCode = ErrorCode.skipped
+        return result
     }
 }
 

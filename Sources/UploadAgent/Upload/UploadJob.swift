@@ -113,11 +113,12 @@ final class UploadJob: @unchecked Sendable {
         return self.striped ? Frame.Stripes(size: size).length(of: 0) : size
     }
 
-    func finish(_ status: UploadResult.Status, sha1: String, error: String? = nil) -> UploadResult {
+    func finish(_ status: UploadResult.Status, sha1: String, error: String? = nil, code: String? = nil) -> UploadResult {
         var result = UploadResult(
             key: self.key, path: self.item.displayPath, bytes: self.info?.size ?? self.bytesRead, sha1: sha1, status: status,
             sentBytes: self.sentBytes, hashedBytes: self.hashedBytes, wireBytes: self.wireBytes, error: error
         )
+        if error != nil { result.errorCode = code ?? UploadResult.ErrorCode.failed }
         if self.striped, let stripes = self.stripes { result.stripes = stripes.stripes.count }
         self.result = result
         // A PART job shares its main job's source.

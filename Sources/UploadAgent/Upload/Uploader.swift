@@ -130,6 +130,8 @@ public final class Uploader: Sendable {
         var deadline: ContinuousClock.Instant? = nil
         var backoff = Duration.milliseconds(200)
         var mark = queue.progressMark
+        // Whether a relay ever welcomed a connection of this run: giving up then is NO_PROGRESS, else RELAY_UNREACHABLE.
+        var welcomed = false
         while await queue.waitForWork(service: service) {
             let started = clock.now
             let outcome: ConnectionOutcome
@@ -140,6 +142,7 @@ public final class Uploader: Sendable {
             } catch {
                 outcome = ConnectionOutcome(reason: Self.describe(connectError: error, configuration: configuration), fatal: false, madeProgress: false)
             }
+            welcomed = welcomed || outcome.welcomed
             if queue.isDone || queue.holdReason != nil || queue.hasOnlyDeferred {
                 // All done (a long-running agent waits for more), paused, or only items waiting for the relay to have
                 // room (they come back by themselves): the next connection starts afresh.
@@ -149,7 +152,7 @@ public final class Uploader: Sendable {
             }
             let reason = outcome.reason ?? "connection closed"
             if outcome.fatal {
-                for result in queue.failWaiting(reason) { onEvent(.finished(result)) }
+                for result in queue.failWaiting(reason, code: outcome.code ?? UploadResult.ErrorCode.failed) { onEvent(.finished(result)) }
                 if service { throw Stopped(description: reason) }
                 break
             }
@@ -162,7 +165,8 @@ public final class Uploader: Sendable {
                 if outcome.madeProgress { backoff = .milliseconds(200) }
             }
             if let deadline, clock.now >= deadline, !configuration.retryForever {
-                for result in queue.failWaiting("gave up after \(configuration.retryFor) without progress: \(reason)") {
+                let code = outcome.code ?? (welcomed ? UploadResult.ErrorCode.noProgress : UploadResult.ErrorCode.relayUnreachable)
+                for result in queue.failWaiting("gave up after \(configuration.retryFor) without progress: \(reason)", code: code) {
                     onEvent(.finished(result))
                 }
                 if service { continue }

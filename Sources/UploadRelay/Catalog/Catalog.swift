@@ -390,8 +390,10 @@ public protocol Catalog: Sendable {
     func finishCommitEvent(id: Int64) throws
     /// A hook failed: the event is tried again at `retryAt`, with the reason kept.
     func retryCommitEvent(id: Int64, at retryAt: Date, error: String) throws
-    /// How many events wait, and the oldest one's last error.
-    func commitEventBacklog() throws -> (count: Int, lastError: String?)
+    /// How many events wait, the oldest one's last error, and when the oldest was committed.
+    func commitEventBacklog() throws -> CommitEventBacklog
+    /// Answers when the catalog can be read (``/readyz``); throws what stopped it otherwise.
+    func ping() throws
 
     /// The locks on keys that every relay sharing this catalog honours; nil for a catalog of one relay.
     var keyLocks: (any KeyLocks)? { get }
@@ -428,5 +430,18 @@ extension Catalog {
     /// ``quotaUse(account:excludingKey:active:)`` when no other upload of the account is open.
     public func quotaUse(account: String, excludingKey key: String) throws -> QuotaUse {
         try self.quotaUse(account: account, excludingKey: key, active: [:])
+    }
+}
+
+/// The post-commit hooks' queue: its length, the oldest event's last error, and when the oldest event was committed.
+public struct CommitEventBacklog: Sendable, Hashable {
+    public var count: Int
+    public var lastError: String?
+    public var oldest: Date?
+
+    public init(count: Int, lastError: String?, oldest: Date?) {
+        self.count = count
+        self.lastError = lastError
+        self.oldest = oldest
     }
 }

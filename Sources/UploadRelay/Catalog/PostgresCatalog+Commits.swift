@@ -306,14 +306,25 @@ extension PostgresCatalog {
         }
     }
 
-    public func commitEventBacklog() throws -> (count: Int, lastError: String?) {
+    public func commitEventBacklog() throws -> CommitEventBacklog {
         let logger = self.logger
         return try self.run { connection in
-            let count = try await Self.rows("SELECT COUNT(*)::BIGINT AS n FROM commit_event", on: connection, logger).first?["n"].decode(Int64.self) ?? 0
+            let row = try await Self.rows(
+                "SELECT COUNT(*)::BIGINT AS n, MIN(committed_at) AS oldest FROM commit_event", on: connection, logger
+            ).first
+            let count = try row?["n"].decode(Int64.self) ?? 0
+            let oldest = try row?["oldest"].decode(Double?.self) ?? nil
             let error = try await Self.rows(
                 "SELECT last_error FROM commit_event WHERE last_error IS NOT NULL ORDER BY id LIMIT 1", on: connection, logger
             ).first?["last_error"].decode(String?.self) ?? nil
-            return (Int(count), error)
+            return CommitEventBacklog(count: Int(count), lastError: error, oldest: oldest.map(Date.init(timeIntervalSince1970:)))
+        }
+    }
+
+    public func ping() throws {
+        let logger = self.logger
+        try self.run { connection in
+            _ = try await Self.rows("SELECT 1 AS one", on: connection, logger)
         }
     }
 }

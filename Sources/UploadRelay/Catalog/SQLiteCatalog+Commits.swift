@@ -178,11 +178,16 @@ extension SQLiteCatalog {
         }
     }
 
-    public func commitEventBacklog() throws -> (count: Int, lastError: String?) {
+    public func commitEventBacklog() throws -> CommitEventBacklog {
         try self.reading { db in
             let count = try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM commit_event") ?? 0
             let error = try String.fetchOne(db, sql: "SELECT last_error FROM commit_event WHERE last_error IS NOT NULL ORDER BY id LIMIT 1")
-            return (count, error)
+            let oldest = try Double.fetchOne(db, sql: "SELECT MIN(committed_at) FROM commit_event")
+            return CommitEventBacklog(count: count, lastError: error, oldest: oldest.map(Date.init(timeIntervalSince1970:)))
         }
+    }
+
+    public func ping() throws {
+        try self.reading { db in _ = try Int.fetchOne(db, sql: "SELECT 1") }
     }
 }

@@ -59,7 +59,13 @@ final class CommitGroup: Sendable {
             guard !group.isEmpty else { return }
             let results: [Result<Frame.Result.Status, UploadPolicy.Refusal>]
             if active {
+                let start = ContinuousClock.now
                 results = UploadPolicy(services: services).commit(group.map(\.request))
+                services.metrics.took("store", "commit_group", since: start)
+                services.metrics.commitGroupSize.record(group.count)
+                for case .failure(let refusal) in results where refusal.code == .storageError {
+                    services.metrics.failed("store", "commit")
+                }
             } else {
                 let refusal = UploadPolicy.Refusal(code: .internalError, message: "the relay is stopping: nothing was committed", keepSession: true)
                 results = group.map { _ in .failure(refusal) }

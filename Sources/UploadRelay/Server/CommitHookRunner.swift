@@ -78,6 +78,7 @@ final class CommitHookRunner: Sendable {
         if failure == nil, let text = self.hooks.url {
             failure = HookEndpoint(text).map { self.post($0, event) } ?? "--on-commit-url \(HookEndpoint.redact(text)) is not an http(s) URL"
         }
+        self.services.metrics.hookRan(failed: failure != nil)
         do {
             guard let failure else {
                 try self.services.catalog.finishCommitEvent(id: event.id)

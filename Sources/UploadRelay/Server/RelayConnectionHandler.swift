@@ -59,7 +59,9 @@ final class RelayConnectionHandler: ChannelInboundHandler {
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        self.session.received(self.unwrapInboundIn(data))
+        let bytes = self.unwrapInboundIn(data)
+        self.services.metrics.receivedBytes.increment(by: Int64(bytes.readableBytes))
+        self.session.received(bytes)
         self.processFrames()
     }
 
@@ -122,6 +124,7 @@ final class RelayConnectionHandler: ChannelInboundHandler {
                 guard let context = self.context else { continue }
                 var buffer = context.channel.allocator.buffer(capacity: 64)
                 FrameEncoder.encode(frame, into: &buffer)
+                self.services.metrics.wrote(frame, account: self.session.account?.name)
                 context.write(self.wrapOutboundOut(buffer), promise: nil)
                 self.needsFlush = true
             case .close:

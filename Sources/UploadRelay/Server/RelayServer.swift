@@ -115,9 +115,11 @@ public final class RelayServer: Service, Sendable {
                 .childChannelOption(.maxMessagesPerRead, value: 16)
                 .childChannelInitializer { [weak self] channel in
                     guard let self, self.admit(channel) else {
+                        services.metrics.connectionsRefused.increment()
                         logger.warning("refusing connection: too many connections or shutting down")
                         return channel.close()
                     }
+                    services.metrics.connectionsAccepted.increment()
                     return channel.eventLoop.makeCompletedFuture {
                         let sync = channel.pipeline.syncOperations
                         try sync.addHandler(NIOSSLServerHandler(context: tls))
@@ -315,6 +317,7 @@ public final class RelayServer: Service, Sendable {
     /// Each connection drains on its own event loop and closes itself after ``RelayConfiguration/shutdownGrace`` at the
     /// latest; the last one to close closes the listener, which ends ``run()``. Calling this again does nothing.
     public func shutdown() {
+        self.services.draining.withLockedValue { $0 = true }
         let draining = self.state.withLockedValue { state -> (listener: any Channel, connections: [any Channel])? in
             switch state {
             case .starting(let waiting, _):

@@ -24,17 +24,30 @@ public final class RelayServices: Sendable {
     let commitEventsQueued = NIOLockedValueBox<(@Sendable () -> Void)?>(nil)
     /// Connection handlers alive now: one per connection, freed once its channel closed and its storage let go.
     let liveHandlers = NIOLockedValueBox(0)
+    /// What the relay counts, read out on `/metrics`.
+    public let metrics: RelayMetrics
+    /// The relay is shutting down: `/readyz` says so, for the balancer to send new agents elsewhere.
+    let draining = NIOLockedValueBox(false)
+    /// The catalog reads of `/readyz` and `/metrics`, bounded in time and threads.
+    let catalogProbe = CatalogProbe()
 
-    public convenience init(configuration: RelayConfiguration, catalog: any Catalog, store: any BlobStore, threadPool: NIOThreadPool, logger: Logger) {
-        self.init(configuration: configuration, catalog: catalog, store: store, threadPool: threadPool, logger: logger, measureSpace: StorageSpace.look)
+    public convenience init(
+        configuration: RelayConfiguration, catalog: any Catalog, store: any BlobStore, threadPool: NIOThreadPool, logger: Logger,
+        metrics: RelayMetrics = RelayMetrics()
+    ) {
+        self.init(
+            configuration: configuration, catalog: catalog, store: store, threadPool: threadPool, logger: logger, metrics: metrics,
+            measureSpace: StorageSpace.look
+        )
     }
 
     /// `measureSpace` tells the free bytes and size of the file system holding a directory (tests give their own).
     init(
         configuration: RelayConfiguration, catalog: any Catalog, store: any BlobStore, threadPool: NIOThreadPool, logger: Logger,
-        measureSpace: @escaping @Sendable (String) -> (free: Int64, size: Int64)?
+        metrics: RelayMetrics = RelayMetrics(), measureSpace: @escaping @Sendable (String) -> (free: Int64, size: Int64)?
     ) {
         self.configuration = configuration
+        self.metrics = metrics
         self.catalog = catalog
         self.store = store
         self.threadPool = threadPool

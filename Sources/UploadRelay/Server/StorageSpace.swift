@@ -129,6 +129,9 @@ package final class StorageSpace: Sendable {
         }
     }
 
+    /// Free bytes of the file system under ``directory`` now, or nil when it cannot be asked.
+    var free: Int64? { self.measure(self.directory)?.free }
+
     /// Whether the relay's storage is full now: less free than the reserve and what open uploads will still write.
     var isFull: Bool {
         guard let look = self.measure(self.directory) else { return false }

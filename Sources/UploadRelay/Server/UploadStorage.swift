@@ -25,6 +25,8 @@ package final class UploadStorage: Sendable {
     private let sha1: NIOLockedValueBox<SHA1>
     /// Whether the catalog holds the session: a resumed one does; a new one from its first durable sync on.
     private let recorded: NIOLockedValueBox<Bool>
+    /// The bytes durable so far (counted in the metrics as they become so).
+    private let durable: NIOLockedValueBox<Int64>
     /// The SHA-1 of the first ``Frame/Open/probeLength`` bytes, recorded with the object for the dedup probe (SPEC §7.1):
     /// taken from ``sha1`` as it passes that length, so those bytes are hashed once. Nil until then, and for an upload
     /// resumed past it (the relay does not read its staged prefix back for it).
@@ -47,6 +49,7 @@ package final class UploadStorage: Sendable {
         self.overwrite = overwrite
         self.session = session
         self.recorded = NIOLockedValueBox(recorded)
+        self.durable = NIOLockedValueBox(session.durableOffset)
         self.staging = staging
         self.sha1 = NIOLockedValueBox(sha1)
         self.probe = NIOLockedValueBox(nil)
@@ -70,9 +73,17 @@ package final class UploadStorage: Sendable {
             let (consumed, error) = self.write(chunks, at: offset)
             done(.wrote(consumed: consumed, error: error.map { ($0.code, $0.message) }))
         case .sync(let offset):
-            done(.synced(Result { try self.sync(through: offset) }.mapError { self.syncFailure($0) }))
+            let start = ContinuousClock.now
+            let result = Result { try self.sync(through: offset) }.mapError { self.syncFailure($0) }
+            self.services.metrics.syncSeconds.recordInterval(since: start)
+            done(.synced(result))
         case .commit(let hash, let written):
-            self.commit(hash, written: written) { done(.committed($0)) }
+            let start = ContinuousClock.now
+            let metrics = self.services.metrics
+            self.commit(hash, written: written) { result in
+                metrics.commitSeconds.recordInterval(since: start)
+                done(.committed(result))
+            }
         case .release(let discardSession):
             self.release(discardSession: discardSession)
             done(nil)
@@ -106,6 +117,7 @@ package final class UploadStorage: Sendable {
                     do {
                         try self.staging.write(raw, at: base + offset)
                     } catch {
+                        self.services.metrics.failed("store", "write")
                         return (consumed, .stream(chunk.streamID, .storageError, self.agentMessage(error, doing: "write")), offset - startOffset)
                     }
                     // A stripe's bytes are hashed in order with the whole blob, at the main stream's commit.
@@ -169,8 +181,33 @@ package final class UploadStorage: Sendable {
         let state = self.sha1.withLockedValue { $0.exportState() }
         // A store that keeps bytes in parts may hold them all back: the record (and its SHA-1 state) stays as it was,
         // and the offset returned (0) acknowledges nothing new.
-        guard try self.staging.sync(through: offset) else { return 0 }
+        let synced: Bool
+        do {
+            synced = try self.staging.sync(through: offset)
+        } catch {
+            self.services.metrics.failed("store", "sync")
+            throw error
+        }
+        guard synced else { return 0 }
         let parts = self.staging.takeNewParts()
+        let recordStart = ContinuousClock.now
+        do {
+            try self.record(offset: offset, state: state, parts: parts)
+        } catch {
+            self.services.metrics.failed("catalog", "record_durable")
+            throw error
+        }
+        self.services.metrics.took("catalog", "record_durable", since: recordStart)
+        let before = self.durable.withLockedValue { durable in
+            defer { durable = max(durable, offset) }
+            return durable
+        }
+        if offset > before { self.services.metrics.durableBytes.increment(by: offset - before) }
+        return offset
+    }
+
+    /// Records the session's durable offset and SHA-1 state: the whole session the first time.
+    private func record(offset: Int64, state: [UInt8], parts: [StagedPart]) throws {
         try self.recorded.withLockedValue { recorded in
             if recorded {
                 try self.services.catalog.updateDurable(sessionID: self.session.id, offset: offset, sha1State: state, parts: parts)
@@ -184,7 +221,6 @@ package final class UploadStorage: Sendable {
                 recorded = true
             }
         }
-        return offset
     }
 
     /// Checks the SHA-1 of the bytes written against HASH, then commits by the relay's rules with the next group.

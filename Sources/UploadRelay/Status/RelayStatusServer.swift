@@ -13,7 +13,7 @@ public final class RelayStatusServer: Service, Sendable {
     private let services: RelayServices
     private let endpoint: StatusEndpoint
     private let group: any EventLoopGroup
-    private let tls: NIOSSLContext
+    private let tls: NIOSSLContext?
     private let state = NIOLockedValueBox<State>(.starting(waiting: [], stopRequested: false))
 
     private enum State {
@@ -29,11 +29,15 @@ public final class RelayStatusServer: Service, Sendable {
         self.services = services
         self.endpoint = endpoint
         self.group = group
-        var tls = try RelayServer.tlsConfiguration(services.configuration)
-        tls.applicationProtocols = [Self.alpn]
-        // A client that does not answer the relay's close_notify holds its place this long at most after the close.
-        tls.shutdownTimeout = TimeAmount(endpoint.tlsShutdownTimeout)
-        self.tls = try NIOSSLContext(configuration: tls)
+        if endpoint.tls {
+            var tls = try RelayServer.tlsConfiguration(services.configuration)
+            tls.applicationProtocols = [Self.alpn]
+            // A client that does not answer the relay's close_notify holds its place this long at most after the close.
+            tls.shutdownTimeout = TimeAmount(endpoint.tlsShutdownTimeout)
+            self.tls = try NIOSSLContext(configuration: tls)
+        } else {
+            self.tls = nil
+        }
     }
 
     /// Waits until the endpoint listens, and returns where.
@@ -74,6 +78,7 @@ public final class RelayStatusServer: Service, Sendable {
         let tls = self.tls
         let space = self.services.space
         let responder = StatusResponder(catalog: self.services.catalog, logger: self.services.logger, storageFull: { space.isFull })
+        let services = self.services
         let threadPool = self.services.threadPool
         let logger = self.services.logger
         let listener: any Channel
@@ -90,7 +95,7 @@ public final class RelayStatusServer: Service, Sendable {
                     }
                     return channel.eventLoop.makeCompletedFuture {
                         let sync = channel.pipeline.syncOperations
-                        try sync.addHandler(NIOSSLServerHandler(context: tls))
+                        if let tls { try sync.addHandler(NIOSSLServerHandler(context: tls)) }
                         var limits = NIOHTTPDecoderLimitConfiguration()
                         limits.maxHeaderFieldSize = endpoint.maxHeadBytes
                         limits.maxHeaderListSize = endpoint.maxHeadBytes
@@ -106,7 +111,7 @@ public final class RelayStatusServer: Service, Sendable {
                             )
                         )
                         try sync.addHandler(NIOHTTPResponseHeadersValidator())
-                        try sync.addHandler(StatusHTTPHandler(endpoint: endpoint, responder: responder, threadPool: threadPool))
+                        try sync.addHandler(StatusHTTPHandler(endpoint: endpoint, responder: responder, services: services, threadPool: threadPool))
                     }
                 }
                 .bind(host: endpoint.host, port: endpoint.port)
@@ -131,7 +136,10 @@ public final class RelayStatusServer: Service, Sendable {
             return waiting
         }
         for continuation in waiting { continuation.resume(returning: address) }
-        logger.info("status endpoint listening", metadata: ["address": "\(address)"])
+        logger.info(
+            endpoint.routes.contains(.status) ? "status endpoint listening" : "operations endpoint listening (/metrics, /healthz, /readyz)",
+            metadata: ["address": "\(address)"]
+        )
         return (listener, address)
     }
 

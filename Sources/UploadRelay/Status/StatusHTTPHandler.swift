@@ -30,6 +30,8 @@ final class StatusHTTPHandler: ChannelDuplexHandler {
 
     private let endpoint: StatusEndpoint
     private let responder: StatusResponder
+    /// For `/readyz` and `/metrics`.
+    private let services: RelayServices
     private let threadPool: NIOThreadPool
     /// The request being read: its head and the body bytes so far.
     private var receiving: Pending?
@@ -45,9 +47,10 @@ final class StatusHTTPHandler: ChannelDuplexHandler {
     private var closeIssued = false
     private var deadline: Scheduled<Void>?
 
-    init(endpoint: StatusEndpoint, responder: StatusResponder, threadPool: NIOThreadPool) {
+    init(endpoint: StatusEndpoint, responder: StatusResponder, services: RelayServices, threadPool: NIOThreadPool) {
         self.endpoint = endpoint
         self.responder = responder
+        self.services = services
         self.threadPool = threadPool
     }
 
@@ -164,6 +167,25 @@ final class StatusHTTPHandler: ChannelDuplexHandler {
             return
         }
         let head = request.head
+        let path = head.uri.prefix { $0 != "?" }
+        let routes = self.endpoint.routes
+        let operation: OperationsRoute?
+        switch path {
+        case "/healthz" where routes.contains(.health): operation = .alive
+        case "/readyz" where routes.contains(.health): operation = .ready
+        case "/metrics" where routes.contains(.metrics): operation = .metrics
+        default: operation = nil
+        }
+        if let operation {
+            self.answer(context: context, head: head, operation: operation)
+            return
+        }
+        guard routes.contains(.status) else {
+            let served = (routes.contains(.metrics) ? ["/metrics"] : []) + ["/healthz", "/readyz"]
+            let refusal = StatusRefusal(.notFound, "nothing is served at \(path.prefix(200)): this listener serves \(served.joined(separator: ", "))")
+            self.answer(context: context, head: head, refusal: refusal, keepAlive: head.isKeepAlive)
+            return
+        }
         let parsed: StatusRequest
         do {
             parsed = try StatusRequest.parse(
@@ -190,6 +212,47 @@ final class StatusHTTPHandler: ChannelDuplexHandler {
         }
     }
 
+    /// The operations endpoint's paths.
+    private enum OperationsRoute {
+        case alive, ready, metrics
+    }
+
+    /// `/healthz` at once; `/readyz` and `/metrics` from the I/O pool (they ask the catalog).
+    private func answer(context: ChannelHandlerContext, head: HTTPRequestHead, operation: OperationsRoute) {
+        guard head.method == .GET || head.method == .HEAD else {
+            let refusal = StatusRefusal(.methodNotAllowed, "\(head.method.rawValue) is not served: \(head.uri.prefix(100)) is read-only (GET or HEAD)")
+            self.answer(context: context, head: head, refusal: refusal, keepAlive: head.isKeepAlive)
+            return
+        }
+        let services = self.services
+        switch operation {
+        case .alive:
+            self.answer(context: context, head: head, status: nil, body: Array("{\"alive\":true}\n".utf8), keepAlive: head.isKeepAlive)
+            return
+        case .ready, .metrics:
+            break
+        }
+        // The catalog is read off the I/O pool, within a deadline (CatalogProbe): a hung catalog neither hangs the
+        // probe nor takes threads from uploads.
+        let answer: EventLoopFuture<(StatusRefusal.Code?, [UInt8])>
+        if case .metrics = operation {
+            answer = services.scrapeMetrics(on: context.eventLoop).map { (nil, $0) }
+        } else {
+            answer = services.readiness(on: context.eventLoop).map { ($0.ready ? nil : .unavailable, $0.json) }
+        }
+        answer.assumeIsolated().whenComplete { outcome in
+            switch outcome {
+            case .success(let (status, body)):
+                let contentType = operation == .metrics ? RelayMetrics.contentType : Self.jsonType
+                self.answer(context: context, head: head, status: status, body: body, contentType: contentType, keepAlive: head.isKeepAlive)
+            case .failure:
+                self.answer(context: context, head: head, refusal: StatusRefusal(.unavailable, "the relay is stopping"), keepAlive: false)
+            }
+        }
+    }
+
+    static let jsonType = "application/json; charset=utf-8"
+
     /// Answers with the refusal's status and its reason as JSON.
     private func answer(context: ChannelHandlerContext, head: HTTPRequestHead, refusal: StatusRefusal, keepAlive: Bool) {
         self.answer(context: context, head: head, status: refusal.code, body: Self.errorBody(refusal), keepAlive: keepAlive)
@@ -197,11 +260,14 @@ final class StatusHTTPHandler: ChannelDuplexHandler {
 
     /// Writes an answer (`status` nil: 200; HEAD: its headers only); once it is written, the next request's turn comes,
     /// or the connection closes.
-    private func answer(context: ChannelHandlerContext, head: HTTPRequestHead, status: StatusRefusal.Code?, body: [UInt8], keepAlive: Bool) {
+    private func answer(
+        context: ChannelHandlerContext, head: HTTPRequestHead, status: StatusRefusal.Code?, body: [UInt8], contentType: String = jsonType,
+        keepAlive: Bool
+    ) {
         guard context.channel.isActive else { return }
         let keepAlive = keepAlive && !self.closing
         var headers = HTTPHeaders()
-        headers.add(name: "content-type", value: "application/json; charset=utf-8")
+        headers.add(name: "content-type", value: contentType)
         headers.add(name: "cache-control", value: "no-store")
         headers.add(name: "content-length", value: String(body.count))
         switch status {

@@ -13,13 +13,17 @@ final class TestRelay: @unchecked Sendable {
     let server: RelayServer
     /// The status endpoint, when the configuration has one (``statusPort`` once started).
     let statusServer: RelayStatusServer?
+    /// The operations endpoint (`/metrics`, `/healthz`, `/readyz`), when the configuration has one.
+    let operationsServer: RelayStatusServer?
     let group: MultiThreadedEventLoopGroup
     let token: String
     let caPath: String
     private var runTask: Task<Void, any Error>? = nil
     private var statusTask: Task<Void, any Error>? = nil
+    private var operationsTask: Task<Void, any Error>? = nil
     private(set) var port: Int = 0
     private(set) var statusPort: Int = 0
+    private(set) var operationsPort: Int = 0
 
     static func makeDirectory() -> String {
         TemporaryDirectories.make(prefix: "upload-e2e-")
@@ -50,6 +54,7 @@ final class TestRelay: @unchecked Sendable {
         self.group = group
         self.server = try RelayServer(services: services, group: group)
         self.statusServer = try configuration.status.map { try RelayStatusServer(services: services, endpoint: $0, group: group) }
+        self.operationsServer = try configuration.operations.map { try RelayStatusServer(services: services, endpoint: $0, group: group) }
     }
 
     func start() async throws -> TestRelay {
@@ -61,12 +66,18 @@ final class TestRelay: @unchecked Sendable {
             self.statusTask = Task { try await statusServer.run() }
             self.statusPort = try await statusServer.waitUntilListening().port!
         }
+        if let operationsServer = self.operationsServer {
+            self.operationsTask = Task { try await operationsServer.run() }
+            self.operationsPort = try await operationsServer.waitUntilListening().port!
+        }
         return self
     }
 
     func stop() async {
         self.statusServer?.shutdown()
         _ = try? await self.statusTask?.value
+        self.operationsServer?.shutdown()
+        _ = try? await self.operationsTask?.value
         self.server.shutdown()
         _ = try? await self.runTask?.value
         (self.services.catalog as? PostgresCatalog)?.shutdown()

@@ -1,0 +1,216 @@
+import ArgumentParser
+import Foundation
+
+/// Where `serve` takes its options from besides the command line, each overriding the one before:
+///
+/// 1. `--config FILE`: a JSON object whose keys are `serve`'s option names without the dashes (`"listen"`,
+///    `"status-listen"`, `"dev": true`, `"dev-host": ["a", "b"]`), the format of the agent's `--config`.
+/// 2. The environment: `UPLOAD_RELAY_<NAME>` for each option, the name in capitals with `_` for `-`
+///    (`UPLOAD_RELAY_MIN_FREE=2G`; a flag takes `1`/`true`/`yes` or `0`/`false`/`no`).
+/// 3. The command line.
+///
+/// Any option's value may come from a file instead, for secrets (tokens in hook URLs, the catalog URL with its
+/// password) that must not show in `ps` or in a file others read: `"catalog-file": "/etc/upload-relay/catalog"` in the
+/// configuration, `UPLOAD_RELAY_CATALOG_FILE=...` in the environment, or `--catalog-file PATH` on the command line. The
+/// file's content, without its trailing newline, is the value.
+enum ServeConfig {
+    struct Failure: Error, CustomStringConvertible {
+        var description: String
+    }
+
+    /// `serve`'s options by name: true for an option that takes a value, false for a flag. Read from the command's
+    /// own declaration, so a new option is configurable at once.
+    static let options: [String: Bool] = {
+        var options: [String: Bool] = [:]
+        for child in Mirror(reflecting: Serve()).children {
+            guard let label = child.label, label.hasPrefix("_") else { continue }
+            let kind = String(describing: type(of: child.value))
+            let name = Self.kebab(String(label.dropFirst()))
+            if kind.hasPrefix("Flag<") {
+                options[name] = false
+            } else if kind.hasPrefix("Option<") {
+                options[name] = true
+            }
+        }
+        options["config"] = nil
+        return options
+    }()
+
+    /// `listenAddress` → `listen-address`, as ArgumentParser names a `.long` option.
+    static func kebab(_ name: String) -> String {
+        var out = ""
+        for character in name {
+            if character.isUppercase {
+                out += "-" + character.lowercased()
+            } else {
+                out.append(character)
+            }
+        }
+        return out
+    }
+
+    /// The arguments `serve` parses: the file's options, then the environment's, then the command line's (with each
+    /// `--NAME-file PATH` replaced by `--NAME VALUE`). `arguments` excludes the program's name.
+    static func expand(_ arguments: [String], environment: [String: String]) throws -> [String] {
+        guard arguments.first == "serve" else { return arguments }
+        let given = Array(arguments.dropFirst())
+        var fromFile: [String] = []
+        if let path = Self.configPath(given) {
+            fromFile = try Self.fileArguments(path)
+        }
+        let fromEnvironment = try Self.environmentArguments(environment)
+        return ["serve"] + fromFile + fromEnvironment + (try Self.commandLineArguments(given))
+    }
+
+    private static func configPath(_ arguments: [String]) -> String? {
+        for (index, argument) in arguments.enumerated() {
+            if argument == "--" { return nil }
+            if argument == "--config", index + 1 < arguments.count { return arguments[index + 1] }
+            if argument.hasPrefix("--config=") { return String(argument.dropFirst("--config=".count)) }
+        }
+        return nil
+    }
+
+    /// A value in the configuration file.
+    indirect enum Value: Decodable {
+        case flag(Bool)
+        case number(Double)
+        case text(String)
+        case list([Value])
+
+        init(from decoder: any Decoder) throws {
+            let container = try decoder.singleValueContainer()
+            if let flag = try? container.decode(Bool.self) {
+                self = .flag(flag)
+            } else if let number = try? container.decode(Double.self) {
+                self = .number(number)
+            } else if let text = try? container.decode(String.self) {
+                self = .text(text)
+            } else {
+                self = .list(try container.decode([Value].self))
+            }
+        }
+    }
+
+    static func fileArguments(_ path: String) throws -> [String] {
+        let data: Data
+        do {
+            data = try Data(contentsOf: URL(fileURLWithPath: path))
+        } catch {
+            throw Failure(description: "--config \(path): cannot read it (\(Self.reason(error)))")
+        }
+        let object: [String: Value]
+        do {
+            object = try JSONDecoder().decode([String: Value].self, from: data)
+        } catch {
+            throw Failure(
+                description: "--config \(path): not a JSON object of serve's options (keys are option names without dashes, values strings, numbers, true or lists)"
+            )
+        }
+        var arguments: [String] = []
+        for (key, value) in object.sorted(by: { $0.key < $1.key }) {
+            arguments += try Self.arguments(key, value, origin: "--config \(path): \"\(key)\"")
+        }
+        return arguments
+    }
+
+    private static func arguments(_ key: String, _ value: Value, origin: String) throws -> [String] {
+        if key.hasSuffix("-file"), Self.options[key] == nil, let name = Optional(String(key.dropLast(5))), Self.options[name] == true {
+            guard case .text(let path) = value else { throw Failure(description: "\(origin) names a file: give its path as a string") }
+            return ["--" + name, try Self.secret(path, origin: origin)]
+        }
+        guard let takesValue = Self.options[key] else {
+            throw Failure(description: "\(origin) is not an option of upload-relay serve (see upload-relay serve --help; keys have no dashes)")
+        }
+        switch value {
+        case .list(let list):
+            return try list.flatMap { try Self.arguments(key, $0, origin: origin) }
+        case .flag(let on):
+            guard !takesValue else { throw Failure(description: "\(origin) takes a value, not true or false") }
+            return on ? ["--" + key] : []
+        case .number(let number):
+            guard takesValue else { throw Failure(description: "\(origin) is a flag: true or false") }
+            return ["--" + key, number == number.rounded() && abs(number) < 1e15 ? String(Int64(number)) : String(number)]
+        case .text(let text):
+            guard takesValue else { throw Failure(description: "\(origin) is a flag: true or false") }
+            return ["--" + key, text]
+        }
+    }
+
+    /// The prefix of the environment's options.
+    static let prefix = "UPLOAD_RELAY_"
+
+    /// Variables that are not options (the data directory and catalog are read where they are used, as before).
+    static let readElsewhere: Set<String> = ["data", "catalog"]
+
+    static func environmentArguments(_ environment: [String: String]) throws -> [String] {
+        var arguments: [String] = []
+        for (variable, value) in environment.sorted(by: { $0.key < $1.key }) where variable.hasPrefix(Self.prefix) {
+            let name = variable.dropFirst(Self.prefix.count).lowercased().replacingOccurrences(of: "_", with: "-")
+            if name.hasSuffix("-file"), let option = Optional(String(name.dropLast(5))), Self.options[option] == true {
+                arguments += ["--" + option, try Self.secret(value, origin: variable)]
+                continue
+            }
+            guard let takesValue = Self.options[name] else { continue }
+            if Self.readElsewhere.contains(name) { continue }
+            if takesValue {
+                arguments += ["--" + name, value]
+            } else {
+                switch value.lowercased() {
+                case "1", "true", "yes", "on": arguments.append("--" + name)
+                case "0", "false", "no", "off", "": break
+                default: throw Failure(description: "\(variable)=\(value): a flag takes 1, true, yes or 0, false, no")
+                }
+            }
+        }
+        return arguments
+    }
+
+    /// The command line with each `--NAME-file PATH` (NAME an option that takes a value) made `--NAME VALUE`.
+    static func commandLineArguments(_ arguments: [String]) throws -> [String] {
+        var out: [String] = []
+        var index = 0
+        while index < arguments.count {
+            let argument = arguments[index]
+            if argument == "--" {
+                out += arguments[index...]
+                break
+            }
+            var name = argument
+            var inline: String? = nil
+            if let equals = argument.firstIndex(of: "="), argument.hasPrefix("--") {
+                name = String(argument[..<equals])
+                inline = String(argument[argument.index(after: equals)...])
+            }
+            if name.hasPrefix("--"), name.hasSuffix("-file"), Self.options[String(name.dropFirst(2))] == nil,
+                Self.options[String(name.dropFirst(2).dropLast(5))] == true
+            {
+                let option = String(name.dropFirst(2).dropLast(5))
+                guard let path = inline ?? (index + 1 < arguments.count ? arguments[index + 1] : nil) else {
+                    throw Failure(description: "\(name) needs a file's path")
+                }
+                out += ["--" + option, try Self.secret(path, origin: name)]
+                index += inline == nil ? 2 : 1
+                continue
+            }
+            out.append(argument)
+            index += 1
+        }
+        return out
+    }
+
+    /// A value read from a file: its content without the trailing newline.
+    static func secret(_ path: String, origin: String) throws -> String {
+        guard let data = FileManager.default.contents(atPath: path), let text = String(data: data, encoding: .utf8) else {
+            throw Failure(description: "\(origin): cannot read \(path) (it must exist, be readable by this user and hold UTF-8 text)")
+        }
+        var value = text
+        while value.hasSuffix("\n") || value.hasSuffix("\r") { value.removeLast() }
+        guard !value.isEmpty else { throw Failure(description: "\(origin): \(path) is empty") }
+        return value
+    }
+
+    private static func reason(_ error: any Error) -> String {
+        (error as NSError).localizedFailureReason ?? (error as NSError).localizedDescription
+    }
+}
