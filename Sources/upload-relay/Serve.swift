@@ -431,6 +431,23 @@ struct Serve: AsyncParsableCommand {
                 _ = rename(temporary, readyFile)
             }
         }
+        // SIGHUP: the certificate and key are read again (a renewal); connections open keep theirs.
+        signal(SIGHUP, SIG_IGN)
+        let hangup = DispatchSource.makeSignalSource(signal: SIGHUP, queue: .global())
+        let certificatePath = configuration.certificatePath
+        hangup.setEventHandler {
+            do {
+                try server.reloadCertificate()
+                try statusServer?.reloadCertificate()
+                logger.notice("certificate reloaded (SIGHUP): new connections get it", metadata: ["certificate": "\(certificatePath)"])
+            } catch {
+                logger.error(
+                    "could not reload the certificate (SIGHUP); the old one stays", metadata: ["certificate": "\(certificatePath)", "error": "\(error)"]
+                )
+            }
+        }
+        hangup.resume()
+        defer { hangup.cancel() }
         let group2 = ServiceGroup(
             configuration: .init(
                 services: [

@@ -14,7 +14,8 @@ import UploadProtocol
 public final class RelayServer: Service, Sendable {
     public let services: RelayServices
     private let group: any EventLoopGroup
-    private let tls: NIOSSLContext
+    /// The TLS context new connections get; ``reloadCertificate()`` replaces it (connections keep theirs).
+    private let tls: NIOLockedValueBox<NIOSSLContext>
     private let state = NIOLockedValueBox<State>(.starting(waiting: [], stopRequested: false))
     private let admittedTotal = NIOLockedValueBox(0)
 
@@ -46,9 +47,21 @@ public final class RelayServer: Service, Sendable {
     public init(services: RelayServices, group: any EventLoopGroup) throws {
         self.services = services
         self.group = group
-        var tls = try Self.tlsConfiguration(services.configuration)
+        self.tls = NIOLockedValueBox(try Self.makeTLSContext(services.configuration))
+    }
+
+    private static func makeTLSContext(_ configuration: RelayConfiguration) throws -> NIOSSLContext {
+        var tls = try Self.tlsConfiguration(configuration)
         tls.applicationProtocols = [Self.alpn]
-        self.tls = try NIOSSLContext(configuration: tls)
+        return try NIOSSLContext(configuration: tls)
+    }
+
+    /// Reads the certificate chain and key again from their files (a renewal): connections accepted from now on
+    /// present the new certificate, those open keep theirs and go on. When the files cannot be read or do not match,
+    /// the error is thrown and the old certificate stays.
+    public func reloadCertificate() throws {
+        let context = try Self.makeTLSContext(self.services.configuration)
+        self.tls.withLockedValue { $0 = context }
     }
 
     /// TLS 1.3 with the relay's certificate chain and key: the agents' listener and the status endpoint's.
@@ -122,7 +135,7 @@ public final class RelayServer: Service, Sendable {
                     services.metrics.connectionsAccepted.increment()
                     return channel.eventLoop.makeCompletedFuture {
                         let sync = channel.pipeline.syncOperations
-                        try sync.addHandler(NIOSSLServerHandler(context: tls))
+                        try sync.addHandler(NIOSSLServerHandler(context: tls.withLockedValue { $0 }))
                         try sync.addHandler(RelayConnectionHandler(services: services, logger: logger, eventLoop: channel.eventLoop))
                     }
                 }

@@ -13,7 +13,7 @@ public final class RelayStatusServer: Service, Sendable {
     private let services: RelayServices
     private let endpoint: StatusEndpoint
     private let group: any EventLoopGroup
-    private let tls: NIOSSLContext?
+    private let tls: NIOLockedValueBox<NIOSSLContext?>
     private let state = NIOLockedValueBox<State>(.starting(waiting: [], stopRequested: false))
 
     private enum State {
@@ -29,15 +29,22 @@ public final class RelayStatusServer: Service, Sendable {
         self.services = services
         self.endpoint = endpoint
         self.group = group
-        if endpoint.tls {
-            var tls = try RelayServer.tlsConfiguration(services.configuration)
-            tls.applicationProtocols = [Self.alpn]
-            // A client that does not answer the relay's close_notify holds its place this long at most after the close.
-            tls.shutdownTimeout = TimeAmount(endpoint.tlsShutdownTimeout)
-            self.tls = try NIOSSLContext(configuration: tls)
-        } else {
-            self.tls = nil
-        }
+        self.tls = NIOLockedValueBox(try Self.makeTLSContext(services.configuration, endpoint: endpoint))
+    }
+
+    private static func makeTLSContext(_ configuration: RelayConfiguration, endpoint: StatusEndpoint) throws -> NIOSSLContext? {
+        guard endpoint.tls else { return nil }
+        var tls = try RelayServer.tlsConfiguration(configuration)
+        tls.applicationProtocols = [Self.alpn]
+        // A client that does not answer the relay's close_notify holds its place this long at most after the close.
+        tls.shutdownTimeout = TimeAmount(endpoint.tlsShutdownTimeout)
+        return try NIOSSLContext(configuration: tls)
+    }
+
+    /// Reads the certificate and key again (see ``RelayServer/reloadCertificate()``); a plain-HTTP endpoint has none.
+    public func reloadCertificate() throws {
+        let context = try Self.makeTLSContext(self.services.configuration, endpoint: self.endpoint)
+        self.tls.withLockedValue { $0 = context }
     }
 
     /// Waits until the endpoint listens, and returns where.
@@ -95,7 +102,7 @@ public final class RelayStatusServer: Service, Sendable {
                     }
                     return channel.eventLoop.makeCompletedFuture {
                         let sync = channel.pipeline.syncOperations
-                        if let tls { try sync.addHandler(NIOSSLServerHandler(context: tls)) }
+                        if let tls = tls.withLockedValue({ $0 }) { try sync.addHandler(NIOSSLServerHandler(context: tls)) }
                         var limits = NIOHTTPDecoderLimitConfiguration()
                         limits.maxHeaderFieldSize = endpoint.maxHeadBytes
                         limits.maxHeaderListSize = endpoint.maxHeadBytes
