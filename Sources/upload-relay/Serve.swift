@@ -166,6 +166,15 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .long, help: ArgumentHelp("Log level: trace, debug, info, notice, warning, error.", valueName: "level"))
     var logLevel: String = "info"
 
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "text (one line per event, for people) or json (one object per line: time, level, label, message, source and each metadata key, for log shippers).",
+            valueName: "text|json"
+        )
+    )
+    var logFormat: String = "text"
+
     @Option(name: .long, help: ArgumentHelp("Acknowledge once this many bytes of an upload wait to be made durable.", valueName: "bytes"))
     var syncBytes: String = "8M"
 
@@ -307,11 +316,20 @@ struct Serve: AsyncParsableCommand {
         guard Logger.Level(rawValue: self.logLevel) != nil else {
             throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error")
         }
+        guard ["text", "json"].contains(self.logFormat) else {
+            throw ValidationError("--log-format must be text or json")
+        }
     }
 
     func run() async throws {
         let level = Logger.Level(rawValue: self.logLevel) ?? .info
+        let json = self.logFormat == "json"
         LoggingSystem.bootstrap { label in
+            if json {
+                var handler = JSONLogHandler.standardError(label: label)
+                handler.logLevel = level
+                return handler
+            }
             var handler = StreamLogHandler.standardError(label: label)
             handler.logLevel = level
             return handler

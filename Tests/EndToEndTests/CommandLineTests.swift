@@ -50,11 +50,11 @@ struct CommandLineTests {
         let port: Int
         let environment: [String: String]
 
-        init() throws {
+        init(_ options: [String] = ["--log-level", "warning"]) throws {
             self.data = TestRelay.makeDirectory()
             self.child = try ChildProcess(
                 try relayBinary(),
-                ["serve", "--dev", "--data", data, "--listen", "127.0.0.1:0", "--ready-file", data + "/ready", "--log-level", "warning"],
+                ["serve", "--dev", "--data", data, "--listen", "127.0.0.1:0", "--ready-file", data + "/ready"] + options,
                 readyFile: data + "/ready", logFile: data + "/relay.log"
             )
             do {
@@ -647,6 +647,32 @@ struct CommandLineTests {
         #expect(lines.allSatisfy { $0["error_code"] as? String == "UNAUTHENTICATED" }, "every result, beyond the window too")
         let store = try AgentStateStore(directory: state)
         #expect(try store.items().allSatisfy { $0.status == .failed }, "rows left queued")
+    }
+
+    @Test("serve --log-format json: every log line is one JSON object with time, level, label, message and the event's metadata (a key with quotes escaped); a format that is none is a usage error")
+    func jsonLogs() throws {
+        let relay = try DevRelay(["--log-level", "info", "--log-format", "json"])
+        defer { relay.stop() }
+        let source = TestRelay.makeDirectory()
+        defer { try? FileManager.default.removeItem(atPath: source) }
+        let file = makeFile(source, "say \"hi\".txt", size: 1000, seed: 5)
+        let sent = try Self.run(try Self.agentBinary(), ["send", "--no-state", file.path], environment: relay.environment)
+        #expect(sent.status == 0, "\(sent.stderr)")
+        relay.stop()
+        let lines = relay.child.log.split(separator: "\n").filter { $0.hasPrefix("{") }
+        #expect(lines.count >= 3, "\(relay.child.log)")
+        var committed: [String: Any]? = nil
+        for line in lines {
+            let object = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any], "not JSON: \(line)")
+            #expect(object["time"] is String && object["level"] is String && object["label"] as? String == "upload-relay" && object["message"] is String)
+            if object["message"] as? String == "upload committed" { committed = object }
+        }
+        #expect(committed?["upload.key"] as? String == "say \"hi\".txt", "\(String(describing: committed))")
+        #expect(committed?["account"] as? String == "dev")
+        let scratch = TestRelay.makeDirectory()
+        defer { try? FileManager.default.removeItem(atPath: scratch) }
+        let bad = try Self.run(try relayBinary(), ["serve", "--dev", "--data", scratch, "--log-format", "xml"])
+        #expect(bad.status == 2 && bad.stderr.contains("--log-format must be text or json"), "\(bad.stderr)")
     }
 
     @Test("usage errors exit 2 and say what is missing")
