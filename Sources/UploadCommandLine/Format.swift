@@ -2,6 +2,18 @@
 /// FoundationEssentials only, so that ICU's 34 MB of data stays out of a binary meant for devices).
 public enum Format {
     /// `value` with `digits` decimals, rounded half away from zero, as `%.Nf` prints a finite value.
+    /// A byte count for people: `812 B`, `3.4 MiB`, `1.2 TiB` (powers of 1024, one decimal).
+    public static func bytes(_ count: Int64) -> String {
+        let units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"]
+        var value = Double(count)
+        var unit = 0
+        while abs(value) >= 1024 && unit < units.count - 1 {
+            value /= 1024
+            unit += 1
+        }
+        return unit == 0 ? "\(count) B" : "\(Self.fixed(value)) \(units[unit])"
+    }
+
     public static func fixed(_ value: Double, _ digits: Int = 1) -> String {
         guard value.isFinite, abs(value) < 1e15 else { return "\(value)" }
         var scale: Double = 1

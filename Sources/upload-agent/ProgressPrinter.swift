@@ -218,14 +218,7 @@ final class ProgressPrinter: Sendable {
     }
 
     static func bytes(_ count: UInt64) -> String {
-        let units = ["B", "KiB", "MiB", "GiB", "TiB"]
-        var value = Double(count)
-        var unit = 0
-        while value >= 1024 && unit < units.count - 1 {
-            value /= 1024
-            unit += 1
-        }
-        return unit == 0 ? "\(count) B" : "\(Format.fixed(value)) \(units[unit])"
+        Format.bytes(Int64(clamping: count))
     }
 
     static func stderr(_ text: String) {

@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import UploadCommandLine
 import UploadRelay
 
 /// `upload-relay ls`: what the catalog holds, stored and under way (issue 10's "in progress visible to others").
@@ -22,8 +23,11 @@ struct ListCommand: ParsableCommand {
     @Flag(name: .long, help: "Only uploads under way.")
     var inProgress = false
 
-    @Flag(name: .long, help: "One JSON object per line, for scripts.")
+    @Flag(name: .long, help: "One JSON object per line, for scripts (bytes always exact there).")
     var json = false
+
+    @Flag(name: .long, help: "Exact byte counts in the table instead of KiB, MiB, GiB.")
+    var bytes = false
 
     @OptionGroup var options: Token.Options
 
@@ -61,9 +65,10 @@ struct ListCommand: ParsableCommand {
             }
             return
         }
+        let shown: (Int64) -> String = self.bytes ? { String($0) } : { Format.bytes($0) }
         print("ACCOUNT\tSTATUS\tBYTES\tSIZE\tKEY")
         for entry in entries {
-            print("\(entry.account)\t\(entry.status)\t\(entry.bytes)\t\(entry.size.map(String.init) ?? "-")\t\(entry.key)")
+            print("\(entry.account)\t\(entry.status)\t\(shown(entry.bytes))\t\(entry.size.map(shown) ?? "-")\t\(entry.key)")
         }
     }
 }

@@ -68,22 +68,47 @@ struct Token: ParsableCommand {
 
         @OptionGroup var options: Options
 
-        @Flag(name: .long, help: "One JSON object per account: {\"name\", \"used_bytes\", \"quota_bytes\" (null: none), \"state\": \"active\"|\"revoked\"}.")
+        @Flag(
+            name: .long,
+            help: "One JSON object per account: {\"name\", \"used_bytes\", \"quota_bytes\" (null: none), \"objects\", \"stored_bytes\", \"uploading\", \"uploading_bytes\", \"state\": \"active\"|\"revoked\"}."
+        )
         var json = false
+
+        @Flag(name: .long, help: "Exact byte counts in the table instead of KiB, MiB, GiB.")
+        var bytes = false
 
         func run() throws {
             let catalog = try self.options.openCatalog()
             let accounts = try catalog.accounts()
+            // What each account stores and has under way, from the catalog's rows.
+            var objects: [String: (count: Int, bytes: Int64)] = [:]
+            for object in try catalog.objects() {
+                objects[object.account, default: (0, 0)].count += 1
+                objects[object.account, default: (0, 0)].bytes += object.size
+            }
+            var uploading: [String: (count: Int, bytes: Int64)] = [:]
+            for session in try catalog.sessions(updatedBefore: .distantFuture) {
+                uploading[session.account, default: (0, 0)].count += 1
+                uploading[session.account, default: (0, 0)].bytes += session.durableOffset
+            }
             guard self.json else {
-                print("NAME\tUSED\tQUOTA\tSTATE")
+                let shown: (Int64) -> String = self.bytes ? { String($0) } : { Format.bytes($0) }
+                print("NAME\tUSED\tQUOTA\tOBJECTS\tUPLOADING\tSTATE")
                 for account in accounts {
-                    print("\(account.name)\t\(account.usedBytes)\t\(account.quota.map(String.init) ?? "-")\t\(account.revoked ? "revoked" : "active")")
+                    let stored = objects[account.name] ?? (0, 0)
+                    let under = uploading[account.name] ?? (0, 0)
+                    print(
+                        "\(account.name)\t\(shown(account.usedBytes))\t\(account.quota.map(shown) ?? "-")\t\(stored.count)\t\(under.count)\t\(account.revoked ? "revoked" : "active")"
+                    )
                 }
                 return
             }
             for account in accounts {
+                let stored = objects[account.name] ?? (0, 0)
+                let under = uploading[account.name] ?? (0, 0)
                 let object: [String: Any] = [
                     "name": account.name, "used_bytes": account.usedBytes, "quota_bytes": account.quota.map { $0 as Any } ?? NSNull(),
+                    "objects": stored.count, "stored_bytes": stored.bytes, "uploading": under.count, "uploading_bytes": under.bytes,
                     "state": account.revoked ? "revoked" : "active",
                 ]
                 let line = try JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes])
@@ -140,7 +165,7 @@ struct Token: ParsableCommand {
         func run() throws {
             let quota: Int64? = self.size == "none" ? nil : try ByteCount.parse(self.size, option: "SIZE")
             try Token.update(self.name, self.options, quota: .some(quota))
-            Token.say("account \"\(self.name)\": quota \(quota.map { "\($0) bytes" } ?? "none")")
+            Token.say("account \"\(self.name)\": quota \(quota.map { "\(Format.bytes($0)) (\($0) bytes)" } ?? "none")")
         }
     }
 

@@ -342,7 +342,7 @@ struct CommandLineTests {
         #expect(!FileManager.default.fileExists(atPath: data), "a refused serve created its data directory")
     }
 
-    @Test("relay ls: stored objects and uploads under way, by account, as a table or JSON lines; an unknown account is a usage error")
+    @Test("relay ls and token list: stored objects and uploads under way, by account, as a table in KiB/MiB (--bytes: exact) or JSON lines; an unknown account is a usage error")
     func relayList() throws {
         let relay = try DevRelay()
         let source = TestRelay.makeDirectory()
@@ -362,8 +362,18 @@ struct CommandLineTests {
         )
         let table = try Self.run(binary, ["ls", "--data", relay.data])
         #expect(table.status == 0, "\(table.stderr)")
-        #expect(table.stdout.contains("dev\tstored\t12345\t12345\tIMG_1.jpg"), "\(table.stdout)")
-        #expect(table.stdout.contains("other\tuploading\t123456\t999999\tvideos/big one.mov"), "\(table.stdout)")
+        #expect(table.stdout.contains("dev\tstored\t12.1 KiB\t12.1 KiB\tIMG_1.jpg"), "\(table.stdout)")
+        #expect(table.stdout.contains("other\tuploading\t120.6 KiB\t976.6 KiB\tvideos/big one.mov"), "\(table.stdout)")
+        let exact = try Self.run(binary, ["ls", "--bytes", "--data", relay.data])
+        #expect(exact.stdout.contains("dev\tstored\t12345\t12345\tIMG_1.jpg"), "\(exact.stdout)")
+        #expect(exact.stdout.contains("other\tuploading\t123456\t999999\tvideos/big one.mov"), "\(exact.stdout)")
+        let accounts = try Self.jsonLines(try Self.run(binary, ["token", "list", "--json", "--data", relay.data]).stdout)
+        let dev0 = try #require(accounts.first { $0["name"] as? String == "dev" })
+        #expect(dev0["objects"] as? Int == 1 && dev0["stored_bytes"] as? Int == 12_345 && dev0["uploading"] as? Int == 0, "\(dev0)")
+        let other = try #require(accounts.first { $0["name"] as? String == "other" })
+        #expect(other["objects"] as? Int == 0 && other["uploading"] as? Int == 1 && other["uploading_bytes"] as? Int == 123_456, "\(other)")
+        let accountTable = try Self.run(binary, ["token", "list", "--data", relay.data]).stdout
+        #expect(accountTable.contains("dev\t12.1 KiB\t-\t1\t0\tactive"), "\(accountTable)")
         let underWay = try Self.jsonLines(try Self.run(binary, ["ls", "--data", relay.data, "--in-progress", "--json"]).stdout)
         #expect(underWay.count == 1)
         #expect(underWay.first?["key"] as? String == "videos/big one.mov")
