@@ -276,7 +276,7 @@ struct S3StoreTests {
                 let resent = (result["sent_bytes"] as? Int ?? 0) - size
                 #expect(resent <= (8 << 20) + (8 << 20) + (1 << 20), "re-sent \(resent) bytes")
                 // Relay B recorded the object in the shared catalog.
-                let listed = try CommandLineTests.run(binary, ["token", "list", "--data", dataB], environment: environment)
+                let listed = try CommandLineTests.run(binary, ["token", "list", "--bytes", "--data", dataB], environment: environment)
                 #expect(listed.stdout.contains("camera\t\(size)\t"), "\(listed.stdout)")
                 relay.kill(SIGTERM)
                 #expect(relay.waitForExit() == 0, "relay B did not exit 0 on SIGTERM: \(relay.log)")

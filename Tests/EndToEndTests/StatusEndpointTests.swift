@@ -98,6 +98,48 @@ struct StatusEndpointTests {
         #expect(stored?.json["bytes"] as? Int == video.data.count && stored?.json["sha1"] as? String == SHA1Hex.of(video.data))
     }
 
+    @Test("an upload longer than one sync shows as uploading from its OPEN, with 0 bytes, before any acknowledgement; in ls --in-progress too; a photo committed at once costs no session")
+    func uploadingFromOpen() async throws {
+        let relay = try await TestRelay { configuration in
+            configuration.status = StatusEndpoint(host: "127.0.0.1", port: 0)
+            configuration.syncBytes = 1 << 20
+            configuration.syncInterval = .seconds(30)
+        }.start()
+        let client = Self.client(ca: relay.caPath)
+        let source = TestRelay.makeDirectory()
+        defer { try? FileManager.default.removeItem(atPath: source) }
+        do {
+            // 3 MiB at 512 KiB/s: the first acknowledgement (1 MiB) comes 2 s after the OPEN.
+            let video = makeFile(source, "long.mov", size: 3 << 20, seed: 21)
+            let sending = Task {
+                try await upload(
+                    [UploadItem(key: "long.mov", displayPath: video.path, source: FileSource(path: video.path))],
+                    port: relay.port, token: relay.token, ca: relay.caPath
+                ) { $0.bandwidthLimit = 512 << 10 }
+            }
+            let first = try await Self.poll(client, port: relay.statusPort, key: "long.mov", token: relay.token) { $0.status == 200 }
+            #expect(first?.json["status"] as? String == "uploading", "\(String(describing: first?.json))")
+            #expect(first?.json["bytes"] as? Int == 0, "first seen with \(String(describing: first?.json["bytes"])) bytes: not from its OPEN")
+            #expect(first?.json["size"] as? Int == video.data.count)
+            let sessions = try relay.services.catalog.sessions(updatedBefore: .distantFuture)
+            #expect(sessions.map(\.key) == ["long.mov"] && sessions.first?.durableOffset == 0, "\(sessions)")
+            #expect(try await sending.value.first?.status == .stored)
+            // A photo under one sync: committed at once, never recorded as a session (no catalog write before its commit).
+            let photo = makeFile(source, "p.jpg", size: 200_000, seed: 22)
+            _ = try await upload(
+                [UploadItem(key: "p.jpg", displayPath: photo.path, source: FileSource(path: photo.path))], port: relay.port, token: relay.token,
+                ca: relay.caPath
+            )
+            #expect(try relay.services.catalog.sessions(updatedBefore: .distantFuture).isEmpty)
+        } catch {
+            try? await client.shutdown()
+            await relay.stop()
+            throw error
+        }
+        try await client.shutdown()
+        await relay.stop()
+    }
+
     @Test("SQLite: an upload under way shows its durable bytes and size, then stored with its SHA-1; two accounts with the same keys see their own; listings page; bad tokens, revoked tokens and bad requests refused with the reason")
     func sqlite() async throws {
         let relay = try await Self.relay().start()

@@ -246,9 +246,22 @@ package struct UploadPolicy {
             }
             return .upload(session, staging, SHA1(), recorded: true, resumed: false, byteLimit: byteLimit)
         }
-        // Recorded by its first durable sync (``UploadStorage``): an upload committed at once never writes a session.
         let staging = try store.openStaging(session.stagingName, for: key, account: name, truncatingTo: 0, expectedSize: size, parts: [])
-        return .upload(session, staging, SHA1(), recorded: false, resumed: false, byteLimit: byteLimit)
+        guard size.map({ $0 > Int64(self.services.configuration.syncBytes) }) ?? true else {
+            // Recorded by its first durable sync (``UploadStorage``), if any: an upload committed at once never writes a
+            // session (a photo costs no catalog write before its commit).
+            return .upload(session, staging, SHA1(), recorded: false, resumed: false, byteLimit: byteLimit)
+        }
+        // Longer than one sync (or a stream): recorded now, so that it shows as uploading, with 0 bytes, from its OPEN
+        // (the status endpoint, `ls --in-progress`, on every relay sharing the catalog).
+        do {
+            try catalog.putSession(session)
+        } catch {
+            staging.close()
+            try? store.removeStaging(session.stagingName)
+            throw error
+        }
+        return .upload(session, staging, SHA1(), recorded: true, resumed: false, byteLimit: byteLimit)
     }
 
     /// Whether `open` (of a blob of `size` bytes, nil when unknown) resumes `session`, found under its key (SPEC §6.2):

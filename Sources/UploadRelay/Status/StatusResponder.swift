@@ -13,7 +13,7 @@ public struct KeyStatus: Hashable, Sendable, Codable {
     public var key: String
     public var status: Status
     /// Stored: the object's size. Uploading: the bytes the relays hold durably, which an agent resuming does not send
-    /// again (an upload shows here from its first acknowledgement).
+    /// again (an upload longer than one sync shows here from its OPEN, with 0 bytes; a shorter one is committed at once).
     public var bytes: Int64
     /// The object's size, or the size the upload announced; absent when it announced none (a stream).
     public var size: Int64?
