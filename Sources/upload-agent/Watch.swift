@@ -35,7 +35,8 @@ struct Watch: AsyncParsableCommand {
             so unless --follow-symlinks; so are FIFOs, sockets, devices, directories that cannot be read \
             and names that are not UTF-8.
 
-            Conditions (--only-on-ac, --min-battery, --when CMD) are checked every --when-interval: \
+            Conditions (--only-on-ac, --min-battery, --only-on-wifi, --not-metered, --when CMD) are \
+            checked every --when-interval: \
             while one is false, uploads stop (the relay keeps what it acknowledged) and go on by \
             themselves once it is true again. `upload-agent status` says what holds them.
 
@@ -70,7 +71,13 @@ struct Watch: AsyncParsableCommand {
     @Option(name: .long, help: ArgumentHelp("Upload only while the battery is at least this many percent, or on mains power.", valueName: "percent"))
     var minBattery: Int?
 
-    @Option(name: .long, help: ArgumentHelp("Upload only while this shell command exits 0 (e.g. a check for an unmetered network).", valueName: "command"))
+    @Flag(name: .customLong("only-on-wifi"), help: "Upload only while the default route goes through a wireless interface (Wi-Fi, not Ethernet or a mobile modem).")
+    var onlyOnWiFi = false
+
+    @Flag(name: .long, help: "Upload only while NetworkManager does not call the connection metered (a phone's hotspot, a mobile plan); without NetworkManager, always.")
+    var notMetered = false
+
+    @Option(name: .long, help: ArgumentHelp("Upload only while this shell command exits 0 (any other condition of your own).", valueName: "command"))
     var when: String?
 
     @Option(name: .long, help: ArgumentHelp("How often the conditions are checked again.", valueName: "duration"))
@@ -78,6 +85,15 @@ struct Watch: AsyncParsableCommand {
 
     @Option(name: .long, help: .hidden)
     var powerSupplyDir: String = "/sys/class/power_supply"
+
+    @Option(name: .long, help: .hidden)
+    var routeTable: String = "/proc/net/route"
+
+    @Option(name: .long, help: .hidden)
+    var networkDir: String = "/sys/class/net"
+
+    @Option(name: .long, help: .hidden)
+    var meteredProgram: String = "nmcli"
 
     /// The first wait after the relay said it has no room (QUOTA_EXCEEDED, STORAGE_ERROR); tests shorten it.
     @Option(name: .long, help: .hidden)
@@ -195,6 +211,11 @@ struct Watch: AsyncParsableCommand {
         conditions.minBattery = self.minBattery
         conditions.command = self.when
         conditions.powerSupplyDirectory = self.powerSupplyDir
+        conditions.onlyOnWiFi = self.onlyOnWiFi
+        conditions.notMetered = self.notMetered
+        conditions.routeTable = self.routeTable
+        conditions.networkDirectory = self.networkDir
+        conditions.meteredProgram = self.meteredProgram
         // Checked before the first upload starts, then every --when-interval.
         runner.hold("conditions", conditions.blocker())
         let interval = try DurationText.parse(self.whenInterval, option: "--when-interval")

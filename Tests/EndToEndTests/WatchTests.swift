@@ -199,6 +199,61 @@ struct WatchTests {
         await relay.stop()
     }
 
+    @Test("--only-on-wifi and --not-metered: on Ethernet, without a default route, or on a connection NetworkManager calls metered, uploads wait and status says why; on Wi-Fi that is not metered they go on by themselves")
+    func wifiAndMetered() async throws {
+        let relay = try await TestRelay().start()
+        let home = TestRelay.makeDirectory()
+        defer { try? FileManager.default.removeItem(atPath: home) }
+        let watched = home + "/cam"
+        try FileManager.default.createDirectory(atPath: watched, withIntermediateDirectories: true)
+        // A fake routing table, sysfs and nmcli, as the kernel and NetworkManager show them.
+        let net = home + "/net"
+        for (interface, wireless) in [("eth0", false), ("wlp2s0", true)] {
+            try FileManager.default.createDirectory(atPath: net + "/" + interface + (wireless ? "/wireless" : ""), withIntermediateDirectories: true)
+        }
+        func route(_ interface: String?) throws {
+            var table = "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n"
+            table += "eth0\t0000A8C0\t00000000\t0001\t0\t0\t100\t00FFFFFF\t0\t0\t0\n"
+            if let interface { table += "\(interface)\t00000000\t0100A8C0\t0003\t0\t0\t600\t00000000\t0\t0\t0\n" }
+            try Data(table.utf8).write(to: URL(fileURLWithPath: home + "/route.new"))
+            _ = rename(home + "/route.new", home + "/route")
+        }
+        let nmcli = home + "/nmcli"
+        func metered(_ answer: String) throws {
+            try Data("#!/bin/sh\n[ \"$6\" = wlp2s0 ] && echo '\(answer)'\n".utf8).write(to: URL(fileURLWithPath: nmcli + ".new"))
+            chmod(nmcli + ".new", 0o755)
+            _ = rename(nmcli + ".new", nmcli)
+        }
+        try route("eth0")
+        try metered("no")
+        let agent = try AgentProcess(
+            [
+                "watch", "--json", "--settle", "500ms", "--only-on-wifi", "--not-metered", "--when-interval", "200ms",
+                "--route-table", home + "/route", "--network-dir", net, "--metered-program", nmcli, watched,
+            ],
+            environment: AgentProcess.environment(relay, state: home + "/state"), log: home + "/agent.log"
+        )
+        defer { agent.stop() }
+        #expect(AgentProcess.waitUntil { agent.child.log.contains("watching") }, "\(agent.child.log)")
+        let store = try AgentStateStore(directory: home + "/state/upload-agent")
+        func held(_ words: String) -> Bool {
+            AgentProcess.waitUntil { (try? store.holdReason())??.contains(words) == true }
+        }
+        try Self.write(Self.bytes(200_000, seed: 31), to: watched + "/a.jpg")
+        #expect(held("goes through eth0, which is not wireless"), "\(String(describing: try? store.holdReason()))")
+        try route(nil)
+        #expect(held("no default route"), "\(String(describing: try? store.holdReason()))")
+        try metered("yes (guessed)")
+        try route("wlp2s0")
+        #expect(held("NetworkManager calls wlp2s0's metered"), "\(String(describing: try? store.holdReason()))")
+        #expect(agent.started("cam/a.jpg") == 0, "an upload started while a condition held")
+        try metered("no")
+        #expect(AgentProcess.waitUntil(timeout: 10) { agent.finished("cam/a.jpg") != nil }, "\(agent.child.log)")
+        #expect(relay.stored("cam/a.jpg") != nil)
+        #expect(agent.stop() == 0)
+        await relay.stop()
+    }
+
     @Test("a file the account's quota has no room for waits on its own, longer each time, while the files that fit are stored; --json and status say why; it goes up once there is room")
     func quotaWaits() async throws {
         let relay = try await TestRelay().start()
