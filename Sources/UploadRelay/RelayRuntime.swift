@@ -233,6 +233,12 @@ public enum RelayRuntime {
     }
 
     /// The store the configuration names: an S3 bucket (which takes no stripes), or the local directory.
+    /// The store a configuration names, for the admin commands (`rm`, `token delete`): the same as `serve` opens.
+    public static func openStore(_ configuration: RelayConfiguration, catalog: any Catalog, logger: Logger) throws -> any BlobStore {
+        var configuration = configuration
+        return try Self.makeStore(&configuration, ledger: catalog as? any MultipartLedger, logger: logger)
+    }
+
     static func makeStore(_ configuration: inout RelayConfiguration, ledger: (any MultipartLedger)?, logger: Logger) throws -> any BlobStore {
         if let s3 = configuration.s3 {
             if s3.prefix.isEmpty {

@@ -522,21 +522,7 @@ struct Serve: AsyncParsableCommand {
 extension Serve {
     /// The S3 store's settings: the bucket from --store, the endpoint and region, the keys from the environment.
     func s3Configuration(bucket: String, prefix: String) throws -> S3StoreConfiguration {
-        let environment = ProcessInfo.processInfo.environment
-        let region = self.s3Region ?? environment["AWS_REGION"] ?? environment["AWS_DEFAULT_REGION"] ?? "us-east-1"
-        let address = self.s3Endpoint ?? "https://s3.\(region).amazonaws.com"
-        guard let url = URL(string: address) else { throw ValidationError("--s3-endpoint \(address) is not a URL") }
-        let credentials: S3Credentials?
-        do {
-            credentials = try S3Credentials.load(environment: environment)
-        } catch {
-            throw ValidationError("S3 credentials: \(error)")
-        }
-        guard let credentials else {
-            throw ValidationError(
-                "no S3 credentials for --store s3://\(bucket): set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or a profile in ~/.aws/credentials (AWS_PROFILE)"
-            )
-        }
-        return S3StoreConfiguration(endpoint: S3Endpoint(url: url, region: region), credentials: credentials, bucket: bucket, prefix: prefix)
+        try S3Setup.configuration(bucket: bucket, prefix: prefix, endpoint: self.s3Endpoint, region: self.s3Region)
     }
+
 }

@@ -8,7 +8,7 @@ struct Token: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Manage agent accounts and their tokens.",
         discussion: "Tokens are shown once, when made, and stored only hashed in the catalog (<data>/catalog.sqlite, or --catalog).",
-        subcommands: [Add.self, List.self, Rotate.self, Quota.self, Disable.self, Enable.self, Revoke.self]
+        subcommands: [Add.self, List.self, Rotate.self, Quota.self, Disable.self, Enable.self, Revoke.self, Delete.self]
     )
 
     struct Options: ParsableArguments {
@@ -24,6 +24,8 @@ struct Token: ParsableCommand {
         func validate() throws {
             guard DataDirectory.resolve(self.data, environment: ProcessInfo.processInfo.environment) != nil else { throw DataDirectory.missing }
         }
+
+        var dataDirectory: String { DataDirectory.resolve(self.data, environment: ProcessInfo.processInfo.environment) ?? "" }
 
         func openCatalog() throws -> any Catalog {
             let url = self.catalog ?? ProcessInfo.processInfo.environment["UPLOAD_RELAY_CATALOG"]
@@ -215,6 +217,66 @@ struct Token: ParsableCommand {
                 throw ValidationError(CatalogError.unknownAccount(self.name).description)
             }
             FileHandle.standardError.write(Data("revoked the token of account \"\(self.name)\"\n".utf8))
+        }
+    }
+
+    struct Delete: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Delete an account: its token, its uploads under way and, as you choose, its objects.",
+            discussion: """
+                Say what happens to the account's objects: --delete-objects removes each from the store and the \
+                catalog (as rm does), --keep-objects leaves the files or S3 objects where they are and forgets them. \
+                Without either, nothing is changed and the account's objects are counted for you to choose. The \
+                token is refused first (running relays close its connections), its uploads under way are dropped \
+                with their staged bytes, then the account goes and its name may be given again. Pass the --store \
+                (and --s3-endpoint) that serve uses.
+                """
+        )
+
+        @Argument(help: "Account name.")
+        var name: String
+
+        @Flag(name: .long, help: "Remove the account's objects from the store and the catalog.")
+        var deleteObjects = false
+
+        @Flag(name: .long, help: "Leave the account's objects in the store, forgotten by the catalog.")
+        var keepObjects = false
+
+        @OptionGroup var options: Options
+        @OptionGroup var storeOptions: StoreOptions
+
+        func validate() throws {
+            guard !(self.deleteObjects && self.keepObjects) else { throw ValidationError("--delete-objects or --keep-objects, not both") }
+        }
+
+        func run() throws {
+            let catalog = try self.options.openCatalog()
+            defer { (catalog as? PostgresCatalog)?.shutdown() }
+            guard try catalog.account(named: self.name) != nil else {
+                throw ValidationError(CatalogError.unknownAccount(self.name).description)
+            }
+            guard self.deleteObjects || self.keepObjects else {
+                let objects = try catalog.objects().filter { $0.account == self.name }
+                let bytes = objects.reduce(Int64(0)) { $0 + $1.size }
+                throw ValidationError(
+                    "account \"\(self.name)\" has \(objects.count) objects (\(Format.bytes(bytes))): say what happens to them, --delete-objects (removed from the store) or --keep-objects (left in the store, forgotten); nothing was changed"
+                )
+            }
+            let logger = Logger(label: "upload-relay")
+            let store = try self.storeOptions.openStore(data: self.options.dataDirectory, catalog: catalog, logger: logger)
+            let outcome = try RelayAdmin.deleteAccount(
+                self.name, objects: self.deleteObjects ? .delete : .keep, catalog: catalog, store: store, logger: logger
+            )
+            var words: [String] = []
+            if outcome.uploadsDropped > 0 { words.append("\(outcome.uploadsDropped) uploads under way dropped") }
+            if self.deleteObjects { words.append("\(outcome.removed) objects removed (\(Format.bytes(outcome.removedBytes)))") }
+            if self.keepObjects { words.append("\(outcome.kept) objects left in the store") }
+            for (key, reason) in outcome.refused { Token.say("left \(key): \(reason)") }
+            guard outcome.deleted else {
+                Token.say("account \"\(self.name)\" is disabled but not deleted: \(outcome.refused.count) objects could not be removed; \(words.joined(separator: ", "))")
+                throw ExitCode(1)
+            }
+            Token.say("account \"\(self.name)\" deleted" + (words.isEmpty ? "" : ": " + words.joined(separator: ", ")))
         }
     }
 }

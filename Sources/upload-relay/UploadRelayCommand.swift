@@ -21,7 +21,7 @@ struct UploadRelayCommand: AsyncParsableCommand {
               upload-relay ls --data /srv/upload --in-progress
             """,
         version: BuildInfo.versionLine("upload-relay"),
-        subcommands: [Serve.self, Token.self, ListCommand.self]
+        subcommands: [Serve.self, Token.self, ListCommand.self, Remove.self]
     )
 
     /// Usage errors exit 2, as scripts expect (ArgumentParser's own default is 64). `serve` takes its options from

@@ -112,6 +112,22 @@ struct CatalogContractTests {
         }
     }
 
+    @Test("an account deleted: refused while it has an upload session, then gone and its name free; an unknown name is false", arguments: Backend.allCases)
+    func accountDeleted(_ backend: Backend) throws {
+        try Self.withCatalog(backend) { catalog, _ in
+            try catalog.addAccount(name: "alice", tokenHash: [1], quota: nil)
+            try catalog.putSession(Self.session("s1", key: "a/b.jpg", durable: 50))
+            #expect(throws: CatalogError.accountInUse("alice", holds: "uploads under way")) { try catalog.deleteAccount(named: "alice") }
+            #expect(try catalog.account(named: "alice") != nil)
+            try catalog.deleteSession(id: "s1")
+            #expect(try catalog.deleteAccount(named: "alice"))
+            #expect(try catalog.account(named: "alice") == nil && catalog.account(tokenHash: [1]) == nil)
+            #expect(try !catalog.deleteAccount(named: "alice"))
+            try catalog.addAccount(name: "alice", tokenHash: [2], quota: nil)
+            #expect(try catalog.account(named: "alice")?.tokenHash == [2])
+        }
+    }
+
     @Test("sessions: recorded, replaced by key, updated with their parts, gone with them; an update of a gone one refused", arguments: Backend.allCases)
     func sessions(_ backend: Backend) throws {
         try Self.withCatalog(backend) { catalog, _ in

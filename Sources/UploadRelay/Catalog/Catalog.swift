@@ -285,6 +285,8 @@ public enum CatalogError: Error, Hashable, Sendable, CustomStringConvertible {
     case invalidAccountName(String)
     case unknownSession(String)
     case quotaExceeded(account: String, needed: Int64, quota: Int64, used: Int64)
+    /// The account still has rows of this kind (objects, uploads, commits): it cannot go yet.
+    case accountInUse(String, holds: String)
 
     public var description: String {
         switch self {
@@ -298,6 +300,8 @@ public enum CatalogError: Error, Hashable, Sendable, CustomStringConvertible {
             return "no account named \"\(name)\" (see: upload-relay token list)"
         case .quotaExceeded(let account, let needed, let quota, let used):
             return "account \"\(account)\" would exceed its quota: \(used) + \(needed) bytes > \(quota)"
+        case .accountInUse(let account, let holds):
+            return "account \"\(account)\" still has \(holds) in the catalog: it was not deleted"
         }
     }
 }
@@ -311,6 +315,9 @@ public protocol Catalog: Sendable {
     func accounts() throws -> [Account]
     /// Revokes the account's token; false when there is no such account.
     func revokeAccount(named name: String) throws -> Bool
+    /// Deletes the account, once it has no object, upload session or pending commit left (``CatalogError/accountInUse(_:holds:)``
+    /// otherwise); false when there is no such account. Its name may be given again afterwards.
+    func deleteAccount(named name: String) throws -> Bool
     /// Changes what is given of account `name`: its quota (`.some(nil)`: no limit), its token's hash (a rotation), whether
     /// it is disabled. False when there is no such account.
     func updateAccount(named name: String, quota: Int64??, tokenHash: [UInt8]?, revoked: Bool?) throws -> Bool

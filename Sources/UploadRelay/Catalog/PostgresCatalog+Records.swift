@@ -53,6 +53,29 @@ extension PostgresCatalog {
         }
     }
 
+    public func deleteAccount(named name: String) throws -> Bool {
+        let logger = self.logger
+        return try self.transaction { connection in
+            // The account's row held: no commit or admission of it runs meanwhile.
+            guard try await !Self.rows("SELECT name FROM account WHERE name = \(name) FOR UPDATE", on: connection, logger).isEmpty else {
+                return false
+            }
+            let counts = try await Self.rows(
+                """
+                SELECT (SELECT COUNT(*) FROM object WHERE account = \(name))::BIGINT AS objects,
+                    (SELECT COUNT(*) FROM session WHERE account = \(name))::BIGINT AS sessions,
+                    (SELECT COUNT(*) FROM pending_commit WHERE account = \(name))::BIGINT AS commits,
+                    (SELECT COUNT(*) FROM open_reservation WHERE account = \(name))::BIGINT AS opening
+                """, on: connection, logger
+            ).first
+            for (column, what) in [("objects", "objects"), ("sessions", "uploads under way"), ("commits", "commits being settled"), ("opening", "uploads opening")] {
+                if try counts?[column].decode(Int64.self) ?? 0 > 0 { throw CatalogError.accountInUse(name, holds: what) }
+            }
+            _ = try await Self.rows("DELETE FROM account WHERE name = \(name) RETURNING name", on: connection, logger)
+            return true
+        }
+    }
+
     public func updateAccount(named name: String, quota: Int64??, tokenHash: [UInt8]?, revoked: Bool?) throws -> Bool {
         let logger = self.logger
         return try self.run { connection in

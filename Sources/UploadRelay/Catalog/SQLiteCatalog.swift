@@ -197,6 +197,19 @@ public final class SQLiteCatalog: Catalog {
         }
     }
 
+    public func deleteAccount(named name: String) throws -> Bool {
+        try self.database.write { db in
+            guard try Row.fetchOne(db, sql: "SELECT name FROM account WHERE name = ?", arguments: [name]) != nil else { return false }
+            for (table, what) in [("object", "objects"), ("session", "uploads under way"), ("pending_commit", "commits being settled")] {
+                if try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM \(table) WHERE account = ?", arguments: [name]) ?? 0 > 0 {
+                    throw CatalogError.accountInUse(name, holds: what)
+                }
+            }
+            try db.execute(sql: "DELETE FROM account WHERE name = ?", arguments: [name])
+            return true
+        }
+    }
+
     public func updateAccount(named name: String, quota: Int64??, tokenHash: [UInt8]?, revoked: Bool?) throws -> Bool {
         try self.database.write { db in
             guard try Row.fetchOne(db, sql: "SELECT name FROM account WHERE name = ?", arguments: [name]) != nil else { return false }

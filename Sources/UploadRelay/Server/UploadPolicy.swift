@@ -87,7 +87,7 @@ package struct UploadPolicy {
                 return Refusal(code: .storageError, message: error.description, keepSession: false)
             case .quotaExceeded:
                 return Refusal(code: .quotaExceeded, message: error.description, keepSession: false)
-            case .accountExists, .unknownAccount, .invalidAccountName:
+            case .accountExists, .unknownAccount, .invalidAccountName, .accountInUse:
                 return logged(Refusal(code: .internalError, message: "the relay failed to \(what); retry later", keepSession: true))
             }
         default:

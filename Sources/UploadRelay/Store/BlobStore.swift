@@ -41,6 +41,9 @@ public protocol BlobStore: Sendable {
     func duplicate(_ source: ObjectKey, expected: ObjectIdentity, as key: ObjectKey, account: String) throws -> ObjectIdentity
     /// What identifies the object `key` of `account` now, or nil when there is none.
     func identity(of key: ObjectKey, account: String) throws -> ObjectIdentity?
+    /// Removes the object `key` of `account` (`upload-relay rm`): only call it for an object the catalog records as
+    /// this relay's, whose identity was just checked. Nothing there is not an error.
+    func removeObject(_ key: ObjectKey, account: String) throws
     /// The SHA-1 of the object's bytes, read whole (startup recovery only), or nil when there is none.
     func contentSHA1(of key: ObjectKey, account: String) throws -> SHA1Digest?
     /// Why `key` cannot be stored for `account` next to the objects it has (a key that is a folder of other keys,

@@ -189,6 +189,26 @@ public final class LocalDirectoryStore: BlobStore {
         try self.path(of: key, account: account)
     }
 
+    /// Unlinks the file (through the same checked path a commit takes: no link leads out of the account's folder), syncs
+    /// its directory, and removes the folders the key made that are empty now.
+    public func removeObject(_ key: ObjectKey, account: String) throws {
+        var checked = Set<String>()
+        let (directory, path) = try self.placeFor(key, account: account, checked: &checked)
+        guard unlink(path) == 0 || errno == ENOENT else {
+            throw StoreError("cannot remove \(path): \(String(cString: strerror(errno)))")
+        }
+        let fd = open(directory, O_RDONLY | O_DIRECTORY)
+        if fd >= 0 {
+            _ = fsync(fd)
+            close(fd)
+        }
+        let base = try self.accountDirectory(account)
+        var folder = directory
+        while folder.count > base.count, folder.hasPrefix(base + "/"), rmdir(folder) == 0 {
+            folder = String(folder[..<(folder.lastIndex(of: "/") ?? folder.endIndex)])
+        }
+    }
+
     func path(of key: ObjectKey, account: String) throws -> String {
         try self.accountDirectory(account) + "/" + key.value
     }

@@ -326,6 +326,11 @@ public final class S3Store: BlobStore, Sendable {
         return identity
     }
 
+    public func removeObject(_ key: ObjectKey, account: String) throws {
+        let objectKey = self.objectKey(key, account: account)
+        try self.blocking { try await self.client.deleteObject(bucket: self.bucket, key: objectKey) }
+    }
+
     public func identity(of key: ObjectKey, account: String) throws -> ObjectIdentity? {
         try self.identity(ofBucketKey: self.objectKey(key, account: account))
     }

@@ -1,0 +1,106 @@
+import Foundation
+import Logging
+import UploadProtocol
+
+/// What `upload-relay rm` and `token delete` do to the store and the catalog, on either catalog and either store.
+///
+/// Only what the relay made is touched: an object is removed only when the catalog records it and the file (or S3
+/// object) at its place is still the one committed; the file goes first, then the catalog's row, so a crash between the
+/// two leaves a row whose file is gone, which the next start forgets (never a file no row knows). Each key is held as
+/// an upload holds it (with a shared catalog, under its lock across relays), so no upload of it commits meanwhile.
+public enum RelayAdmin {
+    /// How one `rm` ended.
+    public enum Removal: Hashable, Sendable {
+        /// Removed: the object's size.
+        case removed(Int64)
+        /// The catalog records no object under the key.
+        case notStored
+        /// Left alone, and why.
+        case refused(String)
+    }
+
+    /// Removes the object `key` of `account`.
+    public static func remove(key: String, account: String, catalog: any Catalog, store: any BlobStore, logger: Logger) throws -> Removal {
+        guard let objectKey = try? ObjectKey(validating: key) else { return .notStored }
+        let keys = RelayRuntime.KeyGuard.claiming(KeyClaims(locks: catalog.keyLocks))
+        let outcome = try keys.holding(account, key) { () throws -> Removal in
+            guard let object = try catalog.object(account: account, key: key) else { return .notStored }
+            if try catalog.session(account: account, key: key) != nil {
+                return .refused("an upload of it is under way or resumable; try again once it ends (or expires)")
+            }
+            if try catalog.pendingCommits().contains(where: { $0.account == account && $0.key == key }) {
+                return .refused("a commit of it is being settled; try again in a minute")
+            }
+            let current = try store.identity(of: objectKey, account: account)
+            if let current, let recorded = object.identity, current != recorded {
+                return .refused("what is at its place is not the object the relay committed (it was changed by hand since): left as it is")
+            }
+            if current != nil { try store.removeObject(objectKey, account: account) }
+            try catalog.deleteObject(account: account, key: key)
+            logger.notice("removed an object (upload-relay rm)", metadata: ["account": "\(account)", "upload.key": "\(key)", "upload.size": "\(object.size)"])
+            return .removed(object.size)
+        }
+        return outcome ?? .refused("an upload of it is under way on a relay; try again once it ends")
+    }
+
+    /// What `token delete` does with the account's objects.
+    public enum Objects: String, Sendable {
+        /// Removed with the account, as `rm` removes them.
+        case delete
+        /// Left in the store as they are, forgotten by the catalog.
+        case keep
+    }
+
+    /// How `token delete` ended: what it removed or left, and what it could not remove.
+    public struct AccountDeletion: Sendable {
+        public var removed = 0
+        public var removedBytes: Int64 = 0
+        public var kept = 0
+        /// Objects left in place, each with why (the account stays while any is).
+        public var refused: [(key: String, reason: String)] = []
+        public var uploadsDropped = 0
+        public var deleted = false
+    }
+
+    /// Deletes account `name`: its token is refused first (running relays close its connections), then its uploads
+    /// under way are dropped with their staged bytes, its objects removed or kept as `objects` says, and the account goes
+    /// once nothing of it is left in the catalog.
+    public static func deleteAccount(
+        _ name: String, objects: Objects, catalog: any Catalog, store: any BlobStore, logger: Logger
+    ) throws -> AccountDeletion {
+        var outcome = AccountDeletion()
+        guard try catalog.revokeAccount(named: name) else { throw CatalogError.unknownAccount(name) }
+        let keys = RelayRuntime.KeyGuard.claiming(KeyClaims(locks: catalog.keyLocks))
+        for session in try catalog.sessions(updatedBefore: .distantFuture) where session.account == name {
+            let dropped = try keys.holding(name, session.key) { () throws -> Bool in
+                try catalog.deleteSession(id: session.id)
+                try? store.removeStaging(session.stagingName)
+                return true
+            }
+            if dropped == true { outcome.uploadsDropped += 1 }
+        }
+        for object in try catalog.objects() where object.account == name {
+            switch objects {
+            case .keep:
+                try catalog.deleteObject(account: name, key: object.key)
+                outcome.kept += 1
+            case .delete:
+                switch try Self.remove(key: object.key, account: name, catalog: catalog, store: store, logger: logger) {
+                case .removed(let size):
+                    outcome.removed += 1
+                    outcome.removedBytes += size
+                case .notStored:
+                    break
+                case .refused(let reason):
+                    outcome.refused.append((object.key, reason))
+                }
+            }
+        }
+        guard outcome.refused.isEmpty else { return outcome }
+        outcome.deleted = try catalog.deleteAccount(named: name)
+        if outcome.deleted {
+            logger.notice("deleted an account (upload-relay token delete)", metadata: ["account": "\(name)", "objects": "\(objects.rawValue)"])
+        }
+        return outcome
+    }
+}
