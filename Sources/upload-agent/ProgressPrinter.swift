@@ -1,21 +1,45 @@
 import FoundationEssentials
+import Glibc
 import NIOConcurrencyHelpers
 import UploadAgent
 import UploadCommandLine
 
-/// Progress for people on stderr (a live status line on a terminal) and one JSON object per
-/// finished item on stdout with --json.
+/// Progress for people on stderr and one JSON object per finished item on stdout with --json.
+///
+/// On a terminal, a live block under the messages: a line per upload under way (its percentage, bytes and rate), at
+/// most ``shownUploads`` of them, then a total line (items done, bytes, rate, ETA). Messages (stored, failed, waiting,
+/// reconnecting) are printed above it, the block redrawn below; it is erased when the run ends. Not on a terminal, or
+/// with --quiet, messages only.
 final class ProgressPrinter: Sendable {
+    /// An upload under way, for its line.
+    private struct Upload {
+        var size: UInt64?
+        /// Where this run started it (a resume starts past 0).
+        var offset: UInt64
+        var sent: UInt64 = 0
+        var started: Double
+    }
+
     private struct State {
-        var sizes: [String: UInt64] = [:]
-        var sent: [String: UInt64] = [:]
         var totalSent: UInt64 = 0
+        /// Bytes counted done without being sent by this run: resumed from, or found on the relay.
+        var totalSkipped: UInt64 = 0
         var finished = 0
-        var current: String = ""
+        /// Uploads under way, in the order they started.
+        var active: [String: Upload] = [:]
+        var order: [String] = []
+        /// Lines of the live block on the screen now (erased before anything else is printed).
+        var drawn = 0
         var lastDraw: Double = 0
         /// The last reconnection reason said, and how many times it came again since (said once, then counted).
         var reconnect: (reason: String, repeats: Int)? = nil
         var started: Double = Date().timeIntervalSince1970
+
+        /// An upload that ended, or waits: its line goes.
+        mutating func forget(_ key: String) {
+            guard self.active.removeValue(forKey: key) != nil else { return }
+            self.order.removeAll { $0 == key }
+        }
     }
 
     private let state = NIOLockedValueBox(State())
@@ -23,12 +47,24 @@ final class ProgressPrinter: Sendable {
     private let live: Bool
     private let quiet: Bool
     private let totalItems: Int
-    /// A long-running agent: JSON lines carry an "event" ("started", "finished"), and there is no live line.
+    /// The bytes of every item of the run, when known before it starts (send's files): the total line's ETA.
+    private let totalBytes: UInt64?
+    /// A long-running agent: JSON lines carry an "event" ("started", "finished").
     private let events: Bool
 
-    init(json: Bool, live: Bool, quiet: Bool, totalItems: Int, events: Bool = false) {
+    /// Whether to draw the live block: stderr is a terminal, and the JSON lines (when asked for) do not go to that
+    /// terminal too, where the block would cut into them.
+    static func liveWanted(json: Bool, quiet: Bool) -> Bool {
+        !quiet && isatty(2) == 1 && !(json && isatty(1) == 1)
+    }
+
+    /// The most uploads the live block shows a line for; the others are counted.
+    static let shownUploads = 6
+
+    init(json: Bool, live: Bool, quiet: Bool, totalItems: Int, totalBytes: UInt64? = nil, events: Bool = false) {
+        self.totalBytes = totalBytes
         self.json = json
-        self.live = live && !events
+        self.live = live && !quiet
         self.quiet = quiet
         self.totalItems = totalItems
         self.events = events
@@ -54,8 +90,9 @@ final class ProgressPrinter: Sendable {
             self.note("\(reason); reconnecting in \(delay), and again while it fails the same way")
         case .started(let key, let size, let offset):
             self.state.withLockedValue {
-                if let size { $0.sizes[key] = size }
-                $0.current = key
+                if $0.active[key] == nil { $0.order.append(key) }
+                $0.totalSkipped += offset
+                $0.active[key] = Upload(size: size, offset: offset, started: Date().timeIntervalSince1970)
             }
             if offset > 0 { self.note("resuming \(key) at \(Self.bytes(offset))") }
             if self.json && self.events {
@@ -64,26 +101,33 @@ final class ProgressPrinter: Sendable {
                 Self.stdout(Self.jsonText(object))
             }
         case .sent(let key, let bytes):
-            let line: String? = self.state.withLockedValue { state in
-                state.sent[key, default: 0] += UInt64(bytes)
+            let output: String? = self.state.withLockedValue { state in
                 state.totalSent += UInt64(bytes)
-                state.current = key
+                state.active[key]?.sent += UInt64(bytes)
                 let now = Date().timeIntervalSince1970
                 guard self.live, now - state.lastDraw > 0.2 else { return nil }
                 state.lastDraw = now
-                return self.statusLine(state, now: now)
+                return self.redraw(&state, now: now)
             }
-            if let line { Self.stderr("\r\u{1B}[K" + line) }
+            if let output { Self.stderr(output) }
         case .acknowledged:
             break
         case .waiting(let key, let reason, let retryIn):
             // The other items go on; this one waits for the relay to have room.
+            self.state.withLockedValue { $0.forget(key) }
             self.note("waiting     \(key): \(reason); trying again in \(Self.duration(retryIn))")
             if self.json && self.events {
                 Self.stdout(Self.jsonText(["event": "waiting", "key": key, "reason": reason, "retry_in_seconds": Int(retryIn.components.seconds)]))
             }
         case .finished(let result):
-            self.state.withLockedValue { $0.finished += 1 }
+            self.state.withLockedValue {
+                $0.finished += 1
+                // What the relay had already (dedup, or a commit settled before a retry) counts as done.
+                if result.status == .stored || result.status == .deduplicated, result.bytes > result.sentBytes {
+                    $0.totalSkipped += result.bytes - result.sentBytes
+                }
+                $0.forget(result.key)
+            }
             if self.json {
                 Self.stdout(Self.jsonLine(result, event: self.events ? "finished" : nil))
             }
@@ -100,19 +144,67 @@ final class ProgressPrinter: Sendable {
         }
     }
 
-    private func statusLine(_ state: State, now: Double) -> String {
+    /// The escape codes that erase the block drawn, then the block drawn anew (its line count recorded).
+    private func redraw(_ state: inout State, now: Double) -> String {
+        var output = Self.erase(state.drawn)
+        let lines = self.block(state, now: now)
+        output += lines.map { $0 + "\n" }.joined()
+        state.drawn = lines.count
+        return output
+    }
+
+    /// Moves up over `lines` lines and clears from there to the end of the screen.
+    private static func erase(_ lines: Int) -> String {
+        lines > 0 ? "\u{1B}[\(lines)F\u{1B}[J" : "\r\u{1B}[J"
+    }
+
+    /// The live block: a line per upload under way, then the total.
+    private func block(_ state: State, now: Double) -> [String] {
+        let width = Self.terminalWidth()
+        var lines: [String] = []
+        for key in state.order.prefix(Self.shownUploads) {
+            guard let upload = state.active[key] else { continue }
+            let done = upload.offset + upload.sent
+            var line = "  "
+            if let size = upload.size, size > 0 {
+                let percent = min(100, Int(Double(done) * 100 / Double(size)))
+                line += Format.padded("\(percent)%", to: 4) + "  " + Format.padded("\(Self.bytes(done)) / \(Self.bytes(size))", to: 22)
+            } else {
+                line += "      " + Format.padded(Self.bytes(done), to: 22)
+            }
+            let rate = Double(upload.sent) / max(0.001, now - upload.started)
+            line += "  " + Format.padded("\(Format.fixed(rate / 1e6)) MB/s", to: 10) + "  " + key
+            lines.append(String(line.prefix(width - 1)))
+        }
+        if state.order.count > Self.shownUploads {
+            lines.append("  ... and \(state.order.count - Self.shownUploads) more under way")
+        }
+        lines.append(String(self.totalLine(state, now: now).prefix(width - 1)))
+        return lines
+    }
+
+    private func totalLine(_ state: State, now: Double) -> String {
         let elapsed = max(0.001, now - state.started)
         let rate = Double(state.totalSent) / elapsed
-        let total = state.sizes.values.reduce(0, +)
-        var line = "[\(state.finished)/\(self.totalItems)] \(Self.bytes(state.totalSent))"
-        if total > 0 { line += " / \(Self.bytes(total))" }
+        var line = self.totalItems > 0 ? "[\(state.finished)/\(self.totalItems)] " : "[\(state.finished) done] "
+        let done = state.totalSent + state.totalSkipped
+        line += Self.bytes(done)
+        if let total = self.totalBytes, total > 0 {
+            line += " / \(Self.bytes(total))  \(min(100, Int(Double(done) * 100 / Double(total))))%"
+        }
         line += "  \(Format.fixed(rate / 1e6)) MB/s"
-        if total > state.totalSent, rate > 0 {
-            let eta = Int(Double(total - state.totalSent) / rate)
+        if let total = self.totalBytes, total > done, rate > 0 {
+            let eta = Int(Double(total - done) / rate)
             line += "  ETA \(eta / 60):\(Format.twoDigits(eta % 60))"
         }
-        line += "  \(state.current)"
-        return String(line.prefix(160))
+        return line
+    }
+
+    /// The terminal's width in columns (stderr's), 80 when it cannot be asked.
+    static func terminalWidth() -> Int {
+        var size = winsize()
+        guard ioctl(2, UInt(TIOCGWINSZ), &size) == 0, size.ws_col > 20 else { return 80 }
+        return Int(size.ws_col)
     }
 
     /// A watched path not taken (a link, a FIFO, a name no key may have): said, and with --json an event.
@@ -121,12 +213,36 @@ final class ProgressPrinter: Sendable {
         if json { Self.stdout(Self.jsonText(["event": "skipped", "path": path, "reason": reason])) }
     }
 
+    /// A message above the live block (which is drawn again under it).
     func note(_ text: String) {
         guard !self.quiet else { return }
-        Self.stderr((self.live ? "\r\u{1B}[K" : "") + text + "\n")
+        guard self.live else {
+            Self.stderr(text + "\n")
+            return
+        }
+        // Composed and written under the lock: two threads' messages never cut into each other's block.
+        self.state.withLockedValue { state in
+            var output = Self.erase(state.drawn)
+            state.drawn = 0
+            output += text + "\n"
+            if !state.active.isEmpty {
+                output += self.redraw(&state, now: Date().timeIntervalSince1970).dropFirst(Self.erase(0).count)
+            }
+            Self.stderr(output)
+        }
+    }
+
+    /// Erases the live block (the run is over).
+    func finishLive() {
+        guard self.live else { return }
+        self.state.withLockedValue { state in
+            Self.stderr(Self.erase(state.drawn))
+            state.drawn = 0
+        }
     }
 
     func summary(_ results: [UploadResult]) {
+        self.finishLive()
         guard !self.quiet else { return }
         if let last = self.state.withLockedValue({ $0.reconnect }), last.repeats > 0 {
             self.note("(the connection failed that way \(last.repeats + 1) times)")

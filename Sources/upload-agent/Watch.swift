@@ -151,7 +151,9 @@ struct Watch: AsyncParsableCommand {
             )
             throw ExitCode(1)
         }
-        let progress = ProgressPrinter(json: self.json, live: false, quiet: self.quiet, totalItems: 0, events: true)
+        let progress = ProgressPrinter(
+            json: self.json, live: ProgressPrinter.liveWanted(json: self.json, quiet: self.quiet), quiet: self.quiet, totalItems: 0, events: true
+        )
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let uploader = Uploader(configuration: configuration, group: group, logger: Logger(label: "upload-agent"))
         let runner = QueueRunner(uploader: uploader, store: store, lock: lock, keepResults: false)
