@@ -1,5 +1,6 @@
 import ArgumentParser
 import FoundationEssentials
+import Glibc
 
 /// `--config FILE`: options from a JSON file, placed before the command line's own so that those override them (an
 /// option given twice takes its last value; a list option, such as --include, takes both).
@@ -35,13 +36,14 @@ enum ConfigFile {
         do {
             data = try Data(contentsOf: URL(fileURLWithPath: path))
         } catch {
-            throw Failure(description: "--config \(path): cannot read it (\(error))")
+            let reason = access(path, R_OK) == 0 ? "not readable as a file" : String(cString: strerror(errno))
+            throw Failure(description: "--config \(path): cannot read it (\(reason))")
         }
         let object: [String: Value]
         do {
             object = try JSONDecoder().decode([String: Value].self, from: data)
         } catch {
-            throw Failure(description: "--config \(path): not a JSON object of options (\(error)); see the README's \"Configuration file\"")
+            throw Failure(description: "--config \(path): not a JSON object of options (keys are option names without dashes); see the README's \"Configuration file\"")
         }
         var inserted: [String] = []
         for (key, value) in object.sorted(by: { $0.key < $1.key }) {

@@ -403,6 +403,12 @@ struct Serve: AsyncParsableCommand {
             configuration.operations = .operations(host: metricsHost, port: metricsPort)
         }
         configuration.metricsPerAccount = self.metricsPerAccount
+        do {
+            try RelayServer.checkCertificate(configuration)
+        } catch {
+            FileHandle.standardError.write(Data("upload-relay: \(error)\n".utf8))
+            throw ExitCode(1)
+        }
         let services = try RelayRuntime.makeServices(configuration: configuration, catalog: catalog, logger: logger)
         let group = MultiThreadedEventLoopGroup(numberOfThreads: System.coreCount)
         let server = try RelayServer(services: services, group: group)

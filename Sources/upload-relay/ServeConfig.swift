@@ -97,7 +97,8 @@ enum ServeConfig {
         do {
             data = try Data(contentsOf: URL(fileURLWithPath: path))
         } catch {
-            throw Failure(description: "--config \(path): cannot read it (\(Self.reason(error)))")
+            let reason = access(path, R_OK) == 0 ? "not readable as a file" : String(cString: strerror(errno))
+            throw Failure(description: "--config \(path): cannot read it (\(reason))")
         }
         let object: [String: Value]
         do {
@@ -208,9 +209,5 @@ enum ServeConfig {
         while value.hasSuffix("\n") || value.hasSuffix("\r") { value.removeLast() }
         guard !value.isEmpty else { throw Failure(description: "\(origin): \(path) is empty") }
         return value
-    }
-
-    private static func reason(_ error: any Error) -> String {
-        (error as NSError).localizedFailureReason ?? (error as NSError).localizedDescription
     }
 }

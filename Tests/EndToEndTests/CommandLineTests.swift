@@ -685,6 +685,40 @@ struct CommandLineTests {
         #expect(bad.status == 2 && bad.stderr.contains("--log-format must be text or json"), "\(bad.stderr)")
     }
 
+    @Test("a certificate, key, CA or configuration file that cannot be used is named, with what is wrong with it, never a library's error name")
+    func unusableFilesNamed() throws {
+        let home = TestRelay.makeDirectory()
+        defer { try? FileManager.default.removeItem(atPath: home) }
+        let garbage = home + "/garbage.pem"
+        try Data("not a certificate\n".utf8).write(to: URL(fileURLWithPath: garbage))
+        let dev = DevCertificates.Paths(dataDirectory: home + "/certs")
+        try FileManager.default.createDirectory(atPath: dev.directory, withIntermediateDirectories: true)
+        try DevCertificates.ensure(dev)
+        let relay = try relayBinary()
+        let agent = try Self.agentBinary()
+        let cases: [(binary: String, arguments: [String], says: String)] = [
+            (relay, ["serve", "--data", home + "/d", "--listen", "127.0.0.1:0", "--cert", home + "/none.pem", "--key", dev.serverKey],
+             "the certificate \(home)/none.pem (--cert) cannot be read: No such file or directory"),
+            (relay, ["serve", "--data", home + "/d", "--listen", "127.0.0.1:0", "--cert", garbage, "--key", dev.serverKey],
+             "the certificate \(garbage) (--cert) is not a PEM certificate chain"),
+            (relay, ["serve", "--data", home + "/d", "--listen", "127.0.0.1:0", "--cert", dev.serverCertificate, "--key", garbage],
+             "the private key \(garbage) (--key) is not a PEM private key"),
+            (relay, ["serve", "--data", home + "/d", "--listen", "127.0.0.1:0", "--cert", dev.serverCertificate, "--key", dev.caKey],
+             "the private key \(dev.caKey) (--key) does not match the certificate \(dev.serverCertificate) (--cert)"),
+            (agent, ["send", "--no-state", "--relay", "127.0.0.1:1", "--token", "t", "--ca", home + "/none.pem", "/etc/hostname"],
+             "cannot read the CA certificate \(home)/none.pem: No such file or directory"),
+            (agent, ["send", "--no-state", "--relay", "127.0.0.1:1", "--token", "t", "--ca", garbage, "/etc/hostname"],
+             "the CA certificate \(garbage) is not a PEM certificate"),
+            (agent, ["send", "--config", home + "/none.json", "/etc/hostname"], "--config \(home)/none.json: cannot read it (No such file or directory)"),
+        ]
+        for (binary, arguments, says) in cases {
+            let run = try Self.run(binary, arguments)
+            #expect(run.status == 1 || run.status == 2, "\(arguments): exit \(run.status)")
+            #expect(run.stderr.contains(says), "\(arguments): \(run.stderr)")
+            #expect(!run.stderr.contains("failedToLoad") && !run.stderr.contains("NSCocoaErrorDomain"), "\(run.stderr)")
+        }
+    }
+
     @Test("usage errors exit 2 and say what is missing")
     func usageErrors() throws {
         let agent = try Self.agentBinary()

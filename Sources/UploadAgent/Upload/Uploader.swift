@@ -183,11 +183,14 @@ public final class Uploader: Sendable {
         tls.minimumTLSVersion = .tlsv13
         tls.applicationProtocols = [Self.alpn]
         if let ca = self.configuration.caPath {
-            do {
-                tls.trustRoots = .certificates(try NIOSSLCertificate.fromPEMFile(ca))
-            } catch {
-                throw SourceError("cannot read the CA certificate \(ca): \(error) (--ca or UPLOAD_CA must name a PEM file)")
+            guard access(ca, R_OK) == 0 else {
+                throw SourceError("cannot read the CA certificate \(ca): \(String(cString: strerror(errno))) (--ca or UPLOAD_CA must name a PEM file)")
             }
+            let certificates = (try? NIOSSLCertificate.fromPEMFile(ca)) ?? []
+            guard !certificates.isEmpty else {
+                throw SourceError("the CA certificate \(ca) is not a PEM certificate (-----BEGIN CERTIFICATE-----); pass the relay's CA, e.g. its dev/ca.pem")
+            }
+            tls.trustRoots = .certificates(certificates)
         }
         return try NIOSSLContext(configuration: tls)
     }

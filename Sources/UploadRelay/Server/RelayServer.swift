@@ -65,11 +65,37 @@ public final class RelayServer: Service, Sendable {
     }
 
     /// TLS 1.3 with the relay's certificate chain and key: the agents' listener and the status endpoint's.
+    /// Loads the certificate and key as the relay will: a ``CertificateFile/Failure`` names the file and what is wrong.
+    public static func checkCertificate(_ configuration: RelayConfiguration) throws {
+        _ = try Self.tlsConfiguration(configuration)
+    }
+
     static func tlsConfiguration(_ configuration: RelayConfiguration) throws -> TLSConfiguration {
-        let chain = try NIOSSLCertificate.fromPEMFile(configuration.certificatePath).map { NIOSSLCertificateSource.certificate($0) }
-        let key = try NIOSSLPrivateKey(file: configuration.privateKeyPath, format: .pem)
+        let (certificate, keyPath) = (configuration.certificatePath, configuration.privateKeyPath)
+        try CertificateFile.checkReadable(certificate, what: "certificate", option: "--cert")
+        try CertificateFile.checkReadable(keyPath, what: "private key", option: "--key")
+        let chain: [NIOSSLCertificateSource]
+        do {
+            chain = try NIOSSLCertificate.fromPEMFile(certificate).map { NIOSSLCertificateSource.certificate($0) }
+        } catch {
+            throw CertificateFile.Failure("the certificate \(certificate) (--cert) is not a PEM certificate chain (-----BEGIN CERTIFICATE-----)")
+        }
+        guard !chain.isEmpty else {
+            throw CertificateFile.Failure("the certificate \(certificate) (--cert) holds no certificate")
+        }
+        let key: NIOSSLPrivateKey
+        do {
+            key = try NIOSSLPrivateKey(file: keyPath, format: .pem)
+        } catch {
+            throw CertificateFile.Failure("the private key \(keyPath) (--key) is not a PEM private key (-----BEGIN PRIVATE KEY-----), or it is encrypted")
+        }
         var tls = TLSConfiguration.makeServerConfiguration(certificateChain: chain, privateKey: .privateKey(key))
         tls.minimumTLSVersion = .tlsv13
+        do {
+            _ = try NIOSSLContext(configuration: tls)
+        } catch {
+            throw CertificateFile.Failure("the private key \(keyPath) (--key) does not match the certificate \(certificate) (--cert)")
+        }
         return tls
     }
 
@@ -377,4 +403,25 @@ struct RelayAccountRevokedEvent: Sendable {
 struct RelayAccountTokenEvent: Sendable {
     var account: String
     var tokenHash: [UInt8]
+}
+
+/// The relay's certificate and key files, checked so that a failure names the file and what is wrong with it (never
+/// NIOSSL's bare `failedToLoadCertificate`).
+public enum CertificateFile {
+    public struct Failure: Error, CustomStringConvertible {
+        public var description: String
+        init(_ description: String) { self.description = description }
+    }
+
+    /// Throws when `path` cannot be read, saying why (missing, not allowed, a directory).
+    static func checkReadable(_ path: String, what: String, option: String) throws {
+        var info = stat()
+        guard stat(path, &info) == 0 else {
+            throw Failure("the \(what) \(path) (\(option)) cannot be read: \(String(cString: strerror(errno)))")
+        }
+        guard info.st_mode & S_IFMT != S_IFDIR else { throw Failure("the \(what) \(path) (\(option)) is a directory, not a PEM file") }
+        guard access(path, R_OK) == 0 else {
+            throw Failure("the \(what) \(path) (\(option)) cannot be read by this user: \(String(cString: strerror(errno)))")
+        }
+    }
 }
