@@ -45,6 +45,38 @@ struct S3StoreTests {
         return (watcher.terminationStatus == 0, said)
     }
 
+    @Test("a long upload recorded at its OPEN is recorded again under its multipart upload's name at its first part, so that a resume finds what is durable")
+    func recordedAtOpenFindsItsParts() async throws {
+        let server = try S3TestServer()
+        try await S3TestServer.withBucket { _, bucket in
+            let relay = try await TestRelay {
+                $0.s3 = Self.configuration(server, bucket: bucket)
+                $0.syncBytes = 1 << 20
+            }.start()
+            let source = TestRelay.makeDirectory()
+            defer { try? FileManager.default.removeItem(atPath: source) }
+            let file = makeFile(source, "long.mov", size: 14 << 20, seed: 61)
+            let sending = Task {
+                try await upload(
+                    [UploadItem(key: "long.mov", displayPath: file.path, source: FileSource(path: file.path))],
+                    port: relay.port, token: relay.token, ca: relay.caPath
+                ) { $0.bandwidthLimit = 4 << 20 }
+            }
+            var seen: UploadSession? = nil
+            let recorded = try await Polling.eventually(timeout: 30) {
+                seen = try relay.services.catalog.session(account: "dev", key: "long.mov")
+                return (seen?.durableOffset ?? 0) > 0
+            }
+            #expect(recorded, "no durable bytes recorded: \(String(describing: seen))")
+            if let session = seen {
+                #expect(try relay.services.store.hasStaging(session.stagingName), "the catalog names a staging the store does not have: \(session.stagingName)")
+                #expect(try !relay.services.catalog.stagedParts(sessionID: session.id).isEmpty)
+            }
+            #expect(try await sending.value.first?.status == .stored)
+            await relay.stop()
+        }
+    }
+
     @Test("photos as one PutObject each, a video as a multipart upload: every object exact in the bucket, no upload left open, the spool empty")
     func photosAndVideo() async throws {
         let server = try S3TestServer()

@@ -23,8 +23,13 @@ package final class UploadStorage: Sendable {
     private let logger: Logger
     /// The SHA-1 of the bytes written so far.
     private let sha1: NIOLockedValueBox<SHA1>
-    /// Whether the catalog holds the session: a resumed one does; a new one from its first durable sync on.
+    /// Whether the catalog holds the session: a resumed one does, and one longer than a sync from its OPEN; a new one
+    /// otherwise from its first durable sync on.
     private let recorded: NIOLockedValueBox<Bool>
+    /// The staging name the catalog holds for the session, while it holds it. A store may rename the staging once it holds
+    /// durable bytes (S3: the name comes to carry its multipart upload); a session recorded at its OPEN is then recorded
+    /// again, whole, with its new name, so that a resume finds it.
+    private let recordedName: NIOLockedValueBox<String?>
     /// The bytes durable so far (counted in the metrics as they become so).
     private let durable: NIOLockedValueBox<Int64>
     /// The SHA-1 of the first ``Frame/Open/probeLength`` bytes, recorded with the object for the dedup probe (SPEC §7.1):
@@ -49,6 +54,7 @@ package final class UploadStorage: Sendable {
         self.overwrite = overwrite
         self.session = session
         self.recorded = NIOLockedValueBox(recorded)
+        self.recordedName = NIOLockedValueBox(recorded ? session.stagingName : nil)
         self.durable = NIOLockedValueBox(session.durableOffset)
         self.staging = staging
         self.sha1 = NIOLockedValueBox(sha1)
@@ -208,17 +214,21 @@ package final class UploadStorage: Sendable {
 
     /// Records the session's durable offset and SHA-1 state: the whole session the first time.
     private func record(offset: Int64, state: [UInt8], parts: [StagedPart]) throws {
+        let name = self.staging.currentName
         try self.recorded.withLockedValue { recorded in
-            if recorded {
+            if recorded, self.recordedName.withLockedValue({ $0 }) == name {
                 try self.services.catalog.updateDurable(sessionID: self.session.id, offset: offset, sha1State: state, parts: parts)
             } else {
+                // Its first durable bytes (a session recorded at its OPEN had none, and no parts): the whole session,
+                // under the staging's name now.
                 var session = self.session
                 session.durableOffset = offset
                 session.sha1State = state
-                session.stagingName = self.staging.currentName
+                session.stagingName = name
                 session.updatedAt = Date()
                 try self.services.catalog.putSession(session, parts: parts)
                 recorded = true
+                self.recordedName.withLockedValue { $0 = name }
             }
         }
     }
