@@ -1,6 +1,7 @@
 import ArgumentParser
 import FoundationEssentials
 import Glibc
+import UploadCommandLine
 
 /// `--config FILE`: options from a JSON file, placed before the command line's own so that those override them (an
 /// option given twice takes its last value; a list option, such as --include, takes both).
@@ -31,19 +32,12 @@ enum ConfigFile {
     /// `arguments` (without the program's name) with the file's options inserted after the command's name, when
     /// `--config FILE` is among them.
     static func expand(_ arguments: [String]) throws -> [String] {
-        guard let command = arguments.first, !command.hasPrefix("-"), let path = Self.configPath(arguments) else { return arguments }
-        let data: Data
-        do {
-            data = try Data(contentsOf: URL(fileURLWithPath: path))
-        } catch {
-            let reason = access(path, R_OK) == 0 ? "not readable as a file" : String(cString: strerror(errno))
-            throw Failure(description: "--config \(path): cannot read it (\(reason))")
-        }
+        guard let command = arguments.first, !command.hasPrefix("-"), let path = OptionFile.path(in: arguments) else { return arguments }
         let object: [String: Value]
         do {
-            object = try JSONDecoder().decode([String: Value].self, from: data)
-        } catch {
-            throw Failure(description: "--config \(path): not a JSON object of options (keys are option names without dashes); see the README's \"Configuration file\"")
+            object = try OptionFile.load(path, what: "options")
+        } catch let failure as OptionFile.Failure {
+            throw Failure(description: failure.description + "; see the README's \"Configuration file\"")
         }
         var inserted: [String] = []
         for (key, value) in object.sorted(by: { $0.key < $1.key }) {
@@ -65,38 +59,7 @@ enum ConfigFile {
         return [command] + inserted + arguments.dropFirst()
     }
 
-    /// A value in the file.
-    indirect enum Value: Decodable {
-        case flag(Bool)
-        case number(Double)
-        case text(String)
-        case list([Value])
-        case section([String: Value])
-
-        init(from decoder: any Decoder) throws {
-            let container = try decoder.singleValueContainer()
-            if let flag = try? container.decode(Bool.self) {
-                self = .flag(flag)
-            } else if let number = try? container.decode(Double.self) {
-                self = .number(number)
-            } else if let text = try? container.decode(String.self) {
-                self = .text(text)
-            } else if let list = try? container.decode([Value].self) {
-                self = .list(list)
-            } else {
-                self = .section(try container.decode([String: Value].self))
-            }
-        }
-    }
-
-    private static func configPath(_ arguments: [String]) -> String? {
-        for (index, argument) in arguments.enumerated() {
-            if argument == "--" { return nil }
-            if argument == "--config", index + 1 < arguments.count { return arguments[index + 1] }
-            if argument.hasPrefix("--config=") { return String(argument.dropFirst("--config=".count)) }
-        }
-        return nil
-    }
+    typealias Value = OptionFile.Value
 
     private static func arguments(_ key: String, _ value: Value, path: String, where prefix: String) throws -> [String] {
         guard key != "config", !key.hasPrefix("-"), !key.isEmpty else {
@@ -109,7 +72,7 @@ enum ConfigFile {
         case .flag(let on):
             return on ? [option] : []
         case .number(let number):
-            return [option, number == number.rounded() && abs(number) < 1e15 ? String(Int64(number)) : String(number)]
+            return [option, OptionFile.text(number)]
         case .text(let text):
             return [option, text]
         case .section:

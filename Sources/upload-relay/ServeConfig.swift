@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import UploadCommandLine
 
 /// Where `serve` takes its options from besides the command line, each overriding the one before:
 ///
@@ -55,58 +56,21 @@ enum ServeConfig {
         guard arguments.first == "serve" else { return arguments }
         let given = Array(arguments.dropFirst())
         var fromFile: [String] = []
-        if let path = Self.configPath(given) {
+        if let path = OptionFile.path(in: given) {
             fromFile = try Self.fileArguments(path)
         }
         let fromEnvironment = try Self.environmentArguments(environment)
         return ["serve"] + fromFile + fromEnvironment + (try Self.commandLineArguments(given))
     }
 
-    private static func configPath(_ arguments: [String]) -> String? {
-        for (index, argument) in arguments.enumerated() {
-            if argument == "--" { return nil }
-            if argument == "--config", index + 1 < arguments.count { return arguments[index + 1] }
-            if argument.hasPrefix("--config=") { return String(argument.dropFirst("--config=".count)) }
-        }
-        return nil
-    }
-
-    /// A value in the configuration file.
-    indirect enum Value: Decodable {
-        case flag(Bool)
-        case number(Double)
-        case text(String)
-        case list([Value])
-
-        init(from decoder: any Decoder) throws {
-            let container = try decoder.singleValueContainer()
-            if let flag = try? container.decode(Bool.self) {
-                self = .flag(flag)
-            } else if let number = try? container.decode(Double.self) {
-                self = .number(number)
-            } else if let text = try? container.decode(String.self) {
-                self = .text(text)
-            } else {
-                self = .list(try container.decode([Value].self))
-            }
-        }
-    }
+    typealias Value = OptionFile.Value
 
     static func fileArguments(_ path: String) throws -> [String] {
-        let data: Data
-        do {
-            data = try Data(contentsOf: URL(fileURLWithPath: path))
-        } catch {
-            let reason = access(path, R_OK) == 0 ? "not readable as a file" : String(cString: strerror(errno))
-            throw Failure(description: "--config \(path): cannot read it (\(reason))")
-        }
         let object: [String: Value]
         do {
-            object = try JSONDecoder().decode([String: Value].self, from: data)
-        } catch {
-            throw Failure(
-                description: "--config \(path): not a JSON object of serve's options (keys are option names without dashes, values strings, numbers, true or lists)"
-            )
+            object = try OptionFile.load(path, what: "serve's options")
+        } catch let failure as OptionFile.Failure {
+            throw Failure(description: failure.description)
         }
         var arguments: [String] = []
         for (key, value) in object.sorted(by: { $0.key < $1.key }) {
@@ -131,10 +95,12 @@ enum ServeConfig {
             return on ? ["--" + key] : []
         case .number(let number):
             guard takesValue else { throw Failure(description: "\(origin) is a flag: true or false") }
-            return ["--" + key, number == number.rounded() && abs(number) < 1e15 ? String(Int64(number)) : String(number)]
+            return ["--" + key, OptionFile.text(number)]
         case .text(let text):
             guard takesValue else { throw Failure(description: "\(origin) is a flag: true or false") }
             return ["--" + key, text]
+        case .section:
+            throw Failure(description: "\(origin) is an object: serve's options are flat (keys are option names without dashes)")
         }
     }
 

@@ -68,7 +68,13 @@ struct OperationsEndpointTests {
                     UploadItem(key: "video.mp4", displayPath: video.path, source: FileSource(path: video.path)),
                     UploadItem(key: "copy/video.mp4", displayPath: video.path, source: FileSource(path: video.path)),
                 ],
-                port: relay.port, token: relay.token, ca: relay.caPath, configure: { $0.concurrency = 1 }
+                port: relay.port, token: relay.token, ca: relay.caPath,
+                // 4 MiB/s: the relay syncs along the way (at full speed the HASH may come first, and the commit makes
+                // every byte durable with no sync before it).
+                configure: {
+                    $0.concurrency = 1
+                    $0.bandwidthLimit = 4 << 20
+                }
             )
             #expect(results.map(\.status) == [.stored, .deduplicated], "\(results)")
             let small = try relay.addAccount("small", quota: 1000)

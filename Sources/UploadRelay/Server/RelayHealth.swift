@@ -43,14 +43,21 @@ extension RelayServices {
     /// `/readyz`: the catalog answers a query (within ``CatalogProbe/timeout``), the staging directory is writable,
     /// free space is above the reserve and what open uploads will still write, and the relay is not shutting down.
     public func readiness(on eventLoop: any EventLoop) -> EventLoopFuture<RelayReadiness> {
-        let catalog = self.catalog
-        let metrics = self.metrics
+        let ping = self.timedPing
         return self.catalogProbe.probe("ping", on: eventLoop) {
+            try ping()
+            return RelayMetrics.CatalogLevels()
+        }.map { outcome in self.readiness(catalog: outcome) }
+    }
+
+    /// Asks the catalog a query, timed in the metrics.
+    private var timedPing: @Sendable () throws -> Void {
+        let (catalog, metrics) = (self.catalog, self.metrics)
+        return {
             let start = ContinuousClock.now
             try catalog.ping()
             metrics.took("catalog", "ping", since: start)
-            return RelayMetrics.CatalogLevels()
-        }.map { outcome in self.readiness(catalog: outcome) }
+        }
     }
 
     /// The checks, with the catalog's outcome given.
@@ -78,12 +85,9 @@ extension RelayServices {
     /// `/metrics`: samples the levels (readiness included; the catalog's within the probe's timeout), then writes every
     /// metric out.
     public func scrapeMetrics(on eventLoop: any EventLoop) -> EventLoopFuture<[UInt8]> {
-        let catalog = self.catalog
-        let metrics = self.metrics
+        let (catalog, ping) = (self.catalog, self.timedPing)
         return self.catalogProbe.probe("metrics", on: eventLoop) {
-            let start = ContinuousClock.now
-            try catalog.ping()
-            metrics.took("catalog", "ping", since: start)
+            try ping()
             var levels = RelayMetrics.CatalogLevels()
             let backlog = try catalog.commitEventBacklog()
             levels.hookQueue = backlog.count

@@ -237,13 +237,7 @@ package struct UploadPolicy {
         if let size, open.striped {
             // Recorded now: PART streams on other connections look it up by its token before stripe 0 syncs (SPEC §6.7).
             let staging = try store.openStripedStaging(session.stagingName, size: size, creating: true)
-            do {
-                try catalog.putSession(session)
-            } catch {
-                staging.close()
-                try? store.removeStaging(session.stagingName)
-                throw error
-            }
+            try Self.record(session, staging: staging, catalog: catalog, store: store)
             return .upload(session, staging, SHA1(), recorded: true, resumed: false, byteLimit: byteLimit)
         }
         let staging = try store.openStaging(session.stagingName, for: key, account: name, truncatingTo: 0, expectedSize: size, parts: [])
@@ -254,6 +248,12 @@ package struct UploadPolicy {
         }
         // Longer than one sync (or a stream): recorded now, so that it shows as uploading, with 0 bytes, from its OPEN
         // (the status endpoint, `ls --in-progress`, on every relay sharing the catalog).
+        try Self.record(session, staging: staging, catalog: catalog, store: store)
+        return .upload(session, staging, SHA1(), recorded: true, resumed: false, byteLimit: byteLimit)
+    }
+
+    /// Records a new session at its OPEN; when the catalog fails, its staging goes and the error is thrown.
+    private static func record(_ session: UploadSession, staging: any StagingFile, catalog: any Catalog, store: any BlobStore) throws {
         do {
             try catalog.putSession(session)
         } catch {
@@ -261,7 +261,6 @@ package struct UploadPolicy {
             try? store.removeStaging(session.stagingName)
             throw error
         }
-        return .upload(session, staging, SHA1(), recorded: true, resumed: false, byteLimit: byteLimit)
     }
 
     /// Whether `open` (of a blob of `size` bytes, nil when unknown) resumes `session`, found under its key (SPEC §6.2):
