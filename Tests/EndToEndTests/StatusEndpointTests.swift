@@ -71,8 +71,9 @@ struct StatusEndpointTests {
         return last
     }
 
-    /// Uploads a 3 MiB video through `relay` at 1 MiB/s while an app asks `statusPort` with the same token: it must see
-    /// the upload under way (its durable bytes, its size), when `underway` runs, and then stored with its SHA-1.
+    /// Uploads a 3 MiB video through `relay` at 512 KiB/s while an app asks `statusPort` with the same token: it must see
+    /// the upload under way (its durable bytes, its size), when `underway` runs, and then stored with its SHA-1. Six
+    /// seconds under way: with the whole suite running, one second was once too short for `underway`'s requests.
     static func watchedUpload(
         through relay: TestRelay, askingAt statusPort: Int, client: HTTPClient, seed: UInt64, underway: () async throws -> Void = {}
     ) async throws {
@@ -83,7 +84,7 @@ struct StatusEndpointTests {
             try await upload(
                 [UploadItem(key: "videos/clip.mp4", displayPath: video.path, source: FileSource(path: video.path))],
                 port: relay.port, token: relay.token, ca: relay.caPath
-            ) { $0.bandwidthLimit = 1 << 20 }
+            ) { $0.bandwidthLimit = 512 << 10 }
         }
         let seen = try await Self.poll(client, port: statusPort, key: "videos/clip.mp4", token: relay.token) {
             $0.json["status"] as? String == "uploading" && ($0.json["bytes"] as? Int ?? 0) > 0
@@ -161,7 +162,7 @@ struct StatusEndpointTests {
         let b = try await Self.get(client, port: relay.statusPort, "key=photos/a%20b%2Bc.jpg", token: other)
         #expect(b.json["size"] as? Int == 200_000 && b.json["sha1"] as? String == SHA1Hex.of(theirs.data))
 
-        // A video sent at 1 MiB/s: an app polling sees it under way, then stored; the listing too; another account never.
+        // A video sent at 512 KiB/s: an app polling sees it under way, then stored; the listing too; another account never.
         try await Self.watchedUpload(through: relay, askingAt: relay.statusPort, client: client, seed: 3) {
             let listing = try await Self.get(client, port: relay.statusPort, "prefix=videos/", token: relay.token)
             let entries = listing.json["entries"] as? [[String: Any]] ?? []
