@@ -19,29 +19,41 @@ public enum RelayAdmin {
         case refused(String)
     }
 
-    /// Removes the object `key` of `account`.
+    /// Removes the object `key` of `account`: under the key's lock across relays (a shared catalog), in one catalog
+    /// write transaction that a relay's commit of the key waits for (``Catalog/removeObject(account:key:removingFile:)``).
     public static func remove(key: String, account: String, catalog: any Catalog, store: any BlobStore, logger: Logger) throws -> Removal {
         guard let objectKey = try? ObjectKey(validating: key) else { return .notStored }
         let keys = RelayRuntime.KeyGuard.claiming(KeyClaims(locks: catalog.keyLocks))
         let outcome = try keys.holding(account, key) { () throws -> Removal in
-            guard let object = try catalog.object(account: account, key: key) else { return .notStored }
-            if try catalog.session(account: account, key: key) != nil {
-                return .refused("an upload of it is under way or resumable; try again once it ends (or expires)")
-            }
-            if try catalog.pendingCommits().contains(where: { $0.account == account && $0.key == key }) {
-                return .refused("a commit of it is being settled; try again in a minute")
-            }
-            let current = try store.identity(of: objectKey, account: account)
-            if let current, let recorded = object.identity, current != recorded {
+            do {
+                switch try catalog.removeObject(account: account, key: key, removingFile: { object in
+                    let current = try store.identity(of: objectKey, account: account)
+                    // Only what the relay committed: a row without an identity (a commit recovery settled, or an older
+                    // catalog) is checked by the object's size at least.
+                    if let current {
+                        if let recorded = object.identity, current != recorded { throw NotCommitted() }
+                        if object.identity == nil, current.size != object.size { throw NotCommitted() }
+                        try store.removeObject(objectKey, account: account)
+                    }
+                }) {
+                case .removed(let object):
+                    logger.notice(
+                        "removed an object (upload-relay rm)", metadata: ["account": "\(account)", "upload.key": "\(key)", "upload.size": "\(object.size)"]
+                    )
+                    return .removed(object.size)
+                case .notStored:
+                    return .notStored
+                case .busy(let reason):
+                    return .refused(reason)
+                }
+            } catch is NotCommitted {
                 return .refused("what is at its place is not the object the relay committed (it was changed by hand since): left as it is")
             }
-            if current != nil { try store.removeObject(objectKey, account: account) }
-            try catalog.deleteObject(account: account, key: key)
-            logger.notice("removed an object (upload-relay rm)", metadata: ["account": "\(account)", "upload.key": "\(key)", "upload.size": "\(object.size)"])
-            return .removed(object.size)
         }
         return outcome ?? .refused("an upload of it is under way on a relay; try again once it ends")
     }
+
+    private struct NotCommitted: Error {}
 
     /// What `token delete` does with the account's objects.
     public enum Objects: String, Sendable {
@@ -78,6 +90,13 @@ public enum RelayAdmin {
                 return true
             }
             if dropped == true { outcome.uploadsDropped += 1 }
+        }
+        // Nothing of the objects is touched while the account cannot go anyway: an upload a relay holds, a commit.
+        if try catalog.sessions(updatedBefore: .distantFuture).contains(where: { $0.account == name }) {
+            throw CatalogError.accountInUse(name, holds: "uploads under way on a relay (disabled now: try again in a few seconds)")
+        }
+        if try catalog.pendingCommits().contains(where: { $0.account == name }) {
+            throw CatalogError.accountInUse(name, holds: "commits being settled (try again in a minute)")
         }
         for object in try catalog.objects() where object.account == name {
             switch objects {

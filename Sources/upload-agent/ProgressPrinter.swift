@@ -24,6 +24,8 @@ final class ProgressPrinter: Sendable {
         var totalSent: UInt64 = 0
         /// Bytes counted done without being sent by this run: resumed from, or found on the relay.
         var totalSkipped: UInt64 = 0
+        /// Items started in this run: a resume's offset is counted done once, at the item's first start.
+        var seen: Set<String> = []
         var finished = 0
         /// Uploads under way, in the order they started.
         var active: [String: Upload] = [:]
@@ -91,7 +93,7 @@ final class ProgressPrinter: Sendable {
         case .started(let key, let size, let offset):
             self.state.withLockedValue {
                 if $0.active[key] == nil { $0.order.append(key) }
-                $0.totalSkipped += offset
+                if $0.seen.insert(key).inserted { $0.totalSkipped += offset }
                 $0.active[key] = Upload(size: size, offset: offset, started: Date().timeIntervalSince1970)
             }
             if offset > 0 { self.note("resuming \(key) at \(Self.bytes(offset))") }
@@ -101,15 +103,15 @@ final class ProgressPrinter: Sendable {
                 Self.stdout(Self.jsonText(object))
             }
         case .sent(let key, let bytes):
-            let output: String? = self.state.withLockedValue { state in
+            // Drawn under the lock, as messages are: a message printed meanwhile is never drawn over.
+            self.state.withLockedValue { state in
                 state.totalSent += UInt64(bytes)
                 state.active[key]?.sent += UInt64(bytes)
                 let now = Date().timeIntervalSince1970
-                guard self.live, now - state.lastDraw > 0.2 else { return nil }
+                guard self.live, now - state.lastDraw > 0.2 else { return }
                 state.lastDraw = now
-                return self.redraw(&state, now: now)
+                Self.stderr(self.redraw(&state, now: now))
             }
-            if let output { Self.stderr(output) }
         case .acknowledged:
             break
         case .waiting(let key, let reason, let retryIn):

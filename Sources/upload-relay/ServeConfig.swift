@@ -52,31 +52,50 @@ enum ServeConfig {
 
     /// The arguments `serve` parses: the file's options, then the environment's, then the command line's (with each
     /// `--NAME-file PATH` replaced by `--NAME VALUE`). `arguments` excludes the program's name.
+    ///
+    /// Each option comes from one place, the last that names it: a list (`dev-host`) from the file is replaced by the
+    /// environment's, not added to; a flag set in the file is turned off by `UPLOAD_RELAY_<NAME>=0`.
     static func expand(_ arguments: [String], environment: [String: String]) throws -> [String] {
         guard arguments.first == "serve" else { return arguments }
-        let given = Array(arguments.dropFirst())
-        var fromFile: [String] = []
+        let given = try Self.commandLineArguments(Array(arguments.dropFirst()))
+        var chosen: [String: [String]] = [:]
         if let path = OptionFile.path(in: given) {
-            fromFile = try Self.fileArguments(path)
+            for (option, arguments) in try Self.fileOptions(path) { chosen[option] = arguments }
         }
-        let fromEnvironment = try Self.environmentArguments(environment)
-        return ["serve"] + fromFile + fromEnvironment + (try Self.commandLineArguments(given))
+        for (option, arguments) in try Self.environmentOptions(environment) { chosen[option] = arguments }
+        let named = Self.optionsNamed(in: given)
+        let inherited = chosen.keys.sorted().filter { !named.contains($0) }.flatMap { chosen[$0]! }
+        return ["serve"] + inherited + given
+    }
+
+    /// The options a command line names (`--name VALUE`, `--name=VALUE`, `--flag`), before a `--`.
+    static func optionsNamed(in arguments: [String]) -> Set<String> {
+        var named = Set<String>()
+        for argument in arguments {
+            if argument == "--" { break }
+            guard argument.hasPrefix("--") else { continue }
+            let name = String(argument.dropFirst(2).prefix { $0 != "=" })
+            if Self.options[name] != nil { named.insert(name) }
+        }
+        return named
     }
 
     typealias Value = OptionFile.Value
 
-    static func fileArguments(_ path: String) throws -> [String] {
+    /// The file's options: each option, and the arguments that give it (none for a flag set to false).
+    static func fileOptions(_ path: String) throws -> [(option: String, arguments: [String])] {
         let object: [String: Value]
         do {
             object = try OptionFile.load(path, what: "serve's options")
         } catch let failure as OptionFile.Failure {
             throw Failure(description: failure.description)
         }
-        var arguments: [String] = []
+        var options: [(option: String, arguments: [String])] = []
         for (key, value) in object.sorted(by: { $0.key < $1.key }) {
-            arguments += try Self.arguments(key, value, origin: "--config \(path): \"\(key)\"")
+            let option = key.hasSuffix("-file") && Self.options[key] == nil ? String(key.dropLast(5)) : key
+            options.append((option, try Self.arguments(key, value, origin: "--config \(path): \"\(key)\"")))
         }
-        return arguments
+        return options
     }
 
     private static func arguments(_ key: String, _ value: Value, origin: String) throws -> [String] {
@@ -107,30 +126,28 @@ enum ServeConfig {
     /// The prefix of the environment's options.
     static let prefix = "UPLOAD_RELAY_"
 
-    /// Variables that are not options (the data directory and catalog are read where they are used, as before).
-    static let readElsewhere: Set<String> = ["data", "catalog"]
-
-    static func environmentArguments(_ environment: [String: String]) throws -> [String] {
-        var arguments: [String] = []
+    /// The environment's options: each option, and the arguments that give it (none for a flag set to 0). A
+    /// `NAME_FILE` variable is read after a `NAME` one, so it wins.
+    static func environmentOptions(_ environment: [String: String]) throws -> [(option: String, arguments: [String])] {
+        var options: [(option: String, arguments: [String])] = []
         for (variable, value) in environment.sorted(by: { $0.key < $1.key }) where variable.hasPrefix(Self.prefix) {
-            let name = variable.dropFirst(Self.prefix.count).lowercased().replacingOccurrences(of: "_", with: "-")
-            if name.hasSuffix("-file"), let option = Optional(String(name.dropLast(5))), Self.options[option] == true {
-                arguments += ["--" + option, try Self.secret(value, origin: variable)]
+            let name = variable.dropFirst(Self.prefix.count).lowercased().replacing("_", with: "-")
+            if name.hasSuffix("-file"), Self.options[name] == nil, let option = Optional(String(name.dropLast(5))), Self.options[option] == true {
+                options.append((option, ["--" + option, try Self.secret(value, origin: variable)]))
                 continue
             }
-            guard let takesValue = Self.options[name] else { continue }
-            if Self.readElsewhere.contains(name) { continue }
+            guard let takesValue = Self.options[name], !value.isEmpty || !takesValue else { continue }
             if takesValue {
-                arguments += ["--" + name, value]
+                options.append((name, ["--" + name, value]))
             } else {
                 switch value.lowercased() {
-                case "1", "true", "yes", "on": arguments.append("--" + name)
-                case "0", "false", "no", "off", "": break
+                case "1", "true", "yes", "on": options.append((name, ["--" + name]))
+                case "0", "false", "no", "off", "": options.append((name, []))
                 default: throw Failure(description: "\(variable)=\(value): a flag takes 1, true, yes or 0, false, no")
                 }
             }
         }
-        return arguments
+        return options
     }
 
     /// The command line with each `--NAME-file PATH` (NAME an option that takes a value) made `--NAME VALUE`.

@@ -132,6 +132,25 @@ struct StatusEndpointTests {
                 ca: relay.caPath
             )
             #expect(try relay.services.catalog.sessions(updatedBefore: .distantFuture).isEmpty)
+
+            // An agent killed after its OPEN, before anything was durable: its session goes with its connection (it
+            // would otherwise show as uploading, 0 bytes, until the expiry).
+            let dropped = makeFile(source, "dropped.mov", size: 3 << 20, seed: 23)
+            let agent = try AgentProcess(
+                ["send", "--no-state", "--bwlimit", "128K", dropped.path], environment: AgentProcess.environment(relay, state: source + "/state"),
+                log: source + "/agent.log"
+            )
+            defer { agent.stop(SIGKILL) }
+            #expect(
+                try await Polling.eventually(timeout: 30) {
+                    try relay.services.catalog.session(account: "dev", key: "dropped.mov")?.durableOffset == 0
+                }, "the OPEN was never recorded: \(agent.child.log)"
+            )
+            agent.stop(SIGKILL)
+            #expect(
+                try await Polling.eventually(timeout: 30) { try relay.services.catalog.session(account: "dev", key: "dropped.mov") == nil },
+                "the session of an OPEN with nothing durable stayed after its connection went"
+            )
         } catch {
             try? await client.shutdown()
             await relay.stop()

@@ -128,6 +128,43 @@ struct CatalogContractTests {
         }
     }
 
+    @Test("rm's removal: none while a session or a commit of the key exists; a refusal from the file's removal changes nothing; else the row and the account's bytes go", arguments: Backend.allCases)
+    func objectRemoved(_ backend: Backend) throws {
+        struct Refused: Error {}
+        try Self.withCatalog(backend) { catalog, _ in
+            try catalog.addAccount(name: "alice", tokenHash: [1], quota: nil)
+            let commit = PendingCommit(account: "alice", key: "k1", size: 60, sha1: "aa", sessionID: nil)
+            try catalog.beginCommit(commit)
+            try catalog.finishCommit(commit, identity: Self.identity)
+            // A second commit of the key under way: the object is not removed meanwhile.
+            try catalog.beginCommit(PendingCommit(account: "alice", key: "k1", size: 70, sha1: "bb", sessionID: nil))
+            guard case .busy = try catalog.removeObject(account: "alice", key: "k1", removingFile: { _ in Issue.record("removed under a commit") }) else {
+                Issue.record("a commit of the key pending: expected busy")
+                return
+            }
+            try catalog.abandonCommit(account: "alice", key: "k1")
+            try catalog.putSession(Self.session("s2", key: "k1", durable: 5))
+            guard case .busy = try catalog.removeObject(account: "alice", key: "k1", removingFile: { _ in Issue.record("removed under a session") }) else {
+                Issue.record("a session of the key: expected busy")
+                return
+            }
+            try catalog.deleteSession(id: "s2")
+            #expect(throws: Refused.self) { try catalog.removeObject(account: "alice", key: "k1", removingFile: { _ in throw Refused() }) }
+            #expect(try catalog.object(account: "alice", key: "k1") != nil && catalog.account(named: "alice")?.usedBytes == 60)
+            let seen = NIOLockedValueBox<String?>(nil)
+            guard case .removed(let object) = try catalog.removeObject(account: "alice", key: "k1", removingFile: { object in seen.withLockedValue { $0 = object.key } }) else {
+                Issue.record("expected removed")
+                return
+            }
+            #expect(object.size == 60 && seen.withLockedValue { $0 } == "k1")
+            #expect(try catalog.object(account: "alice", key: "k1") == nil && catalog.account(named: "alice")?.usedBytes == 0)
+            guard case .notStored = try catalog.removeObject(account: "alice", key: "k1", removingFile: { _ in }) else {
+                Issue.record("expected not stored")
+                return
+            }
+        }
+    }
+
     @Test("sessions: recorded, replaced by key, updated with their parts, gone with them; an update of a gone one refused", arguments: Backend.allCases)
     func sessions(_ backend: Backend) throws {
         try Self.withCatalog(backend) { catalog, _ in

@@ -315,6 +315,10 @@ public protocol Catalog: Sendable {
     func accounts() throws -> [Account]
     /// Revokes the account's token; false when there is no such account.
     func revokeAccount(named name: String) throws -> Bool
+    /// `rm`: in one write transaction, which a relay's commit of the key waits for on either catalog, refuses while an
+    /// upload session or a pending commit of the key exists; else runs `removingFile` with the object's row (it may refuse
+    /// by throwing: then nothing changes) and deletes the row.
+    func removeObject(account: String, key: String, removingFile: @escaping @Sendable (StoredObject) throws -> Void) throws -> ObjectRemoval
     /// Deletes the account, once it has no object, upload session or pending commit left (``CatalogError/accountInUse(_:holds:)``
     /// otherwise); false when there is no such account. Its name may be given again afterwards.
     func deleteAccount(named name: String) throws -> Bool
@@ -451,4 +455,15 @@ public struct CommitEventBacklog: Sendable, Hashable {
         self.lastError = lastError
         self.oldest = oldest
     }
+}
+
+/// How ``Catalog/removeObject(account:key:removingFile:)`` ended.
+public enum ObjectRemoval: Sendable {
+    case removed(StoredObject)
+    case notStored
+    /// An upload or a commit of the key holds it; why, in words.
+    case busy(String)
+
+    static let uploading = ObjectRemoval.busy("an upload of it is under way or resumable; try again once it ends (or expires)")
+    static let committing = ObjectRemoval.busy("a commit of it is being settled; try again in a minute")
 }

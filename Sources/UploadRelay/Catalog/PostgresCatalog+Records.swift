@@ -53,6 +53,33 @@ extension PostgresCatalog {
         }
     }
 
+    public func removeObject(
+        account: String, key: String, removingFile: @escaping @Sendable (StoredObject) throws -> Void
+    ) throws -> ObjectRemoval {
+        let logger = self.logger
+        return try self.transaction { connection in
+            // The account's row, as commits take it: no commit of the account lands until this ends.
+            do {
+                try await Self.lockAccount(account, on: connection, logger)
+            } catch CatalogError.unknownAccount {
+                return .notStored
+            }
+            guard let object = try await Self.rows(
+                "SELECT * FROM object WHERE account = \(account) AND key = \(key) FOR UPDATE", on: connection, logger
+            ).first.map(Self.object) else { return .notStored }
+            if try await !Self.rows("SELECT 1 AS one FROM session WHERE account = \(account) AND key = \(key)", on: connection, logger).isEmpty {
+                return .uploading
+            }
+            if try await !Self.rows("SELECT 1 AS one FROM pending_commit WHERE account = \(account) AND key = \(key)", on: connection, logger).isEmpty {
+                return .committing
+            }
+            try removingFile(object)
+            _ = try await Self.rows("DELETE FROM object WHERE account = \(account) AND key = \(key) RETURNING size", on: connection, logger)
+            try await connection.query("UPDATE account SET used_bytes = used_bytes - \(object.size) WHERE name = \(account)", logger: logger)
+            return .removed(object)
+        }
+    }
+
     public func deleteAccount(named name: String) throws -> Bool {
         let logger = self.logger
         return try self.transaction { connection in
@@ -60,6 +87,10 @@ extension PostgresCatalog {
             guard try await !Self.rows("SELECT name FROM account WHERE name = \(name) FOR UPDATE", on: connection, logger).isEmpty else {
                 return false
             }
+            // Reservations whose holder let go of the key, or died, hold nothing (an upload admitted, then dropped).
+            try await connection.query(
+                "DELETE FROM open_reservation r WHERE r.account = \(name) AND NOT \(unescaped: Self.reservationHeld)", logger: logger
+            )
             let counts = try await Self.rows(
                 """
                 SELECT (SELECT COUNT(*) FROM object WHERE account = \(name))::BIGINT AS objects,

@@ -197,6 +197,37 @@ public final class SQLiteCatalog: Catalog {
         }
     }
 
+    public func removeObject(
+        account: String, key: String, removingFile: @escaping @Sendable (StoredObject) throws -> Void
+    ) throws -> ObjectRemoval {
+        var outcome = ObjectRemoval.notStored
+        try self.database.writeWithoutTransaction { db in
+            // IMMEDIATE: the write lock first, so that no relay's commit lands between the checks and the removal.
+            try db.inTransaction(.immediate) {
+                outcome = try Self.removeObject(db, account: account, key: key, removingFile: removingFile)
+                return .commit
+            }
+        }
+        return outcome
+    }
+
+    private static func removeObject(
+        _ db: Database, account: String, key: String, removingFile: (StoredObject) throws -> Void
+    ) throws -> ObjectRemoval {
+        guard let object = try Row.fetchOne(db, sql: "SELECT * FROM object WHERE account = ? AND key = ?", arguments: [account, key]).map(Self.object)
+        else { return .notStored }
+        if try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM session WHERE account = ? AND key = ?", arguments: [account, key]) ?? 0 > 0 {
+            return .uploading
+        }
+        if try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM pending_commit WHERE account = ? AND key = ?", arguments: [account, key]) ?? 0 > 0 {
+            return .committing
+        }
+        try removingFile(object)
+        try db.execute(sql: "DELETE FROM object WHERE account = ? AND key = ?", arguments: [account, key])
+        try db.execute(sql: "UPDATE account SET used_bytes = used_bytes - ? WHERE name = ?", arguments: [object.size, account])
+        return .removed(object)
+    }
+
     public func deleteAccount(named name: String) throws -> Bool {
         try self.database.write { db in
             guard try Row.fetchOne(db, sql: "SELECT name FROM account WHERE name = ?", arguments: [name]) != nil else { return false }

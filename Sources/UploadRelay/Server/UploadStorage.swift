@@ -32,6 +32,8 @@ package final class UploadStorage: Sendable {
     private let recordedName: NIOLockedValueBox<String?>
     /// The bytes durable so far (counted in the metrics as they become so).
     private let durable: NIOLockedValueBox<Int64>
+    /// Whether a commit was asked for: from then on the session may be a pending commit's, which recovery settles.
+    private let commitAsked = NIOLockedValueBox(false)
     /// The SHA-1 of the first ``Frame/Open/probeLength`` bytes, recorded with the object for the dedup probe (SPEC §7.1):
     /// taken from ``sha1`` as it passes that length, so those bytes are hashed once. Nil until then, and for an upload
     /// resumed past it (the relay does not read its staged prefix back for it).
@@ -235,6 +237,7 @@ package final class UploadStorage: Sendable {
 
     /// Checks the SHA-1 of the bytes written against HASH, then commits by the relay's rules with the next group.
     private func commit(_ hash: Frame.Hash, written: Int64, then done: @escaping CommitGroup.Completion) {
+        self.commitAsked.withLockedValue { $0 = true }
         // Every byte is written: the disk space promised to this upload and not used is free for others now (a striped
         // upload's other stripes were written under their own streams).
         if self.stripe == nil { self.services.space.release(upload: self.session.id) }
@@ -322,8 +325,11 @@ package final class UploadStorage: Sendable {
         // A stripe never owns the session or the staging file: the main stream's upload does.
         guard self.stripe == nil else { return }
         let recorded = self.recorded.withLockedValue { $0 }
-        // A session never recorded holds nothing durable: its staging file goes whatever the ending.
-        guard discardSession || !recorded else { return }
+        // A session never recorded holds nothing durable: its staging file goes whatever the ending. Nor does one
+        // recorded at its OPEN that nothing was made durable for (an OPEN and a dropped connection leave nothing until
+        // the expiry); a striped one's stripes may be, by other streams.
+        let nothingDurable = self.durable.withLockedValue { $0 } == 0 && !self.session.striped && !self.commitAsked.withLockedValue { $0 }
+        guard discardSession || !recorded || nothingDurable else { return }
         do {
             if recorded { try self.services.catalog.deleteSession(id: self.session.id) }
             try self.services.store.removeStaging(self.staging.currentName)
