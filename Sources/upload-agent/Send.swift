@@ -1,6 +1,5 @@
 import ArgumentParser
 import FoundationEssentials
-import Glibc
 import Logging
 import NIOCore
 import NIOPosix
@@ -95,7 +94,7 @@ struct Send: AsyncParsableCommand {
         let store = self.noState ? nil : try self.stateOptions.open()
         let progress = ProgressPrinter(
             json: self.json, live: ProgressPrinter.liveWanted(json: self.json, quiet: self.quiet), quiet: self.quiet,
-            totalItems: items.count + plan.results.count, totalBytes: Self.fileBytes(items)
+            totalItems: items.count + plan.results.count, totalBytes: plan.fileBytes
         )
         // What will not go up is said first, each with its reason.
         for result in plan.results { progress.handle(.finished(result)) }
@@ -123,18 +122,6 @@ struct Send: AsyncParsableCommand {
         results = plan.results + results
         progress.summary(results)
         if let code = Self.exitCode(results, allowSkipped: self.allowSkipped) { throw ExitCode(code) }
-    }
-
-    /// The bytes of the files among `items` as they are now; nil when one is a stream (its length is not known).
-    static func fileBytes(_ items: [UploadItem]) -> UInt64? {
-        var total: UInt64 = 0
-        for item in items {
-            guard let file = item.source as? FileSource else { return nil }
-            var info = stat()
-            guard stat(file.path, &info) == 0 else { continue }
-            total += UInt64(max(0, info.st_size))
-        }
-        return total
     }
 
     /// 0 (nil) when every item is stored or already there (skipped ones too with --allow-skipped); 3 when nothing went

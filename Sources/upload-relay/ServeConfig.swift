@@ -92,14 +92,14 @@ enum ServeConfig {
         }
         var options: [(option: String, arguments: [String])] = []
         for (key, value) in object.sorted(by: { $0.key < $1.key }) {
-            let option = key.hasSuffix("-file") && Self.options[key] == nil ? String(key.dropLast(5)) : key
+            let option = Self.readFromFile(key) ?? key
             options.append((option, try Self.arguments(key, value, origin: "--config \(path): \"\(key)\"")))
         }
         return options
     }
 
     private static func arguments(_ key: String, _ value: Value, origin: String) throws -> [String] {
-        if key.hasSuffix("-file"), Self.options[key] == nil, let name = Optional(String(key.dropLast(5))), Self.options[name] == true {
+        if let name = Self.readFromFile(key) {
             guard case .text(let path) = value else { throw Failure(description: "\(origin) names a file: give its path as a string") }
             return ["--" + name, try Self.secret(path, origin: origin)]
         }
@@ -132,7 +132,7 @@ enum ServeConfig {
         var options: [(option: String, arguments: [String])] = []
         for (variable, value) in environment.sorted(by: { $0.key < $1.key }) where variable.hasPrefix(Self.prefix) {
             let name = variable.dropFirst(Self.prefix.count).lowercased().replacing("_", with: "-")
-            if name.hasSuffix("-file"), Self.options[name] == nil, let option = Optional(String(name.dropLast(5))), Self.options[option] == true {
+            if let option = Self.readFromFile(name) {
                 options.append((option, ["--" + option, try Self.secret(value, origin: variable)]))
                 continue
             }
@@ -166,10 +166,7 @@ enum ServeConfig {
                 name = String(argument[..<equals])
                 inline = String(argument[argument.index(after: equals)...])
             }
-            if name.hasPrefix("--"), name.hasSuffix("-file"), Self.options[String(name.dropFirst(2))] == nil,
-                Self.options[String(name.dropFirst(2).dropLast(5))] == true
-            {
-                let option = String(name.dropFirst(2).dropLast(5))
+            if name.hasPrefix("--"), let option = Self.readFromFile(String(name.dropFirst(2))) {
                 guard let path = inline ?? (index + 1 < arguments.count ? arguments[index + 1] : nil) else {
                     throw Failure(description: "\(name) needs a file's path")
                 }
@@ -181,6 +178,14 @@ enum ServeConfig {
             index += 1
         }
         return out
+    }
+
+    /// The option `name` gives from a file: `catalog` for `catalog-file`, when `catalog` takes a value and
+    /// `catalog-file` is no option of its own; nil otherwise.
+    static func readFromFile(_ name: String) -> String? {
+        guard name.hasSuffix("-file"), Self.options[name] == nil else { return nil }
+        let option = String(name.dropLast(5))
+        return Self.options[option] == true ? option : nil
     }
 
     /// A value read from a file: its content without the trailing newline.

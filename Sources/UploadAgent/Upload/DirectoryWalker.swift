@@ -13,8 +13,8 @@ struct DirectoryWalker {
 
     /// What is at a path.
     enum Kind: Equatable {
-        /// A regular file, with its fingerprint now (``FileSource/fingerprint(_:startOffset:)``).
-        case file(fingerprint: [UInt8])
+        /// A regular file, with its fingerprint (``FileSource/fingerprint(_:startOffset:)``) and size now.
+        case file(fingerprint: [UInt8], size: UInt64)
         /// A directory, and what identifies it (device, inode).
         case directory(identity: [UInt64])
         /// Not taken, and why.
@@ -26,8 +26,8 @@ struct DirectoryWalker {
     /// What a walk meets.
     enum Found {
         /// A file to upload: its path (absolute, as walked), its path from the walked directory's parent, the path as
-        /// the user sees it, and its fingerprint.
-        case file(path: String, relative: String, display: String, fingerprint: [UInt8])
+        /// the user sees it, its fingerprint and its size.
+        case file(path: String, relative: String, display: String, fingerprint: [UInt8], size: UInt64)
         /// A path not taken, and why.
         case skipped(display: String, reason: String)
     }
@@ -67,7 +67,7 @@ struct DirectoryWalker {
             guard look(&info, true) == 0 else { return .skip("a symbolic link to nothing (\(Self.lastError()))") }
         }
         switch info.st_mode & S_IFMT {
-        case S_IFREG: return .file(fingerprint: FileSource.fingerprint(info))
+        case S_IFREG: return .file(fingerprint: FileSource.fingerprint(info), size: UInt64(max(0, info.st_size)))
         case S_IFDIR: return .directory(identity: [UInt64(info.st_dev), UInt64(info.st_ino)])
         default: return .skip("not a regular file (\(Self.kind(info.st_mode)))")
         }
@@ -158,8 +158,8 @@ struct DirectoryWalker {
                 fstatat(parent, name, &info, throughLink ? 0 : AT_SYMLINK_NOFOLLOW)
             }
             switch kind {
-            case .file(let fingerprint):
-                visit(.file(path: full, relative: sub, display: shown, fingerprint: fingerprint))
+            case .file(let fingerprint, let size):
+                visit(.file(path: full, relative: sub, display: shown, fingerprint: fingerprint, size: size))
             case .directory(let identity):
                 guard visited.insert(identity).inserted else {
                     visit(.skipped(display: shown, reason: "a directory walked already (a link leads back to it)"))

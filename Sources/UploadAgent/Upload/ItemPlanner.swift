@@ -27,6 +27,8 @@ public enum ItemPlanner {
         /// Paths skipped (``UploadResult/Status/skipped``) or failed before a byte was read (a name no key may have, a
         /// path that does not exist, two paths for one key), in the order met.
         public var results: [UploadResult]
+        /// The bytes of the files planned, as the walk saw them; nil when an item is a stream (its length is unknown).
+        public var fileBytes: UInt64? = 0
     }
 
     /// The key of a file at `relative` (from a watched directory's parent) under `prefix`, or why it cannot be one.
@@ -98,7 +100,7 @@ public enum ItemPlanner {
         }
         var plan = Plan(items: [], results: [])
         var seen: [String: String] = [:]
-        func add(_ key: String, _ display: String, _ source: any BlobSource, fingerprint: [UInt8]?) {
+        func add(_ key: String, _ display: String, _ source: any BlobSource, fingerprint: [UInt8]?, size: UInt64?) {
             let full = Self.prefixed(key, cleanPrefix)
             do {
                 _ = try ObjectKey(validating: full, maxLength: limits.maxKeyLength, maxSegmentLength: limits.maxKeySegmentLength)
@@ -119,10 +121,11 @@ public enum ItemPlanner {
             }
             seen[full] = display
             plan.items.append(UploadItem(key: full, displayPath: display, source: source, expectedFingerprint: fingerprint))
+            plan.fileBytes = size.flatMap { size in plan.fileBytes.map { $0 + size } }
         }
         for path in paths {
             if path == "-" {
-                add(stdinName ?? "-", "-", StreamSource(), fingerprint: nil)
+                add(stdinName ?? "-", "-", StreamSource(), fingerprint: nil, size: nil)
                 continue
             }
             if notUTF8.contains(path) {
@@ -143,14 +146,14 @@ public enum ItemPlanner {
                 plan.results.append(.failed(key: "", path: path, error: "\(path): \(reason)", code: UploadResult.ErrorCode.sourceError))
             case .skip(let reason):
                 plan.results.append(.skipped(path: path, reason: "\(path): \(reason)"))
-            case .file(let fingerprint):
-                add(name, path, FileSource(path: absolute, followSymlinks: followSymlinks), fingerprint: fingerprint)
+            case .file(let fingerprint, let size):
+                add(name, path, FileSource(path: absolute, followSymlinks: followSymlinks), fingerprint: fingerprint, size: size)
             case .directory:
                 // Keys are paths from the directory's parent: `send photos` stores photos/...
                 walker.walk(absolute, relative: name, display: trimmed, followingRoot: followSymlinks || path.hasSuffix("/")) { found in
                     switch found {
-                    case .file(let fullPath, let relative, let display, let fingerprint):
-                        add(relative, display, FileSource(path: fullPath, followSymlinks: followSymlinks), fingerprint: fingerprint)
+                    case .file(let fullPath, let relative, let display, let fingerprint, let size):
+                        add(relative, display, FileSource(path: fullPath, followSymlinks: followSymlinks), fingerprint: fingerprint, size: size)
                     case .skipped(let display, let reason):
                         plan.results.append(.skipped(path: display, reason: "\(display): \(reason)"))
                     }

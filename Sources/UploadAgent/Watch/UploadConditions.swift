@@ -77,7 +77,7 @@ public struct UploadConditions: Sendable {
             guard fields.count >= 8, fields[1] == "00000000", fields[7] == "00000000",
                 let flags = Int(fields[3], radix: 16), flags & 0x1 != 0, let metric = Int(fields[6])
             else { continue }
-            if best == nil || metric < best!.metric { best = (String(fields[0]), metric) }
+            if best.map({ metric < $0.metric }) ?? true { best = (String(fields[0]), metric) }
         }
         return best?.interface
     }

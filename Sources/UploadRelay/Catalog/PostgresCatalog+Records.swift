@@ -74,7 +74,7 @@ extension PostgresCatalog {
                 return .committing
             }
             try removingFile(object)
-            _ = try await Self.rows("DELETE FROM object WHERE account = \(account) AND key = \(key) RETURNING size", on: connection, logger)
+            try await connection.query("DELETE FROM object WHERE account = \(account) AND key = \(key)", logger: logger)
             try await connection.query("UPDATE account SET used_bytes = used_bytes - \(object.size) WHERE name = \(account)", logger: logger)
             return .removed(object)
         }

@@ -20,25 +20,6 @@ public struct RelayReadiness: Sendable, Hashable {
     }
 }
 
-/// JSON string literals, for the small bodies the operations endpoint writes by hand.
-enum JSONText {
-    static func quoted(_ text: String) -> String {
-        var out = "\""
-        for scalar in text.unicodeScalars {
-            switch scalar {
-            case "\"": out += "\\\""
-            case "\\": out += "\\\\"
-            case "\n": out += "\\n"
-            case "\r": out += "\\r"
-            case "\t": out += "\\t"
-            case let c where c.value < 0x20: out += String(format: "\\u%04x", c.value)
-            default: out.unicodeScalars.append(scalar)
-            }
-        }
-        return out + "\""
-    }
-}
-
 extension RelayServices {
     /// `/readyz`: the catalog answers a query (within ``CatalogProbe/timeout``), the staging directory is writable,
     /// free space is above the reserve and what open uploads will still write, and the relay is not shutting down.
