@@ -122,8 +122,9 @@ struct StatusEndpointTests {
             #expect(first?.json["status"] as? String == "uploading", "\(String(describing: first?.json))")
             #expect(first?.json["bytes"] as? Int == 0, "first seen with \(String(describing: first?.json["bytes"])) bytes: not from its OPEN")
             #expect(first?.json["size"] as? Int == video.data.count)
+            // What ls --in-progress reads: the session (its bytes may have grown since the answer above, under load).
             let sessions = try relay.services.catalog.sessions(updatedBefore: .distantFuture)
-            #expect(sessions.map(\.key) == ["long.mov"] && sessions.first?.durableOffset == 0, "\(sessions)")
+            #expect(sessions.map(\.key) == ["long.mov"], "\(sessions)")
             #expect(try await sending.value.first?.status == .stored)
             // A photo under one sync: committed at once, never recorded as a session (no catalog write before its commit).
             let photo = makeFile(source, "p.jpg", size: 200_000, seed: 22)
