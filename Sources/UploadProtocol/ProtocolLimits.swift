@@ -66,6 +66,9 @@ public struct ProtocolLimits: Hashable, Sendable {
     public static let maxWindow = Int(Int32.max)
     /// The largest size or offset a frame may carry (SPEC §3): 2^62.
     public static let maxBlobSize: UInt64 = 1 << 62
+    /// The most entries one PLAN may carry (SPEC §3.15, §12.1): its ROOM then fits in the smallest frame a side may
+    /// announce.
+    public static let maxPlanEntries = 1000
     /// The TLS ALPN protocol id both sides offer and the relay requires (SPEC §2.1).
     public static let alpn = "upload/1"
     /// The protocol versions this implementation speaks (SPEC §2.2).

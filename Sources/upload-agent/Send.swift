@@ -25,6 +25,12 @@ struct Send: AsyncParsableCommand {
             (or another send) already runs for the same relay and token, the files are handed to it and \
             this command waits for their results. --no-state uploads without recording anything.
 
+            Before anything is sent the relay is asked what the selection would add to the account's quota \
+            (files it holds already under their keys add nothing). When it does not all fit, nothing is sent: \
+            each file is reported (QUOTA_EXCEEDED), those that do not fit first, with what is left of the quota. \
+            --send-what-fits sends the files that fit instead, in order, passing over those that do not; \
+            --no-quota-check skips the question (the relay still refuses each upload that would pass the quota).
+
             Environment: UPLOAD_RELAY, UPLOAD_TOKEN and UPLOAD_CA stand in for --relay, --token and --ca.
 
             Only files are uploaded, and only the files named: a symbolic link is skipped (said so, in --json \
@@ -67,6 +73,12 @@ struct Send: AsyncParsableCommand {
     @Flag(name: .long, help: "Exit 0 even when paths were skipped (symbolic links, unreadable directories, names that are not UTF-8); they are still reported.")
     var allowSkipped = false
 
+    @Flag(name: .long, help: "When the selection does not fit in the account's quota, send the files that fit (in order) and report the rest; by default nothing is sent then.")
+    var sendWhatFits = false
+
+    @Flag(name: .long, help: "Do not ask the relay whether the selection fits in the account's quota before sending.")
+    var noQuotaCheck = false
+
     @Argument(help: ArgumentHelp("Files, directories, or - for stdin.", valueName: "path"))
     var paths: [String]
 
@@ -90,16 +102,19 @@ struct Send: AsyncParsableCommand {
         } catch let error as ItemPlanner.PlanError {
             throw ValidationError(error.description)
         }
-        let items = plan.items
         let store = self.noState ? nil : try self.stateOptions.open()
-        let progress = ProgressPrinter(
-            json: self.json, live: ProgressPrinter.liveWanted(json: self.json, quiet: self.quiet), quiet: self.quiet,
-            totalItems: items.count + plan.results.count, totalBytes: plan.fileBytes
-        )
-        // What will not go up is said first, each with its reason.
-        for result in plan.results { progress.handle(.finished(result)) }
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let uploader = Uploader(configuration: configuration, group: group, logger: Logger(label: "upload-agent"))
+        let check = self.noQuotaCheck ? QuotaCheck(items: plan.items, held: [], note: nil) : await QuotaCheck.run(plan, sendWhatFits: self.sendWhatFits, overwrite: self.overwrite, uploader: uploader)
+        let items = check.items
+        let progress = ProgressPrinter(
+            json: self.json, live: ProgressPrinter.liveWanted(json: self.json, quiet: self.quiet), quiet: self.quiet,
+            totalItems: items.count + plan.results.count + check.held.count,
+            totalBytes: check.held.isEmpty ? plan.fileBytes : check.itemBytes
+        )
+        // What will not go up is said first, each with its reason.
+        for result in plan.results + check.held { progress.handle(.finished(result)) }
+        if let note = check.note { progress.note(note) }
         var results: [UploadResult]
         do {
             if let store {
@@ -119,7 +134,7 @@ struct Send: AsyncParsableCommand {
             throw ExitCode(1)
         }
         try? await group.shutdownGracefully()
-        results = plan.results + results
+        results = plan.results + check.held + results
         progress.summary(results)
         if let code = Self.exitCode(results, allowSkipped: self.allowSkipped) { throw ExitCode(code) }
     }

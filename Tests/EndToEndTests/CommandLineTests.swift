@@ -242,6 +242,60 @@ struct CommandLineTests {
         #expect(try admin(["rotate", "nobody"]).status == 2)
     }
 
+    @Test("send checks the whole selection against the quota first: nothing is sent when it does not fit, each file said why; --send-what-fits sends what fits; files the relay holds count for nothing; --no-quota-check leaves it to the relay")
+    func quotaCheckedFirst() throws {
+        let relay = try DevRelay()
+        defer { relay.stop() }
+        let home = TestRelay.makeDirectory()
+        let a = makeFile(home + "/sel", "a.bin", size: 30_000, seed: 41)
+        func send(_ extra: [String], _ paths: [String]) throws -> (status: Int32, lines: [[String: Any]], stderr: String) {
+            let run = try Self.run(
+                try Self.agentBinary(), ["send", "--json", "--no-state", "--retry-for", "0s"] + extra + paths, environment: relay.environment
+            )
+            return (run.status, try Self.jsonLines(run.stdout), run.stderr)
+        }
+        func stored(_ name: String) -> Data? { FileManager.default.contents(atPath: relay.data + "/store/dev/sel/" + name) }
+        #expect(try send([], [home + "/sel"]).status == 0)
+        #expect(stored("a.bin") == a.data)
+        let b = makeFile(home + "/sel", "b.bin", size: 30_000, seed: 42)
+        _ = makeFile(home + "/sel", "c.bin", size: 50_000, seed: 43)
+        // 100 000 bytes, 30 000 used: the selection needs 80 000 (a.bin is there already), its sizes 110 000.
+        #expect(try Self.run(try relayBinary(), ["token", "quota", "dev", "100000", "--data", relay.data]).status == 0)
+
+        let refused = try send([], [home + "/sel"])
+        #expect(refused.status == 1, "\(refused.stderr)")
+        #expect(refused.lines.count == 3, "\(refused.lines)")
+        for line in refused.lines {
+            #expect(line["status"] as? String == "failed" && line["error_code"] as? String == "QUOTA_EXCEEDED", "\(line)")
+            #expect(line["sent_bytes"] as? Int == 0)
+        }
+        let c = refused.lines.first { $0["key"] as? String == "sel/c.bin" }
+        #expect((c?["error"] as? String ?? "").contains("does not fit: it needs 48.8 KiB"), "\(String(describing: c))")
+        #expect(refused.lines.filter { ($0["error"] as? String ?? "").contains("not sent: the selection needs 78.1 KiB") }.count == 2, "\(refused.lines)")
+        #expect(refused.stderr.contains("nothing was sent") && refused.stderr.contains("--send-what-fits"), "\(refused.stderr)")
+        #expect(refused.stderr.contains("account \"dev\" has 68.4 KiB of its 97.7 KiB quota left"), "\(refused.stderr)")
+        #expect(stored("b.bin") == nil)
+
+        let fits = try send(["--send-what-fits"], [home + "/sel"])
+        #expect(fits.status == 1)
+        let status = Dictionary(uniqueKeysWithValues: fits.lines.map { ($0["key"] as? String ?? "", $0["status"] as? String ?? "") })
+        #expect(status == ["sel/a.bin": "deduplicated", "sel/b.bin": "stored", "sel/c.bin": "failed"], "\(fits.lines)")
+        #expect(stored("b.bin") == b.data)
+        #expect(fits.stderr.contains("1 of 3 files do not fit"), "\(fits.stderr)")
+
+        // The quota now equals what is stored: sending what the relay holds again is not refused for its sizes.
+        #expect(try Self.run(try relayBinary(), ["token", "quota", "dev", "60000", "--data", relay.data]).status == 0)
+        let again = try send(["--prefix", "sel"], [a.path, b.path])
+        #expect(again.status == 0, "\(again.lines) \(again.stderr)")
+        #expect(again.lines.allSatisfy { $0["status"] as? String == "deduplicated" }, "\(again.lines)")
+
+        // Without the check the relay refuses c.bin at OPEN, as before.
+        let unchecked = try send(["--no-quota-check"], [home + "/sel"])
+        #expect(unchecked.status == 1)
+        let late = unchecked.lines.first { $0["key"] as? String == "sel/c.bin" }
+        #expect(late?["error_code"] as? String == "QUOTA_EXCEEDED" && !(late?["error"] as? String ?? "").contains("does not fit"), "\(unchecked.lines)")
+    }
+
     @Test("a relay that cannot be reached: one line naming the address and what to check, said once however often it is retried, then counted; never NIO's own description")
     func unreachableRelayMessages() throws {
         let file = TestRelay.makeDirectory() + "/a.bin"

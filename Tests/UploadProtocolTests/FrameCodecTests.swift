@@ -208,7 +208,7 @@ struct FrameCodecTests {
     func unknownTypes() throws {
         var ext = ByteBuffer(bytes: [0, 0, 0, 12, 0xC3, 0xFF, 0, 0, 0, 0, 1, 2])
         #expect(try Self.decodeAll(&ext).count == 1)
-        for type: UInt8 in [0x00, 0x0F, 0x7F] {
+        for type: UInt8 in [0x00, 0x11, 0x7F] {
             var bytes = ByteBuffer(bytes: [0, 0, 0, 10, type, 0, 0, 0, 0, 0])
             #expect(throws: ProtocolError.self) { try Self.decodeAll(&bytes) }
         }

@@ -31,7 +31,7 @@ struct VectorTests {
     @Test("there are vectors for every frame type, and at least 15 invalid inputs")
     func coverage() {
         let types = Set(Self.names("valid").compactMap { (Self.load("valid", $0)["frame"] as? [String: Any])?["type"] as? String })
-        for type in ["HELLO", "WELCOME", "OPEN", "OFFSET", "CHUNK", "ACK", "CREDIT", "HASH", "RESULT", "ERROR", "CANCEL", "PING", "PONG", "GOAWAY"] {
+        for type in ["HELLO", "WELCOME", "OPEN", "OFFSET", "CHUNK", "ACK", "CREDIT", "HASH", "RESULT", "ERROR", "CANCEL", "PING", "PONG", "GOAWAY", "PLAN", "ROOM"] {
             #expect(types.contains(type), "no valid vector for \(type)")
         }
         #expect(Self.names("invalid").count >= 15)
@@ -162,6 +162,8 @@ struct VectorReplay {
                 produced = self.relay.resetStream(e.streamID, e.code, e.message).first
             case .goAway(let g):
                 produced = self.relay.sendGoAway(g.code, g.message)
+            case .room(let r):
+                produced = self.relay.sendRoom(r)
             default:
                 throw SetupFailed(description: "a relay cannot send \(frame.type.name) in a setup")
             }
@@ -178,6 +180,8 @@ struct VectorReplay {
                 produced = self.agent.sendHash(h).frame
             case .cancel(let c):
                 produced = self.agent.sendCancel(c.streamID, c.code, c.message)
+            case .plan(let p):
+                produced = self.agent.sendPlan(p)
             default:
                 throw SetupFailed(description: "an agent cannot send \(frame.type.name) in a setup")
             }

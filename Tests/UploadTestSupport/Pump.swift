@@ -113,7 +113,7 @@ public struct MemoryAgent {
             }
             self.events.append(action)
             switch action {
-            case .none, .connected, .creditGranted:
+            case .none, .connected, .creditGranted, .room:
                 break
             case .offset(let offset):
                 self.resumeTokens[offset.streamID] = offset.resumeToken

@@ -182,6 +182,9 @@ public struct RelayDriver {
                 self.run(self.session.uploadLookedUp(open.streamID, decision, key: key), into: &out)
             case .storage(let id, let step):
                 self.pendingStorage.append((id, step))
+            case .plan(let plan, let account):
+                let answer = UploadPolicy(services: self.backend.services).plan(account: account, plan: plan)
+                self.run(self.session.planAnswered(answer), into: &out)
             case .discardSession(let open, let key, let account):
                 UploadPolicy(services: self.backend.services).discardSession(named: open, key: key, account: account.name)
             case .log(_, let message, let metadata):

@@ -132,6 +132,20 @@ def GOAWAY(last, code="NO_ERROR", message=""):
             "message": message}
 
 
+def PLAN(request, entries, overwrite=False):
+    return {"type": "PLAN", "stream": 0, "flags": 0x04 if overwrite else 0, "request": request,
+            "entries": [{"key": k, "size": n} for k, n in entries]}
+
+
+def ROOM(request, quota, used, needs):
+    return {"type": "ROOM", "stream": 0, "flags": 0, "request": request, "quota": quota, "used": used,
+            "needs": list(needs)}
+
+
+def p_plan(request, entries) -> bytes:
+    return struct.pack(">IH", request, len(entries)) + b"".join(p_str16(k) + struct.pack(">Q", n) for k, n in entries)
+
+
 def sha1hex(b: bytes) -> str:
     return hashlib.sha1(b).hexdigest()
 
@@ -368,6 +382,14 @@ def valid_vectors():
     add("pong", "PONG echoing the PING bytes (§3.13).", PONG())
     add("goaway", "GOAWAY NO_ERROR (graceful shutdown) (§3.14, §6.5).",
         GOAWAY(7, "NO_ERROR", "relay restarting"))
+    add("plan", "PLAN of two blobs, the second replacing what its key holds only with OVERWRITE (not set here) (§3.15, §7.2).",
+        PLAN(7, [("cam-7/2026/a.jpg", 3145728), ("cam-7/2026/clip.mp4", 1073741824)]))
+    add("plan-overwrite", "PLAN with OVERWRITE and no entry: asks only for the quota and its use (§3.15).",
+        PLAN(8, [], overwrite=True))
+    add("room", "ROOM answering the PLAN of vector plan: 10 GiB quota, 9 GiB used; the photo needs 3 MiB, the clip 1 GiB less the 512 MiB its unfinished upload holds (§3.16, §7.2).",
+        ROOM(7, 10737418240, 9663676416, [3145728, 536870912]))
+    add("room-no-quota", "ROOM for an account without a quota: quota 0xFFFFFFFFFFFFFFFF (§3.16).",
+        ROOM(8, "none", 123456789, []))
     add("extension-0x80", "Extension frame type 0x80: not a known type, >= 0x80, so it is discarded (§1.7).",
         {"type": "EXTENSION", "stream": 0, "flags": 0, "extension_type": 0x80, "data": "cafe"})
     add("extension-0xff-any-header", "Extension frame 0xFF with all flags set on stream 3: flags and stream id value are not checked (§1.7).",
@@ -407,8 +429,8 @@ def invalid_vectors():
         R, hs, struct.pack(">I", 9), "FRAME_SIZE_ERROR")
     add("length-zero", "Length 0 is smaller than the 10-byte header (§1.3).",
         R, hs, struct.pack(">I", 0), "FRAME_SIZE_ERROR")
-    add("unknown-type-0x0f", "Frame type 0x0F is unknown and below 0x80 (§1.7).",
-        R, hs, raw_frame(0x0F, 0, 0, b""), "PROTOCOL_ERROR")
+    add("unknown-type-0x11", "Frame type 0x11 is unknown and below 0x80 (§1.7).",
+        R, hs, raw_frame(0x11, 0, 0, b""), "PROTOCOL_ERROR")
     add("unknown-type-0x7f", "Frame type 0x7F is unknown and below 0x80 (§1.7).",
         R, hs, raw_frame(0x7F, 0, 0, b"\x00"), "PROTOCOL_ERROR")
     add("unknown-type-0x00", "Frame type 0x00 is unknown and below 0x80 (§1.7).",
@@ -743,6 +765,39 @@ def invalid_vectors():
         A, ahs, raw_frame(T("GOAWAY"), 0, 0, struct.pack(">IH", 0x80000001, 0) + p_str16(b"")), "PROTOCOL_ERROR")
     add("goaway-last-stream-id-increased", "A second GOAWAY with a larger lastStreamID than the first (§3.14).",
         A, agent_streams(1) + [rcv(GOAWAY(1))], GOAWAY(3), "PROTOCOL_ERROR")
+
+    # ---- §3.15, §3.16, §7.2 quota plan
+    qhs = relay_hs(features=wire.FEATURE_QUOTA_PLAN)
+    aqhs = agent_hs(hello_features=wire.FEATURE_QUOTA_PLAN, features=wire.FEATURE_QUOTA_PLAN)
+    one = [("cam-7/a.jpg", 1000)]
+    add("plan-not-in-force", "PLAN on a connection whose WELCOME did not put QUOTA_PLAN in force (§3.15).",
+        R, hs, PLAN(1, one), "PROTOCOL_ERROR")
+    add("plan-while-unanswered", "A second PLAN before the relay answered the first: one PLAN at a time (§3.15).",
+        R, qhs + [rcv(PLAN(1, one))], PLAN(2, one), "PROTOCOL_ERROR")
+    add("plan-too-many-entries", "PLAN of 1001 entries, one more than §12.1 allows (§3.15).",
+        R, qhs, raw_frame(T("PLAN"), 0, 0, p_plan(1, [(b"k", 1)] * 1001)), "PROTOCOL_ERROR")
+    add("plan-count-beyond-payload", "PLAN whose count says 2 entries with only one in the payload (§1.8, §3.15).",
+        R, qhs, raw_frame(T("PLAN"), 0, 0, struct.pack(">IH", 1, 2) + p_str16(b"k") + struct.pack(">Q", 1)),
+        "FRAME_SIZE_ERROR")
+    add("plan-size-above-2-62", "PLAN entry size 2^62+1 (§1.1, §3.15).",
+        R, qhs, raw_frame(T("PLAN"), 0, 0, p_plan(1, [(b"k", (1 << 62) + 1)])), "PROTOCOL_ERROR")
+    add("plan-on-stream", "PLAN on stream 1: a connection frame (§1.5).",
+        R, qhs, raw_frame(T("PLAN"), 0, 1, p_plan(1, [])), "PROTOCOL_ERROR")
+    add("plan-flag-not-overwrite", "PLAN with flag 0x01, which PLAN does not define (§1.6, §3.15).",
+        R, qhs, raw_frame(T("PLAN"), 0x01, 0, p_plan(1, [])), "PROTOCOL_ERROR")
+    add("plan-received-by-agent", "An agent receives PLAN, which only an agent sends (§1.4).",
+        A, aqhs, PLAN(1, one), "PROTOCOL_ERROR")
+    add("room-unasked", "ROOM with no PLAN unanswered (§3.16).",
+        A, aqhs, ROOM(1, 1000, 0, [1000]), "PROTOCOL_ERROR")
+    add("room-wrong-request", "ROOM whose request is not the unanswered PLAN's (§3.16).",
+        A, aqhs + [snd(PLAN(5, one))], ROOM(6, 1000, 0, [1000]), "PROTOCOL_ERROR")
+    add("room-wrong-count", "ROOM with two needs for a PLAN of one entry (§3.16).",
+        A, aqhs + [snd(PLAN(5, one))], ROOM(5, 1000, 0, [1000, 0]), "PROTOCOL_ERROR")
+    add("room-used-above-2-62", "ROOM whose used is 2^62+1 (§3.16).",
+        A, aqhs + [snd(PLAN(5, []))], raw_frame(T("ROOM"), 0, 0, struct.pack(">IQQH", 5, 1 << 40, (1 << 62) + 1, 0)),
+        "PROTOCOL_ERROR")
+    add("room-received-by-relay", "A relay receives ROOM, which only a relay sends (§1.4).",
+        R, qhs, ROOM(1, 1000, 0, []), "PROTOCOL_ERROR")
     return v
 
 

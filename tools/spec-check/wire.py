@@ -38,6 +38,9 @@ MAX_REFUSALS_PER_SECOND = 100  # refused OPENs (§12.1)
 FEATURE_DEFLATE = 0x00000001
 FEATURE_DEDUP_PROBE = 0x00000002
 FEATURE_STRIPES = 0x00000004
+FEATURE_QUOTA_PLAN = 0x00000008
+MAX_PLAN_ENTRIES = 1000  # §12.1
+NO_QUOTA = 0xFFFFFFFFFFFFFFFF  # ROOM.quota of an account without one (§3.16)
 PROBE_LENGTH = 262144
 STRIPE_MIN = 16777216  # §6.7
 STRIPE_MAX_COUNT = 256
@@ -66,6 +69,7 @@ TYPES = {
     0x01: "HELLO", 0x02: "WELCOME", 0x03: "OPEN", 0x04: "OFFSET", 0x05: "CHUNK",
     0x06: "ACK", 0x07: "CREDIT", 0x08: "HASH", 0x09: "RESULT", 0x0A: "ERROR",
     0x0B: "CANCEL", 0x0C: "PING", 0x0D: "PONG", 0x0E: "GOAWAY",
+    0x0F: "PLAN", 0x10: "ROOM",
 }
 TYPE_CODES = {v: k for k, v in TYPES.items()}
 
@@ -79,10 +83,12 @@ FLAG_DEFLATED = 0x01
 ALLOWED_FLAGS = {name: 0 for name in TYPE_CODES}
 ALLOWED_FLAGS["OPEN"] = FLAG_SIZE_KNOWN | FLAG_SHA1_KNOWN | FLAG_OVERWRITE | FLAG_PROBE | FLAG_STRIPED | FLAG_PART
 ALLOWED_FLAGS["CHUNK"] = FLAG_DEFLATED
+ALLOWED_FLAGS["PLAN"] = FLAG_OVERWRITE
 
 # "zero": stream id MUST be 0; "nonzero": MUST be non-zero; "any": either (§1.5)
 STREAM_RULE = {
     "HELLO": "zero", "WELCOME": "zero", "PING": "zero", "PONG": "zero", "GOAWAY": "zero",
+    "PLAN": "zero", "ROOM": "zero",
     "OPEN": "nonzero", "OFFSET": "nonzero", "CHUNK": "nonzero", "ACK": "nonzero",
     "HASH": "nonzero", "RESULT": "nonzero", "CANCEL": "nonzero",
     "ERROR": "any", "CREDIT": "any",
@@ -93,7 +99,7 @@ SENDER = {
     "HELLO": "agent", "WELCOME": "relay", "OPEN": "agent", "OFFSET": "relay",
     "CHUNK": "agent", "ACK": "relay", "CREDIT": "relay", "HASH": "agent",
     "RESULT": "relay", "ERROR": None, "CANCEL": "agent", "PING": None,
-    "PONG": None, "GOAWAY": None,
+    "PONG": None, "GOAWAY": None, "PLAN": "agent", "ROOM": "relay",
 }
 
 ERROR_CODES = {
@@ -323,6 +329,16 @@ def _parse_layout(name: str, flags: int, p: bytes) -> dict:
         v["last_stream_id"] = r.u32()
         v["code"] = r.u16()
         v["message"] = r.bytes16()
+    elif name == "PLAN":
+        v["request"] = r.u32()
+        count = r.u16()
+        v["entries"] = [(r.bytes16(), r.u64()) for _ in range(count)]
+    elif name == "ROOM":
+        v["request"] = r.u32()
+        v["quota"] = r.u64()
+        v["used"] = r.u64()
+        count = r.u16()
+        v["needs"] = [r.u64() for _ in range(count)]
     r.end()
     return v
 
@@ -468,6 +484,23 @@ def _check_values(name, sid, flags, v, max_frame_size, defer_key) -> dict:
             raise _pe(name, "last_stream_id has the reserved bit set")
         msg = _str(name, "message", v["message"], MAX_MESSAGE)
         out = {"last_stream_id": v["last_stream_id"], "code": code_name(v["code"]), "message": msg}
+    elif name == "PLAN":
+        if len(v["entries"]) > MAX_PLAN_ENTRIES:
+            raise _pe(name, f"{len(v['entries'])} entries, more than {MAX_PLAN_ENTRIES}")
+        entries = []
+        for raw, size in v["entries"]:
+            _u62(name, "size", size)
+            key = _utf8(raw)
+            entries.append({"key": key if key is not None else "<invalid UTF-8>", "size": size})
+        out = {"request": v["request"], "entries": entries}
+    elif name == "ROOM":
+        if v["quota"] != NO_QUOTA:
+            _u62(name, "quota", v["quota"])
+        _u62(name, "used", v["used"])
+        for need in v["needs"]:
+            _u62(name, "need", need)
+        out = {"request": v["request"], "quota": "none" if v["quota"] == NO_QUOTA else v["quota"],
+               "used": v["used"], "needs": list(v["needs"])}
     return out
 
 
@@ -544,6 +577,14 @@ def encode(f: dict) -> bytes:
         p = bytes.fromhex(f["data"])
     elif t == "GOAWAY":
         p = struct.pack(">IH", f["last_stream_id"], code_number(f["code"])) + _s16(f["message"])
+    elif t == "PLAN":
+        p = struct.pack(">IH", f["request"], len(f["entries"]))
+        for e in f["entries"]:
+            p += _s16(e["key"]) + struct.pack(">Q", e["size"])
+    elif t == "ROOM":
+        quota = NO_QUOTA if f["quota"] == "none" else f["quota"]
+        p = struct.pack(">IQQH", f["request"], quota, f["used"], len(f["needs"]))
+        p += b"".join(struct.pack(">Q", n) for n in f["needs"])
     else:
         raise ValueError(t)
     return raw_frame(TYPE_CODES[t], flags, sid, p)
@@ -625,6 +666,7 @@ class Peer:
         self.goaway_sent = None      # lastStreamID of the GOAWAY we sent
         self.goaway_received = None  # lastStreamID of the GOAWAY we received
         self.refusals = 0            # relay: refused OPENs; a vector lasts under a second (Appendix A.2)
+        self.plan = None             # the unanswered PLAN (sent by an agent, received by a relay), §3.15
         self.buf = b""
 
     # ---- helpers
@@ -691,6 +733,9 @@ class Peer:
             self.goaway_sent = f["last_stream_id"]
         elif t in ("PING", "PONG"):
             pass
+        elif t == "PLAN":
+            assert self.welcome["features"] & FEATURE_QUOTA_PLAN and self.plan is None
+            self.plan = f
         else:
             raise AssertionError(t)
 
@@ -712,6 +757,11 @@ class Peer:
             self.goaway_sent = f["last_stream_id"]
             return
         if t in ("PING", "PONG"):
+            return
+        if t == "ROOM":
+            assert self.plan is not None and f["request"] == self.plan["request"]
+            assert len(f["needs"]) == len(self.plan["entries"])
+            self.plan = None
             return
         if t == "CREDIT" and sid == 0:
             self.conn_window += f["increment"]
@@ -798,6 +848,13 @@ class Peer:
             if self.goaway_received is not None and f["last_stream_id"] > self.goaway_received:
                 raise _conn("PROTOCOL_ERROR", "GOAWAY last_stream_id increased")
             self.goaway_received = f["last_stream_id"]
+            return
+        if t == "PLAN":
+            if not self.welcome["features"] & FEATURE_QUOTA_PLAN:
+                raise _conn("PROTOCOL_ERROR", "PLAN but QUOTA_PLAN is not in force")
+            if self.plan is not None:
+                raise _conn("PROTOCOL_ERROR", "PLAN while an earlier PLAN is unanswered")
+            self.plan = f
             return
         if t == "OPEN":
             return self._relay_open(f)
@@ -923,6 +980,13 @@ class Peer:
             return
         if t == "WELCOME":
             raise _conn("PROTOCOL_ERROR", "second WELCOME")
+        if t == "ROOM":
+            if self.plan is None:
+                raise _conn("PROTOCOL_ERROR", "ROOM with no PLAN unanswered")
+            if f["request"] != self.plan["request"] or len(f["needs"]) != len(self.plan["entries"]):
+                raise _conn("PROTOCOL_ERROR", "ROOM request or count is not the PLAN's")
+            self.plan = None
+            return
         if t == "GOAWAY":
             if self.goaway_received is not None and f["last_stream_id"] > self.goaway_received:
                 raise _conn("PROTOCOL_ERROR", "GOAWAY last_stream_id increased")

@@ -22,9 +22,9 @@ final class AgentConnectionHandler: ChannelInboundHandler {
 
     init(
         configuration: AgentConfiguration, queue: JobQueue, pool: NIOThreadPool, bandwidth: BandwidthLimit?, logger: Logger,
-        done: EventLoopPromise<ConnectionOutcome>, onEvent: @escaping @Sendable (UploadEvent) -> Void
+        done: EventLoopPromise<ConnectionOutcome>, plan: QuotaPlan.Request? = nil, onEvent: @escaping @Sendable (UploadEvent) -> Void
     ) {
-        self.session = AgentSession(configuration: configuration, queue: queue)
+        self.session = AgentSession(configuration: configuration, queue: queue, plan: plan)
         self.pool = pool
         self.bandwidth = bandwidth
         self.logger = logger

@@ -15,6 +15,9 @@ struct ConnectionOutcome: Sendable {
     var code: String? = nil
     /// True once the relay welcomed the connection.
     var welcomed = false
+    /// The relay's answer to the quota plan asked on this connection; nil when none was asked, the relay does not
+    /// grant QUOTA_PLAN, or the connection ended before every PLAN was answered.
+    var quotaPlan: QuotaPlan? = nil
 }
 
 /// Everything one agent connection decides (SPEC §2 to §6), with no channel, no thread and no clock of its own.
@@ -100,13 +103,16 @@ struct AgentSession {
     var goingAway = false
     /// Keepalive periods in a row with nothing received (SPEC §2.3).
     var silentPeriods = 0
+    /// The quota plan this connection asks before anything else (SPEC §7.2), until every PLAN is answered.
+    var planning: QuotaPlanning?
     /// The socket takes more bytes: while it does not (its write buffer is over ``AgentConfiguration/writeBufferBytes``),
     /// no read starts.
     var writable = true
 
-    init(configuration: AgentConfiguration, queue: JobQueue) {
+    init(configuration: AgentConfiguration, queue: JobQueue, plan: QuotaPlan.Request? = nil) {
         self.configuration = configuration
         self.queue = queue
+        self.planning = plan.map(QuotaPlanning.init)
         self.machine = AgentConnectionStateMachine(limits: configuration.limits)
     }
 
@@ -115,7 +121,7 @@ struct AgentSession {
     /// TCP and TLS are up: HELLO.
     mutating func connected() -> [Action] {
         let hello = Frame.Hello(
-            maxFrameSize: UInt32(self.configuration.limits.maxFrameSize), features: self.configuration.deflate ? [.deflate, .dedupProbe, .stripes] : [.dedupProbe, .stripes],
+            maxFrameSize: UInt32(self.configuration.limits.maxFrameSize), features: self.configuration.deflate ? [.deflate, .dedupProbe, .stripes, .quotaPlan] : [.dedupProbe, .stripes, .quotaPlan],
             credential: Array(self.configuration.token.utf8), agentName: self.configuration.agentName
         )
         return self.write(self.machine.sendHello(hello))
@@ -250,7 +256,7 @@ struct AgentSession {
             self.outcome.welcomed = true
             self.deflate = welcome.features.contains(.deflate)
             let relay = "\(self.configuration.relayHost):\(self.configuration.relayPort)"
-            return [.event(.connected(relay: relay, account: welcome.account))] + self.openMore()
+            return [.event(.connected(relay: relay, account: welcome.account))] + self.askPlan() + self.openMore()
         case .offset(let offset):
             return self.receivedOffset(offset)
         case .acknowledged(let id, let offset):
@@ -287,6 +293,8 @@ struct AgentSession {
             self.outcome.fatal = code == .unauthenticated || code == .unsupportedVersion
             self.outcome.code = code.name
             return self.close()
+        case .room(let room):
+            return self.planAnswered(room)
         case .goingAway(let goAway):
             self.outcome.reason = "the relay is going away: \(goAway.message)"
             self.goingAway = true
@@ -313,7 +321,8 @@ struct AgentSession {
 
     /// Closes once nothing is in flight and nothing more will go out on this connection.
     mutating func closeIfIdle() -> [Action] {
-        guard self.senders.isEmpty, self.preparing == 0, self.delayed.isEmpty, self.twins.isEmpty, self.deferred.isEmpty else { return [] }
+        guard self.senders.isEmpty, self.preparing == 0, self.delayed.isEmpty, self.twins.isEmpty, self.deferred.isEmpty, self.planning == nil
+        else { return [] }
         return self.queue.isDone || self.goingAway ? self.close() : []
     }
 }

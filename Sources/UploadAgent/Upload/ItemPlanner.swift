@@ -29,6 +29,8 @@ public enum ItemPlanner {
         public var results: [UploadResult]
         /// The bytes of the files planned, as the walk saw them; nil when an item is a stream (its length is unknown).
         public var fileBytes: UInt64? = 0
+        /// The size of each item as the walk saw it, in the order of ``items``; nil for a stream.
+        public var sizes: [UInt64?] = []
     }
 
     /// The key of a file at `relative` (from a watched directory's parent) under `prefix`, or why it cannot be one.
@@ -121,6 +123,7 @@ public enum ItemPlanner {
             }
             seen[full] = display
             plan.items.append(UploadItem(key: full, displayPath: display, source: source, expectedFingerprint: fingerprint))
+            plan.sizes.append(size)
             plan.fileBytes = size.flatMap { size in plan.fileBytes.map { $0 + size } }
         }
         for path in paths {

@@ -199,9 +199,26 @@ public final class Uploader: Sendable {
         (try? SocketAddress(ipAddress: host, port: 0)) != nil
     }
 
+    /// Asks the relay, on one connection of its own, what uploading a selection would add to the account's quota use
+    /// (SPEC §7.2). Nil when the relay does not answer quota plans; throws when the connection fails (no retry: the
+    /// upload that follows has its own).
+    public func quotaPlan(_ request: QuotaPlan.Request) async throws -> QuotaPlan? {
+        let pool = NIOThreadPool(numberOfThreads: 1)
+        pool.start()
+        defer { pool.shutdownGracefully { _ in } }
+        let outcome = try await self.runConnection(
+            queue: JobQueue([]), pool: pool, configuration: self.configuration, bandwidth: nil, tls: try self.makeTLSContext(), plan: request,
+            onEvent: { _ in }
+        )
+        if outcome.quotaPlan == nil, let reason = outcome.reason {
+            throw SourceError(reason)
+        }
+        return outcome.quotaPlan
+    }
+
     private func runConnection(
         queue: JobQueue, pool: NIOThreadPool, configuration: AgentConfiguration, bandwidth: BandwidthLimit?, tls: NIOSSLContext,
-        onEvent: @escaping @Sendable (UploadEvent) -> Void
+        plan: QuotaPlan.Request? = nil, onEvent: @escaping @Sendable (UploadEvent) -> Void
     ) async throws -> ConnectionOutcome {
         let logger = self.logger
         let host = configuration.relayHost
@@ -227,7 +244,7 @@ public final class Uploader: Sendable {
                     try sync.addHandler(
                         AgentConnectionHandler(
                             configuration: configuration, queue: queue, pool: pool, bandwidth: bandwidth, logger: logger, done: promise,
-                            onEvent: onEvent
+                            plan: plan, onEvent: onEvent
                         )
                     )
                 }

@@ -174,4 +174,46 @@ extension FrameDecoder {
         }
         return Frame.Chunk(streamID: stream, offset: offset, crc32: crc, rawLength: rawLength, data: data)
     }
+
+    func parsePlan(_ payload: inout ByteBuffer, flags: UInt8) throws -> Frame.Plan {
+        let type = FrameType.plan
+        let request = try payload.readField(UInt32.self, "request", of: type)
+        let count = try payload.readField(UInt16.self, "count", of: type)
+        // Layout first (SPEC §1.9): every entry is located before any value is judged.
+        var entries: [(key: [UInt8], size: UInt64)] = []
+        entries.reserveCapacity(min(Int(count), ProtocolLimits.maxPlanEntries + 1))
+        for _ in 0..<count {
+            let key = try payload.readBytes(lengthPrefix: 2, "key", of: type)
+            let size = try payload.readField(UInt64.self, "size", of: type)
+            entries.append((key, size))
+        }
+        try Self.expectEnd(payload, type)
+        guard entries.count <= ProtocolLimits.maxPlanEntries else {
+            throw ProtocolError.connection(
+                .protocolError, "PLAN has \(entries.count) entries; the limit is \(ProtocolLimits.maxPlanEntries)"
+            )
+        }
+        return Frame.Plan(
+            request: request, overwrite: flags & Frame.Plan.overwriteFlag != 0,
+            entries: try entries.map { Frame.Plan.Entry(rawKey: $0.key, size: try FieldRules.size($0.size, "size", of: type)) }
+        )
+    }
+
+    func parseRoom(_ payload: inout ByteBuffer) throws -> Frame.Room {
+        let type = FrameType.room
+        let request = try payload.readField(UInt32.self, "request", of: type)
+        let quota = try payload.readField(UInt64.self, "quota", of: type)
+        let used = try payload.readField(UInt64.self, "used", of: type)
+        let count = try payload.readField(UInt16.self, "count", of: type)
+        var needs: [UInt64] = []
+        needs.reserveCapacity(Int(count))
+        for _ in 0..<count {
+            needs.append(try payload.readField(UInt64.self, "need", of: type))
+        }
+        try Self.expectEnd(payload, type)
+        return Frame.Room(
+            request: request, quota: quota == Frame.Room.noQuota ? nil : try FieldRules.size(quota, "quota", of: type),
+            used: try FieldRules.size(used, "used", of: type), needs: try needs.map { try FieldRules.size($0, "need", of: type) }
+        )
+    }
 }

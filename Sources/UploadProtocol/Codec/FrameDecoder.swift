@@ -67,8 +67,11 @@ public struct FrameDecoder: Sendable {
         let allowedFlags: UInt8
         let streamRule: StreamRule
         switch type {
-        case .hello, .welcome, .ping, .pong, .goAway:
+        case .hello, .welcome, .ping, .pong, .goAway, .room:
             allowedFlags = 0
+            streamRule = .connectionOnly
+        case .plan:
+            allowedFlags = Frame.Plan.overwriteFlag
             streamRule = .connectionOnly
         case .open:
             allowedFlags = Frame.Open.allFlags
@@ -183,6 +186,10 @@ public struct FrameDecoder: Sendable {
             }
             let text = try FieldRules.string(message, max: self.limits.maxMessageLength, "message", of: type)
             return .goAway(Frame.GoAway(lastStreamID: StreamID(rawValue: last), code: code, message: text))
+        case .plan:
+            return .plan(try self.parsePlan(&payload, flags: header.flags))
+        case .room:
+            return .room(try self.parseRoom(&payload))
         default:
             // parseHeader let only extensions through besides the known types.
             let data = payload.readSlice(length: payload.readableBytes)!

@@ -53,6 +53,8 @@ public enum FrameEncoder {
         var flags: UInt8 = 0
         if case .open(let open) = frame {
             flags = open.flags
+        } else if case .plan(let plan) = frame, plan.overwrite {
+            flags = Frame.Plan.overwriteFlag
         }
         Self.writeHeader(into: &buffer, length: 0, type: frame.type, flags: flags, stream: frame.streamID)
         switch frame {
@@ -101,6 +103,15 @@ public enum FrameEncoder {
         case .goAway(let f):
             buffer.writeMultipleIntegers(f.lastStreamID.rawValue, f.code.rawValue)
             buffer.writeString16(f.message)
+        case .plan(let f):
+            buffer.writeMultipleIntegers(f.request, UInt16(truncatingIfNeeded: f.entries.count))
+            for entry in f.entries {
+                buffer.writeBytes16(entry.rawKey)
+                buffer.writeInteger(entry.size)
+            }
+        case .room(let f):
+            buffer.writeMultipleIntegers(f.request, f.quota ?? Frame.Room.noQuota, f.used, UInt16(truncatingIfNeeded: f.needs.count))
+            for need in f.needs { buffer.writeInteger(need) }
         case .chunk, .extension:
             preconditionFailure("frames with data are written by encode(_:into:)")
         }

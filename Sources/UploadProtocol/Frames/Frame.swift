@@ -19,13 +19,15 @@ public enum Frame: Hashable, Sendable {
     case ping(Ping)
     case pong(Pong)
     case goAway(GoAway)
+    case plan(Plan)
+    case room(Room)
     /// A frame of an extension type (0x80 and up) that this version ignores (SPEC §1.5).
     case `extension`(Extension)
 
     /// The stream the frame travels on.
     public var streamID: StreamID {
         switch self {
-        case .hello, .welcome, .ping, .pong, .goAway:
+        case .hello, .welcome, .ping, .pong, .goAway, .plan, .room:
             return .connection
         case .open(let f): return f.streamID
         case .offset(let f): return f.streamID
@@ -57,6 +59,8 @@ public enum Frame: Hashable, Sendable {
         case .ping: return Ping.type
         case .pong: return Pong.type
         case .goAway: return GoAway.type
+        case .plan: return Plan.type
+        case .room: return Room.type
         case .extension(let f): return f.type
         }
     }
@@ -116,8 +120,10 @@ extension Frame {
         public static let dedupProbe = Features(rawValue: 1 << 1)
         /// One blob on several streams, OPEN with STRIPED and PART (SPEC §6.7).
         public static let stripes = Features(rawValue: 1 << 2)
+        /// PLAN and ROOM: a selection checked against the account's quota before it is sent (SPEC §7.2).
+        public static let quotaPlan = Features(rawValue: 1 << 3)
         /// Every feature this implementation knows.
-        public static let known: Features = [.deflate, .dedupProbe, .stripes]
+        public static let known: Features = [.deflate, .dedupProbe, .stripes, .quotaPlan]
     }
 
     /// WELCOME, relay → agent, stream 0: the agent is authenticated; these are the relay's terms (SPEC §3.2).
@@ -487,6 +493,58 @@ extension Frame {
             self.code = code
             self.message = Frame.fitting(message)
         }
+    }
+
+    /// PLAN, agent → relay, stream 0: what would uploading these blobs add to the account's quota use (SPEC §3.15)?
+    public struct Plan: Hashable, Sendable {
+        public static let type = FrameType.plan
+        /// The only flag PLAN defines: the uploads would replace what their keys hold (as OPEN's OVERWRITE).
+        public static let overwriteFlag: UInt8 = 0x04
+        public struct Entry: Hashable, Sendable {
+            /// The key's bytes as OPEN would carry them; not checked (SPEC §3.15).
+            public var rawKey: [UInt8]
+            public var size: UInt64
+            public init(rawKey: [UInt8], size: UInt64) {
+                self.rawKey = rawKey
+                self.size = size
+            }
+            public init(key: String, size: UInt64) {
+                self.init(rawKey: Array(key.utf8), size: size)
+            }
+        }
+        /// Chosen by the agent; the ROOM echoes it.
+        public var request: UInt32
+        public var overwrite: Bool
+        /// At most ``ProtocolLimits/maxPlanEntries``.
+        public var entries: [Entry]
+        public init(request: UInt32, overwrite: Bool, entries: [Entry]) {
+            self.request = request
+            self.overwrite = overwrite
+            self.entries = entries
+        }
+    }
+
+    /// ROOM, relay → agent, stream 0: the answer to a PLAN (SPEC §3.16, §7.2).
+    public struct Room: Hashable, Sendable {
+        public static let type = FrameType.room
+        /// The wire value of `quota` for an account without one.
+        public static let noQuota = UInt64.max
+        public var request: UInt32
+        /// The account's quota in bytes; nil: none.
+        public var quota: UInt64?
+        /// What counts against the quota now.
+        public var used: UInt64
+        /// Per PLAN entry, in order: what uploading it would add to `used`.
+        public var needs: [UInt64]
+        public init(request: UInt32, quota: UInt64?, used: UInt64, needs: [UInt64]) {
+            self.request = request
+            self.quota = quota
+            self.used = used
+            self.needs = needs
+        }
+
+        /// Bytes left under the quota; nil: no quota.
+        public var left: UInt64? { self.quota.map { $0 > self.used ? $0 - self.used : 0 } }
     }
 
     /// A frame of an extension type (0x80 and up): decoded so that it can be skipped (SPEC §1.5).

@@ -17,13 +17,15 @@ public struct FrameType: RawRepresentable, Hashable, Sendable, CustomStringConve
     public static let ping = FrameType(rawValue: 0x0C)
     public static let pong = FrameType(rawValue: 0x0D)
     public static let goAway = FrameType(rawValue: 0x0E)
+    public static let plan = FrameType(rawValue: 0x0F)
+    public static let room = FrameType(rawValue: 0x10)
 
     /// Types from 0x80 up are extensions: a receiver that does not know one skips it (SPEC §1.5).
     public var isExtension: Bool { self.rawValue >= 0x80 }
 
     private static let names = [
         "HELLO", "WELCOME", "OPEN", "OFFSET", "CHUNK", "ACK", "CREDIT", "HASH", "RESULT", "ERROR", "CANCEL",
-        "PING", "PONG", "GOAWAY",
+        "PING", "PONG", "GOAWAY", "PLAN", "ROOM",
     ]
 
     /// The name SPEC §3 gives the type.

@@ -24,6 +24,8 @@ public enum AgentAction: Hashable, Sendable {
     case peerClosed(WireErrorCode, String)
     /// The relay is going away: open nothing more; streams above `lastStreamID` were not processed.
     case goingAway(Frame.GoAway)
+    /// The relay answered the agent's PLAN (SPEC §7.2).
+    case room(Frame.Room)
 }
 
 /// What became of a frame the agent asked to send (``AgentConnectionStateMachine/sendChunk(_:)``).

@@ -16,6 +16,24 @@ extension AgentConnectionStateMachine {
         return .hello(hello)
     }
 
+    /// Whether a PLAN may go out now: the relay granted QUOTA_PLAN, the connection is up, and no PLAN is unanswered.
+    public var canSendPlan: Bool {
+        switch self.phase {
+        case .ready, .goingAway:
+            return self.features.contains(.quotaPlan) && self.unansweredPlan == nil
+        case .idle, .helloSent, .closed:
+            return false
+        }
+    }
+
+    /// Asks the relay what a selection would add to the quota use (SPEC §3.15): the PLAN to write, or nil when one may
+    /// not go out now (``canSendPlan``) or it has more than ``ProtocolLimits/maxPlanEntries`` entries.
+    public mutating func sendPlan(_ plan: Frame.Plan) -> Frame? {
+        guard self.canSendPlan, plan.entries.count <= ProtocolLimits.maxPlanEntries else { return nil }
+        self.unansweredPlan = (plan.request, plan.entries.count)
+        return .plan(plan)
+    }
+
     /// Opens a stream: the OPEN to write, or nil when the connection cannot open one now (check ``canOpenStream``)
     /// or the id is not above every id used so far.
     public mutating func sendOpen(_ open: Frame.Open) -> Frame? {

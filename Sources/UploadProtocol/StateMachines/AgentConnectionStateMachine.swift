@@ -27,6 +27,8 @@ public struct AgentConnectionStateMachine: Sendable {
     var closedStreams: ClosedStreams
     var highestStreamID = StreamID.connection
     var connectionWindow = OutboundWindow(initial: 0)
+    /// The PLAN the relay has not answered yet: its request and entry count (SPEC §3.15, one at a time).
+    var unansweredPlan: (request: UInt32, count: Int)? = nil
 
     public init(limits: ProtocolLimits = .init()) {
         self.limits = limits
@@ -108,8 +110,20 @@ public struct AgentConnectionStateMachine: Sendable {
         switch frame {
         case .welcome:
             return self.fail(.protocolError, "second WELCOME")
-        case .hello, .open, .chunk, .hash, .cancel:
+        case .hello, .open, .chunk, .hash, .cancel, .plan:
             return self.fail(.protocolError, "the agent received \(frame.type.name), which only an agent sends")
+        case .room(let room):
+            guard let plan = self.unansweredPlan else {
+                return self.fail(.protocolError, "ROOM, but no PLAN is unanswered")
+            }
+            guard room.request == plan.request, room.needs.count == plan.count else {
+                return self.fail(
+                    .protocolError,
+                    "ROOM answers request \(room.request) with \(room.needs.count) needs; the PLAN was request \(plan.request) with \(plan.count) entries"
+                )
+            }
+            self.unansweredPlan = nil
+            return .room(room)
         case .offset(let offset):
             return self.withStream(offset.streamID, .offset) { stream, machine in
                 if let error = stream.receiveOffset(offset, initialWindow: Int(machine.welcome?.streamWindow ?? 0)) {

@@ -31,4 +31,7 @@ public enum RelayAction: Hashable, Sendable {
     case peerClosed(WireErrorCode, String)
     /// The agent will open no more streams.
     case peerGoingAway(Frame.GoAway)
+    /// The agent asks what a selection would add to its quota use (SPEC §7.2): read the catalog, then call
+    /// ``RelayConnectionStateMachine/sendRoom(_:)``.
+    case plan(Frame.Plan)
 }

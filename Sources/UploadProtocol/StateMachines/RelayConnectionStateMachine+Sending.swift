@@ -26,6 +26,16 @@ extension RelayConnectionStateMachine {
         )
     }
 
+    /// The relay's answer to the unanswered PLAN; nil when the connection closed meanwhile, or when `room` does not
+    /// answer that PLAN (its request or its number of needs differ).
+    public mutating func sendRoom(_ room: Frame.Room) -> Frame? {
+        guard self.isReady, let plan = self.unansweredPlan, plan.request == room.request, plan.count == room.needs.count else {
+            return nil
+        }
+        self.unansweredPlan = nil
+        return .room(room)
+    }
+
     /// The relay gives up on the connection (bad credential, timeout, shutdown): the ERROR to write before closing.
     public mutating func failConnection(_ code: WireErrorCode, _ message: String) -> Frame {
         self.phase = .closed

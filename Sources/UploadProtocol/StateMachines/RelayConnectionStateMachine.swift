@@ -38,6 +38,8 @@ public struct RelayConnectionStateMachine: Sendable {
     /// Connection credit freed by a stream that closed with RESULT or OFFSET STORED, sent by ``flushConnectionCredit()``
     /// right after that frame (those methods return one frame, as the vectors have it).
     var heldCredit: UInt32 = 0
+    /// The PLAN the relay has not answered yet: its request and entry count (SPEC §3.15, one at a time).
+    var unansweredPlan: (request: UInt32, count: Int)? = nil
 
     /// The most PINGs an agent may send in any one second (SPEC §2.3).
     public static let maxPingsPerSecond = 10
@@ -163,8 +165,17 @@ public struct RelayConnectionStateMachine: Sendable {
         switch frame {
         case .hello:
             return self.fail(.protocolError, "second HELLO")
-        case .welcome, .offset, .ack, .credit, .result:
+        case .welcome, .offset, .ack, .credit, .result, .room:
             return self.fail(.protocolError, "the relay received \(frame.type.name), which only a relay sends")
+        case .plan(let plan):
+            guard self.features.contains(.quotaPlan) else {
+                return self.fail(.protocolError, "PLAN, but QUOTA_PLAN is not in force on this connection")
+            }
+            guard self.unansweredPlan == nil else {
+                return self.fail(.protocolError, "PLAN while an earlier PLAN is unanswered (one at a time)")
+            }
+            self.unansweredPlan = (plan.request, plan.entries.count)
+            return .plan(plan)
         case .open(let open):
             return self.receiveOpen(open)
         case .chunk(let chunk):

@@ -147,6 +147,8 @@ final class RelayConnectionHandler: ChannelInboundHandler {
                     self.executors[open.streamID] = executor
                     self.act { $0.uploadLookedUp(open.streamID, decision, key: key) }
                 }
+            case .plan(let plan, let account):
+                self.work.plan(plan, account) { answer in self.act { $0.planAnswered(answer) } }
             case .storage(let id, let step):
                 self.executors[id]?.run(step)
                 if step.endsUpload { self.executors[id] = nil }

@@ -38,6 +38,21 @@ package struct RelayWork {
         }
     }
 
+    /// The relay's answer to PLAN (SPEC §7.2), read from the catalog off the event loop.
+    func plan(_ plan: Frame.Plan, _ account: Account, then answer: @escaping (Result<Frame.Room, UploadPolicy.Refusal>) -> Void) {
+        let services = self.services
+        services.threadPool.runIfActive(eventLoop: self.eventLoop) {
+            UploadPolicy(services: services).plan(account: account, plan: plan)
+        }.assumeIsolated().whenComplete { result in
+            switch result {
+            case .success(let room):
+                answer(room)
+            case .failure:
+                answer(.failure(UploadPolicy.Refusal(code: .internalError, message: "the relay is stopping; retry later", keepSession: true)))
+            }
+        }
+    }
+
     /// The lookup itself, blocking: the session's answer and, for an upload, its storage.
     package static func lookUp(
         _ open: Frame.Open, _ key: ObjectKey, _ account: Account, services: RelayServices, logger: Logger

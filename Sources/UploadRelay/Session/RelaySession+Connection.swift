@@ -101,6 +101,18 @@ extension RelaySession {
         )
     }
 
+    /// The catalog's answer to the agent's PLAN (SPEC §7.2): the ROOM, or the connection error that stands for it (the
+    /// account was revoked, the catalog could not be read).
+    package mutating func planAnswered(_ answer: Result<Frame.Room, UploadPolicy.Refusal>) -> [Action] {
+        guard !self.closed else { return [] }
+        switch answer {
+        case .success(let room):
+            return self.machine.sendRoom(room).map { self.write($0) } ?? []
+        case .failure(let refusal):
+            return self.failConnection(refusal.code, refusal.message)
+        }
+    }
+
     /// The channel is gone. Durable state stays in the catalog: the agent resumes on its next connection.
     package mutating func connectionClosed() -> [Action] {
         self.closed = true

@@ -80,6 +80,8 @@ package struct RelaySession {
         case lookUp(Frame.Open, ObjectKey, Account)
         /// Run a storage step of the stream's upload (write, sync, commit, release), then report its completion.
         case storage(StreamID, UploadPipeline.Action)
+        /// Answer the PLAN from the catalog (``UploadPolicy/plan(account:plan:)``), then call ``planAnswered(_:)``.
+        case plan(Frame.Plan, Account)
         /// Drop the unfinished session the OPEN named (it was cancelled while waiting for its key, SPEC §3.11).
         case discardSession(Frame.Open, ObjectKey, Account)
         case log(Logger.Level, String, Logger.Metadata)
@@ -143,7 +145,7 @@ package struct RelaySession {
         self.lastFrameAt = now
         self.machine = RelayConnectionStateMachine(
             limits: resources.settings.limits,
-            supportedFeatures: Frame.Features([.dedupProbe])
+            supportedFeatures: Frame.Features([.dedupProbe, .quotaPlan])
                 .union(resources.settings.allowDeflate ? [.deflate] : [])
                 .union(resources.settings.allowStripes ? [.stripes] : [])
         )
@@ -156,6 +158,10 @@ package struct RelaySession {
         switch action {
         case .none, .peerGoingAway:
             break
+        case .plan(let plan):
+            // The state machine lets a PLAN through only after WELCOME, when the account is known.
+            guard let account = self.account else { return self.failConnection(.internalError, "PLAN before authentication") }
+            actions.append(.plan(plan, account))
         case .authenticate(let hello):
             actions.append(.authenticate(hello))
         case .openUpload(let open, let key):

@@ -70,6 +70,14 @@ enum FrameJSON {
             f["last_stream_id"] = "\(g.lastStreamID.rawValue)"
             f["code"] = Self.code(g.code)
             f["message"] = g.message
+        case .plan(let p):
+            f["request"] = "\(p.request)"
+            f["entries"] = Self.list(p.entries.map { ["key": String(validating: $0.rawKey, as: UTF8.self) ?? "<invalid UTF-8>", "size": $0.size] })
+        case .room(let r):
+            f["request"] = "\(r.request)"
+            f["quota"] = r.quota.map { "\($0)" } ?? "none"
+            f["used"] = "\(r.used)"
+            f["needs"] = Self.list(r.needs)
         case .extension(let e):
             f["extension_type"] = "\(e.type.rawValue)"
             f["data"] = hex(e.data)
@@ -82,6 +90,16 @@ enum FrameJSON {
         code.isDefined ? code.name : "\(code.rawValue)"
     }
 
+    /// A list in one string: each element as ``stringify(_:)`` turns a value, objects as their fields sorted by name.
+    static func list(_ values: [Any]) -> String {
+        values.map { value -> String in
+            if let object = value as? [String: Any] {
+                return Self.stringify(object).sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: ",")
+            }
+            return Self.stringify(["v": value])["v"]!
+        }.joined(separator: "; ")
+    }
+
     /// A JSON object (from JSONSerialization) with every value turned into a string.
     static func stringify(_ object: [String: Any]) -> [String: String] {
         var out: [String: String] = [:]
@@ -91,6 +109,7 @@ enum FrameJSON {
             case let n as Int: out[key] = "\(n)"
             case let n as UInt64: out[key] = "\(n)"
             case let n as Double: out[key] = "\(UInt64(n))"
+            case let list as [Any]: out[key] = Self.list(list)
             default: out[key] = "\(value)"
             }
         }

@@ -23,7 +23,7 @@ enum RandomFrames {
 
     static func make(using rng: inout SeededGenerator) -> Frame {
         let digest = SHA1Digest(bytes: bytes(20, using: &rng))!
-        switch Int.random(in: 0..<14, using: &rng) {
+        switch Int.random(in: 0..<16, using: &rng) {
         case 0:
             return .hello(
                 Frame.Hello(
@@ -112,6 +112,20 @@ enum RandomFrames {
             return .ping(Frame.Ping(data: UInt64.random(in: 0...UInt64.max, using: &rng)))
         case 12:
             return .pong(Frame.Pong(data: UInt64.random(in: 0...UInt64.max, using: &rng)))
+        case 13:
+            let entries = (0..<Int.random(in: 0...20, using: &rng)).map { _ in
+                Frame.Plan.Entry(key: text(Int.random(in: 1...60, using: &rng), using: &rng), size: UInt64.random(in: 0...(1 << 62), using: &rng))
+            }
+            return .plan(Frame.Plan(request: UInt32.random(in: 0...UInt32.max, using: &rng), overwrite: Bool.random(using: &rng), entries: entries))
+        case 14:
+            let needs = (0..<Int.random(in: 0...20, using: &rng)).map { _ in UInt64.random(in: 0...(1 << 62), using: &rng) }
+            return .room(
+                Frame.Room(
+                    request: UInt32.random(in: 0...UInt32.max, using: &rng),
+                    quota: Bool.random(using: &rng) ? nil : UInt64.random(in: 0...(1 << 62), using: &rng),
+                    used: UInt64.random(in: 0...(1 << 62), using: &rng), needs: needs
+                )
+            )
         default:
             return .goAway(
                 Frame.GoAway(

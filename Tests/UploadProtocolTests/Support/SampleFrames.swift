@@ -49,6 +49,10 @@ enum SampleFrames {
         .ping(Frame.Ping(data: 0x0102_0304_0506_0708)),
         .pong(Frame.Pong(data: .max)),
         .goAway(Frame.GoAway(lastStreamID: 41, code: .noError, message: "relay shutting down")),
+        .plan(Frame.Plan(request: 1, overwrite: false, entries: [.init(key: "cam-7/a.jpg", size: 3_000_000), .init(key: "b", size: 0)])),
+        .plan(Frame.Plan(request: .max, overwrite: true, entries: [])),
+        .room(Frame.Room(request: 1, quota: 10 << 30, used: 9 << 30, needs: [3_000_000, 0])),
+        .room(Frame.Room(request: 2, quota: nil, used: 0, needs: [])),
         .extension(Frame.Extension(type: FrameType(rawValue: 0x80), flags: 0xFF, streamID: 3, data: buffer([1, 2, 3]))),
     ]
 }

@@ -1,0 +1,59 @@
+import Logging
+import UploadProtocol
+
+/// The answer to PLAN (SPEC §7.2): what uploading each blob of a selection would add to the account's quota use, by the
+/// rule that admits OPENs (``QuotaUse``), read once per PLAN. Blocking: runs on the I/O thread pool.
+extension UploadPolicy {
+    package func plan(account: Account, plan: Frame.Plan) -> Result<Frame.Room, Refusal> {
+        let catalog = self.services.catalog
+        do {
+            guard let current = try catalog.account(named: account.name), !current.revoked else {
+                return .failure(
+                    Refusal(code: .unauthenticated, message: "the token of account \"\(account.name)\" was revoked", keepSession: true)
+                )
+            }
+            let name = current.name
+            let active = self.services.claims.activeUploads(of: name)
+            let use = try catalog.quotaUse(account: name, excludingKey: "", active: active)
+            let used = Self.used(use)
+            let limits = self.services.configuration.limits
+            var needs: [UInt64] = []
+            needs.reserveCapacity(plan.entries.count)
+            for entry in plan.entries {
+                let size = Int64(entry.size)
+                guard let key = try? ObjectKey(validating: entry.rawKey, maxLength: limits.maxKeyLength, maxSegmentLength: limits.maxKeySegmentLength)
+                else {
+                    needs.append(entry.size)
+                    continue
+                }
+                let existing = try catalog.object(account: name, key: key.value)
+                if existing != nil && !plan.overwrite {
+                    // STORED, or ALREADY_EXISTS: neither adds.
+                    needs.append(0)
+                    continue
+                }
+                // What `used` counts for an unfinished or open upload of this key: its commit replaces it.
+                var held: Int64 = 0
+                let session = try catalog.session(account: name, key: key.value)
+                if active[key.value] != nil || session != nil {
+                    held = max(0, used - Self.used(try catalog.quotaUse(account: name, excludingKey: key.value, active: active)))
+                }
+                needs.append(UInt64(max(0, size - (existing?.size ?? 0) - held)))
+            }
+            return .success(
+                Frame.Room(request: plan.request, quota: current.quota.map { UInt64(max(0, $0)) }, used: UInt64(used), needs: needs)
+            )
+        } catch {
+            let logger = self.services.logger
+            logger.error("could not answer a PLAN", metadata: ["account": "\(account.name)", "error": "\(error)"])
+            return .failure(Refusal(code: .internalError, message: "the relay could not read its catalog to answer PLAN; retry later", keepSession: true))
+        }
+    }
+
+    /// Everything that counts against the quota, saturating at 2^62 (the wire's bound).
+    private static func used(_ use: QuotaUse) -> Int64 {
+        let (sum, overflow) = use.stored.addingReportingOverflow(use.committing)
+        let (total, overflow2) = sum.addingReportingOverflow(use.staged)
+        return overflow || overflow2 ? Int64(ProtocolLimits.maxBlobSize) : min(total, Int64(ProtocolLimits.maxBlobSize))
+    }
+}
