@@ -51,7 +51,7 @@ public struct RelayConfiguration: Sendable {
 
     /// The most connections at once; more are closed at accept.
     public var maxConnections: Int = 512
-    /// The most chunk bytes all connections together may make the relay hold (issue 6 finding 24). Each connection's
+    /// The most chunk bytes all connections together may make the relay hold. Each connection's
     /// window is a share of it: the configured ``ProtocolLimits/connectionWindow`` while the budget lasts, then a
     /// quarter of what is left, never less than ``minimumConnectionWindow``. Default 128 MiB: with 100 agents uploading 1 MiB
     /// files at once the relay peaked at 118 MiB resident (256 MiB: 141 to 150).
@@ -95,7 +95,7 @@ public struct RelayConfiguration: Sendable {
     public var stagingDirectory: String { self.dataDirectory + "/staging" }
 }
 
-/// Where an S3 store keeps objects, and how it signs (issue 10).
+/// Where an S3 store keeps objects, and how it signs.
 public struct S3StoreConfiguration: Sendable {
     public var endpoint: S3Endpoint
     public var credentials: S3Credentials
@@ -113,7 +113,7 @@ public struct S3StoreConfiguration: Sendable {
     }
 }
 
-/// Post-commit hooks (issue 10): a command, a URL, or both, given each committed object as JSON. Each event waits in
+/// Post-commit hooks: a command, a URL, or both, given each committed object as JSON. Each event waits in
 /// the catalog's outbox, queued by the commit's own transaction, until every hook took it: a failing or hung hook is
 /// retried (the delay doubling from ``retryDelay`` up to ``maxRetryDelay``) and logged, never lost, and never holds
 /// an upload up.
@@ -144,7 +144,8 @@ public struct CommitHooks: Sendable {
     }
 }
 
-/// The read-only HTTPS endpoint an app polls for its account's uploads (issue 10, "in progress" visible to others):
+/// The read-only HTTPS endpoint an app polls for its account's uploads (those in progress too, visible to the account's
+/// other clients):
 /// `GET /v1/status?key=KEY` or `?prefix=P`, with the account's token as `Authorization: Bearer TOKEN`. It serves the
 /// relay's certificate, and reads the catalog, so every relay sharing one answers for every upload.
 public struct StatusEndpoint: Sendable {

@@ -155,7 +155,7 @@ public enum RelayRuntime {
         }
     }
 
-    /// Settles what a crash interrupted (issue 6 finding 12): a commit between its quota reservation and its record is
+    /// Settles what a crash interrupted: a commit between its quota reservation and its record is
     /// recorded when the store holds its verified bytes, and given up otherwise. At startup (`objects`), a recorded
     /// object whose file is gone is also forgotten, and its bytes given back to the quota. While the relay runs it
     /// settles commits left pending by a failure, under their key.

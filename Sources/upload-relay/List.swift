@@ -3,7 +3,8 @@ import Foundation
 import UploadCommandLine
 import UploadRelay
 
-/// `upload-relay ls`: what the catalog holds, stored and under way (issue 10's "in progress visible to others").
+/// `upload-relay ls`: what the catalog holds, stored and under way (uploads in progress are visible to every client of
+/// the account).
 struct ListCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "ls",

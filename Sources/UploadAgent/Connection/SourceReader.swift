@@ -118,7 +118,8 @@ enum SourceReader {
             if !source.isSeekable && data.readableBytes < limit { break }
         }
         if batch.ended, let change = source.changeSinceOpen() {
-            // Never commit a mix of two versions (issue 6, finding 8): the relay discards what it staged.
+            // Never commit a mix of two versions (the file changed while it was read): the relay discards what it
+            // staged.
             throw SourceError(change)
         }
         return batch

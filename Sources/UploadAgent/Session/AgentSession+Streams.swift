@@ -89,7 +89,7 @@ extension AgentSession {
             // With several connections a large file goes in stripes, one stream each, on whichever connection is free:
             // one TCP connection is held to its window per round trip (SPEC §6.7). Whether a file is striped depends on
             // the file, the agent's connections and the relay alone, never on what else runs: a resumed session whose
-            // striping differs is discarded (soak seed 1488301500 round 32 re-sent 88 MB). A main stream waits for its
+            // striping differs is discarded, and its bytes sent again. A main stream waits for its
             // stripes holding a stream, and mains in every stream a relay allows would wait for stripes that can never
             // open (a directory of large videos): one striped upload per connection at a time, the next waits for it
             // while the connection carries other files, and only where the relay allows a stream beside it.
@@ -176,7 +176,7 @@ extension AgentSession {
     }
 
     /// A prefix hash ended. It took one of the reads in flight: the other streams go on in turn, or one that wanted to
-    /// read meanwhile would wait for an event that may never come (a stripe gets no ACK; soak seed 649671024 round 1).
+    /// read meanwhile would wait for an event that may never come (a stripe gets no ACK).
     mutating func prefixHashed(_ id: StreamID, _ result: Result<SHA1, any Error>) -> [Action] {
         guard var sender = self.senders[id] else { return self.pumpAll() }
         sender.reading = false
@@ -203,7 +203,7 @@ extension AgentSession {
     // MARK: Sending
 
     /// Reads as much as credit allows, then HASH at the end. Each read first reserves its credit in the state machine,
-    /// so reads of several streams planned at once never count on the same bytes (issue 6, finding 1).
+    /// so reads of several streams planned at once never count on the same bytes.
     mutating func pump(_ id: StreamID) -> [Action] {
         guard !self.closed, self.writable, self.readsInFlight < max(1, self.configuration.maxReadsInFlight),
             var sender = self.senders[id], sender.started, !sender.reading, !sender.hashSent,

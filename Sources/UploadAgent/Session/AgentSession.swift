@@ -182,7 +182,7 @@ struct AgentSession {
                 self.outcome.fatal = !self.machine.isClosed && self.machine.terms == nil
                 self.outcome.code = untrusted ? UploadResult.ErrorCode.tlsUntrusted : UploadResult.ErrorCode.tlsHandshake
             case .hostnameMismatch(let text):
-                // Not transient: retrying cannot change what the certificate names (issue 6 finding 22).
+                // Not transient: retrying cannot change what the certificate names.
                 let asked = self.configuration.serverName ?? self.configuration.relayHost
                 self.outcome.reason =
                     "TLS: the relay's certificate is not valid for \"\(asked)\" (\(text)); connect by a name or address it holds, pass --server-name NAME with the name it holds, or, for a --dev relay, restart it with --dev-host \(asked)"

@@ -194,8 +194,8 @@ public final class QueueRunner: Sendable {
         }) else { return }
         self.hold("pause", try self.store.isPaused() ? "paused (upload-agent resume lets uploads go on)" : nil)
         // On the journal's queue, as every load: a load that read the rows before a job's end was written, and looked at
-        // the jobs after that write, took the finished row for a new one and uploaded it again (soak seed 414290630
-        // round 16: a `send --connections 2` reported a key twice).
+        // the jobs after that write, took the finished row for a new one and uploaded it again (a `send --connections 2`
+        // reported a key twice).
         try self.journal.onQueueAndWait { try self.load() }
     }
 

@@ -59,8 +59,8 @@ final class JobQueue: Sendable {
     private let listeners = NIOLockedValueBox<[ObjectIdentifier: Listener]>([:])
 
     /// The closure, held in a class: a closure stored directly in the generic box is re-wrapped in two conversion
-    /// thunks at every locked access, and the chain grew until releasing it overflowed the stack (soak seed 5511
-    /// round 16: SIGSEGV at exit after 1,817 files).
+    /// thunks at every locked access, and the chain grew until releasing it overflowed the stack (a SIGSEGV at
+    /// exit after some 1,800 files).
     private final class Listener: Sendable {
         let call: @Sendable () -> Void
         init(_ call: @escaping @Sendable () -> Void) { self.call = call }

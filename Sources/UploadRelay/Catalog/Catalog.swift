@@ -48,7 +48,7 @@ public struct Account: Hashable, Sendable {
     }
 }
 
-/// How much of an account's quota is taken, and by what (SPEC §7, issue 6 findings 3 and 4).
+/// How much of an account's quota is taken, and by what (SPEC §7).
 public struct QuotaUse: Hashable, Sendable {
     /// The account's quota; nil means no limit.
     public var quota: Int64?
@@ -126,10 +126,10 @@ public struct UploadSession: Hashable, Sendable {
 ///
 /// A session left behind (the agent stopped or was killed) holds its durable bytes; one whose upload is open now will
 /// hold what it announced. Counting left-behind sessions by what they announced would let a killed run's sessions
-/// refuse its own re-run (soak seed 327). A session that will replace an object counts only what it adds to it, as its
-/// commit will: counting a re-sent 17 MB stdin whole refused small files that fitted (soak seed 424242 round 21). Open
+/// refuse its own re-run. A session that will replace an object counts only what it adds to it, as its
+/// commit will: counting a re-sent 17 MB stdin whole refused small files that fitted. Open
 /// uploads with no session yet (recorded by their first durable sync) hold what they announced; one whose commit is
-/// under way is counted by it, not twice (soak seed 328 round 4).
+/// under way is counted by it, not twice.
 struct StagedBytes {
     private(set) var total: Int64 = 0
     /// Uploads open now that no session row accounted for: key → bytes announced.
@@ -251,7 +251,7 @@ public struct PendingCommit: Hashable, Sendable {
     }
 }
 
-/// A committed object waiting for its post-commit hooks (the outbox, issue 10): queued by the commit's own
+/// A committed object waiting for its post-commit hooks (the outbox): queued by the commit's own
 /// transaction, so never lost; gone once every hook took it.
 public struct CommitEvent: Hashable, Sendable {
     public var id: Int64
@@ -364,12 +364,12 @@ public protocol Catalog: Sendable {
     /// ``quotaUse(account:excludingKey:active:)``, and, when `growth` fits what is left, the announced size held for the
     /// upload, in one decision per account. A catalog several relays share counts there what the uploads open on the
     /// other relays announced, and records this one's for them, held while this relay holds the key's lock
-    /// (``keyLocks``): two relays can never both admit what only one fits (issue 10). The caller refuses when `growth`
+    /// (``keyLocks``): two relays can never both admit what only one fits. The caller refuses when `growth`
     /// exceeds the answer's ``QuotaUse/left``.
     func admit(account: String, key: String, announced: Int64, growth: Int64, active: [String: Int64]) throws -> QuotaUse
 
     /// Reserves the quota a commit needs and records it as under way, in one transaction, so that two commits of
-    /// one account can never both pass the check (issue 6 finding 3). Throws
+    /// one account can never both pass the check. Throws
     /// ``CatalogError/quotaExceeded(account:needed:quota:used:)``. Call before the store makes the object visible.
     func beginCommit(_ commit: PendingCommit) throws
     /// The store made the object visible: records it with its identity, charges the quota, forgets the commit and

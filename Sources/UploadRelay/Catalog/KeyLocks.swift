@@ -6,7 +6,7 @@ public struct KeyLock: Hashable, Sendable {
     var generation: Int
 }
 
-/// Locks on keys that hold across every relay sharing one catalog (issue 10): an upload of a key runs on one relay at
+/// Locks on keys that hold across every relay sharing one catalog: an upload of a key runs on one relay at
 /// a time whichever relay the agent reached, and housekeeping (recovery, expiry) never touches what another relay's
 /// upload holds. A lock is released by its holder, or when the holder's relay dies (its database connection drops);
 /// never by a timeout alone.

@@ -4,7 +4,7 @@ import NIOCore
 import NIOSSL
 import PostgresNIO
 
-/// The catalog several relays share (`--catalog postgres://USER:PASSWORD@HOST:PORT/DATABASE`, issue 10): the tables,
+/// The catalog several relays share (`--catalog postgres://USER:PASSWORD@HOST:PORT/DATABASE`): the tables,
 /// rules and answers of ``SQLiteCatalog``, in PostgreSQL through postgres-nio.
 ///
 /// - Schema versions are those of the SQLite catalog (`upload_schema` records them); a new relay migrates under an

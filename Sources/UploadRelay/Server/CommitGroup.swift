@@ -2,7 +2,7 @@ import NIOConcurrencyHelpers
 import NIOPosix
 import UploadProtocol
 
-/// Group commit (issue 9): the commits of many uploads, from any connection, made durable together. A commit that
+/// Group commit: the commits of many uploads, from any connection, made durable together. A commit that
 /// arrives while a group is under way waits for the next group; each group is one trip to the I/O thread pool, one
 /// catalog transaction to reserve, one fsync per directory, one transaction to record (``UploadPolicy/commit(_:)``).
 /// Nothing waits for a group to fill: when commits come one at a time, each is a group of one, as fast as before.

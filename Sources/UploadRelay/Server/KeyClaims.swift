@@ -6,7 +6,7 @@ import NIOConcurrencyHelpers
 /// ERROR or OFFSET STORED sent, CANCEL or ERROR received, connection gone) while its cleanup (closing the staging
 /// file, dropping a session) still runs. An OPEN of an active key is answered KEY_BUSY; an OPEN of a closing key
 /// waits for the cleanup instead, so an agent never sees KEY_BUSY for a stream it already saw end
-/// (SPEC §11, issue 6 finding 16).
+/// (SPEC §11).
 ///
 /// With a catalog that several relays share, a claim also takes the key's lock across relays (``KeyLocks``) before its
 /// upload looks at anything (``lockAcrossRelays(account:key:)``, on the I/O pool), and lets it go on release.

@@ -65,7 +65,8 @@ final class RelayConnectionHandler: ChannelInboundHandler {
         self.processFrames()
     }
 
-    /// Runs the frames held while the connection can take their answers (issue 6 finding 7).
+    /// Runs the frames held while the connection can take their answers: a peer that never reads cannot make the relay
+    /// buffer answers without bound.
     private func processFrames() {
         guard let context = self.context else { return }
         while context.channel.isWritable, let actions = self.session.nextFrame(now: .now()) {

@@ -238,8 +238,9 @@ public final class RelayServer: Service, Sendable {
         logger.info("upload-relay stopped")
     }
 
-    /// Every ``RelayConfiguration/maintenanceInterval``: connections of newly revoked accounts close (issue 6 finding 6),
-    /// and sessions past their expiry go (finding 4), except those whose key an upload holds right now.
+    /// Every ``RelayConfiguration/maintenanceInterval``: connections of newly revoked accounts close (a revoked token
+    /// must not keep uploading on a connection it opened before), and sessions past their expiry go (they would hold
+    /// quota and staging space for good), except those whose key an upload holds right now.
     private func startMaintenance() -> (task: RepeatedTask, loop: any EventLoop) {
         let services = self.services
         let interval = TimeAmount(services.configuration.maintenanceInterval)
@@ -391,7 +392,7 @@ public struct RelayShutdownEvent: Sendable {
     public init() {}
 }
 
-/// The token of `account` was revoked: its connections close (issue 6 finding 6).
+/// The token of `account` was revoked: its connections close, rather than upload on under a token no longer valid.
 /// The relay's key locks across relays were lost: connections with uploads close.
 struct RelayKeyLocksLostEvent: Sendable {}
 

@@ -1,6 +1,7 @@
 import NIOConcurrencyHelpers
 
-/// A relay-wide budget of one resource, shared by every connection (issue 6 findings 19 and 24).
+/// A relay-wide budget of one resource (chunk memory, open uploads), shared by every connection, so that many
+/// connections together cannot take more than the relay was given.
 ///
 /// Memory: each connection's window (SPEC §5.1) is the most chunk bytes it may make the relay hold, so the relay
 /// grants windows from a budget: a new connection gets the configured window while the budget lasts, then a quarter

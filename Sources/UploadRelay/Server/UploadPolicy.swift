@@ -96,7 +96,7 @@ package struct UploadPolicy {
     }
 
     /// The catalog's object for `key`, when the file the store holds is still the one the relay committed (never
-    /// vouch for bytes by their size alone: issue 6 finding 2).
+    /// vouch for bytes by their size alone: a file replaced behind the relay's back may have the same size).
     static func verifiedObject(_ object: StoredObject?, services: RelayServices) throws -> StoredObject? {
         guard let object, let identity = object.identity, let key = try? ObjectKey(validating: object.key) else { return nil }
         return try services.store.identity(of: key, account: object.account) == identity ? object : nil
@@ -108,7 +108,8 @@ package struct UploadPolicy {
         let name = account.name
         let size = open.size.map { Int64($0) }
         if self.services.claims.acrossRelays {
-            // One relay at a time uploads a key, whichever relay the agent reached (issue 10).
+            // One relay at a time uploads a key, whichever relay the agent reached: two would stage and commit it
+            // twice.
             guard try self.services.claims.lockAcrossRelays(account: name, key: key.value) else {
                 return .refuse(.keyBusy, "another relay has an upload of \"\(key)\" in progress; retry when it ends")
             }
@@ -188,16 +189,16 @@ package struct UploadPolicy {
         let use = try claims.admitting(account: name) { active in
             let use = try catalog.admit(account: name, key: key.value, announced: size ?? 0, growth: growth, active: active)
             // Counted by the OPENs of the account's other keys while this one is open, session recorded or not. Only
-            // once admitted: a refused upload's size, counted until its stream closed, refused uploads that fitted
-            // beside it (soak seed 414290630 round 16: 333 files of a clean re-run refused after one too large for
-            // the quota).
+            // once admitted: a refused upload's size, counted until its stream closed, would refuse uploads that fit
+            // beside it (a re-run's every file refused after one too large for the quota).
             if growth <= use.left { claims.announce(KeyClaims.name(account: name, key: key.value), size: size ?? 0) }
             return use
         }
         if growth > use.left {
             return .refuse(.quotaExceeded, use.refusal(account: name, needed: growth))
         }
-        // Saturating: with no quota `left` is Int64.max (issue 6 soak finding: the wrapped sum refused re-sent stdin).
+        // Saturating: with no quota `left` is Int64.max, and a wrapped sum would refuse a re-sent stream of unknown
+        // size.
         let room = use.left > Int64.max - (existing?.size ?? 0) ? Int64.max : use.left + (existing?.size ?? 0)
         let byteLimit = size == nil ? min(self.services.configuration.maxBlobSize, room) : nil
         if let session = try catalog.session(account: name, key: key.value) {

@@ -30,7 +30,7 @@ extension RelaySession {
 
     /// Decodes and handles the next whole frame held; nil when there is none (or the connection is closed). The handler
     /// calls it only while the connection can take the answers: a peer that does not read what the relay writes is not
-    /// read either (issue 6 finding 7).
+    /// read either: a peer that never reads cannot make the relay buffer answers without bound.
     package mutating func nextFrame(now: NIODeadline) -> [Action]? {
         guard self.alpnAccepted, !self.closed else { return nil }
         let frame: Frame?
@@ -49,7 +49,7 @@ extension RelaySession {
     }
 
     /// Reading paused (no whole frame left, or the connection is not writable): a frame left half-received starts the
-    /// frame timeout, so a trickled frame does not keep a connection alive (issue 6 finding 15).
+    /// frame timeout, so a trickled frame does not keep a connection alive.
     package mutating func readingPaused(now: NIODeadline) -> [Action] {
         guard self.reader.hasPartialFrame else {
             self.frameStartedAt = nil
@@ -77,7 +77,7 @@ extension RelaySession {
         }
     }
 
-    /// The account's token was revoked: its connections close (issue 6 finding 6).
+    /// The account's token was revoked: its connections close, rather than upload on under a token no longer valid.
     mutating func accountRevoked(_ name: String) -> [Action] {
         guard name == self.account?.name else { return [] }
         return self.failConnection(.unauthenticated, "the token of account \"\(name)\" was revoked (ask the relay operator for a new one)")
@@ -136,7 +136,7 @@ extension RelaySession {
         switch result {
         case .success(let account?) where !account.revoked:
             self.account = account
-            // The connection window is this connection's share of the relay's memory budget (finding 24).
+            // The connection window is this connection's share of the relay's memory budget.
             let configuration = self.resources.settings
             self.grantedWindow = self.resources.memory.share(
                 preferred: configuration.limits.connectionWindow,

@@ -33,7 +33,8 @@ extension RelaySession {
         case .claimed:
             break
         }
-        // Each open upload holds a descriptor for its staging file: past the budget, refuse before opening one (finding 19).
+        // Each open upload holds a descriptor for its staging file: past the budget, refuse before opening one, so that
+        // connections together never run the relay out of descriptors.
         guard self.resources.uploadSlots.take(1) else {
             self.resources.claims.release(claim)
             let message = "the relay has \(self.resources.uploadSlots.total) uploads open, its limit (file descriptors); retry shortly"

@@ -5,13 +5,13 @@ import UploadProtocol
 /// returns on the I/O thread pool and feeds their completions back.
 ///
 /// Work runs one piece at a time, in order. Durability comes before more writes, so what is consumed (and its credit
-/// returned) never runs ahead of what is durable by more than the sync batch plus one write batch (issue 6 finding 23).
+/// returned) never runs ahead of what is durable by more than the sync batch plus one write batch.
 package struct UploadPipeline {
     private enum Phase: Hashable {
         /// The stream is open: events flow to the connection.
         case open
         /// The stream has ended on the wire. With `keep`, the bytes received are still written and made durable (so a
-        /// resume re-sends nothing the relay already took, issue 6 finding 20), then the upload is released; without,
+        /// resume re-sends nothing the relay already took), then the upload is released; without,
         /// the session and its staged bytes are dropped.
         case ending(keep: Bool)
         /// Staging file closed, key given back (or being given back).

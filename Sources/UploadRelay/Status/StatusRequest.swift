@@ -1,8 +1,8 @@
 import Foundation
 import UploadProtocol
 
-/// A request to the status endpoint (issue 10: "in progress" visible to others), read from its method, URI and
-/// `Authorization` headers alone, with no I/O: what ``StatusResponder`` answers.
+/// A request to the status endpoint (an account's uploads in progress, visible to its other clients), read from its
+/// method, URI and `Authorization` headers alone, with no I/O: what ``StatusResponder`` answers.
 ///
 /// - `GET /v1/status?key=KEY`: that key of the token's account.
 /// - `GET /v1/status?prefix=P&after=K&limit=N`: a page of its keys starting with P (all when absent), in the UTF-8

@@ -16,8 +16,8 @@ import UploadS3
 /// Objects in an S3-compatible bucket (`--store s3://BUCKET/PREFIX`): the object for key K of account A is
 /// `s3://BUCKET/PREFIX/A/K`.
 ///
-/// **Staging is the multipart upload itself** (issue 10). The bytes since the last part wait in a local spool file
-/// (never in memory, never synced: nothing in it was acknowledged); a sync with at least a part's worth uploads them
+/// **Staging is the multipart upload itself**, so that another relay sharing the bucket can resume it. The bytes since
+/// the last part wait in a local spool file (never in memory, never synced: nothing in it was acknowledged); a sync with at least a part's worth uploads them
 /// as the next part, and only then does the session record its offset and SHA-1 state (the part boundary), so an ACK
 /// means the bytes are in an uploaded part. A sync with less keeps them back whole (``StagingFile/sync(through:)``).
 /// Once it holds a part, the staging's name carries its upload id and key (`mpu.<hex id>.<hex key>`), recorded with the
