@@ -197,3 +197,61 @@ def test_revoked_account_live_connection(relay):
     c2 = relay.connect()
     c2.hello(token=tok, expect_welcome=False)
     c2.expect_conn_error("UNAUTHENTICATED")
+
+
+# -- quota plans (PLAN and ROOM, SPEC §3.15, §3.16, §7.2)
+
+QUOTA_PLAN = 0x08
+
+
+def plan_frame(request, entries, flags=0):
+    import struct
+    from agentlib import frame, s16
+    body = struct.pack(">IH", request, len(entries)) + b"".join(s16(k) + struct.pack(">Q", n) for k, n in entries)
+    return frame(0x0F, flags, 0, body)
+
+
+def test_plan_answers_from_the_account_alone(relay):
+    """ROOM counts only the asking account: another account's object under the same key adds nothing to it."""
+    a, b = acct("pa"), acct("pb")
+    ta, tb = relay.add_account(a, quota="100K"), relay.add_account(b, quota="100K")
+    ca = relay.session(token=ta, features=1 | QUOTA_PLAN)
+    assert ca.welcome["features"] & QUOTA_PLAN, ca.welcome
+    assert attempt(ca, 1, "same", pattern(40 * 1024, 61))["type"] == "RESULT"
+    cb = relay.session(token=tb, features=1 | QUOTA_PLAN)
+    cb.send(plan_frame(7, [(b"same", 40 * 1024), (b"new", 10)]))
+    f = cb.next_frame(5.0, lambda x: x["type"] in ("ROOM", "ERROR"))
+    assert f["type"] == "ROOM" and f["request"] == 7, f
+    assert f["quota"] == 100 * 1024 and f["used"] == 0 and f["needs"] == [40 * 1024, 10], f
+    ca.send(plan_frame(8, [(b"same", 40 * 1024), (b"same", 50 * 1024)]))
+    f = ca.next_frame(5.0, lambda x: x["type"] in ("ROOM", "ERROR"))
+    assert f["type"] == "ROOM" and f["used"] == 40 * 1024 and f["needs"] == [0, 0], f
+
+
+def test_plan_pipelined_or_unoffered_is_a_protocol_error(relay):
+    """One PLAN at a time (the relay holds at most one per connection), and none without QUOTA_PLAN in force."""
+    tok = relay.add_account(acct("pp"))
+    c = relay.session(token=tok, features=1 | QUOTA_PLAN)
+    # Both in one TLS record, so that the relay reads the second before it could have answered the first.
+    c.send(plan_frame(1, [(b"a.jpg", 1)]) + plan_frame(2, [(b"b.jpg", 2)]))
+    c.expect_conn_error("PROTOCOL_ERROR")
+    plain = relay.session(token=tok, features=1)
+    assert not plain.welcome["features"] & QUOTA_PLAN
+    plain.send(plan_frame(1, []))
+    plain.expect_conn_error("PROTOCOL_ERROR")
+    assert relay.alive()
+
+
+def test_plans_in_turn_are_answered_in_order(relay):
+    """PLANs of the most entries, one after the other, each answered before the next is sent: the relay keeps up."""
+    tok = relay.add_account(acct("pt"), quota="1G")
+    c = relay.session(token=tok, features=1 | QUOTA_PLAN)
+    for request in range(20):
+        c.send(plan_frame(request, [(f"k/{request}/{i}".encode(), 1000) for i in range(1000)]))
+        f = c.next_frame(10.0, lambda x: x["type"] in ("ROOM", "ERROR"))
+        assert f["type"] == "ROOM" and f["request"] == request and f["needs"] == [1000] * 1000, describe_short(f)
+    assert relay.alive()
+
+
+def describe_short(f):
+    return {k: (v if not isinstance(v, list) else f"[{len(v)} items]") for k, v in f.items()}
