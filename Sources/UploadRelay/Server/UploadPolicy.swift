@@ -102,11 +102,11 @@ package struct UploadPolicy {
         return try services.store.identity(of: key, account: object.account) == identity ? object : nil
     }
 
+    /// OPEN as facts, plan, execution: the key claimed across relays and any commit of it left undecided settled, the
+    /// facts read in one pass (``facts(_:key:account:)``), the decision taken by ``OpenPlanner`` alone, and carried out
+    /// here (a copy linked from a twin, the quota and disk space admitted, a session resumed or started).
     private func openThrowing(account: Account, open: Frame.Open, key: ObjectKey, promised: inout String?) throws -> OpenDecision {
-        let catalog = self.services.catalog
-        let store = self.services.store
         let name = account.name
-        let size = open.size.map { Int64($0) }
         if self.services.claims.acrossRelays {
             // One relay at a time uploads a key, whichever relay the agent reached: two would stage and commit it
             // twice.
@@ -114,114 +114,162 @@ package struct UploadPolicy {
                 return .refuse(.keyBusy, "another relay has an upload of \"\(key)\" in progress; retry when it ends")
             }
         }
-        // A commit left undecided (the store's answer lost, as S3's to a CompleteMultipartUpload that took effect; or a
-        // relay that died, here or elsewhere): settled now, under the key, before the upload looks at the key's object
-        // and session. Otherwise the resume found its multipart upload completed, started over, and the new commit met
-        // the object it had made (a 412). A store that still does not answer refuses the OPEN for now.
+        if let stored = try self.settleUndecidedCommits(open: open, key: key, account: name) {
+            return stored
+        }
+        var facts = try self.facts(open, key: key, account: name)
+        while true {
+            switch OpenPlanner.plan(open, key: key, facts) {
+            case .stored(let size):
+                return .stored(size: size)
+            case .refuse(let code, let message):
+                return .refuse(code, message)
+            case .confirm:
+                return .confirm
+            case .duplicate(let twins):
+                if let stored = try self.duplicate(twins, open: open, key: key, account: name) {
+                    return stored
+                }
+                // None could be linked (each file changed since it was verified): decide again without them.
+                facts.twins = []
+            case .upload(let upload):
+                return try self.startUpload(upload, open: open, key: key, account: name, promised: &promised)
+            }
+        }
+    }
+
+    /// A commit of the key left undecided (the store's answer lost, as S3's to a CompleteMultipartUpload that took
+    /// effect; or a relay that died, here or elsewhere): settled now, under the key, before the upload looks at the
+    /// key's object and session. Otherwise the resume found its multipart upload completed, started over, and the new
+    /// commit met the object it had made (a 412). A store that still does not answer refuses the OPEN for now (throws).
+    /// STORED when the upload this OPEN resumes is the one whose commit took effect (the agent heard STORAGE_ERROR, S3's
+    /// answer lost after it completed): never started over from 0, which would re-send the whole blob and drop its
+    /// acknowledged bytes (SPEC §6.2).
+    private func settleUndecidedCommits(open: Frame.Open, key: ObjectKey, account name: String) throws -> OpenDecision? {
+        let catalog = self.services.catalog
         for commit in try catalog.pendingCommits() where commit.account == name && commit.key == key.value {
             let committing = try commit.sessionID.flatMap { id in try catalog.session(account: name, key: key.value).flatMap { $0.id == id ? $0 : nil } }
-            let recorded = try RelayRuntime.settle(commit, catalog: catalog, store: store, logger: self.services.logger)
-            // The upload this OPEN resumes is the one whose commit took effect (the agent heard STORAGE_ERROR, S3's
-            // answer lost after it completed): STORED, never started over from 0, which would re-send the whole blob and
-            // drop its acknowledged bytes (SPEC §6.2).
-            if recorded, let committing, Self.resumes(open, committing, size: size), open.sha1.map({ $0.hex == commit.sha1 }) ?? true {
+            let recorded = try RelayRuntime.settle(commit, catalog: catalog, store: self.services.store, logger: self.services.logger)
+            if recorded, let committing, OpenPlanner.resumes(open, committing), open.sha1.map({ $0.hex == commit.sha1 }) ?? true {
                 return .stored(size: UInt64(commit.size))
             }
         }
-        if let size, size > self.services.configuration.maxBlobSize {
-            return .refuse(.tooLarge, "\(size) bytes is larger than this relay's limit of \(self.services.configuration.maxBlobSize)")
+        return nil
+    }
+
+    /// What ``OpenPlanner`` decides from, read in one pass: the store's view of the key, its object (verified when OPEN
+    /// states a SHA-1), the verified twins with OPEN's bytes, a PROBE's match, and the key's unfinished upload.
+    private func facts(_ open: Frame.Open, key: ObjectKey, account name: String) throws -> OpenFacts {
+        let catalog = self.services.catalog
+        let size = open.size.map { Int64($0) }
+        var facts = OpenFacts(maxBlobSize: self.services.configuration.maxBlobSize, syncBytes: self.services.configuration.syncBytes)
+        if let size, size > facts.maxBlobSize {
+            return facts
         }
-        if let conflict = try store.conflict(for: key, account: name) {
-            return .refuse(.invalidKey, conflict)
-        }
-        let existing = try catalog.object(account: name, key: key.value)
+        facts.conflict = try self.services.store.conflict(for: key, account: name)
+        facts.existing = try catalog.object(account: name, key: key.value)
         if let sha1 = open.sha1, let size {
-            if let verified = try Self.verifiedObject(existing, services: self.services), verified.size == size, verified.sha1 == sha1.hex {
-                return .stored(size: UInt64(size))
-            }
-            if existing != nil && !open.overwrite {
-                return .refuse(.alreadyExists, Self.alreadyExists(key))
-            }
-            // Dedup within the account: the bytes are here already, verified by this relay.
-            for twin in try catalog.object(account: name, size: size, sha1: sha1.hex) where twin.key != key.value {
-                guard let twinKey = try? ObjectKey(validating: twin.key), let expected = twin.identity,
-                    try Self.verifiedObject(twin, services: self.services) != nil
-                else {
-                    continue
+            facts.existingVerified = try Self.verifiedObject(facts.existing, services: self.services) != nil
+            let holdsThem = facts.existingVerified && facts.existing?.size == size && facts.existing?.sha1 == sha1.hex
+            // Twins only where the planner can use them: a key holding these bytes, or other bytes without OVERWRITE,
+            // is decided without (and an OPEN of a photo already stored costs no search of the account's objects).
+            let twinsMatter = !holdsThem && (facts.existing == nil || open.overwrite)
+            if twinsMatter {
+                for twin in try catalog.object(account: name, size: size, sha1: sha1.hex)
+                where twin.key != key.value && twin.identity != nil && (try? ObjectKey(validating: twin.key)) != nil {
+                    if try Self.verifiedObject(twin, services: self.services) != nil { facts.twins.append(twin) }
                 }
-                let commit = PendingCommit(
-                    account: name, key: key.value, size: size, sha1: sha1.hex, sessionID: nil, probeSHA1: twin.probeSHA1,
-                    location: try self.eventLocation(key, account: name)
-                )
-                try catalog.beginCommit(commit)
-                let identity: ObjectIdentity
-                do {
-                    // The twin is not claimed: the store links it only if it is still the file verified above.
-                    identity = try store.duplicate(twinKey, expected: expected, as: key, account: name)
-                } catch let error as StoreError where error.madeVisible {
-                    throw error
-                } catch {
-                    try? catalog.abandonCommit(account: name, key: key.value)
-                    if error is StoreError { continue }
-                    throw error
-                }
-                try catalog.finishCommit(commit, identity: identity)
-                self.eventsQueued(commit.location != nil)
-                if let session = try catalog.session(account: name, key: key.value) {
-                    try store.removeStaging(session.stagingName)
-                    try catalog.deleteSession(id: session.id)
-                }
-                return .stored(size: UInt64(size))
             }
         }
         if let probe = open.probe, let size {
             // Any object that may hold these bytes, verified by this relay as in the SHA-1 case: the agent confirms.
             let candidates = try catalog.probeCandidates(account: name, size: size, probe: probe.hex)
-            if try candidates.contains(where: { try Self.verifiedObject($0, services: self.services) != nil }) {
-                return .confirm
-            }
-            if existing != nil && !open.overwrite {
-                return .refuse(.alreadyExists, Self.alreadyExists(key))
-            }
+            facts.probeMatched = try candidates.contains { try Self.verifiedObject($0, services: self.services) != nil }
         }
-        let growth = (size ?? 0) - (existing?.size ?? 0)
+        facts.session = try catalog.session(account: name, key: key.value)
+        if let session = facts.session, let sha1 = try? SHA1(importing: session.sha1State) {
+            facts.sessionHashUsable = sha1.byteCount == UInt64(session.durableOffset)
+        }
+        return facts
+    }
+
+    /// Links a copy of the first of `twins` whose file is still the one verified under the key, committed as any
+    /// upload is (quota reserved, then recorded); the key's unfinished upload goes. Nil when none could be linked.
+    private func duplicate(_ twins: [StoredObject], open: Frame.Open, key: ObjectKey, account name: String) throws -> OpenDecision? {
+        let (catalog, store) = (self.services.catalog, self.services.store)
+        guard let sha1 = open.sha1, let size = open.size.map({ Int64($0) }) else { return nil }
+        for twin in twins {
+            guard let twinKey = try? ObjectKey(validating: twin.key), let expected = twin.identity else { continue }
+            let commit = PendingCommit(
+                account: name, key: key.value, size: size, sha1: sha1.hex, sessionID: nil, probeSHA1: twin.probeSHA1,
+                location: try self.eventLocation(key, account: name)
+            )
+            try catalog.beginCommit(commit)
+            let identity: ObjectIdentity
+            do {
+                // The twin is not claimed: the store links it only if it is still the file verified above.
+                identity = try store.duplicate(twinKey, expected: expected, as: key, account: name)
+            } catch let error as StoreError where error.madeVisible {
+                throw error
+            } catch {
+                try? catalog.abandonCommit(account: name, key: key.value)
+                if error is StoreError { continue }
+                throw error
+            }
+            try catalog.finishCommit(commit, identity: identity)
+            self.eventsQueued(commit.location != nil)
+            if let session = try catalog.session(account: name, key: key.value) {
+                try store.removeStaging(session.stagingName)
+                try catalog.deleteSession(id: session.id)
+            }
+            return .stored(size: UInt64(size))
+        }
+        return nil
+    }
+
+    /// The upload `plan` decided: admitted against the quota (the announced size held for it while it is open), then
+    /// resumed when its staging still holds its durable bytes, else started over; disk space promised to it.
+    private func startUpload(
+        _ plan: OpenUpload, open: Frame.Open, key: ObjectKey, account name: String, promised: inout String?
+    ) throws -> OpenDecision {
+        let (catalog, store) = (self.services.catalog, self.services.store)
+        let size = open.size.map { Int64($0) }
         let claims = self.services.claims
         let use = try claims.admitting(account: name) { active in
-            let use = try catalog.admit(account: name, key: key.value, announced: size ?? 0, growth: growth, active: active)
+            let use = try catalog.admit(account: name, key: key.value, announced: size ?? 0, growth: plan.growth, active: active)
             // Counted by the OPENs of the account's other keys while this one is open, session recorded or not. Only
             // once admitted: a refused upload's size, counted until its stream closed, would refuse uploads that fit
             // beside it (a re-run's every file refused after one too large for the quota).
-            if growth <= use.left { claims.announce(KeyClaims.name(account: name, key: key.value), size: size ?? 0) }
+            if plan.growth <= use.left { claims.announce(KeyClaims.name(account: name, key: key.value), size: size ?? 0) }
             return use
         }
-        if growth > use.left {
-            return .refuse(.quotaExceeded, use.refusal(account: name, needed: growth))
+        if plan.growth > use.left {
+            return .refuse(.quotaExceeded, use.refusal(account: name, needed: plan.growth))
         }
         // Saturating: with no quota `left` is Int64.max, and a wrapped sum would refuse a re-sent stream of unknown
         // size.
-        let room = use.left > Int64.max - (existing?.size ?? 0) ? Int64.max : use.left + (existing?.size ?? 0)
+        let room = use.left > Int64.max - plan.replacing ? Int64.max : use.left + plan.replacing
         let byteLimit = size == nil ? min(self.services.configuration.maxBlobSize, room) : nil
-        if let session = try catalog.session(account: name, key: key.value) {
-            if Self.resumes(open, session, size: size),
-                let sha1 = try? SHA1(importing: session.sha1State), sha1.byteCount == UInt64(session.durableOffset)
-            {
-                do {
-                    let staging = try self.openStaging(session, key: key, size: size)
-                    if let full = self.admitSpace((size ?? 0) - session.durableOffset, upload: session.id) {
-                        // Kept, with its durable bytes, for when there is room.
-                        staging.close()
-                        return .refuse(.storageError, full)
-                    }
-                    promised = session.id
-                    return .upload(session, staging, sha1, recorded: true, resumed: session.durableOffset > 0, byteLimit: byteLimit)
-                } catch let error as StoreError where error.outcomeUnknown {
-                    // The store did not answer: the acknowledged bytes may well be there. Refused for now, kept.
-                    throw error
-                } catch {
-                    // A staging that is gone or does not hold its durable bytes: start over below.
+        var discard = plan.discard
+        if let session = plan.resume, let sha1 = try? SHA1(importing: session.sha1State) {
+            do {
+                let staging = try self.openStaging(session, key: key, size: size)
+                if let full = self.admitSpace((size ?? 0) - session.durableOffset, upload: session.id) {
+                    // Kept, with its durable bytes, for when there is room.
+                    staging.close()
+                    return .refuse(.storageError, full)
                 }
+                promised = session.id
+                return .upload(session, staging, sha1, recorded: true, resumed: session.durableOffset > 0, byteLimit: byteLimit)
+            } catch let error as StoreError where error.outcomeUnknown {
+                // The store did not answer: the acknowledged bytes may well be there. Refused for now, kept.
+                throw error
+            } catch {
+                // A staging that is gone or does not hold its durable bytes: start over.
+                discard = session
             }
-            // Another version of the source, or a session we cannot trust: start over.
+        }
+        if let session = discard {
             try store.removeStaging(session.stagingName)
             try catalog.deleteSession(id: session.id)
         }
@@ -235,22 +283,20 @@ package struct UploadPolicy {
             declaredSize: size, durableOffset: 0, sha1State: SHA1().exportState(), stagingName: id, declaredSHA1: open.sha1?.hex,
             striped: open.striped
         )
-        if let size, open.striped {
-            // Recorded now: PART streams on other connections look it up by its token before stripe 0 syncs (SPEC §6.7).
-            let staging = try store.openStripedStaging(session.stagingName, size: size, creating: true)
+        switch plan.record {
+        case .striped:
+            let staging = try store.openStripedStaging(session.stagingName, size: size ?? 0, creating: true)
+            try Self.record(session, staging: staging, catalog: catalog, store: store)
+            return .upload(session, staging, SHA1(), recorded: true, resumed: false, byteLimit: byteLimit)
+        case .atFirstSync:
+            // Recorded by its first durable sync (``UploadStorage``), if any.
+            let staging = try store.openStaging(session.stagingName, for: key, account: name, truncatingTo: 0, expectedSize: size, parts: [])
+            return .upload(session, staging, SHA1(), recorded: false, resumed: false, byteLimit: byteLimit)
+        case .atOpen:
+            let staging = try store.openStaging(session.stagingName, for: key, account: name, truncatingTo: 0, expectedSize: size, parts: [])
             try Self.record(session, staging: staging, catalog: catalog, store: store)
             return .upload(session, staging, SHA1(), recorded: true, resumed: false, byteLimit: byteLimit)
         }
-        let staging = try store.openStaging(session.stagingName, for: key, account: name, truncatingTo: 0, expectedSize: size, parts: [])
-        guard size.map({ $0 > Int64(self.services.configuration.syncBytes) }) ?? true else {
-            // Recorded by its first durable sync (``UploadStorage``), if any: an upload committed at once never writes a
-            // session (a photo costs no catalog write before its commit).
-            return .upload(session, staging, SHA1(), recorded: false, resumed: false, byteLimit: byteLimit)
-        }
-        // Longer than one sync (or a stream): recorded now, so that it shows as uploading, with 0 bytes, from its OPEN
-        // (the status endpoint, `ls --in-progress`, on every relay sharing the catalog).
-        try Self.record(session, staging: staging, catalog: catalog, store: store)
-        return .upload(session, staging, SHA1(), recorded: true, resumed: false, byteLimit: byteLimit)
     }
 
     /// Records a new session at its OPEN; when the catalog fails, its staging goes and the error is thrown.
@@ -262,16 +308,6 @@ package struct UploadPolicy {
             try? store.removeStaging(session.stagingName)
             throw error
         }
-    }
-
-    /// Whether `open` (of a blob of `size` bytes, nil when unknown) resumes `session`, found under its key (SPEC §6.2):
-    /// named by its resume token or fingerprint, of the same source, size, SHA-1 (when both state one) and striping.
-    static func resumes(_ open: Frame.Open, _ session: UploadSession, size: Int64?) -> Bool {
-        let byToken = !open.resumeToken.isEmpty && open.resumeToken == session.resumeToken
-        let byFingerprint = !open.fingerprint.isEmpty && open.fingerprint == session.fingerprint
-        let sameSource = open.fingerprint.isEmpty || session.fingerprint.isEmpty || open.fingerprint == session.fingerprint
-        let sameSHA1 = open.sha1 == nil || session.declaredSHA1 == nil || open.sha1?.hex == session.declaredSHA1
-        return (byToken || byFingerprint) && sameSource && sameSHA1 && session.declaredSize == size && session.striped == open.striped
     }
 
     /// Why `bytes` more cannot be staged on the relay's disk now for the upload of session `upload` (SPEC §7), or nil
