@@ -127,6 +127,11 @@ class Job:
     fails: dict[str, str] = field(default_factory=dict)       # printed path -> kind: one "failed" result each
     alts: list[Alt] = field(default_factory=list)
     forbidden: list[str] = field(default_factory=list)        # keys (and key/...) of links not followed: never stored
+    # On an account with a quota: `send`'s check of the whole selection (SPEC §7.2) either sends what fits
+    # (--send-what-fits) or is left to the relay's refusals at OPEN (--no-quota-check); either way each item that does
+    # not fit is refused on its own, as the final check expects. The default (nothing sent when the selection does not
+    # fit) is tested end to end (CommandLineTests).
+    quota_flag: str | None = None
 
     def argv(self, agent_bin: str, relay: str, token: str, ca: str) -> list[str]:
         a = [agent_bin, "watch" if self.watch else "send", "--relay", relay, "--token", token, "--ca", ca,
@@ -137,6 +142,8 @@ class Job:
             a.append("--follow-symlinks" if self.idx % 2 else "-L")
         if self.allow_skipped:
             a.append("--allow-skipped")
+        if self.quota_flag and not self.watch:
+            a.append(self.quota_flag)
         if self.state:
             a += ["--state", self.state]
         if self.watch:
@@ -359,6 +366,10 @@ def plan_round(index: int, seed: int, short: bool) -> Plan:
         if a.name != layout.DEV_ACCOUNT and rng.random() < 0.45:
             p = planned.get(a.name, 0)
             a.quota = max(64 * KiB, int(p * rng.uniform(0.2, 1.3)))
+    quotas = {a.name for a in accounts if a.quota is not None}
+    for job in jobs:
+        if job.account in quotas:
+            job.quota_flag = "--send-what-fits" if job.idx % 2 == 0 else "--no-quota-check"
 
     # faults
     proxy_args = None
