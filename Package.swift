@@ -9,6 +9,7 @@ let package = Package(
         .library(name: "UploadPayload", targets: ["UploadPayload"]),
         .library(name: "UploadAgent", targets: ["UploadAgent"]),
         .library(name: "UploadRelay", targets: ["UploadRelay"]),
+        .library(name: "UploadRelayBackends", targets: ["UploadRelayBackends"]),
         .library(name: "UploadS3", targets: ["UploadS3"]),
         // For the fuzz harness (tools/fuzz): the relay's session run without sockets.
         .library(name: "UploadTestSupport", targets: ["UploadTestSupport"]),
@@ -66,26 +67,79 @@ let package = Package(
             ],
             exclude: ["README.md"]
         ),
+        // The relay's core: sessions, policy, server, status, hooks, metrics; catalogs and stores behind the `Catalog`
+        // and `BlobStore` protocols, implemented in targets of their own (below), put together by UploadRelayBackends.
         .target(
             name: "UploadRelay",
             dependencies: [
                 "UploadProtocol", "UploadChecksums", "UploadPayload", "CUploadSystem", "UploadS3",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
-                .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "NIOTLS", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
-                .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "CoreMetrics", package: "swift-metrics"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
                 "CUploadCertificates",
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
             exclude: ["README.md"]
+        ),
+        // The relay's SQLite catalog (one relay), on GRDB.
+        .target(
+            name: "UploadRelaySQLite",
+            dependencies: [
+                "UploadRelay", "UploadProtocol",
+                .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        // The catalog several relays share, on PostgresNIO, with its key locks across relays.
+        .target(
+            name: "UploadRelayPostgres",
+            dependencies: [
+                "UploadRelay", "UploadProtocol", "UploadChecksums",
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        // Objects in a local directory, staged in files beside it.
+        .target(
+            name: "UploadRelayLocalStore",
+            dependencies: [
+                "UploadRelay", "UploadProtocol", "UploadChecksums", "CUploadSystem",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        // Objects in an S3-compatible bucket, staged as multipart uploads.
+        .target(
+            name: "UploadRelayS3Store",
+            dependencies: [
+                "UploadRelay", "UploadProtocol", "UploadChecksums", "UploadS3",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        // The one place that knows every backend: the catalog and the store a configuration names.
+        .target(
+            name: "UploadRelayBackends",
+            dependencies: [
+                "UploadRelay", "UploadRelaySQLite", "UploadRelayPostgres", "UploadRelayLocalStore", "UploadRelayS3Store", "UploadS3",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
         ),
         // An S3 client of our own (no Swift package signs S3 requests here): SigV4 on libcrypto's HMAC-SHA256, the
         // requests the relay's S3 store makes, over async-http-client.
@@ -118,7 +172,8 @@ let package = Package(
         .executableTarget(
             name: "upload-relay",
             dependencies: [
-                "UploadRelay", "UploadCommandLine", "UploadS3",
+                "UploadRelay", "UploadRelayBackends", "UploadRelaySQLite", "UploadRelayPostgres", "UploadRelayLocalStore", "UploadRelayS3Store",
+                "UploadCommandLine", "UploadS3",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
@@ -145,7 +200,8 @@ let package = Package(
         .target(
             name: "UploadTestSupport",
             dependencies: [
-                "UploadRelay", "UploadProtocol", "UploadPayload", "UploadChecksums", "UploadS3",
+                "UploadRelay", "UploadRelayBackends", "UploadRelaySQLite", "UploadRelayPostgres", "UploadRelayLocalStore", "UploadRelayS3Store",
+                "UploadProtocol", "UploadPayload", "UploadChecksums", "UploadS3",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
@@ -165,7 +221,8 @@ let package = Package(
         .testTarget(
             name: "EndToEndTests",
             dependencies: [
-                "UploadTestSupport", "UploadAgent", "UploadRelay", "UploadProtocol", "UploadChecksums", "CUploadSystem", "UploadS3",
+                "UploadTestSupport", "UploadAgent", "UploadRelay", "UploadRelayBackends", "UploadRelaySQLite", "UploadRelayPostgres",
+                "UploadRelayLocalStore", "UploadRelayS3Store", "UploadProtocol", "UploadChecksums", "CUploadSystem", "UploadS3",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
@@ -204,7 +261,8 @@ let package = Package(
         .testTarget(
             name: "UploadRelayTests",
             dependencies: [
-                "UploadRelay", "UploadProtocol", "UploadChecksums", "UploadPayload", "UploadTestSupport", "CUploadSystem", "UploadS3",
+                "UploadRelay", "UploadRelayBackends", "UploadRelaySQLite", "UploadRelayPostgres", "UploadRelayLocalStore", "UploadRelayS3Store",
+                "UploadProtocol", "UploadChecksums", "UploadPayload", "UploadTestSupport", "CUploadSystem", "UploadS3",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),

@@ -47,7 +47,9 @@ public struct RelayConfiguration: Sendable {
     /// many bytes that the writes under way borrow (one per I/O thread at most); each open upload
     /// keeps one 4 KiB block between writes. 0 writes through the page cache. Where the file system refuses direct
     /// I/O the relay falls back to plain writes by itself.
-    public var directIOBuffer: Int = LocalDirectoryStore.defaultDirectBuffer
+    public var directIOBuffer: Int = RelayConfiguration.defaultDirectIOBuffer
+    /// The local store's default ``directIOBuffer``: 1 MiB.
+    public static let defaultDirectIOBuffer = 1 << 20
 
     /// The most connections at once; more are closed at accept.
     public var maxConnections: Int = 512
@@ -103,7 +105,9 @@ public struct S3StoreConfiguration: Sendable {
     /// Put before every `ACCOUNT/KEY`; may be empty.
     public var prefix: String
     /// The least part but the last (S3's least is 5 MiB; some servers take less).
-    public var minPartBytes: Int64 = S3Store.s3MinPartBytes
+    public var minPartBytes: Int64 = S3StoreConfiguration.s3MinPartBytes
+    /// S3's least part but the last.
+    public static let s3MinPartBytes: Int64 = 5 << 20
 
     public init(endpoint: S3Endpoint, credentials: S3Credentials, bucket: String, prefix: String) {
         self.endpoint = endpoint

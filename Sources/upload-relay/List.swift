@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import UploadCommandLine
 import UploadRelay
+import UploadRelayBackends
 
 /// `upload-relay ls`: what the catalog holds, stored and under way (uploads in progress are visible to every client of
 /// the account).

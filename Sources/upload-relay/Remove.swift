@@ -3,6 +3,9 @@ import Foundation
 import Logging
 import UploadCommandLine
 import UploadRelay
+import UploadRelayBackends
+import UploadRelayPostgres
+import UploadRelayS3Store
 import UploadS3
 
 /// Where the objects are, for the commands that remove them: the same `--store` (and S3 options) as `serve`.

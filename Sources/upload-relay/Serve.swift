@@ -6,6 +6,9 @@ import NIOPosix
 import ServiceLifecycle
 import UploadCommandLine
 import UploadRelay
+import UploadRelayBackends
+import UploadRelayLocalStore
+import UploadRelayS3Store
 import UploadS3
 
 struct Serve: AsyncParsableCommand {

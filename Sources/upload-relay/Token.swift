@@ -3,6 +3,8 @@ import Foundation
 import Logging
 import UploadCommandLine
 import UploadRelay
+import UploadRelayBackends
+import UploadRelayPostgres
 
 struct Token: ParsableCommand {
     static let configuration = CommandConfiguration(

@@ -4,6 +4,7 @@ import UploadAgent
 import UploadProtocol
 import UploadChecksums
 import UploadRelay
+import UploadRelaySQLite
 import UploadTestSupport
 
 /// The programs as a user runs them: exit codes, --json, --help.

@@ -2,6 +2,7 @@ import Foundation
 import Logging
 import Testing
 import UploadRelay
+import UploadRelayPostgres
 import UploadTestSupport
 
 /// The connection that holds a relay's key locks across relays (issue 10), cut off without a reset: the relay must stop

@@ -5,6 +5,7 @@ import UploadAgent
 import UploadChecksums
 import UploadProtocol
 @testable import UploadRelay
+@testable import UploadRelaySQLite
 import UploadTestSupport
 
 /// What users and hostile agents do that the first tests did not (issue 6): galleries of big files, several accounts,

@@ -6,6 +6,8 @@ import Testing
 import UploadTestSupport
 
 @testable import UploadRelay
+@testable import UploadRelayPostgres
+@testable import UploadRelaySQLite
 
 /// One suite, both catalogs (issue 10): every test runs against SQLite and against PostgreSQL (the throwaway cluster
 /// tools/test starts, `UPLOAD_TEST_POSTGRES_URL`; each test gets a database of its own). What one backend answers,

@@ -7,6 +7,8 @@ import Testing
 import UploadChecksums
 import UploadProtocol
 @testable import UploadRelay
+@testable import UploadRelayLocalStore
+@testable import UploadRelaySQLite
 import UploadTestSupport
 
 /// Group commit (issue 9): many uploads' commits made durable together, each with its own outcome.

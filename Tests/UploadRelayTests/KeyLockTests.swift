@@ -7,6 +7,9 @@ import UploadProtocol
 import UploadTestSupport
 
 @testable import UploadRelay
+@testable import UploadRelayLocalStore
+@testable import UploadRelayPostgres
+@testable import UploadRelaySQLite
 
 /// Keys locked across relays (issue 10): with one PostgreSQL catalog behind several relays, an upload of a key runs on
 /// one relay at a time, and no relay's housekeeping touches what another relay's upload holds. Against the run's real

@@ -6,6 +6,7 @@ import Testing
 import UploadTestSupport
 
 @testable import UploadRelay
+@testable import UploadRelayPostgres
 
 /// `--catalog postgres://...?sslmode=`: libpq's six values and nothing else, `sslrootcert` for a private CA, and a
 /// failed login or TLS handshake said as what it is. The live tests run against the run's PostgreSQL, which takes TLS

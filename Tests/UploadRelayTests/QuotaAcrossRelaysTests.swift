@@ -5,6 +5,8 @@ import UploadProtocol
 import UploadTestSupport
 
 @testable import UploadRelay
+@testable import UploadRelayPostgres
+@testable import UploadRelaySQLite
 
 /// Quota reservations across relays (issue 10): with one PostgreSQL catalog behind several relays, what an upload open on
 /// one relay announced counts on every other relay while it is open, so two relays never both admit what only one

@@ -5,6 +5,8 @@ import UploadS3
 import UploadTestSupport
 
 @testable import UploadRelay
+@testable import UploadRelayS3Store
+@testable import UploadRelaySQLite
 
 /// Multipart uploads a relay began and never recorded (killed between the two), and other writers' uploads in the same
 /// bucket: against the run's real SeaweedFS.

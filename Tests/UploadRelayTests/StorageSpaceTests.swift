@@ -6,6 +6,8 @@ import NIOPosix
 import Testing
 import UploadProtocol
 @testable import UploadRelay
+@testable import UploadRelayLocalStore
+@testable import UploadRelaySQLite
 import UploadTestSupport
 
 /// An upload that cannot fit the relay's disk is refused at OPEN, before a byte is staged (SPEC §7); what agents are

@@ -6,6 +6,9 @@ import Testing
 import UploadChecksums
 import UploadProtocol
 @testable import UploadRelay
+@testable import UploadRelayBackends
+@testable import UploadRelayLocalStore
+@testable import UploadRelaySQLite
 import UploadTestSupport
 
 /// The local store and the relay's housekeeping, against a real file system.

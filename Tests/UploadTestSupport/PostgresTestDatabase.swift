@@ -2,6 +2,7 @@ import Foundation
 import Logging
 import PostgresNIO
 import UploadRelay
+import UploadRelayPostgres
 
 /// A database of its own in the run's PostgreSQL (tools/test starts a throwaway cluster and exports
 /// `UPLOAD_TEST_POSTGRES_URL`), collated in English, dropped after use.

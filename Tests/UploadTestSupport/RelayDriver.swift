@@ -7,6 +7,8 @@ import UploadChecksums
 import UploadProtocol
 
 import UploadRelay
+import UploadRelayLocalStore
+import UploadRelaySQLite
 
 /// What the connections of one in-memory relay share: the relay's own catalog (SQLite), store (a local directory) and
 /// budgets, in a temporary directory removed at exit. Nothing here is a stand-in: only sockets and threads are missing.

@@ -130,14 +130,14 @@ public struct UploadSession: Hashable, Sendable {
 /// commit will: counting a re-sent 17 MB stdin whole refused small files that fitted. Open
 /// uploads with no session yet (recorded by their first durable sync) hold what they announced; one whose commit is
 /// under way is counted by it, not twice.
-struct StagedBytes {
-    private(set) var total: Int64 = 0
+package struct StagedBytes {
+    package private(set) var total: Int64 = 0
     /// Uploads open now that no session row accounted for: key → bytes announced.
     private var unrecorded: [String: Int64]
     private let active: [String: Int64]
 
     /// For the account's uploads other than `key`; `active` holds what each upload open now announced.
-    init(active: [String: Int64], excluding key: String) {
+    package init(active: [String: Int64], excluding key: String) {
         self.active = active
         var unrecorded = active
         unrecorded[key] = nil
@@ -145,27 +145,27 @@ struct StagedBytes {
     }
 
     /// A session of another key, with its durable bytes (stripes included) and the size of the object it replaces.
-    mutating func addSession(key: String, declared: Int64?, durable: Int64, replaced: Int64) {
+    package mutating func addSession(key: String, declared: Int64?, durable: Int64, replaced: Int64) {
         self.add((self.active[key] != nil ? max(declared ?? durable, durable) : durable) - replaced)
         self.unrecorded[key] = nil
     }
 
     /// Whether open uploads with no session remain: then the keys with a commit under way are to be dropped, and the
     /// rest added with what each replaces.
-    var hasUnrecorded: Bool { self.unrecorded.values.contains { $0 > 0 } }
+    package var hasUnrecorded: Bool { self.unrecorded.values.contains { $0 > 0 } }
 
     /// A key whose commit is under way: its commit counts it.
-    mutating func dropCommitting(_ key: String) {
+    package mutating func dropCommitting(_ key: String) {
         self.unrecorded[key] = nil
     }
 
     /// The open uploads still to add: key and bytes announced.
-    var announced: [(key: String, bytes: Int64)] {
+    package var announced: [(key: String, bytes: Int64)] {
         self.unrecorded.filter { $0.value > 0 }.map { ($0.key, $0.value) }
     }
 
     /// An open upload with no session, announcing `bytes`, replacing an object of `replaced` bytes.
-    mutating func addAnnounced(_ bytes: Int64, replacing replaced: Int64) {
+    package mutating func addAnnounced(_ bytes: Int64, replacing replaced: Int64) {
         self.add(bytes - replaced)
     }
 
@@ -418,7 +418,7 @@ extension Catalog {
 
     /// `begin` of each commit in turn: nil where it reserved, its ``CatalogError`` where it was refused; any other error
     /// stops them all.
-    static func reserving(_ commits: [PendingCommit], with begin: (PendingCommit) throws -> Void) rethrows -> [CatalogError?] {
+    package static func reserving(_ commits: [PendingCommit], with begin: (PendingCommit) throws -> Void) rethrows -> [CatalogError?] {
         try commits.map { commit in
             do {
                 try begin(commit)
@@ -464,6 +464,16 @@ public enum ObjectRemoval: Sendable {
     /// An upload or a commit of the key holds it; why, in words.
     case busy(String)
 
-    static let uploading = ObjectRemoval.busy("an upload of it is under way or resumable; try again once it ends (or expires)")
-    static let committing = ObjectRemoval.busy("a commit of it is being settled; try again in a minute")
+    package static let uploading = ObjectRemoval.busy("an upload of it is under way or resumable; try again once it ends (or expires)")
+    package static let committing = ObjectRemoval.busy("a commit of it is being settled; try again in a minute")
+}
+
+/// The catalog could not be reached or used (a database down, a URL it cannot use, a schema too new): the relay's
+/// failure, not a refusal of the upload, which keeps its session.
+public struct CatalogFailure: Error, CustomStringConvertible, Sendable {
+    public var description: String
+
+    public init(_ description: String) {
+        self.description = description
+    }
 }

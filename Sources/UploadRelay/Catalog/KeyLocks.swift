@@ -1,9 +1,14 @@
 /// A key's lock across relays, as ``KeyLocks/tryLock(account:key:)`` took it.
 public struct KeyLock: Hashable, Sendable {
     /// The lock's number in the database.
-    var id: Int64
+    package var id: Int64
     /// Which of the holder's database connections took it: a lock dies with its connection.
-    var generation: Int
+    package var generation: Int
+
+    package init(id: Int64, generation: Int) {
+        self.id = id
+        self.generation = generation
+    }
 }
 
 /// Locks on keys that hold across every relay sharing one catalog: an upload of a key runs on one relay at

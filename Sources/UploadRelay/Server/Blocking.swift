@@ -4,8 +4,8 @@ import NIOConcurrencyHelpers
 /// Async work run from the relay's blocking side (the store and the catalog protocols block: their callers are the I/O
 /// pool's threads, and at startup the main task): the work runs as a task on an executor of its own, never the
 /// cooperative pool, which a blocked caller may be part of, and the caller waits for it.
-enum Blocking {
-    static func run<T: Sendable>(_ body: @escaping @Sendable () async throws -> T) throws -> T {
+package enum Blocking {
+    package static func run<T: Sendable>(_ body: @escaping @Sendable () async throws -> T) throws -> T {
         let done = DispatchSemaphore(value: 0)
         let outcome = NIOLockedValueBox<Result<T, any Error>?>(nil)
         Task(executorPreference: Self.executor) {
@@ -26,18 +26,18 @@ enum Blocking {
         }
     }
 
-    static let executor = DispatchTaskExecutor()
+    package static let executor = DispatchTaskExecutor()
 }
 
-struct BlockingError: Error, CustomStringConvertible {
-    var description: String { "async work ended without an outcome" }
+package struct BlockingError: Error, CustomStringConvertible {
+    package var description: String { "async work ended without an outcome" }
 }
 
 /// Runs tasks' jobs on a concurrent dispatch queue.
-final class DispatchTaskExecutor: TaskExecutor, @unchecked Sendable {
+package final class DispatchTaskExecutor: TaskExecutor, @unchecked Sendable {
     private let queue = DispatchQueue(label: "upload-relay.blocking", attributes: .concurrent)
 
-    func enqueue(_ job: consuming ExecutorJob) {
+    package func enqueue(_ job: consuming ExecutorJob) {
         let job = UnownedJob(job)
         self.queue.async { job.runSynchronously(on: self.asUnownedTaskExecutor()) }
     }

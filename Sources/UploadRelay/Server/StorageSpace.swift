@@ -112,8 +112,8 @@ package final class StorageSpace: Sendable {
     package var promised: Int64 { self.state.withLockedValue { $0.total } }
 
     /// Whether `error` says the relay's disk is full: the store's (ENOSPC, EDQUOT) or the catalog's.
-    static func isDiskFull(_ error: any Error) -> Bool {
-        (error as? StoreError)?.isNoSpace == true || SQLiteCatalog.isDiskFull(error)
+    package static func isDiskFull(_ error: any Error) -> Bool {
+        (error as? StoreError)?.isNoSpace == true || (error as? any DiskFullReporting)?.isDiskFull == true
     }
 
     /// A write found the disk full (something else filled it): said at once, not at the next OPEN.
@@ -137,4 +137,10 @@ package final class StorageSpace: Sendable {
         guard let look = self.measure(self.directory) else { return false }
         return self.state.withLockedValue { state in look.free - state.total < self.reserve }
     }
+}
+
+/// An error of a backend (a catalog's database) that can say it means the relay's disk is full: such a refusal is
+/// retryable, and said as the relay's storage being full.
+public protocol DiskFullReporting: Error {
+    var isDiskFull: Bool { get }
 }

@@ -499,12 +499,12 @@ package struct UploadPolicy {
     }
 
     /// 16 random bytes as 32 hex digits.
-    static func randomID() -> String {
+    package static func randomID() -> String {
         Self.randomBytes().map { $0 < 16 ? "0" + String($0, radix: 16) : String($0, radix: 16) }.joined()
     }
 
     /// 16 bytes from the system's generator, in two draws (not one system call per byte).
-    static func randomBytes() -> [UInt8] {
+    package static func randomBytes() -> [UInt8] {
         var generator = SystemRandomNumberGenerator()
         return [generator.next(), generator.next()].flatMap { (word: UInt64) in withUnsafeBytes(of: word) { Array($0) } }
     }

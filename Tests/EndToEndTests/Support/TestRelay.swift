@@ -4,6 +4,8 @@ import NIOCore
 import NIOPosix
 import UploadAgent
 import UploadRelay
+import UploadRelayBackends
+import UploadRelayPostgres
 import UploadTestSupport
 
 /// A real relay in this process, on 127.0.0.1 with a fresh data directory, dev certificates and a token.

@@ -1,4 +1,5 @@
 #if canImport(Glibc)
+import UploadRelay
 import Glibc
 #elseif canImport(Darwin)
 import Darwin
@@ -51,7 +52,7 @@ public final class S3Store: BlobStore, Sendable {
     private let logger: Logger?
 
     /// S3's least part size (but the last).
-    public static let s3MinPartBytes: Int64 = 5 << 20
+    public static let s3MinPartBytes: Int64 = S3StoreConfiguration.s3MinPartBytes
     /// S3's most parts in one upload.
     public static let maxParts: Int64 = 10_000
     /// The part size for a blob of unknown size: 10,000 of them make 160 GiB.
@@ -67,11 +68,11 @@ public final class S3Store: BlobStore, Sendable {
         self.bucket = bucket
         let trimmed = prefix.split(separator: "/").joined(separator: "/")
         self.prefix = trimmed.isEmpty ? "" : trimmed + "/"
-        self.spoolDirectory = LocalDirectoryStore.trimmed(spoolDirectory)
+        self.spoolDirectory = FileSystem.trimmed(spoolDirectory)
         self.minPartBytes = max(1, minPartBytes)
         self.orphanGrace = orphanGrace
         self.modes = modes
-        try LocalDirectoryStore.makeDirectories(self.spoolDirectory, mode: modes.directory)
+        try FileSystem.makeDirectories(self.spoolDirectory, mode: modes.directory)
     }
 
     /// Parses `s3://BUCKET[/PREFIX]`; nil when `url` is not one.
@@ -167,7 +168,7 @@ public final class S3Store: BlobStore, Sendable {
         let spool = self.spoolDirectory + "/" + Self.randomName() + ".spool"
         let fd = open(spool, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, self.modes.file)
         guard fd >= 0 else {
-            throw StoreError("cannot create spool file \(spool): \(LocalDirectoryStore.reason())", isNoSpace: errno == ENOSPC)
+            throw StoreError("cannot create spool file \(spool): \(FileSystem.reason())", isNoSpace: errno == ENOSPC)
         }
         return S3StagingFile(
             store: self, name: name, key: key, account: account, objectKey: objectKey, spoolPath: spool, descriptor: fd, base: base, upload: upload,

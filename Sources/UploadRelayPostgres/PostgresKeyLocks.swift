@@ -1,3 +1,4 @@
+import UploadRelay
 import Logging
 import NIOConcurrencyHelpers
 import NIOCore

@@ -1,3 +1,4 @@
+import UploadRelay
 import Foundation
 import Logging
 import NIOCore
@@ -487,12 +488,3 @@ public final class PostgresCatalog: Catalog, @unchecked Sendable {
     ]
 }
 
-/// The catalog could not be reached or used (a database down, a URL it cannot use, a schema too new): the relay's
-/// failure, not a refusal of the upload, which keeps its session.
-public struct CatalogFailure: Error, CustomStringConvertible, Sendable {
-    public var description: String
-
-    public init(_ description: String) {
-        self.description = description
-    }
-}

@@ -1,3 +1,4 @@
+import UploadRelay
 import GRDB
 
 // The catalog's queries run for every upload, and compiling one (SQLite's parser and GRDB's authorizer) cost more than

@@ -1,3 +1,4 @@
+import UploadRelay
 import Foundation
 import GRDB
 
@@ -420,4 +421,9 @@ public final class SQLiteCatalog: Catalog {
         [account, prefix, after ?? "", prefix, prefix, limit]
     }
 
+}
+
+/// SQLite's SQLITE_FULL: the disk under the catalog is full (retryable, said as the relay's storage being full).
+extension DatabaseError: DiskFullReporting {
+    public var isDiskFull: Bool { self.resultCode == .SQLITE_FULL }
 }

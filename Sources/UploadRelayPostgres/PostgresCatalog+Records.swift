@@ -1,3 +1,4 @@
+import UploadRelay
 import Foundation
 import Logging
 import PostgresNIO

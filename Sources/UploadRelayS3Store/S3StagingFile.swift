@@ -1,4 +1,5 @@
 #if canImport(Glibc)
+import UploadRelay
 import Glibc
 #elseif canImport(Darwin)
 import Darwin
@@ -77,7 +78,7 @@ final class S3StagingFile: StagingFile, @unchecked Sendable {
                     let n = pwrite(self.descriptor, start + done, count - done, off_t(at) + off_t(done))
                     if n < 0 {
                         if errno == EINTR { continue }
-                        throw StoreError("cannot write spool file \(self.spoolPath): \(LocalDirectoryStore.reason())", isNoSpace: errno == ENOSPC)
+                        throw StoreError("cannot write spool file \(self.spoolPath): \(FileSystem.reason())", isNoSpace: errno == ENOSPC)
                     }
                     done += n
                 }
@@ -127,7 +128,7 @@ final class S3StagingFile: StagingFile, @unchecked Sendable {
         self.base += count
         self.spooled -= count
         guard self.spooled == 0, ftruncate(self.descriptor, 0) == 0 else {
-            throw StoreError("cannot empty spool file \(self.spoolPath): \(LocalDirectoryStore.reason())")
+            throw StoreError("cannot empty spool file \(self.spoolPath): \(FileSystem.reason())")
         }
     }
 

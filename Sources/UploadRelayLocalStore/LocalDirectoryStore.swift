@@ -1,4 +1,5 @@
 #if canImport(Glibc)
+import UploadRelay
 import Glibc
 #elseif canImport(Darwin)
 import Darwin
@@ -24,7 +25,7 @@ public final class LocalDirectoryStore: BlobStore {
     public let modes: FileModes
 
     /// The default ``directBuffer``: 1 MiB.
-    public static let defaultDirectBuffer = 1 << 20
+    public static let defaultDirectBuffer = RelayConfiguration.defaultDirectIOBuffer
     /// The largest ``directBuffer`` accepted: 1 GiB.
     public static let maxDirectBuffer = 1 << 30
 
@@ -50,30 +51,8 @@ public final class LocalDirectoryStore: BlobStore {
         }
     }
 
-    static func trimmed(_ path: String) -> String {
-        var p = path
-        while p.count > 1 && p.hasSuffix("/") { p.removeLast() }
-        return p
-    }
 
-    static func reason(_ code: Int32 = errno) -> String {
-        String(cString: strerror(code))
-    }
 
-    /// Creates every missing directory of `path`; each new one's name is fsynced into its parent, so that a
-    /// committed object's path survives a crash, not only its leaf.
-    static func makeDirectories(_ path: String, mode: mode_t) throws {
-        var current = path.hasPrefix("/") ? "" : "."
-        for part in path.split(separator: "/") {
-            let parent = current.isEmpty ? "/" : current
-            current += "/" + part
-            if mkdir(current, mode) == 0 {
-                try Self.syncDirectory(parent)
-            } else if errno != EEXIST {
-                throw StoreError("cannot create directory \(current): \(reason())", isNoSpace: errno == ENOSPC)
-            }
-        }
-    }
 
     public func openStaging(_ name: String, truncatingTo offset: Int64) throws -> any StagingFile {
         try self.openStaging(name, truncatingTo: offset, expectedSize: nil)
@@ -352,12 +331,6 @@ public final class LocalDirectoryStore: BlobStore {
         guard fsync(output) == 0 else { throw StoreError("cannot fsync \(to): \(reason())") }
     }
 
-    static func syncDirectory(_ directory: String) throws {
-        let fd = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-        guard fd >= 0 else { throw StoreError("cannot open directory \(directory): \(reason())") }
-        defer { Glibc.close(fd) }
-        guard fsync(fd) == 0 else { throw StoreError("cannot fsync directory \(directory): \(reason())") }
-    }
 
     public func stagingFiles() throws -> [(name: String, modified: Date)] {
         var files: [(name: String, modified: Date)] = []
@@ -391,4 +364,11 @@ public final class LocalDirectoryStore: BlobStore {
             return true
         }
     }
+}
+
+extension LocalDirectoryStore {
+    static func trimmed(_ path: String) -> String { FileSystem.trimmed(path) }
+    static func reason(_ code: Int32 = errno) -> String { FileSystem.reason(code) }
+    static func makeDirectories(_ path: String, mode: mode_t) throws { try FileSystem.makeDirectories(path, mode: mode) }
+    static func syncDirectory(_ directory: String) throws { try FileSystem.syncDirectory(directory) }
 }

@@ -1,0 +1,80 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import AsyncHTTPClient
+import Logging
+import UploadRelay
+import UploadRelayLocalStore
+import UploadRelayPostgres
+import UploadRelayS3Store
+import UploadRelaySQLite
+import UploadS3
+
+/// The relay put together from its configuration: which catalog and which store, the only place that knows every
+/// backend. The relay's core (``RelayRuntime``, the server) sees them through ``Catalog`` and ``BlobStore`` alone.
+extension RelayRuntime {
+    /// Opens the SQLite catalog in `dataDirectory`, creating the directory (and the catalog's file, which its journal
+    /// files take their mode from) with `modes`.
+    public static func openCatalog(dataDirectory: String, modes: FileModes = .private) throws -> SQLiteCatalog {
+        try Self.makeDataDirectory(dataDirectory, modes: modes)
+        let path = dataDirectory + "/catalog.sqlite"
+        // SQLite creates its file (and gives its -wal and -shm files the same mode) as 0644 less the umask: made first,
+        // with the relay's mode, it is private whatever the umask.
+        let fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, modes.file)
+        if fd >= 0 { close(fd) }
+        return try SQLiteCatalog(path: path)
+    }
+
+    /// The catalog `url` names (`postgres://...`: ``PostgresCatalog``), or the SQLite catalog in `dataDirectory` when nil.
+    public static func openCatalog(dataDirectory: String, url: String?, logger: Logger, modes: FileModes = .private) throws -> any Catalog {
+        guard let url else { return try Self.openCatalog(dataDirectory: dataDirectory, modes: modes) }
+        try Self.makeDataDirectory(dataDirectory, modes: modes)
+        return try PostgresCatalog(url: url, logger: logger)
+    }
+
+    /// Creates the data directory (and its missing parents) with `modes`; one that exists is left as it is.
+    static func makeDataDirectory(_ path: String, modes: FileModes) throws {
+        do {
+            try FileSystem.makeDirectories(path, mode: modes.directory)
+        } catch {
+            throw CatalogFailure("cannot create the data directory \(path): \(error) (choose another with --data)")
+        }
+    }
+
+    /// Builds the server's shared services on the store the configuration names (which may narrow it: an S3 store takes
+    /// no stripes, and no blob above S3's largest object).
+    public static func makeServices(configuration: RelayConfiguration, catalog: any Catalog, logger: Logger) throws -> RelayServices {
+        var configuration = configuration
+        let store = try Self.makeStore(&configuration, ledger: catalog as? any MultipartLedger, logger: logger)
+        return try Self.makeServices(configuration: configuration, catalog: catalog, store: store, logger: logger)
+    }
+
+    /// The store a configuration names, for the admin commands (`rm`, `token delete`): the same as `serve` opens.
+    public static func openStore(_ configuration: RelayConfiguration, catalog: any Catalog, logger: Logger) throws -> any BlobStore {
+        var configuration = configuration
+        return try Self.makeStore(&configuration, ledger: catalog as? any MultipartLedger, logger: logger)
+    }
+
+    /// The store the configuration names: an S3 bucket (which takes no stripes), or the local directory.
+    static func makeStore(_ configuration: inout RelayConfiguration, ledger: (any MultipartLedger)?, logger: Logger) throws -> any BlobStore {
+        if let s3 = configuration.s3 {
+            if s3.prefix.isEmpty {
+                logger.warning(
+                    "the S3 store has no prefix: objects go at the top of the bucket; share the bucket with nothing else, or give --store s3://BUCKET/PREFIX",
+                    metadata: ["s3.bucket": "\(s3.bucket)"]
+                )
+            }
+            configuration.allowStripes = false
+            configuration.maxBlobSize = min(configuration.maxBlobSize, S3Store.maxObjectBytes)
+            let client = S3Client(endpoint: s3.endpoint, credentials: s3.credentials, http: HTTPClient.shared)
+            return try S3Store(
+                client: client, bucket: s3.bucket, prefix: s3.prefix, spoolDirectory: configuration.spoolDirectory,
+                minPartBytes: s3.minPartBytes, modes: configuration.fileModes, ledger: ledger, logger: logger
+            )
+        }
+        return try LocalDirectoryStore(
+            root: configuration.storePath, stagingDirectory: configuration.stagingDirectory, directBuffer: configuration.directIOBuffer,
+            modes: configuration.fileModes
+        )
+    }
+}
