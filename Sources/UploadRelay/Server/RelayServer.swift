@@ -16,30 +16,10 @@ public final class RelayServer: Service, Sendable {
     private let group: any EventLoopGroup
     /// The TLS context new connections get; ``reloadCertificate()`` replaces it (connections keep theirs).
     private let tls: NIOLockedValueBox<NIOSSLContext>
-    private let state = NIOLockedValueBox<State>(.starting(waiting: [], stopRequested: false))
-    private let admittedTotal = NIOLockedValueBox(0)
+    private let lifecycle: ListenerLifecycle
 
     /// Connections admitted since the server started (refused ones not counted).
-    public var connectionsAdmitted: Int { self.admittedTotal.withLockedValue { $0 } }
-
-    /// Where the server is in its life (in the way of Hummingbird's `Server`).
-    private enum State {
-        /// Not listening yet: callers of ``waitUntilListening()`` wait; `stopRequested` when ``shutdown()`` came first.
-        case starting(waiting: [CheckedContinuation<SocketAddress, any Error>], stopRequested: Bool)
-        /// Listening and admitting connections.
-        case running(listener: any Channel, address: SocketAddress?, connections: [ObjectIdentifier: any Channel])
-        /// GOAWAY sent to every connection; the listener closes when the last one has.
-        case draining(listener: any Channel, address: SocketAddress?, connections: [ObjectIdentifier: any Channel])
-        /// ``run()`` has returned.
-        case stopped(address: SocketAddress?)
-
-        var address: SocketAddress? {
-            switch self {
-            case .starting: return nil
-            case .running(_, let address, _), .draining(_, let address, _), .stopped(let address): return address
-            }
-        }
-    }
+    public var connectionsAdmitted: Int { self.lifecycle.connectionsAdmitted }
 
     /// The ALPN protocol name (SPEC §2.1).
     public static let alpn = ProtocolLimits.alpn
@@ -48,6 +28,7 @@ public final class RelayServer: Service, Sendable {
         self.services = services
         self.group = group
         self.tls = NIOLockedValueBox(try Self.makeTLSContext(services.configuration))
+        self.lifecycle = ListenerLifecycle(maxConnections: services.configuration.maxConnections)
     }
 
     private static func makeTLSContext(_ configuration: RelayConfiguration) throws -> NIOSSLContext {
@@ -100,60 +81,35 @@ public final class RelayServer: Service, Sendable {
     }
 
     /// The address the relay listens on, once bound (useful with port 0).
-    public var localAddress: SocketAddress? {
-        self.state.withLockedValue { $0.address }
-    }
+    public var localAddress: SocketAddress? { self.lifecycle.localAddress }
 
     /// Waits until the relay listens, and returns where.
     public func waitUntilListening() async throws -> SocketAddress {
-        try await withCheckedThrowingContinuation { continuation in
-            let ready = self.state.withLockedValue { state -> Result<SocketAddress, any Error>? in
-                switch state {
-                case .starting(var waiting, let stopRequested):
-                    waiting.append(continuation)
-                    state = .starting(waiting: waiting, stopRequested: stopRequested)
-                    return nil
-                case .running, .draining, .stopped:
-                    guard let address = state.address else { return .failure(RelayServerError.noAddress) }
-                    return .success(address)
-                }
-            }
-            if let ready { continuation.resume(with: ready) }
-        }
+        try await self.lifecycle.waitUntilListening()
     }
 
     /// Binds the listener (once; later calls return where it listens): what fails here, an address in use say, fails
     /// before the relay says it is ready. ``run()`` binds it when this was not called.
     @discardableResult
     public func bind() async throws -> SocketAddress {
-        let channel = try await self.listen()
-        guard let address = channel.localAddress else { throw RelayServerError.noAddress }
-        return address
+        try await self.listen().address
     }
 
     /// The listener, bound now unless it was already.
-    private func listen() async throws -> any Channel {
-        if let listener = self.state.withLockedValue({ state -> (any Channel)? in
-            switch state {
-            case .running(let listener, _, _), .draining(let listener, _, _): return listener
-            case .starting, .stopped: return nil
-            }
-        }) {
-            return listener
-        }
+    private func listen() async throws -> (listener: any Channel, address: SocketAddress) {
         let configuration = self.services.configuration
         let tls = self.tls
         let services = self.services
         let logger = self.services.logger
-        let channel: any Channel
-        do {
-            channel = try await ServerBootstrap(group: self.group)
+        let lifecycle = self.lifecycle
+        return try await lifecycle.listen {
+            let listener = try await ServerBootstrap(group: self.group)
                 .serverChannelOption(.backlog, value: 256)
                 .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
                 .childChannelOption(.tcpOption(.tcp_nodelay), value: 1)
                 .childChannelOption(.maxMessagesPerRead, value: 16)
-                .childChannelInitializer { [weak self] channel in
-                    guard let self, self.admit(channel) else {
+                .childChannelInitializer { channel in
+                    guard lifecycle.admit(channel) else {
                         services.metrics.connectionsRefused.increment()
                         logger.warning("refusing connection: too many connections or shutting down")
                         return channel.close()
@@ -167,43 +123,15 @@ public final class RelayServer: Service, Sendable {
                 }
                 .bind(host: configuration.host, port: configuration.port)
                 .get()
-        } catch {
-            // Nothing listens: whoever waits to hear where learns why.
-            let waiting = self.state.withLockedValue { state -> [CheckedContinuation<SocketAddress, any Error>] in
-                defer { state = .stopped(address: nil) }
-                if case .starting(let waiting, _) = state { return waiting }
-                return []
-            }
-            for continuation in waiting { continuation.resume(throwing: error) }
-            throw error
+            logger.info("upload-relay listening", metadata: ["address": "\(listener.localAddress.map { "\($0)" } ?? "?")"])
+            return listener
         }
-        let address = channel.localAddress
-        let waiting = self.state.withLockedValue { state -> [CheckedContinuation<SocketAddress, any Error>] in
-            guard case .starting(let waiting, let stopRequested) = state else { return [] }
-            if stopRequested {
-                // shutdown() came while binding: no connection was admitted; stop at once.
-                state = .draining(listener: channel, address: address, connections: [:])
-                channel.close(promise: nil)
-            } else {
-                state = .running(listener: channel, address: address, connections: [:])
-            }
-            return waiting
-        }
-        for continuation in waiting {
-            if let address {
-                continuation.resume(returning: address)
-            } else {
-                continuation.resume(throwing: RelayServerError.noAddress)
-            }
-        }
-        logger.info("upload-relay listening", metadata: ["address": "\(address.map { "\($0)" } ?? "?")"])
-        return channel
     }
 
     public func run() async throws {
         let services = self.services
         let logger = self.services.logger
-        let channel = try await self.listen()
+        let channel = try await self.listen().listener
         services.claims.whenLocksLost { [weak self] in
             for connection in self?.connections ?? [] {
                 connection.pipeline.fireUserInboundEventTriggered(RelayKeyLocksLostEvent())
@@ -234,7 +162,7 @@ public final class RelayServer: Service, Sendable {
                 }.start()
             }
         }
-        self.state.withLockedValue { state in state = .stopped(address: state.address) }
+        self.lifecycle.finish()
         logger.info("upload-relay stopped")
     }
 
@@ -310,47 +238,7 @@ public final class RelayServer: Service, Sendable {
     }
 
     /// The connections open now.
-    private var connections: [any Channel] {
-        self.state.withLockedValue { state -> [any Channel] in
-            switch state {
-            case .running(_, _, let connections), .draining(_, _, let connections): return Array(connections.values)
-            case .starting, .stopped: return []
-            }
-        }
-    }
-
-    private func admit(_ channel: any Channel) -> Bool {
-        let id = ObjectIdentifier(channel)
-        let admitted = self.state.withLockedValue { state -> Bool in
-            guard case .running(let listener, let address, var connections) = state,
-                connections.count < self.services.configuration.maxConnections
-            else { return false }
-            connections[id] = channel
-            state = .running(listener: listener, address: address, connections: connections)
-            return true
-        }
-        if admitted {
-            self.admittedTotal.withLockedValue { $0 += 1 }
-            channel.closeFuture.whenComplete { _ in
-                let listener = self.state.withLockedValue { state -> (any Channel)? in
-                    switch state {
-                    case .running(let listener, let address, var connections):
-                        connections.removeValue(forKey: id)
-                        state = .running(listener: listener, address: address, connections: connections)
-                        return nil
-                    case .draining(let listener, let address, var connections):
-                        connections.removeValue(forKey: id)
-                        state = .draining(listener: listener, address: address, connections: connections)
-                        return connections.isEmpty ? listener : nil
-                    case .starting, .stopped:
-                        return nil
-                    }
-                }
-                listener?.close(promise: nil)
-            }
-        }
-        return admitted
-    }
+    private var connections: [any Channel] { self.lifecycle.connections }
 
     /// GOAWAY to every connection; close the listener once every connection has closed.
     ///
@@ -358,25 +246,10 @@ public final class RelayServer: Service, Sendable {
     /// latest; the last one to close closes the listener, which ends ``run()``. Calling this again does nothing.
     public func shutdown() {
         self.services.draining.withLockedValue { $0 = true }
-        let draining = self.state.withLockedValue { state -> (listener: any Channel, connections: [any Channel])? in
-            switch state {
-            case .starting(let waiting, _):
-                state = .starting(waiting: waiting, stopRequested: true)
-                return nil
-            case .running(let listener, let address, let connections):
-                state = .draining(listener: listener, address: address, connections: connections)
-                return (listener, Array(connections.values))
-            case .draining, .stopped:
-                return nil
-            }
-        }
-        guard let (listener, connections) = draining else { return }
+        guard let connections = self.lifecycle.drain() else { return }
         self.services.logger.info("shutting down", metadata: ["connections": "\(connections.count)"])
         for connection in connections {
             connection.pipeline.fireUserInboundEventTriggered(RelayShutdownEvent())
-        }
-        if connections.isEmpty {
-            listener.close(promise: nil)
         }
     }
 }

@@ -14,13 +14,7 @@ public final class RelayStatusServer: Service, Sendable {
     private let endpoint: StatusEndpoint
     private let group: any EventLoopGroup
     private let tls: NIOLockedValueBox<NIOSSLContext?>
-    private let state = NIOLockedValueBox<State>(.starting(waiting: [], stopRequested: false))
-
-    private enum State {
-        case starting(waiting: [CheckedContinuation<SocketAddress, any Error>], stopRequested: Bool)
-        case running(listener: any Channel, address: SocketAddress, connections: [ObjectIdentifier: any Channel])
-        case stopped
-    }
+    private let lifecycle: ListenerLifecycle
 
     /// HTTP/1.1 only: the ALPN name agents' TLS stacks and HTTP clients offer for it.
     public static let alpn = "http/1.1"
@@ -30,6 +24,7 @@ public final class RelayStatusServer: Service, Sendable {
         self.endpoint = endpoint
         self.group = group
         self.tls = NIOLockedValueBox(try Self.makeTLSContext(services.configuration, endpoint: endpoint))
+        self.lifecycle = ListenerLifecycle(maxConnections: endpoint.maxConnections)
     }
 
     private static func makeTLSContext(_ configuration: RelayConfiguration, endpoint: StatusEndpoint) throws -> NIOSSLContext? {
@@ -49,38 +44,17 @@ public final class RelayStatusServer: Service, Sendable {
 
     /// Waits until the endpoint listens, and returns where.
     public func waitUntilListening() async throws -> SocketAddress {
-        try await withCheckedThrowingContinuation { continuation in
-            let ready = self.state.withLockedValue { state -> Result<SocketAddress, any Error>? in
-                switch state {
-                case .starting(var waiting, let stopRequested):
-                    waiting.append(continuation)
-                    state = .starting(waiting: waiting, stopRequested: stopRequested)
-                    return nil
-                case .running(_, let address, _):
-                    return .success(address)
-                case .stopped:
-                    return .failure(RelayServerError.noAddress)
-                }
-            }
-            if let ready { continuation.resume(with: ready) }
-        }
+        try await self.lifecycle.waitUntilListening()
     }
 
     /// Binds the listener (once; later calls return where it listens), so that an address in use fails the relay's
     /// start rather than leaving it up without its endpoint. ``run()`` binds it when this was not called.
     @discardableResult
     public func bind() async throws -> SocketAddress {
-        let (_, address) = try await self.listen()
-        return address
+        try await self.listen().address
     }
 
-    private func listen() async throws -> (any Channel, SocketAddress) {
-        if let running = self.state.withLockedValue({ state -> (any Channel, SocketAddress)? in
-            if case .running(let listener, let address, _) = state { return (listener, address) }
-            return nil
-        }) {
-            return running
-        }
+    private func listen() async throws -> (listener: any Channel, address: SocketAddress) {
         let endpoint = self.endpoint
         let tls = self.tls
         let space = self.services.space
@@ -88,16 +62,16 @@ public final class RelayStatusServer: Service, Sendable {
         let services = self.services
         let threadPool = self.services.threadPool
         let logger = self.services.logger
-        let listener: any Channel
-        do {
-            listener = try await ServerBootstrap(group: self.group)
+        let lifecycle = self.lifecycle
+        return try await lifecycle.listen {
+            let listener = try await ServerBootstrap(group: self.group)
                 .serverChannelOption(.backlog, value: 128)
                 .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
                 .childChannelOption(.tcpOption(.tcp_nodelay), value: 1)
                 // One socket read per read the handler lets through: what a client sends ahead is taken a piece at a time.
                 .childChannelOption(.maxMessagesPerRead, value: 1)
-                .childChannelInitializer { [weak self] channel in
-                    guard let self, self.admit(channel) else {
+                .childChannelInitializer { channel in
+                    guard lifecycle.admit(channel) else {
                         return channel.close()
                     }
                     return channel.eventLoop.makeCompletedFuture {
@@ -123,82 +97,26 @@ public final class RelayStatusServer: Service, Sendable {
                 }
                 .bind(host: endpoint.host, port: endpoint.port)
                 .get()
-        } catch {
-            let waiting = self.state.withLockedValue { state -> [CheckedContinuation<SocketAddress, any Error>] in
-                defer { state = .stopped }
-                if case .starting(let waiting, _) = state { return waiting }
-                return []
-            }
-            for continuation in waiting { continuation.resume(throwing: error) }
-            throw error
+            logger.info(
+                endpoint.routes.contains(.status) ? "status endpoint listening" : "operations endpoint listening (/metrics, /healthz, /readyz)",
+                metadata: ["address": "\(listener.localAddress.map { "\($0)" } ?? "?")"]
+            )
+            return listener
         }
-        guard let address = listener.localAddress else {
-            listener.close(promise: nil)
-            throw RelayServerError.noAddress
-        }
-        let waiting = self.state.withLockedValue { state -> [CheckedContinuation<SocketAddress, any Error>] in
-            guard case .starting(let waiting, let stopRequested) = state else { return [] }
-            state = .running(listener: listener, address: address, connections: [:])
-            if stopRequested { listener.close(promise: nil) }
-            return waiting
-        }
-        for continuation in waiting { continuation.resume(returning: address) }
-        logger.info(
-            endpoint.routes.contains(.status) ? "status endpoint listening" : "operations endpoint listening (/metrics, /healthz, /readyz)",
-            metadata: ["address": "\(address)"]
-        )
-        return (listener, address)
     }
 
     public func run() async throws {
-        let (listener, _) = try await self.listen()
+        let listener = try await self.listen().listener
         try await withTaskCancellationOrGracefulShutdownHandler {
             try await listener.closeFuture.get()
         } onCancelOrGracefulShutdown: {
             self.shutdown()
         }
-        let connections = self.state.withLockedValue { state -> [any Channel] in
-            defer { state = .stopped }
-            if case .running(_, _, let connections) = state { return Array(connections.values) }
-            return []
-        }
-        for connection in connections { connection.close(promise: nil) }
+        for connection in self.lifecycle.finish() { connection.close(promise: nil) }
     }
 
     /// Closes the listener; ``run()`` then closes the connections and returns. Calling this again does nothing.
     public func shutdown() {
-        let listener = self.state.withLockedValue { state -> (any Channel)? in
-            switch state {
-            case .starting(let waiting, _):
-                state = .starting(waiting: waiting, stopRequested: true)
-                return nil
-            case .running(let listener, _, _):
-                return listener
-            case .stopped:
-                return nil
-            }
-        }
-        listener?.close(promise: nil)
-    }
-
-    private func admit(_ channel: any Channel) -> Bool {
-        let id = ObjectIdentifier(channel)
-        let admitted = self.state.withLockedValue { state -> Bool in
-            guard case .running(let listener, let address, var connections) = state, listener.isActive,
-                connections.count < self.endpoint.maxConnections
-            else { return false }
-            connections[id] = channel
-            state = .running(listener: listener, address: address, connections: connections)
-            return true
-        }
-        guard admitted else { return false }
-        channel.closeFuture.whenComplete { _ in
-            self.state.withLockedValue { state in
-                guard case .running(let listener, let address, var connections) = state else { return }
-                connections.removeValue(forKey: id)
-                state = .running(listener: listener, address: address, connections: connections)
-            }
-        }
-        return true
+        self.lifecycle.stopNow()
     }
 }
