@@ -306,26 +306,24 @@ public enum CatalogError: Error, Hashable, Sendable, CustomStringConvertible {
     }
 }
 
-/// The relay's durable memory: accounts and hashed tokens, quotas, upload sessions and the
-/// object index by SHA-1 (ARCHITECTURE "Storage and catalog"). Calls block: run them off the event loop.
-public protocol Catalog: Sendable {
+/// Accounts: names, hashed tokens, quotas, whether disabled.
+public protocol AccountCatalog: Sendable {
     func addAccount(name: String, tokenHash: [UInt8], quota: Int64?) throws
     func account(tokenHash: [UInt8]) throws -> Account?
     func account(named name: String) throws -> Account?
     func accounts() throws -> [Account]
     /// Revokes the account's token; false when there is no such account.
     func revokeAccount(named name: String) throws -> Bool
-    /// `rm`: in one write transaction, which a relay's commit of the key waits for on either catalog, refuses while an
-    /// upload session or a pending commit of the key exists; else runs `removingFile` with the object's row (it may refuse
-    /// by throwing: then nothing changes) and deletes the row.
-    func removeObject(account: String, key: String, removingFile: @escaping @Sendable (StoredObject) throws -> Void) throws -> ObjectRemoval
     /// Deletes the account, once it has no object, upload session or pending commit left (``CatalogError/accountInUse(_:holds:)``
     /// otherwise); false when there is no such account. Its name may be given again afterwards.
     func deleteAccount(named name: String) throws -> Bool
     /// Changes what is given of account `name`: its quota (`.some(nil)`: no limit), its token's hash (a rotation), whether
     /// it is disabled. False when there is no such account.
     func updateAccount(named name: String, quota: Int64??, tokenHash: [UInt8]?, revoked: Bool?) throws -> Bool
+}
 
+/// Upload sessions: what is durable of each unfinished upload, so that any relay sharing the catalog can resume it.
+public protocol SessionCatalog: Sendable {
     func session(account: String, key: String) throws -> UploadSession?
     /// Records a new session, replacing any other session of the same account and key.
     func putSession(_ session: UploadSession) throws
@@ -345,13 +343,32 @@ public protocol Catalog: Sendable {
     func completeStripe(sessionID: String, index: Int, bytes: Int64) throws
     /// The stripes of the session recorded complete.
     func completeStripes(sessionID: String) throws -> Set<Int>
+    /// ``objects(account:prefix:after:limit:)`` for the account's recorded sessions: its uploads under way.
+    func sessions(account: String, prefix: String, after: String?, limit: Int) throws -> [UploadSession]
+}
 
+/// The object index: committed objects by key and by content (size and SHA-1), for dedup, listings and recovery.
+public protocol ObjectIndex: Sendable {
     func object(account: String, key: String) throws -> StoredObject?
     func object(account: String, size: Int64, sha1: String) throws -> [StoredObject]
     /// Objects of the account with this size whose first 256 KiB may have the SHA-1 `probe`: a recorded probe that
     /// matches, or none recorded (SPEC §7.1). At most a few.
     func probeCandidates(account: String, size: Int64, probe: String) throws -> [StoredObject]
+    /// Every committed object, for startup recovery.
+    func objects() throws -> [StoredObject]
+    /// A page of the account's objects whose keys start with `prefix`, after the key `after` (none: from the first), at
+    /// most `limit`, in the byte order of their keys' UTF-8 (the status endpoint's listing).
+    func objects(account: String, prefix: String, after: String?, limit: Int) throws -> [StoredObject]
+    /// Forgets an object whose file is gone, giving its bytes back to the quota.
+    func deleteObject(account: String, key: String) throws
+    /// `rm`: in one write transaction, which a relay's commit of the key waits for on either catalog, refuses while an
+    /// upload session or a pending commit of the key exists; else runs `removingFile` with the object's row (it may refuse
+    /// by throwing: then nothing changes) and deletes the row.
+    func removeObject(account: String, key: String, removingFile: @escaping @Sendable (StoredObject) throws -> Void) throws -> ObjectRemoval
+}
 
+/// The commit log: quota admission of OPENs, and commits reserved, recorded or abandoned (SPEC §7, §8.3).
+public protocol CommitLog: Sendable {
     /// The account's quota and what takes it, not counting the session of `key` (the upload asking). Unfinished
     /// sessions count the bytes they hold; those whose key is in `active` (an upload is open on it now) count the
     /// size they announced, which they are about to hold. A session of a key that holds an object counts only what
@@ -384,16 +401,10 @@ public protocol Catalog: Sendable {
     func abandonCommit(account: String, key: String) throws
     /// Commits that were under way when the relay stopped.
     func pendingCommits() throws -> [PendingCommit]
-    /// Every committed object, for startup recovery.
-    func objects() throws -> [StoredObject]
-    /// A page of the account's objects whose keys start with `prefix`, after the key `after` (none: from the first), at
-    /// most `limit`, in the byte order of their keys' UTF-8 (the status endpoint's listing).
-    func objects(account: String, prefix: String, after: String?, limit: Int) throws -> [StoredObject]
-    /// ``objects(account:prefix:after:limit:)`` for the account's recorded sessions: its uploads under way.
-    func sessions(account: String, prefix: String, after: String?, limit: Int) throws -> [UploadSession]
-    /// Forgets an object whose file is gone, giving its bytes back to the quota.
-    func deleteObject(account: String, key: String) throws
+}
 
+/// The hooks' outbox: an event per committed object, queued by the commit's own transaction, delivered at least once.
+public protocol HookOutbox: Sendable {
     /// Up to `limit` queued commit events due now, oldest first, each held for `lease` (another relay, or this one's
     /// next look, takes it again only after that): at least once, never lost.
     func claimCommitEvents(limit: Int, lease: Duration) throws -> [CommitEvent]
@@ -403,6 +414,12 @@ public protocol Catalog: Sendable {
     func retryCommitEvent(id: Int64, at retryAt: Date, error: String) throws
     /// How many events wait, the oldest one's last error, and when the oldest was committed.
     func commitEventBacklog() throws -> CommitEventBacklog
+}
+
+/// The relay's durable memory, five concerns in one database (ARCHITECTURE "Storage and catalog"): accounts, upload
+/// sessions, the object index, the commit log and the hooks' outbox. Calls block: run them off the event loop. A part of
+/// the relay that needs one concern takes that protocol alone.
+public protocol Catalog: AccountCatalog, SessionCatalog, ObjectIndex, CommitLog, HookOutbox {
     /// Answers when the catalog can be read (``/readyz``); throws what stopped it otherwise.
     func ping() throws
 
@@ -410,7 +427,7 @@ public protocol Catalog: Sendable {
     var keyLocks: (any KeyLocks)? { get }
 }
 
-extension Catalog {
+extension CommitLog {
     /// One transaction per commit, for catalogs with nothing better.
     public func beginCommits(_ commits: [PendingCommit]) throws -> [CatalogError?] {
         try Self.reserving(commits, with: self.beginCommit)

@@ -73,16 +73,19 @@ public struct KeyStatusPage: Hashable, Sendable, Codable {
 /// Answers ``StatusRequest``s from the catalog, for the token's account only. Blocks (the catalog does): run it off
 /// the event loop.
 public struct StatusResponder: Sendable {
-    public let catalog: any Catalog
+    /// What the status endpoint reads: the token's account, its upload sessions and its objects. Nothing is written.
+    public typealias Reads = AccountCatalog & SessionCatalog & ObjectIndex
+
+    public let catalog: any Reads
     public let logger: Logger
     /// Whether the relay's storage is full now (said in every answer while it is).
     let storageFull: @Sendable () -> Bool
 
-    public init(catalog: any Catalog, logger: Logger) {
+    public init(catalog: any Reads, logger: Logger) {
         self.init(catalog: catalog, logger: logger, storageFull: { false })
     }
 
-    init(catalog: any Catalog, logger: Logger, storageFull: @escaping @Sendable () -> Bool) {
+    init(catalog: any Reads, logger: Logger, storageFull: @escaping @Sendable () -> Bool) {
         self.catalog = catalog
         self.logger = logger
         self.storageFull = storageFull
