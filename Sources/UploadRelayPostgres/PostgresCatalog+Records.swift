@@ -145,6 +145,15 @@ extension PostgresCatalog {
         }
     }
 
+    public func sessions(account: String, keys: [String]) throws -> [String: UploadSession] {
+        guard !keys.isEmpty else { return [:] }
+        let logger = self.logger
+        return try self.run {
+            let rows = try await Self.rows("SELECT * FROM session WHERE account = \(account) AND key = ANY(\(keys))", on: $0, logger)
+            return Dictionary(try rows.map { row in let session = try Self.session(row); return (session.key, session) }, uniquingKeysWith: { first, _ in first })
+        }
+    }
+
     public func putSession(_ session: UploadSession) throws {
         try self.putSession(session, parts: [])
     }
@@ -272,6 +281,15 @@ extension PostgresCatalog {
         let logger = self.logger
         return try self.run {
             try await Self.rows("SELECT * FROM object WHERE account = \(account) AND key = \(key)", on: $0, logger).first.map(Self.object)
+        }
+    }
+
+    public func objects(account: String, keys: [String]) throws -> [String: StoredObject] {
+        guard !keys.isEmpty else { return [:] }
+        let logger = self.logger
+        return try self.run {
+            let rows = try await Self.rows("SELECT * FROM object WHERE account = \(account) AND key = ANY(\(keys))", on: $0, logger)
+            return Dictionary(try rows.map { row in let object = try Self.object(row); return (object.key, object) }, uniquingKeysWith: { first, _ in first })
         }
     }
 

@@ -167,6 +167,25 @@ struct CatalogContractTests {
         }
     }
 
+    @Test("objects and sessions of many keys in one read: only the account's, only keys that have one, each once", arguments: Backend.allCases)
+    func manyKeys(_ backend: Backend) throws {
+        try Self.withCatalog(backend) { catalog, _ in
+            for name in ["alice", "bob"] { try catalog.addAccount(name: name, tokenHash: [name == "alice" ? 1 : 2], quota: nil) }
+            for (account, key, size) in [("alice", "a.jpg", Int64(10)), ("alice", "b.jpg", 20), ("bob", "c.jpg", 30)] {
+                let commit = PendingCommit(account: account, key: key, size: size, sha1: "aa", sessionID: nil)
+                try catalog.beginCommit(commit)
+                try catalog.finishCommit(commit, identity: Self.identity)
+            }
+            try catalog.putSession(Self.session("s1", key: "v.mp4", durable: 5))
+            try catalog.putSession(Self.session("s2", key: "v.mp4", durable: 6, account: "bob"))
+            let objects = try catalog.objects(account: "alice", keys: ["a.jpg", "c.jpg", "nope", "a.jpg", "v.mp4"])
+            #expect(objects.mapValues(\.size) == ["a.jpg": 10], "\(objects)")
+            let sessions = try catalog.sessions(account: "alice", keys: ["v.mp4", "a.jpg", "v.mp4"])
+            #expect(sessions.mapValues(\.id) == ["v.mp4": "s1"], "\(sessions)")
+            #expect(try catalog.objects(account: "alice", keys: []).isEmpty && catalog.sessions(account: "bob", keys: []).isEmpty)
+        }
+    }
+
     @Test("sessions: recorded, replaced by key, updated with their parts, gone with them; an update of a gone one refused", arguments: Backend.allCases)
     func sessions(_ backend: Backend) throws {
         try Self.withCatalog(backend) { catalog, _ in

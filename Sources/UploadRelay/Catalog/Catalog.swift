@@ -325,6 +325,8 @@ public protocol AccountCatalog: Sendable {
 /// Upload sessions: what is durable of each unfinished upload, so that any relay sharing the catalog can resume it.
 public protocol SessionCatalog: Sendable {
     func session(account: String, key: String) throws -> UploadSession?
+    /// The sessions of these keys of the account that have one, by key: one read for many (a quota plan, SPEC §7.2).
+    func sessions(account: String, keys: [String]) throws -> [String: UploadSession]
     /// Records a new session, replacing any other session of the same account and key.
     func putSession(_ session: UploadSession) throws
     func updateDurable(sessionID: String, offset: Int64, sha1State: [UInt8]) throws
@@ -350,6 +352,8 @@ public protocol SessionCatalog: Sendable {
 /// The object index: committed objects by key and by content (size and SHA-1), for dedup, listings and recovery.
 public protocol ObjectIndex: Sendable {
     func object(account: String, key: String) throws -> StoredObject?
+    /// The objects of these keys of the account that have one, by key: one read for many (a quota plan, SPEC §7.2).
+    func objects(account: String, keys: [String]) throws -> [String: StoredObject]
     func object(account: String, size: Int64, sha1: String) throws -> [StoredObject]
     /// Objects of the account with this size whose first 256 KiB may have the SHA-1 `probe`: a recorded probe that
     /// matches, or none recorded (SPEC §7.1). At most a few.
@@ -425,6 +429,28 @@ public protocol Catalog: AccountCatalog, SessionCatalog, ObjectIndex, CommitLog,
 
     /// The locks on keys that every relay sharing this catalog honours; nil for a catalog of one relay.
     var keyLocks: (any KeyLocks)? { get }
+}
+
+extension ObjectIndex {
+    /// One read per key, for catalogs with nothing better.
+    public func objects(account: String, keys: [String]) throws -> [String: StoredObject] {
+        var found: [String: StoredObject] = [:]
+        for key in keys where found[key] == nil {
+            if let object = try self.object(account: account, key: key) { found[key] = object }
+        }
+        return found
+    }
+}
+
+extension SessionCatalog {
+    /// One read per key, for catalogs with nothing better.
+    public func sessions(account: String, keys: [String]) throws -> [String: UploadSession] {
+        var found: [String: UploadSession] = [:]
+        for key in keys where found[key] == nil {
+            if let session = try self.session(account: account, key: key) { found[key] = session }
+        }
+        return found
+    }
 }
 
 extension CommitLog {

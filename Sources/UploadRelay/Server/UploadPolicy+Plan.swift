@@ -17,16 +17,22 @@ extension UploadPolicy {
             let use = try catalog.quotaUse(account: name, excludingKey: "", active: active)
             let used = Self.used(use)
             let limits = self.services.configuration.limits
+            let keys = plan.entries.map { entry in
+                try? ObjectKey(validating: entry.rawKey, maxLength: limits.maxKeyLength, maxSegmentLength: limits.maxKeySegmentLength)
+            }
+            // One read of the objects and one of the sessions for the whole PLAN, whatever its size.
+            let valid = keys.compactMap { $0?.value }
+            let objects = try catalog.objects(account: name, keys: valid)
+            let sessions = try catalog.sessions(account: name, keys: valid)
             var needs: [UInt64] = []
             needs.reserveCapacity(plan.entries.count)
-            for entry in plan.entries {
+            for (entry, key) in zip(plan.entries, keys) {
                 let size = Int64(entry.size)
-                guard let key = try? ObjectKey(validating: entry.rawKey, maxLength: limits.maxKeyLength, maxSegmentLength: limits.maxKeySegmentLength)
-                else {
+                guard let key else {
                     needs.append(entry.size)
                     continue
                 }
-                let existing = try catalog.object(account: name, key: key.value)
+                let existing = objects[key.value]
                 if existing != nil && !plan.overwrite {
                     // STORED, or ALREADY_EXISTS: neither adds.
                     needs.append(0)
@@ -34,8 +40,7 @@ extension UploadPolicy {
                 }
                 // What `used` counts for an unfinished or open upload of this key: its commit replaces it.
                 var held: Int64 = 0
-                let session = try catalog.session(account: name, key: key.value)
-                if active[key.value] != nil || session != nil {
+                if active[key.value] != nil || sessions[key.value] != nil {
                     held = max(0, used - Self.used(try catalog.quotaUse(account: name, excludingKey: key.value, active: active)))
                 }
                 needs.append(UInt64(max(0, size - (existing?.size ?? 0) - held)))
