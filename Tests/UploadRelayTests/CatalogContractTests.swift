@@ -9,13 +9,13 @@ import UploadTestSupport
 @testable import UploadRelayPostgres
 @testable import UploadRelaySQLite
 
-/// One suite, both catalogs (issue 10): every test runs against SQLite and against PostgreSQL (the throwaway cluster
-/// tools/test starts, `UPLOAD_TEST_POSTGRES_URL`; each test gets a database of its own). What one backend answers,
-/// the other must.
-@Suite("Catalog contract: SQLite and PostgreSQL")
+/// One suite, every catalog: each test runs against SQLite, PostgreSQL (the throwaway cluster tools/test starts,
+/// `UPLOAD_TEST_POSTGRES_URL`; each test gets a database of its own) and the in-memory catalog. What one backend
+/// answers, the others must.
+@Suite("Catalog contract: SQLite, PostgreSQL and in memory")
 struct CatalogContractTests {
     enum Backend: String, CaseIterable, Sendable, CustomStringConvertible {
-        case sqlite, postgres
+        case sqlite, postgres, memory
         var description: String { self.rawValue }
     }
 
@@ -32,6 +32,10 @@ struct CatalogContractTests {
             let directory = TemporaryDirectories.make(prefix: "upload-catalog-")
             let path = directory + "/catalog.sqlite"
             try body(try SQLiteCatalog(path: path), { try SQLiteCatalog(path: path) })
+        case .memory:
+            // A second opening of the same data is the same catalog, as a second relay in one process would share it.
+            let catalog = InMemoryCatalog()
+            try body(catalog, { catalog })
         case .postgres:
             try PostgresTestDatabase.with { url in
                 var opened: [PostgresCatalog] = []
