@@ -8,7 +8,20 @@ extension AgentSession {
     // MARK: Opening
 
     /// Opens streams while the relay allows more, places of ``AgentConfiguration/concurrency`` are free and jobs wait.
+    /// Twins whose content no stream of this connection uploads any more go back to the queue: the stream ended, or
+    /// its job went back to the queue (another connection may take it), or learnt its SHA-1 since (a probe's). Never
+    /// left waiting for an upload that is not here: the connection would not close, the run not end.
+    mutating func releaseTwins() {
+        guard !self.twins.isEmpty else { return }
+        let uploading = Set(self.senders.values.flatMap { $0.job.contentKeys })
+        for (content, jobs) in self.twins where !uploading.contains(content) {
+            self.twins[content] = nil
+            for job in jobs { self.queue.requeue(job) }
+        }
+    }
+
     mutating func openMore() -> [Action] {
+        self.releaseTwins()
         guard !self.closed else { return [] }
         if !self.deferred.isEmpty && !self.senders.values.contains(where: { $0.job.striped }) {
             // The striped upload they waited for left this connection (finished, failed, confirmed, retried).
@@ -81,7 +94,7 @@ extension AgentSession {
             }
             job.probe = sha1 == nil ? prepared.probe : nil
             job.probePrefix = sha1 == nil ? prepared.probePrefix : nil
-            if let content = job.contentKey, self.senders.values.contains(where: { $0.job.contentKey == content }) {
+            if let content = job.contentKey, self.senders.values.contains(where: { $0.job.contentKeys.contains(content) }) {
                 self.twins[content, default: []].append(job)
                 return []
             }
@@ -420,11 +433,9 @@ extension AgentSession {
         }
         self.outcome.madeProgress = true
         self.queue.finished(job, result)
-        if let content = job.contentKey, let twins = self.twins.removeValue(forKey: content) {
-            // The same content is on the relay now (or failed): the twins open, and its dedup answers them (a probe's
-            // twin through CONFIRM).
-            for twin in twins { self.queue.requeue(twin) }
-        }
+        // The same content is on the relay now (or failed): the twins open, and its dedup answers them (a probe's twin
+        // through CONFIRM).
+        self.releaseTwins()
         return [.event(.finished(result))] + self.openMore() + self.closeIfIdle()
     }
 

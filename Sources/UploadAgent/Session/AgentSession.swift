@@ -321,6 +321,7 @@ struct AgentSession {
 
     /// Closes once nothing is in flight and nothing more will go out on this connection.
     mutating func closeIfIdle() -> [Action] {
+        self.releaseTwins()
         guard self.senders.isEmpty, self.preparing == 0, self.delayed.isEmpty, self.twins.isEmpty, self.deferred.isEmpty, self.planning == nil
         else { return [] }
         return self.queue.isDone || self.goingAway ? self.close() : []

@@ -46,6 +46,15 @@ final class UploadJob: @unchecked Sendable {
         if let probe = self.probe { return ContentKey(probe: probe, size: self.info?.size) }
         return nil
     }
+
+    /// Every key its content is known by: a job opened with a probe learns its SHA-1 as it goes, and a twin parked under
+    /// the probe must still find it.
+    var contentKeys: [ContentKey] {
+        var keys: [ContentKey] = []
+        if let sha1 = self.knownSHA1 { keys.append(ContentKey(sha1: sha1)) }
+        if let probe = self.probe { keys.append(ContentKey(probe: probe, size: self.info?.size)) }
+        return keys
+    }
     /// The relay's resume token from the last OFFSET.
     var resumeToken: [UInt8] = []
     /// Payload bytes sent over every connection of this run.

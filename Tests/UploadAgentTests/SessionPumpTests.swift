@@ -1,0 +1,182 @@
+import Foundation
+import NIOCore
+import Testing
+import UploadChecksums
+import UploadProtocol
+import UploadTestSupport
+
+@testable import UploadAgent
+
+/// The agent's real session against the relay's real session, in memory: frames as bytes both ways, cut at random
+/// places; the agent's source work (open and hash, read, hash a prefix) and the relay's storage steps run in an order
+/// a seeded generator picks, as threads and a slow disk would. No socket, no thread pool, no clock.
+struct SessionPump {
+    var agent: AgentSession
+    var relay: RelayDriver
+    let queue: JobQueue
+    var rng: SeededGenerator
+    var toRelay = ByteBuffer()
+    var toAgent = ByteBuffer()
+    /// The agent's source work, done when asked; its completion waits here for its turn to reach the session.
+    var work: [(inout AgentSession) -> [AgentSession.Action]] = []
+    /// The agent's backoff timers that are due once nothing else moves.
+    var timers: [AgentSession.Timer] = []
+    var outcome: ConnectionOutcome? = nil
+    var agentClosed = false
+    var events: [UploadEvent] = []
+
+    init(items: [UploadItem], backend: RelayBackend, seed: UInt64, configure: (inout AgentConfiguration) -> Void = { _ in }) {
+        var configuration = AgentConfiguration(relayHost: "relay", relayPort: 1, token: "good-token", caPath: nil)
+        configure(&configuration)
+        self.queue = JobQueue(items.map { UploadJob(item: $0) })
+        self.agent = AgentSession(configuration: configuration, queue: self.queue)
+        self.relay = RelayDriver(backend: backend)
+        self.rng = SeededGenerator(seed: seed)
+        self.send(toAgent: self.relay.start())
+        self.run(self.agent.connected())
+    }
+
+    mutating func send(toAgent frames: [Frame]) {
+        for frame in frames {
+            var bytes = frame.encoded()
+            self.toAgent.writeBuffer(&bytes)
+        }
+    }
+
+    /// Runs the agent's actions as ``AgentConnectionHandler`` does, its source work queued for the schedule.
+    mutating func run(_ actions: [AgentSession.Action]) {
+        for action in actions {
+            switch action {
+            case .write(let frame):
+                guard !self.agentClosed else { continue }
+                var bytes = frame.encoded()
+                self.toRelay.writeBuffer(&bytes)
+            case .close:
+                self.agentClosed = true
+            case .schedule(let timer, _):
+                self.timers.append(timer)
+            case .prepare(let job, let dedup, let probe):
+                let (journal, limit) = (self.queue.journal, self.agent.configuration.maxReopensInARow)
+                let result = Result {
+                    try SourceReader.prepare(job.item.source, info: job.info, knownSHA1: job.knownSHA1, dedup: dedup, probe: probe, reopenLimit: limit, journal: journal)
+                }
+                self.work.append { $0.prepared(job, result) }
+            case .read(let request):
+                let result = Result { try SourceReader.read(request, bandwidth: nil) }
+                self.work.append { $0.readFinished(request.streamID, result) }
+            case .hashPrefix(let id, let source, let from, let offset, let reopening):
+                let result = Result { try SourceReader.hashPrefix(of: source, from: from, upTo: offset, reopening: reopening) }
+                self.work.append { $0.prefixHashed(id, result) }
+            case .event(let event):
+                self.events.append(event)
+            case .log:
+                break
+            case .finished(let outcome):
+                self.outcome = outcome
+            }
+        }
+    }
+
+    /// One step of the schedule; false once nothing can move.
+    mutating func step() -> Bool {
+        var choices: [Int] = []
+        if self.toRelay.readableBytes > 0 && !self.relay.closed { choices.append(0) }
+        if self.toAgent.readableBytes > 0 && !self.agentClosed { choices.append(1) }
+        if !self.work.isEmpty { choices.append(2) }
+        if self.relay.pendingStorageCount > 0 { choices.append(3) }
+        guard let choice = choices.randomElement(using: &self.rng) else {
+            if !self.timers.isEmpty, !self.agentClosed {
+                let timer = self.timers.removeFirst()
+                self.run(self.agent.timerFired(timer))
+                return true
+            }
+            return false
+        }
+        switch choice {
+        case 0:
+            // Some of what the agent wrote, cut anywhere.
+            let count = Int.random(in: 1...self.toRelay.readableBytes, using: &self.rng)
+            var piece = self.toRelay.readSlice(length: count)!
+            self.send(toAgent: self.relay.receive(&piece))
+            if self.relay.closed { self.closeBoth() }
+        case 1:
+            let count = Int.random(in: 1...self.toAgent.readableBytes, using: &self.rng)
+            let piece = self.toAgent.readSlice(length: count)!
+            self.agent.received(piece)
+            while let actions = self.agent.nextFrame(now: .now) { self.run(actions) }
+            if self.agentClosed { self.closeBoth() }
+        case 2:
+            let index = Int.random(in: 0..<self.work.count, using: &self.rng)
+            let completion = self.work.remove(at: index)
+            self.run(completion(&self.agent))
+        default:
+            self.send(toAgent: self.relay.runStorage(limit: Int.random(in: 1...3, using: &self.rng)))
+        }
+        return true
+    }
+
+    /// Either side closed: what is in flight is lost, both sessions hear the connection is gone.
+    mutating func closeBoth() {
+        guard self.outcome == nil else { return }
+        self.toRelay.clear()
+        self.toAgent.clear()
+        self.relay.connectionClosed()
+        self.run(self.agent.connectionClosed())
+    }
+}
+
+@Suite("The real agent and relay sessions, pumped against each other")
+struct SessionPumpTests {
+    @Test("seeded schedules: photos and a video, dedup on, frames cut anywhere, source work and storage in any order: every file stored exactly", arguments: Array(0..<40) + [166, 190])
+    // Rounds 166 and 190: a large file's twin parked while its stream awaited a probe's CONFIRM was never released (the
+    // stream left without ending, and came back under its SHA-1), so the connection never closed.
+    func seeded(_ round: Int) throws {
+        let seed = UInt64(truncatingIfNeeded: Int(ProcessInfo.processInfo.environment["PUMP_SEED"] ?? "").map { $0 + round } ?? (71_000 + round))
+        print("session pump seed \(seed) (PUMP_SEED=\(seed) replays it)")
+        var rng = SeededGenerator(seed: seed)
+        let directory = TemporaryDirectories.make(prefix: "upload-pump-")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        var files: [(key: String, data: Data)] = []
+        var items: [UploadItem] = []
+        let count = Int.random(in: 1...12, using: &rng)
+        for index in 0..<count {
+            let size = index == 0 ? Int.random(in: 1...(6 << 20), using: &rng) : Int.random(in: 0...300_000, using: &rng)
+            var file = makeFile(directory, "f\(index).bin", size: size, seed: seed &+ UInt64(index))
+            if index > 1 && index % 4 == 0 {
+                // Every fourth file repeats the first small one's bytes: the relay dedups it.
+                file.data = files[1].data
+                FileManager.default.createFile(atPath: file.path, contents: file.data)
+            }
+            files.append(("pump/f\(index).bin", file.data))
+            items.append(UploadItem(key: "pump/f\(index).bin", displayPath: file.path, source: FileSource(path: file.path)))
+        }
+        let backend = try RelayBackend { $0.syncBytes = Int.random(in: 4096...(1 << 20), using: &rng) }
+        var pump = SessionPump(items: items, backend: backend, seed: seed) { configuration in
+            configuration.chunkSize = [16 << 10, 64 << 10, 256 << 10][Int.random(in: 0..<3, using: &rng)]
+            configuration.dedup = true
+        }
+        var steps = 0
+        while pump.step() {
+            steps += 1
+            try #require(steps < 2_000_000, "seed \(seed): the sessions never settle")
+        }
+        #expect(
+            pump.queue.isDone,
+            "seed \(seed): the queue is not done after \(steps) steps; outcome \(String(describing: pump.outcome)); agent closed \(pump.agentClosed), relay closed \(pump.relay.closed); senders \(pump.agent.senders.count), preparing \(pump.agent.preparing), delayed \(pump.agent.delayed.count), twins \(pump.agent.twins.count), deferred \(pump.agent.deferred.count), timers \(pump.timers); events \(pump.events.suffix(6))"
+        )
+        let results = pump.queue.results
+        #expect(results.count == files.count, "seed \(seed)")
+        for result in results {
+            #expect(result.status == .stored || result.status == .deduplicated, "seed \(seed): \(result.key): \(result.error ?? "")")
+        }
+        if count >= 5 {
+            #expect(results.contains { $0.status == .deduplicated && $0.sentBytes == 0 }, "seed \(seed): no file was deduplicated")
+        }
+        for (key, data) in files {
+            let stored = backend.object(key)
+            #expect(stored.map { $0 == Array(data) } ?? false, "seed \(seed): \(key) is not stored exactly (\(stored.map { "\($0.count) bytes" } ?? "absent"), \(data.count) bytes sent)")
+        }
+        if !pump.agentClosed { pump.closeBoth() }
+        #expect(!backend.holdsResources, "seed \(seed): the relay holds resources after the connection closed")
+    }
+}
