@@ -27,14 +27,14 @@ extension LocalDirectoryStore {
         let path = try self.path(of: key, account: account)
         guard try Self.identity(at: path) != nil else { return nil }
         let fd = open(path, O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { throw StoreError("cannot open \(path): \(Self.reason())") }
+        guard fd >= 0 else { throw StoreError("cannot open \(path): \(FileSystem.reason())") }
         defer { Glibc.close(fd) }
         var sha1 = SHA1()
         var buffer = [UInt8](repeating: 0, count: 1 << 20)
         while true {
             let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
             if n < 0 && errno == EINTR { continue }
-            guard n >= 0 else { throw StoreError("cannot read \(path): \(Self.reason())") }
+            guard n >= 0 else { throw StoreError("cannot read \(path): \(FileSystem.reason())") }
             if n == 0 { break }
             buffer.withUnsafeBytes { sha1.update(UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
         }

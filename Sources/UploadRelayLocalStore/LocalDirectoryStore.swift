@@ -33,16 +33,16 @@ public final class LocalDirectoryStore: BlobStore {
     public init(
         root: String, stagingDirectory: String, directBuffer: Int = LocalDirectoryStore.defaultDirectBuffer, modes: FileModes = .private
     ) throws {
-        self.root = Self.trimmed(root)
-        self.stagingDirectory = Self.trimmed(stagingDirectory)
+        self.root = FileSystem.trimmed(root)
+        self.stagingDirectory = FileSystem.trimmed(stagingDirectory)
         self.directBuffer = min(max(0, directBuffer), Self.maxDirectBuffer)
         self.modes = modes
-        try Self.makeDirectories(self.root, mode: modes.directory)
-        try Self.makeDirectories(self.stagingDirectory, mode: modes.directory)
+        try FileSystem.makeDirectories(self.root, mode: modes.directory)
+        try FileSystem.makeDirectories(self.stagingDirectory, mode: modes.directory)
         var rootStat = stat()
         var stagingStat = stat()
         guard stat(self.root, &rootStat) == 0, stat(self.stagingDirectory, &stagingStat) == 0 else {
-            throw StoreError("cannot stat \(self.root) or \(self.stagingDirectory): \(Self.reason())")
+            throw StoreError("cannot stat \(self.root) or \(self.stagingDirectory): \(FileSystem.reason())")
         }
         guard rootStat.st_dev == stagingStat.st_dev else {
             throw StoreError(
@@ -66,7 +66,7 @@ public final class LocalDirectoryStore: BlobStore {
         // its catalog record) must not turn into a file of zeros below the durable offset.
         let fd = open(path, O_RDWR | O_CLOEXEC | (offset == 0 ? O_CREAT | O_TRUNC : 0), self.modes.file)
         guard fd >= 0 else {
-            throw StoreError("cannot open staging file \(path): \(Self.reason())", isNoSpace: errno == ENOSPC)
+            throw StoreError("cannot open staging file \(path): \(FileSystem.reason())", isNoSpace: errno == ENOSPC)
         }
         var info = stat()
         guard fstat(fd, &info) == 0, Int64(info.st_size) >= offset else {
@@ -74,7 +74,7 @@ public final class LocalDirectoryStore: BlobStore {
             throw StoreError("staging file \(path) holds fewer than its \(offset) durable bytes")
         }
         guard ftruncate(fd, off_t(offset)) == 0 else {
-            let message = Self.reason()
+            let message = FileSystem.reason()
             Glibc.close(fd)
             throw StoreError("cannot cut staging file \(path) to \(offset) bytes: \(message)")
         }
@@ -90,11 +90,11 @@ public final class LocalDirectoryStore: BlobStore {
         let path = try self.stagingPath(name)
         let fd = open(path, O_RDWR | O_CLOEXEC | (creating ? O_CREAT : 0), self.modes.file)
         guard fd >= 0 else {
-            throw StoreError("cannot open staging file \(path): \(Self.reason())", isNoSpace: errno == ENOSPC)
+            throw StoreError("cannot open staging file \(path): \(FileSystem.reason())", isNoSpace: errno == ENOSPC)
         }
         if creating {
             do {
-                try Self.syncDirectory(self.stagingDirectory)
+                try FileSystem.syncDirectory(self.stagingDirectory)
             } catch {
                 Glibc.close(fd)
                 throw error
@@ -122,7 +122,7 @@ public final class LocalDirectoryStore: BlobStore {
     public func removeStaging(_ name: String) throws {
         let path = self.stagingDirectory + "/" + name
         if unlink(path) != 0 && errno != ENOENT {
-            throw StoreError("cannot remove staging file \(path): \(Self.reason())")
+            throw StoreError("cannot remove staging file \(path): \(FileSystem.reason())")
         }
     }
 
@@ -142,9 +142,9 @@ public final class LocalDirectoryStore: BlobStore {
         let directory = ([base] + segments.dropLast()).joined(separator: "/")
         let path = directory + "/" + (segments.last ?? key.value)
         if checked.contains(directory) { return (directory, path) }
-        try Self.makeDirectories(directory, mode: self.modes.directory)
+        try FileSystem.makeDirectories(directory, mode: self.modes.directory)
         guard let realBase = realpath(base, nil), let realDirectory = realpath(directory, nil) else {
-            throw StoreError("cannot resolve \(directory): \(Self.reason())")
+            throw StoreError("cannot resolve \(directory): \(FileSystem.reason())")
         }
         defer {
             free(realBase)
@@ -214,7 +214,7 @@ public final class LocalDirectoryStore: BlobStore {
         for (index, directory, path) in placed {
             if directories[directory] == nil {
                 do {
-                    try Self.syncDirectory(directory)
+                    try FileSystem.syncDirectory(directory)
                     directories[directory] = .some(nil)
                 } catch {
                     directories[directory] = error as? StoreError ?? StoreError("\(error)")
@@ -242,7 +242,7 @@ public final class LocalDirectoryStore: BlobStore {
         try file.seal()
         let (directory, path) = try self.placeFor(key, account: account, checked: &checked)
         guard rename(file.path, path) == 0 else {
-            throw StoreError("cannot rename \(file.path) to \(path): \(Self.reason())", isNoSpace: errno == ENOSPC)
+            throw StoreError("cannot rename \(file.path) to \(path): \(FileSystem.reason())", isNoSpace: errno == ENOSPC)
         }
         file.close()
         return (directory, path)
@@ -251,7 +251,7 @@ public final class LocalDirectoryStore: BlobStore {
     /// Syncs the directory an object was renamed into and reads its identity; a failure here leaves a visible object.
     static func afterRename(directory: String, path: String) throws -> ObjectIdentity {
         do {
-            try Self.syncDirectory(directory)
+            try FileSystem.syncDirectory(directory)
         } catch let error as StoreError {
             throw Self.visible(error)
         }
@@ -294,7 +294,7 @@ public final class LocalDirectoryStore: BlobStore {
             throw error
         }
         guard rename(temporary, path) == 0 else {
-            let message = Self.reason()
+            let message = FileSystem.reason()
             unlink(temporary)
             throw StoreError("cannot place a copy of \"\(source)\" at \(path): \(message)")
         }
@@ -303,7 +303,7 @@ public final class LocalDirectoryStore: BlobStore {
 
     static func copyFile(_ from: String, to: String, expected: ObjectIdentity, mode: mode_t) throws {
         let input = open(from, O_RDONLY | O_CLOEXEC)
-        guard input >= 0 else { throw StoreError("cannot open \(from): \(reason())") }
+        guard input >= 0 else { throw StoreError("cannot open \(from): \(FileSystem.reason())") }
         defer { Glibc.close(input) }
         var info = stat()
         guard fstat(input, &info) == 0, UInt64(info.st_ino) == expected.inode, UInt64(info.st_dev) == expected.device,
@@ -312,23 +312,23 @@ public final class LocalDirectoryStore: BlobStore {
             throw StoreError("\(from) was replaced while it was being copied")
         }
         let output = open(to, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode)
-        guard output >= 0 else { throw StoreError("cannot create \(to): \(reason())", isNoSpace: errno == ENOSPC) }
+        guard output >= 0 else { throw StoreError("cannot create \(to): \(FileSystem.reason())", isNoSpace: errno == ENOSPC) }
         defer { Glibc.close(output) }
         var buffer = [UInt8](repeating: 0, count: 1 << 20)
         while true {
             let n = buffer.withUnsafeMutableBytes { read(input, $0.baseAddress, $0.count) }
             if n < 0 && errno == EINTR { continue }
-            guard n >= 0 else { throw StoreError("cannot read \(from): \(reason())") }
+            guard n >= 0 else { throw StoreError("cannot read \(from): \(FileSystem.reason())") }
             if n == 0 { break }
             var done = 0
             while done < n {
                 let w = buffer.withUnsafeBytes { write(output, $0.baseAddress! + done, n - done) }
                 if w < 0 && errno == EINTR { continue }
-                guard w > 0 else { throw StoreError("cannot write \(to): \(reason())", isNoSpace: errno == ENOSPC) }
+                guard w > 0 else { throw StoreError("cannot write \(to): \(FileSystem.reason())", isNoSpace: errno == ENOSPC) }
                 done += w
             }
         }
-        guard fsync(output) == 0 else { throw StoreError("cannot fsync \(to): \(reason())") }
+        guard fsync(output) == 0 else { throw StoreError("cannot fsync \(to): \(FileSystem.reason())") }
     }
 
 
@@ -340,7 +340,7 @@ public final class LocalDirectoryStore: BlobStore {
             guard lstat(directory + "/" + name, &info) == 0 else { return }
             files.append((name, Date(timeIntervalSince1970: Double(info.st_mtim.tv_sec) + Double(info.st_mtim.tv_nsec) / 1e9)))
         }) else {
-            throw StoreError("cannot list \(self.stagingDirectory): \(Self.reason())")
+            throw StoreError("cannot list \(self.stagingDirectory): \(FileSystem.reason())")
         }
         return files
     }
@@ -364,11 +364,4 @@ public final class LocalDirectoryStore: BlobStore {
             return true
         }
     }
-}
-
-extension LocalDirectoryStore {
-    static func trimmed(_ path: String) -> String { FileSystem.trimmed(path) }
-    static func reason(_ code: Int32 = errno) -> String { FileSystem.reason(code) }
-    static func makeDirectories(_ path: String, mode: mode_t) throws { try FileSystem.makeDirectories(path, mode: mode) }
-    static func syncDirectory(_ directory: String) throws { try FileSystem.syncDirectory(directory) }
 }

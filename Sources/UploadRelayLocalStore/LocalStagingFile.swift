@@ -206,7 +206,7 @@ final class LocalStagingFile: StagingFile, @unchecked Sendable {
     private func check(_ code: Int32, count: Int, at offset: Int64) throws {
         guard code != 0 else { return }
         throw StoreError(
-            "cannot write \(count) bytes at offset \(offset) of \(self.path): \(LocalDirectoryStore.reason(code))",
+            "cannot write \(count) bytes at offset \(offset) of \(self.path): \(FileSystem.reason(code))",
             isNoSpace: code == ENOSPC || code == EDQUOT
         )
     }
@@ -218,7 +218,7 @@ final class LocalStagingFile: StagingFile, @unchecked Sendable {
             try self.flushDirect()
             try self.dataSync()
             guard !self.nameIsDurable else { return }
-            try LocalDirectoryStore.syncDirectory(self.directory)
+            try FileSystem.syncDirectory(self.directory)
             // Bytes in a file whose name is gone (removed as an orphan while its upload waited) are not durable.
             var info = stat()
             guard fstat(self.descriptor, &info) == 0, info.st_nlink > 0 else {
@@ -237,7 +237,7 @@ final class LocalStagingFile: StagingFile, @unchecked Sendable {
             let n = pread(self.descriptor, buffer.baseAddress! + done, buffer.count - done, off_t(offset) + off_t(done))
             if n < 0 && errno == EINTR { continue }
             guard n >= 0 else {
-                throw StoreError("cannot read \(buffer.count) bytes at offset \(offset) of \(self.path): \(LocalDirectoryStore.reason())")
+                throw StoreError("cannot read \(buffer.count) bytes at offset \(offset) of \(self.path): \(FileSystem.reason())")
             }
             if n == 0 { break }
             done += n
@@ -254,7 +254,7 @@ final class LocalStagingFile: StagingFile, @unchecked Sendable {
                 free(tail.memory)
             }
             guard ftruncate(self.descriptor, off_t(self.end)) == 0 else {
-                throw StoreError("cannot cut \(self.path) to \(self.end) bytes: \(LocalDirectoryStore.reason())")
+                throw StoreError("cannot cut \(self.path) to \(self.end) bytes: \(FileSystem.reason())")
             }
             try self.dataSync()
         }
@@ -264,7 +264,7 @@ final class LocalStagingFile: StagingFile, @unchecked Sendable {
     private func dataSync() throws {
         guard fdatasync(self.descriptor) == 0 else {
             let code = errno
-            throw StoreError("cannot fsync \(self.path): \(LocalDirectoryStore.reason(code))", isNoSpace: code == ENOSPC)
+            throw StoreError("cannot fsync \(self.path): \(FileSystem.reason(code))", isNoSpace: code == ENOSPC)
         }
     }
 

@@ -19,9 +19,10 @@ struct QuotaCheck {
     static func run(_ plan: ItemPlanner.Plan, sendWhatFits: Bool, overwrite: Bool, uploader: Uploader) async -> QuotaCheck {
         let all = QuotaCheck(items: plan.items, held: [], note: nil)
         // Streams have no size to plan with: they go, and the relay bounds them as they arrive.
-        let planned = plan.items.indices.filter { plan.sizes.indices.contains($0) && plan.sizes[$0] != nil }
-        guard !planned.isEmpty else { return all }
-        let request = QuotaPlan.Request(entries: planned.map { (plan.items[$0].key, plan.sizes[$0] ?? 0) }, overwrite: overwrite)
+        let sized = zip(plan.items.indices, plan.sizes).compactMap { index, size in size.map { (index: index, size: $0) } }
+        guard !sized.isEmpty else { return all }
+        let planned = sized.map(\.index)
+        let request = QuotaPlan.Request(entries: sized.map { (plan.items[$0.index].key, $0.size) }, overwrite: overwrite)
         let answer: QuotaPlan?
         do {
             answer = try await uploader.quotaPlan(request)
@@ -45,7 +46,7 @@ struct QuotaCheck {
         var check = QuotaCheck(items: [], held: [], note: nil)
         var sizes: UInt64? = 0
         for (index, item) in plan.items.enumerated() {
-            let size = plan.sizes.indices.contains(index) ? plan.sizes[index] : nil
+            let size = plan.sizes[index]
             let fits = !overflow.contains(index)
             if fits && sendWhatFits {
                 check.items.append(item)

@@ -8,22 +8,15 @@ struct QuotaPlanning {
     let entries: [Frame.Plan.Entry]
     var pending: ArraySlice<Frame.Plan.Entry>
     let overwrite: Bool
-    /// Whether the PLAN with no entry went out.
-    var probed = false
+    /// Whether the ROOM of the PLAN with no entry came: the entries go out only after it.
+    var probeAnswered = false
     var needs: [UInt64] = []
-    var quota: UInt64? = nil
-    var used: UInt64 = 0
     var request: UInt32 = 0
 
     init(_ request: QuotaPlan.Request) {
         self.entries = request.entries
         self.pending = request.entries[...]
         self.overwrite = request.overwrite
-    }
-
-    /// The sizes of the whole selection (saturating).
-    var totalSize: UInt64 {
-        self.entries.reduce(0) { $0.addingReportingOverflow($1.size).overflow ? .max : $0 + $1.size }
     }
 }
 
@@ -37,12 +30,11 @@ extension AgentSession {
             return [.log(.debug, "the relay does not answer quota plans (no QUOTA_PLAN)", [:])] + self.closeIfIdle()
         }
         var entries: [Frame.Plan.Entry] = []
-        if planning.probed {
+        if planning.probeAnswered {
             let count = min(planning.pending.count, ProtocolLimits.maxPlanEntries)
             entries = Array(planning.pending.prefix(count))
             planning.pending = planning.pending.dropFirst(count)
         }
-        planning.probed = true
         planning.request &+= 1
         self.planning = planning
         guard let frame = self.machine.sendPlan(Frame.Plan(request: planning.request, overwrite: planning.overwrite, entries: entries))
@@ -54,31 +46,27 @@ extension AgentSession {
     }
 
     /// A ROOM for the PLAN sent last (the state machine checked that it answers it): the next PLAN, or the plan done.
+    /// The latest ROOM's quota and use are the answer's: each ROOM reads the catalog anew.
     mutating func planAnswered(_ room: Frame.Room) -> [Action] {
         guard var planning = self.planning else { return [] }
-        let wasProbe = planning.needs.isEmpty && planning.pending.count == planning.entries.count
-        planning.needs += room.needs
-        // The latest figures: each ROOM reads the catalog anew.
-        planning.quota = room.quota
-        planning.used = room.used
-        self.planning = planning
-        if wasProbe && !planning.entries.isEmpty {
-            let total = planning.totalSize
-            let fitsWhole = room.quota.map { quota in room.used <= quota && total <= quota - room.used } ?? true
-            if fitsWhole {
-                // Every byte may count and it still fits: each need is at most its size.
-                return self.planDone(planning, needs: planning.entries.map(\.size))
-            }
-            return self.askPlan()
+        let account = self.machine.terms?.account ?? ""
+        if !planning.probeAnswered {
+            planning.probeAnswered = true
+            self.planning = planning
+            // Every byte may count and it still fits: each need is at most its size.
+            let bound = QuotaPlan(account: account, quota: room.quota, used: room.used, needs: planning.entries.map(\.size))
+            return bound.fits ? self.planDone(bound) : self.askPlan()
         }
+        planning.needs += room.needs
+        self.planning = planning
         if !planning.pending.isEmpty {
             return self.askPlan()
         }
-        return self.planDone(planning, needs: planning.needs)
+        return self.planDone(QuotaPlan(account: account, quota: room.quota, used: room.used, needs: planning.needs))
     }
 
-    private mutating func planDone(_ planning: QuotaPlanning, needs: [UInt64]) -> [Action] {
-        self.outcome.quotaPlan = QuotaPlan(account: self.machine.terms?.account ?? "", quota: planning.quota, used: planning.used, needs: needs)
+    private mutating func planDone(_ plan: QuotaPlan) -> [Action] {
+        self.outcome.quotaPlan = plan
         self.planning = nil
         return self.closeIfIdle()
     }

@@ -433,9 +433,8 @@ extension AgentSession {
         }
         self.outcome.madeProgress = true
         self.queue.finished(job, result)
-        // The same content is on the relay now (or failed): the twins open, and its dedup answers them (a probe's twin
-        // through CONFIRM).
-        self.releaseTwins()
+        // The same content is on the relay now (or failed): the twins open (``openMore()`` releases them), and its
+        // dedup answers them (a probe's twin through CONFIRM).
         return [.event(.finished(result))] + self.openMore() + self.closeIfIdle()
     }
 

@@ -542,9 +542,6 @@ extension Frame {
             self.used = used
             self.needs = needs
         }
-
-        /// Bytes left under the quota; nil: no quota.
-        public var left: UInt64? { self.quota.map { $0 > self.used ? $0 - self.used : 0 } }
     }
 
     /// A frame of an extension type (0x80 and up): decoded so that it can be skipped (SPEC §1.5).

@@ -14,8 +14,8 @@ struct OpenFacts: Sendable {
     var existing: StoredObject? = nil
     /// Whether the store's file of ``existing`` is still the one the relay committed (read when OPEN states a SHA-1).
     var existingVerified = false
-    /// Objects of other keys of the account with OPEN's size and SHA-1 whose files are still the committed ones: a copy
-    /// of one can be linked under the key (read when OPEN states a SHA-1).
+    /// Objects of other keys of the account recorded with OPEN's size and SHA-1 (read when OPEN states a SHA-1): a copy
+    /// of one can be linked under the key, once its file is verified still the committed one (when it is linked).
     var twins: [StoredObject] = []
     /// With PROBE: whether a verified object of the account may hold these bytes.
     var probeMatched = false

@@ -175,9 +175,10 @@ package struct UploadPolicy {
             // is decided without (and an OPEN of a photo already stored costs no search of the account's objects).
             let twinsMatter = !holdsThem && (facts.existing == nil || open.overwrite)
             if twinsMatter {
-                for twin in try catalog.object(account: name, size: size, sha1: sha1.hex)
-                where twin.key != key.value && twin.identity != nil && (try? ObjectKey(validating: twin.key)) != nil {
-                    if try Self.verifiedObject(twin, services: self.services) != nil { facts.twins.append(twin) }
+                // Verified one at a time when linked (``duplicate(_:open:key:account:)``): the first that is still its
+                // committed file is enough.
+                facts.twins = try catalog.object(account: name, size: size, sha1: sha1.hex).filter { twin in
+                    twin.key != key.value && twin.identity != nil && (try? ObjectKey(validating: twin.key)) != nil
                 }
             }
         }
@@ -199,7 +200,9 @@ package struct UploadPolicy {
         let (catalog, store) = (self.services.catalog, self.services.store)
         guard let sha1 = open.sha1, let size = open.size.map({ Int64($0) }) else { return nil }
         for twin in twins {
-            guard let twinKey = try? ObjectKey(validating: twin.key), let expected = twin.identity else { continue }
+            guard let twinKey = try? ObjectKey(validating: twin.key), let expected = twin.identity,
+                try Self.verifiedObject(twin, services: self.services) != nil
+            else { continue }
             let commit = PendingCommit(
                 account: name, key: key.value, size: size, sha1: sha1.hex, sessionID: nil, probeSHA1: twin.probeSHA1,
                 location: try self.eventLocation(key, account: name)
