@@ -196,17 +196,19 @@ final class PatternSource: BlobSource, @unchecked Sendable {
         SourceInfo(size: self.isSeekable ? UInt64(self.size) : nil, fingerprint: [1, 2, 3])
     }
 
+    /// A read that reaches the stall offset returns the bytes before it; one that starts there waits for ``release()``.
     func read(at offset: UInt64, maxLength: Int, allocator: ByteBufferAllocator) throws -> ByteBuffer {
         let start = Int(offset)
-        let end = min(self.size, start + maxLength)
+        var end = min(self.size, start + maxLength)
         try self.lock.withLock {
             if let next = self.pendingInvalidations.first, next < end {
                 if !self.forever { self.pendingInvalidations.removeFirst() }
                 throw SourceInvalidated("the generator was replaced at \(next)")
             }
-            while let stall = self.stallAt, stall < end {
+            while let stall = self.stallAt, stall <= start {
                 self.lock.wait()
             }
+            if let stall = self.stallAt, stall < end { end = stall }
         }
         var buffer = allocator.buffer(capacity: max(0, end - start))
         buffer.writeBytes(Self.bytes(start..<max(start, end)))

@@ -71,32 +71,39 @@ struct StatusEndpointTests {
         return last
     }
 
-    /// Uploads a 3 MiB video through `relay` at 512 KiB/s while an app asks `statusPort` with the same token: it must see
-    /// the upload under way (its durable bytes, its size), when `underway` runs, and then stored with its SHA-1. Six
-    /// seconds under way: with the whole suite running, one second was once too short for `underway`'s requests.
+    /// Uploads a 3 MiB video through `relay` while an app asks `statusPort` with the same token: it must see the upload
+    /// under way (its durable bytes, its size), when `underway` runs, and then stored with its SHA-1. The source stalls
+    /// at 1 MiB until the app has seen it under way, so no load on the machine can make the upload end first.
     static func watchedUpload(
-        through relay: TestRelay, askingAt statusPort: Int, client: HTTPClient, seed: UInt64, underway: () async throws -> Void = {}
+        through relay: TestRelay, askingAt statusPort: Int, client: HTTPClient, underway: () async throws -> Void = {}
     ) async throws {
-        let source = TestRelay.makeDirectory()
-        defer { try? FileManager.default.removeItem(atPath: source) }
-        let video = makeFile(source, "clip.mp4", size: 3 << 20, seed: seed)
+        let size = 3 << 20
+        let video = PatternSource(size: size, stallAt: 1 << 20)
         let sending = Task {
             try await upload(
-                [UploadItem(key: "videos/clip.mp4", displayPath: video.path, source: FileSource(path: video.path))],
+                [UploadItem(key: "videos/clip.mp4", displayPath: "clip.mp4", source: video, dedup: false)],
                 port: relay.port, token: relay.token, ca: relay.caPath
-            ) { $0.bandwidthLimit = 512 << 10 }
+            )
         }
-        let seen = try await Self.poll(client, port: statusPort, key: "videos/clip.mp4", token: relay.token) {
-            $0.json["status"] as? String == "uploading" && ($0.json["bytes"] as? Int ?? 0) > 0
+        let seen: Answer?
+        do {
+            seen = try await Self.poll(client, port: statusPort, key: "videos/clip.mp4", token: relay.token) {
+                $0.json["status"] as? String == "uploading" && ($0.json["bytes"] as? Int ?? 0) > 0
+            }
+            #expect(seen?.json["status"] as? String == "uploading", "\(String(describing: seen?.json))")
+            #expect(seen?.json["size"] as? Int == size)
+            #expect((seen?.json["bytes"] as? Int ?? 0) <= 1 << 20)
+            try await underway()
+        } catch {
+            video.release()
+            _ = try? await sending.value
+            throw error
         }
-        #expect(seen?.json["status"] as? String == "uploading", "\(String(describing: seen?.json))")
-        #expect(seen?.json["size"] as? Int == video.data.count)
-        #expect((seen?.json["bytes"] as? Int ?? 0) < video.data.count)
-        try await underway()
+        video.release()
         let results = try await sending.value
         #expect(results.first?.status == .stored, "\(results.first?.error ?? "")")
         let stored = try await Self.poll(client, port: statusPort, key: "videos/clip.mp4", token: relay.token) { $0.json["status"] as? String == "stored" }
-        #expect(stored?.json["bytes"] as? Int == video.data.count && stored?.json["sha1"] as? String == SHA1Hex.of(video.data))
+        #expect(stored?.json["bytes"] as? Int == size && stored?.json["sha1"] as? String == SHA1Hex.of(PatternSource.bytes(0..<size)))
     }
 
     @Test("an upload longer than one sync shows as uploading from its OPEN, with 0 bytes, before any acknowledgement; in ls --in-progress too; a photo committed at once costs no session")
@@ -110,20 +117,30 @@ struct StatusEndpointTests {
         let source = TestRelay.makeDirectory()
         defer { try? FileManager.default.removeItem(atPath: source) }
         do {
-            // 3 MiB at 512 KiB/s: the first acknowledgement (1 MiB) comes 2 s after the OPEN.
-            let video = makeFile(source, "long.mov", size: 3 << 20, seed: 21)
+            // 3 MiB whose source stalls at 512 KiB, under one sync (1 MiB, or 30 s): nothing is acknowledged until the
+            // test lets it go on, so the session can only show from its OPEN.
+            let video = PatternSource(size: 3 << 20, stallAt: 512 << 10)
             let sending = Task {
                 try await upload(
-                    [UploadItem(key: "long.mov", displayPath: video.path, source: FileSource(path: video.path))],
+                    [UploadItem(key: "long.mov", displayPath: "long.mov", source: video, dedup: false)],
                     port: relay.port, token: relay.token, ca: relay.caPath
-                ) { $0.bandwidthLimit = 512 << 10 }
+                )
             }
-            let first = try await Self.poll(client, port: relay.statusPort, key: "long.mov", token: relay.token) { $0.status == 200 }
+            let first: Answer?
+            let sessions: [UploadSession]
+            do {
+                first = try await Self.poll(client, port: relay.statusPort, key: "long.mov", token: relay.token) { $0.status == 200 }
+                // What ls --in-progress reads: the session.
+                sessions = try relay.services.catalog.sessions(updatedBefore: .distantFuture)
+            } catch {
+                video.release()
+                _ = try? await sending.value
+                throw error
+            }
+            video.release()
             #expect(first?.json["status"] as? String == "uploading", "\(String(describing: first?.json))")
             #expect(first?.json["bytes"] as? Int == 0, "first seen with \(String(describing: first?.json["bytes"])) bytes: not from its OPEN")
-            #expect(first?.json["size"] as? Int == video.data.count)
-            // What ls --in-progress reads: the session (its bytes may have grown since the answer above, under load).
-            let sessions = try relay.services.catalog.sessions(updatedBefore: .distantFuture)
+            #expect(first?.json["size"] as? Int == 3 << 20)
             #expect(sessions.map(\.key) == ["long.mov"], "\(sessions)")
             #expect(try await sending.value.first?.status == .stored)
             // A photo under one sync: committed at once, never recorded as a session (no catalog write before its commit).
@@ -183,7 +200,7 @@ struct StatusEndpointTests {
         #expect(b.json["size"] as? Int == 200_000 && b.json["sha1"] as? String == SHA1Hex.of(theirs.data))
 
         // A video sent at 512 KiB/s: an app polling sees it under way, then stored; the listing too; another account never.
-        try await Self.watchedUpload(through: relay, askingAt: relay.statusPort, client: client, seed: 3) {
+        try await Self.watchedUpload(through: relay, askingAt: relay.statusPort, client: client) {
             let listing = try await Self.get(client, port: relay.statusPort, "prefix=videos/", token: relay.token)
             let entries = listing.json["entries"] as? [[String: Any]] ?? []
             let listed: [String] = entries.compactMap { $0["key"] as? String }
@@ -324,7 +341,7 @@ struct StatusEndpointTests {
             let b = try await Self.relay(catalogURL: url, directory: directoryB).start()
             #expect(a.token == b.token)
             let client = Self.client(ca: b.caPath)
-            try await Self.watchedUpload(through: a, askingAt: b.statusPort, client: client, seed: 4)
+            try await Self.watchedUpload(through: a, askingAt: b.statusPort, client: client)
             let listing = try await Self.get(client, port: b.statusPort, "prefix=videos/", token: b.token)
             #expect((listing.json["entries"] as? [[String: Any]])?.first?["bytes"] as? Int == 3 << 20)
             try await client.shutdown()
