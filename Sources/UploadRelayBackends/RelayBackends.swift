@@ -41,22 +41,16 @@ extension RelayRuntime {
         }
     }
 
-    /// Builds the server's shared services on the store the configuration names (which may narrow it: an S3 store takes
-    /// no stripes, and no blob above S3's largest object).
+    /// Builds the server's shared services on the store the configuration names (whose capabilities may narrow it: an
+    /// S3 store takes no stripes, and no blob above S3's largest object).
     public static func makeServices(configuration: RelayConfiguration, catalog: any Catalog, logger: Logger) throws -> RelayServices {
-        var configuration = configuration
-        let store = try Self.makeStore(&configuration, ledger: catalog as? any MultipartLedger, logger: logger)
+        let store = try Self.openStore(configuration, catalog: catalog, logger: logger)
         return try Self.makeServices(configuration: configuration, catalog: catalog, store: store, logger: logger)
     }
 
-    /// The store a configuration names, for the admin commands (`rm`, `token delete`): the same as `serve` opens.
+    /// The store the configuration names: an S3 bucket, or the local directory. The admin commands (`rm`, `token
+    /// delete`) open the same as `serve`.
     public static func openStore(_ configuration: RelayConfiguration, catalog: any Catalog, logger: Logger) throws -> any BlobStore {
-        var configuration = configuration
-        return try Self.makeStore(&configuration, ledger: catalog as? any MultipartLedger, logger: logger)
-    }
-
-    /// The store the configuration names: an S3 bucket (which takes no stripes), or the local directory.
-    static func makeStore(_ configuration: inout RelayConfiguration, ledger: (any MultipartLedger)?, logger: Logger) throws -> any BlobStore {
         if let s3 = configuration.s3 {
             if s3.prefix.isEmpty {
                 logger.warning(
@@ -64,12 +58,10 @@ extension RelayRuntime {
                     metadata: ["s3.bucket": "\(s3.bucket)"]
                 )
             }
-            configuration.allowStripes = false
-            configuration.maxBlobSize = min(configuration.maxBlobSize, S3Store.maxObjectBytes)
             let client = S3Client(endpoint: s3.endpoint, credentials: s3.credentials, http: HTTPClient.shared)
             return try S3Store(
                 client: client, bucket: s3.bucket, prefix: s3.prefix, spoolDirectory: configuration.spoolDirectory,
-                minPartBytes: s3.minPartBytes, modes: configuration.fileModes, ledger: ledger, logger: logger
+                minPartBytes: s3.minPartBytes, modes: configuration.fileModes, ledger: catalog as? any MultipartLedger, logger: logger
             )
         }
         return try LocalDirectoryStore(

@@ -52,15 +52,21 @@ public final class LocalDirectoryStore: BlobStore {
     }
 
 
+    /// Stripes and reading back: any size a file system takes.
+    public var capabilities: StoreCapabilities { StoreCapabilities(stripes: true, largestObject: .max) }
 
-
-    public func openStaging(_ name: String, truncatingTo offset: Int64) throws -> any StagingFile {
-        try self.openStaging(name, truncatingTo: offset, expectedSize: nil)
+    public func openStaging(_ request: StagingRequest) throws -> any StagingFile {
+        switch request.layout {
+        case .sequential(let offset, _):
+            return try self.openStaging(request.name, truncatingTo: offset, expectedSize: request.expectedSize)
+        case .striped(let size, let creating):
+            return try self.openStripedStaging(request.name, size: size, creating: creating)
+        }
     }
 
     /// An upload that announced fewer bytes than the direct buffer's most writes through the page cache: direct I/O's
     /// set-up (flags, aligned buffer, padded last block, the cut at commit) costs more than the copy it saves.
-    public func openStaging(_ name: String, truncatingTo offset: Int64, expectedSize: Int64?) throws -> any StagingFile {
+    private func openStaging(_ name: String, truncatingTo offset: Int64, expectedSize: Int64?) throws -> LocalStagingFile {
         let path = try self.stagingPath(name)
         // A resume never creates: a missing staging file (a crash between commit's rename and
         // its catalog record) must not turn into a file of zeros below the durable offset.
@@ -86,7 +92,8 @@ public final class LocalDirectoryStore: BlobStore {
         )
     }
 
-    public func openStripedStaging(_ name: String, size: Int64, creating: Bool) throws -> any StagingFile {
+    /// No direct I/O: its buffer writes in order from one offset and cuts the file to what it wrote on close.
+    private func openStripedStaging(_ name: String, size: Int64, creating: Bool) throws -> LocalStagingFile {
         let path = try self.stagingPath(name)
         let fd = open(path, O_RDWR | O_CLOEXEC | (creating ? O_CREAT : 0), self.modes.file)
         guard fd >= 0 else {
@@ -100,7 +107,6 @@ public final class LocalDirectoryStore: BlobStore {
                 throw error
             }
         }
-        // No direct I/O: its buffer writes in order from one offset and cuts the file to what it wrote on close.
         return LocalStagingFile(
             name: name, path: path, directory: self.stagingDirectory, descriptor: fd, offset: size, directBuffer: 0, nameIsDurable: true
         )
@@ -190,10 +196,6 @@ public final class LocalDirectoryStore: BlobStore {
 
     func path(of key: ObjectKey, account: String) throws -> String {
         try self.accountDirectory(account) + "/" + key.value
-    }
-
-    public func commit(_ staging: any StagingFile, as key: ObjectKey, account: String) throws -> ObjectIdentity {
-        try self.commit([StoreCommit(staging: staging, key: key, account: account)])[0].get()
     }
 
     /// Each file synced and renamed into place in turn; then each directory that received one is synced once, and

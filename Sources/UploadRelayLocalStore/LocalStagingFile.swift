@@ -51,7 +51,7 @@ final class LocalStagingFile: StagingFile, @unchecked Sendable {
         var fill: Int
     }
 
-    /// `offset` is where the file ends now (what ``LocalDirectoryStore/openStaging(_:truncatingTo:)`` cut it to).
+    /// `offset` is where the file ends now (what ``LocalDirectoryStore/openStaging(_:)`` cut it to).
     /// `directBuffer` > 0 asks for direct I/O through a buffer of that many bytes, rounded up to whole blocks.
     init(name: String, path: String, directory: String, descriptor: Int32, offset: Int64, directBuffer: Int, nameIsDurable: Bool) {
         self.name = name

@@ -13,7 +13,8 @@ import UploadS3
 
 /// One upload's staging in S3: its multipart upload (created at its first part) and the spool of the bytes since.
 final class S3StagingFile: StagingFile, @unchecked Sendable {
-    let name: String
+    /// The name it was opened under, before its multipart upload exists.
+    let openedName: String
     let key: ObjectKey
     let account: String
     let objectKey: String
@@ -36,7 +37,7 @@ final class S3StagingFile: StagingFile, @unchecked Sendable {
         upload: (id: String, parts: [StagedPart])?, expectedSize: Int64?
     ) {
         self.store = store
-        self.name = name
+        self.openedName = name
         self.key = key
         self.account = account
         self.objectKey = objectKey
@@ -54,15 +55,9 @@ final class S3StagingFile: StagingFile, @unchecked Sendable {
         }
     }
 
-    func takeNewParts() -> [StagedPart] {
-        self.lock.withLock {
-            defer { self.unrecorded = [] }
-            return self.unrecorded
-        }
-    }
-
-    var currentName: String {
-        self.lock.withLock { self.upload.map { S3Store.name(uploadID: $0.id, key: self.objectKey) } ?? self.name }
+    /// Its multipart upload's, once it has one.
+    var name: String {
+        self.lock.withLock { self.upload.map { S3Store.name(uploadID: $0.id, key: self.objectKey) } ?? self.openedName }
     }
 
     func write(_ bytes: ByteBuffer, at offset: Int64) throws {
@@ -87,20 +82,29 @@ final class S3StagingFile: StagingFile, @unchecked Sendable {
         }
     }
 
-    /// Nothing of S3's is durable short of a part: see ``sync(through:)``.
+    /// Nothing of S3's is durable short of a part: see ``sync(through:)``. The parts it uploads are reported by the next
+    /// ``sync(through:)``.
     func sync() throws {
-        _ = try self.sync(through: self.lock.withLock { self.base + self.spooled })
+        _ = try self.lock.withLock { try self.uploadDue(through: self.base + self.spooled) }
     }
 
-    func sync(through offset: Int64) throws -> Bool {
+    func sync(through offset: Int64) throws -> StagingSync {
         try self.lock.withLock {
-            let pending = offset - self.base
-            guard pending > 0 else { return true }
-            let next = (self.upload?.parts.count ?? 0) + 1
-            guard pending >= self.store.partBytes(number: next, size: self.expectedSize) else { return false }
-            try self.uploadPart(bytes: pending)
-            return true
+            guard try self.uploadDue(through: offset) else { return .heldBack }
+            defer { self.unrecorded = [] }
+            return .durable(newParts: self.unrecorded)
         }
+    }
+
+    /// Uploads the bytes below `offset` as the next part when they make one; false when they are too few and wait.
+    /// Under the lock.
+    private func uploadDue(through offset: Int64) throws -> Bool {
+        let pending = offset - self.base
+        guard pending > 0 else { return true }
+        let next = (self.upload?.parts.count ?? 0) + 1
+        guard pending >= self.store.partBytes(number: next, size: self.expectedSize) else { return false }
+        try self.uploadPart(bytes: pending)
+        return true
     }
 
     /// Uploads the first `count` spooled bytes as the next part (creating the upload first), then empties the spool.

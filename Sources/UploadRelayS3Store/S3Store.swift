@@ -111,17 +111,24 @@ public final class S3Store: BlobStore, Sendable {
 
     // MARK: Staging
 
-    public func openStaging(_ name: String, truncatingTo offset: Int64) throws -> any StagingFile {
-        throw StoreError("the S3 store opens staging only for a known key (relay bug: \(name))")
+    /// No stripes (a multipart upload's parts are written in order, and are not read back); no object above S3's
+    /// largest.
+    public var capabilities: StoreCapabilities { StoreCapabilities(stripes: false, largestObject: Self.maxObjectBytes) }
+
+    public func openStaging(_ request: StagingRequest) throws -> any StagingFile {
+        switch request.layout {
+        case .sequential(let offset, let parts):
+            return try self.openStaging(
+                request.name, for: request.key, account: request.account, truncatingTo: offset, expectedSize: request.expectedSize, parts: parts
+            )
+        case .striped:
+            throw StoreError("striped uploads are not supported with an S3 store (its capabilities say so: the relay offers none)")
+        }
     }
 
-    public func openStaging(_ name: String, truncatingTo offset: Int64, expectedSize: Int64?) throws -> any StagingFile {
-        throw StoreError("the S3 store opens staging only for a known key (relay bug: \(name))")
-    }
-
-    public func openStaging(
+    private func openStaging(
         _ name: String, for key: ObjectKey, account: String, truncatingTo offset: Int64, expectedSize: Int64?, parts recorded: [StagedPart]
-    ) throws -> any StagingFile {
+    ) throws -> S3StagingFile {
         let objectKey = self.objectKey(key, account: account)
         var upload: (id: String, parts: [StagedPart])? = nil
         if let named = Self.upload(inName: name) {
@@ -174,10 +181,6 @@ public final class S3Store: BlobStore, Sendable {
             store: self, name: name, key: key, account: account, objectKey: objectKey, spoolPath: spool, descriptor: fd, base: base, upload: upload,
             expectedSize: expectedSize
         )
-    }
-
-    public func openStripedStaging(_ name: String, size: Int64, creating: Bool) throws -> any StagingFile {
-        throw StoreError("striped uploads are not supported with an S3 store")
     }
 
     public func removeStaging(_ name: String) throws {
@@ -271,10 +274,6 @@ public final class S3Store: BlobStore, Sendable {
     }
 
     // MARK: Objects
-
-    public func commit(_ staging: any StagingFile, as key: ObjectKey, account: String) throws -> ObjectIdentity {
-        try self.commit(staging, as: key, account: account, sha1: nil, overwrite: true)
-    }
 
     public func commit(_ batch: [StoreCommit]) -> [Result<ObjectIdentity, any Error>] {
         batch.map { item in

@@ -193,7 +193,7 @@ struct WorkloadTests {
             $0.sessionExpiry = .seconds(1)
             $0.maintenanceInterval = .milliseconds(100)
         }.start()
-        let staging = try relay.services.store.openStaging("abandoned", truncatingTo: 0)
+        let staging = try relay.services.store.openStaging(.named("abandoned"))
         try staging.write(ByteBuffer(string: "half an upload"), at: 0)
         staging.close()
         try relay.services.catalog.putSession(

@@ -27,7 +27,7 @@ struct CommitGroupTests {
     /// Stages `bytes` as a new upload of `key` and returns its commit request.
     static func staged(_ key: String, _ bytes: [UInt8], services: RelayServices, overwrite: Bool = false) throws -> UploadPolicy.CommitRequest {
         let name = UploadPolicy.randomID()
-        let staging = try services.store.openStaging(name, truncatingTo: 0)
+        let staging = try services.store.openStaging(.named(name))
         try staging.write(ByteBuffer(bytes: bytes), at: 0)
         let sha1 = try #require(SHA1Digest(bytes: SHA1.hash(bytes)))
         return UploadPolicy.CommitRequest(

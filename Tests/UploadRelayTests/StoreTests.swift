@@ -18,7 +18,7 @@ struct StoreTests {
     func commit() throws {
         let root = TemporaryDirectories.make()
         let store = try LocalDirectoryStore(root: root + "/store", stagingDirectory: root + "/staging")
-        let staging = try store.openStaging("s1", truncatingTo: 0)
+        let staging = try store.openStaging(.named("s1"))
         try staging.write(ByteBuffer(string: "hello "), at: 0)
         try staging.write(ByteBuffer(string: "world"), at: 6)
         let key = try ObjectKey(validating: "a/b/c.txt")
@@ -37,7 +37,7 @@ struct StoreTests {
         let catalog = try SQLiteCatalog(path: root + "/catalog.sqlite")
         try catalog.addAccount(name: "cam", tokenHash: [1], quota: 1000)
         // 1. Crash between the rename and the record.
-        let renamed = try store.openStaging("s1", truncatingTo: 0)
+        let renamed = try store.openStaging(.named("s1"))
         try renamed.write(ByteBuffer(string: "hello"), at: 0)
         let hello = SHA1Digest(bytes: SHA1.hash(Array("hello".utf8)))!.hex
         let first = PendingCommit(account: "cam", key: "a.txt", size: 5, sha1: hello, sessionID: nil)
@@ -66,13 +66,13 @@ struct StoreTests {
     func resumeNeedsStaging() throws {
         let root = TemporaryDirectories.make()
         let store = try LocalDirectoryStore(root: root + "/store", stagingDirectory: root + "/staging")
-        #expect(throws: StoreError.self) { try store.openStaging("gone", truncatingTo: 4096) }
+        #expect(throws: StoreError.self) { try store.openStaging(.named("gone", offset: 4096)) }
         #expect(!FileManager.default.fileExists(atPath: root + "/staging/gone"))
-        let staging = try store.openStaging("short", truncatingTo: 0)
+        let staging = try store.openStaging(.named("short"))
         try staging.write(ByteBuffer(string: "abc"), at: 0)
         staging.close()
-        #expect(throws: StoreError.self) { try store.openStaging("short", truncatingTo: 10) }
-        let resumed = try store.openStaging("short", truncatingTo: 2)
+        #expect(throws: StoreError.self) { try store.openStaging(.named("short", offset: 10)) }
+        let resumed = try store.openStaging(.named("short", offset: 2))
         resumed.close()
         #expect(FileManager.default.contents(atPath: root + "/staging/short") == Data("ab".utf8))
     }
@@ -84,7 +84,7 @@ struct StoreTests {
         let store = try LocalDirectoryStore(root: root + "/store", stagingDirectory: root + "/staging")
         try FileManager.default.createDirectory(atPath: root + "/store/a1", withIntermediateDirectories: true)
         try FileManager.default.createSymbolicLink(atPath: root + "/store/a1/evil", withDestinationPath: outside)
-        let staging = try store.openStaging("s", truncatingTo: 0)
+        let staging = try store.openStaging(.named("s"))
         try staging.write(ByteBuffer(string: "x"), at: 0)
         #expect(throws: StoreError.self) { try store.commit(staging, as: try ObjectKey(validating: "evil/file"), account: "a1") }
         #expect(!FileManager.default.fileExists(atPath: outside + "/file"))
@@ -130,7 +130,7 @@ struct DirectStagingTests {
         var rng = SeededGenerator(seed: seed)
         let (root, store) = try Self.makeStore(directBuffer: 64 << 10)
         let data = self.randomBytes(300_000 + Int(rng.next() % 10_000), &rng)
-        let staging = try store.openStaging("s", truncatingTo: 0)
+        let staging = try store.openStaging(.named("s"))
         // Where the file system takes O_DIRECT, the staging file must really use it (elsewhere it falls back).
         #expect((staging as? LocalStagingFile)?.isDirect == Self.supportsDirectIO(root), "direct I/O not in use in \(root)")
         try self.stage(data, into: staging, rng: &rng)
@@ -145,7 +145,7 @@ struct DirectStagingTests {
         let data = self.randomBytes(200_000, &rng)
         let durable = 4096 * 17 + 1 + Int(rng.next() % 4000)
         // First run: the durable prefix, synced; then bytes that were never acknowledged, then the connection dies.
-        let first = try store.openStaging("s", truncatingTo: 0)
+        let first = try store.openStaging(.named("s"))
         try self.stage(Array(data[..<durable]), into: first, rng: &rng)
         try first.sync()
         try first.write(ByteBuffer(bytes: self.randomBytes(10_000, &rng)), at: Int64(durable))
@@ -156,7 +156,7 @@ struct DirectStagingTests {
     /// Reopens staging file "s" at `durable`, writes the rest of `data` and commits: the object must be `data`.
     func resumeAndCommit(_ store: LocalDirectoryStore, root: String, _ data: [UInt8], durable: Int, rng: inout SeededGenerator) throws {
         // The resume cuts back to the durable offset and goes on from there.
-        let resumed = try store.openStaging("s", truncatingTo: Int64(durable))
+        let resumed = try store.openStaging(.named("s", offset: Int64(durable)))
         #expect((resumed as? LocalStagingFile)?.isDirect == Self.supportsDirectIO(root))
         try self.stage(data, from: durable, into: resumed, rng: &rng)
         _ = try store.commit(resumed, as: ObjectKey(validating: "o.bin"), account: "a1")
@@ -170,7 +170,7 @@ struct DirectStagingTests {
         let direct = Self.supportsDirectIO(root)
         var files: [(LocalStagingFile, [UInt8])] = []
         for index in 0..<40 {
-            let staging = try store.openStaging("s\(index)", truncatingTo: 0) as! LocalStagingFile
+            let staging = try store.openStaging(.named("s\(index)")) as! LocalStagingFile
             files.append((staging, self.randomBytes((1 << 20) + Int(rng.next() % 50_000), &rng)))
         }
         var written = [Int](repeating: 0, count: files.count)
@@ -193,9 +193,9 @@ struct DirectStagingTests {
     func smallAnnouncedUploadsSkipDirectIO() throws {
         let (root, store) = try Self.makeStore(directBuffer: 1 << 20)
         let direct = Self.supportsDirectIO(root)
-        let small = try store.openStaging("small", truncatingTo: 0, expectedSize: 16_384) as! LocalStagingFile
-        let unknown = try store.openStaging("unknown", truncatingTo: 0, expectedSize: nil) as! LocalStagingFile
-        let large = try store.openStaging("large", truncatingTo: 0, expectedSize: 1 << 20) as! LocalStagingFile
+        let small = try store.openStaging(.named("small", expectedSize: 16_384)) as! LocalStagingFile
+        let unknown = try store.openStaging(.named("unknown", expectedSize: nil)) as! LocalStagingFile
+        let large = try store.openStaging(.named("large", expectedSize: 1 << 20)) as! LocalStagingFile
         #expect(!small.isDirect)
         #expect(unknown.isDirect == direct && large.isDirect == direct)
         let bytes = (0..<16_384).map { UInt8(truncatingIfNeeded: $0 &* 31) }
@@ -212,7 +212,7 @@ struct DirectStagingTests {
         let (root, store) = try Self.makeStore(directBuffer: 64 << 10)
         let data = self.randomBytes(150_000, &rng)
         let durable = 4096 * 9 + 1234
-        let first = try store.openStaging("s", truncatingTo: 0)
+        let first = try store.openStaging(.named("s"))
         try first.write(ByteBuffer(bytes: data[..<durable]), at: 0)
         try first.sync()
         try first.write(ByteBuffer(bytes: self.randomBytes(70_000, &rng)), at: Int64(durable))
@@ -228,11 +228,11 @@ struct DirectStagingTests {
     @Test("after seal or close a staging file refuses writes and syncs instead of pretending")
     func noUseAfterSealOrClose() throws {
         let (root, store) = try Self.makeStore()
-        let sealed = try store.openStaging("a", truncatingTo: 0)
+        let sealed = try store.openStaging(.named("a"))
         try sealed.write(ByteBuffer(string: "abc"), at: 0)
         _ = try store.commit(sealed, as: ObjectKey(validating: "a.txt"), account: "a1")
         #expect(throws: StoreError.self) { try sealed.write(ByteBuffer(string: "d"), at: 3) }
-        let closed = try store.openStaging("b", truncatingTo: 0)
+        let closed = try store.openStaging(.named("b"))
         closed.close()
         #expect(throws: StoreError.self) { try closed.sync() }
         #expect(FileManager.default.contents(atPath: root + "/store/a1/a.txt") == Data("abc".utf8))
@@ -241,7 +241,7 @@ struct DirectStagingTests {
     @Test("a write out of order turns the file to plain writes, with the same bytes")
     func outOfOrder() throws {
         let (root, store) = try Self.makeStore(directBuffer: 8192)
-        let staging = try store.openStaging("s", truncatingTo: 0)
+        let staging = try store.openStaging(.named("s"))
         try staging.write(ByteBuffer(repeating: 0x61, count: 10_000), at: 0)
         try staging.write(ByteBuffer(repeating: 0x62, count: 100), at: 50)
         #expect((staging as? LocalStagingFile)?.isDirect == false)

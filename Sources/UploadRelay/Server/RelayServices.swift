@@ -42,10 +42,16 @@ public final class RelayServices: Sendable {
     }
 
     /// `measureSpace` tells the free bytes and size of the file system holding a directory (tests give their own).
+    /// The configuration is narrowed to what the store can do: no stripes offered on a store without them, no blob
+    /// above its largest object.
     init(
         configuration: RelayConfiguration, catalog: any Catalog, store: any BlobStore, threadPool: NIOThreadPool, logger: Logger,
         metrics: RelayMetrics = RelayMetrics(), measureSpace: @escaping @Sendable (String) -> (free: Int64, size: Int64)?
     ) {
+        var configuration = configuration
+        let capabilities = store.capabilities
+        configuration.allowStripes = configuration.allowStripes && capabilities.stripes
+        configuration.maxBlobSize = min(configuration.maxBlobSize, capabilities.largestObject)
         self.configuration = configuration
         self.metrics = metrics
         self.catalog = catalog

@@ -286,17 +286,20 @@ package struct UploadPolicy {
             declaredSize: size, durableOffset: 0, sha1State: SHA1().exportState(), stagingName: id, declaredSHA1: open.sha1?.hex,
             striped: open.striped
         )
+        let fresh = StagingRequest(name: session.stagingName, account: name, key: key, expectedSize: size, layout: .sequential(offset: 0, parts: []))
         switch plan.record {
         case .striped:
-            let staging = try store.openStripedStaging(session.stagingName, size: size ?? 0, creating: true)
+            var striped = fresh
+            striped.layout = .striped(size: size ?? 0, creating: true)
+            let staging = try store.openStaging(striped)
             try Self.record(session, staging: staging, catalog: catalog, store: store)
             return .upload(session, staging, SHA1(), recorded: true, resumed: false, byteLimit: byteLimit)
         case .atFirstSync:
             // Recorded by its first durable sync (``UploadStorage``), if any.
-            let staging = try store.openStaging(session.stagingName, for: key, account: name, truncatingTo: 0, expectedSize: size, parts: [])
+            let staging = try store.openStaging(fresh)
             return .upload(session, staging, SHA1(), recorded: false, resumed: false, byteLimit: byteLimit)
         case .atOpen:
-            let staging = try store.openStaging(session.stagingName, for: key, account: name, truncatingTo: 0, expectedSize: size, parts: [])
+            let staging = try store.openStaging(fresh)
             try Self.record(session, staging: staging, catalog: catalog, store: store)
             return .upload(session, staging, SHA1(), recorded: true, resumed: false, byteLimit: byteLimit)
         }
@@ -322,12 +325,15 @@ package struct UploadPolicy {
 
     /// The staging file of a session being resumed: cut to its durable offset, or, striped, as it is.
     private func openStaging(_ session: UploadSession, key: ObjectKey, size: Int64?) throws -> any StagingFile {
+        let layout: StagingRequest.Layout
         if session.striped, let size {
-            return try self.services.store.openStripedStaging(session.stagingName, size: size, creating: false)
+            layout = .striped(size: size, creating: false)
+        } else {
+            let parts = session.durableOffset > 0 ? try self.services.catalog.stagedParts(sessionID: session.id) : []
+            layout = .sequential(offset: session.durableOffset, parts: parts)
         }
-        let parts = session.durableOffset > 0 ? try self.services.catalog.stagedParts(sessionID: session.id) : []
         return try self.services.store.openStaging(
-            session.stagingName, for: key, account: session.account, truncatingTo: session.durableOffset, expectedSize: size, parts: parts
+            StagingRequest(name: session.stagingName, account: session.account, key: key, expectedSize: size, layout: layout)
         )
     }
 
@@ -349,7 +355,12 @@ package struct UploadPolicy {
         if try catalog.completeStripes(sessionID: session.id).contains(index) {
             return .stored(size: length)
         }
-        let staging = try self.services.store.openStripedStaging(session.stagingName, size: Int64(size), creating: false)
+        let staging = try self.services.store.openStaging(
+            StagingRequest(
+                name: session.stagingName, account: session.account, key: key, expectedSize: Int64(size),
+                layout: .striped(size: Int64(size), creating: false)
+            )
+        )
         return .stripe(session, staging, index: index)
     }
 
@@ -463,7 +474,7 @@ package struct UploadPolicy {
             verified.size == request.size
         {
             if request.sessionRecorded { try catalog.deleteSession(id: request.sessionID) }
-            try self.services.store.removeStaging(request.staging.currentName)
+            try self.services.store.removeStaging(request.staging.name)
             request.staging.close()
             return .unchanged
         }

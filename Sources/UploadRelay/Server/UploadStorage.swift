@@ -189,15 +189,14 @@ package final class UploadStorage: Sendable {
         let state = self.sha1.withLockedValue { $0.exportState() }
         // A store that keeps bytes in parts may hold them all back: the record (and its SHA-1 state) stays as it was,
         // and the offset returned (0) acknowledges nothing new.
-        let synced: Bool
+        let parts: [StagedPart]
         do {
-            synced = try self.staging.sync(through: offset)
+            guard case .durable(let newParts) = try self.staging.sync(through: offset) else { return 0 }
+            parts = newParts
         } catch {
             self.services.metrics.failed("store", "sync")
             throw error
         }
-        guard synced else { return 0 }
-        let parts = self.staging.takeNewParts()
         let recordStart = ContinuousClock.now
         do {
             try self.record(offset: offset, state: state, parts: parts)
@@ -216,7 +215,7 @@ package final class UploadStorage: Sendable {
 
     /// Records the session's durable offset and SHA-1 state: the whole session the first time.
     private func record(offset: Int64, state: [UInt8], parts: [StagedPart]) throws {
-        let name = self.staging.currentName
+        let name = self.staging.name
         try self.recorded.withLockedValue { recorded in
             if recorded, self.recordedName.withLockedValue({ $0 }) == name {
                 try self.services.catalog.updateDurable(sessionID: self.session.id, offset: offset, sha1State: state, parts: parts)
@@ -332,7 +331,7 @@ package final class UploadStorage: Sendable {
         guard discardSession || !recorded || nothingDurable else { return }
         do {
             if recorded { try self.services.catalog.deleteSession(id: self.session.id) }
-            try self.services.store.removeStaging(self.staging.currentName)
+            try self.services.store.removeStaging(self.staging.name)
         } catch {
             self.logger.warning("cleanup failed", metadata: ["upload.key": "\(self.key)", "error": "\(error)"])
         }

@@ -8,33 +8,20 @@ import UploadProtocol
 /// Objects are kept per account: no account can see, replace or dedup against another's bytes. For the local
 /// store the object for key K of account A is the file `<store>/A/K`.
 public protocol BlobStore: Sendable {
-    /// Opens the staging file `name` and cuts it to `offset` bytes: whatever lies beyond the
-    /// durable offset was never acknowledged and is written again. A new upload (`offset` 0)
-    /// creates the file; a resume requires it to exist and hold at least `offset` bytes, and
-    /// throws ``StoreError`` otherwise (the session must then start over).
-    func openStaging(_ name: String, truncatingTo offset: Int64) throws -> any StagingFile
-    /// ``openStaging(_:truncatingTo:)`` for an upload that announced `expectedSize` bytes (nil: unknown), so the store
-    /// can write a small one the cheap way.
-    func openStaging(_ name: String, truncatingTo offset: Int64, expectedSize: Int64?) throws -> any StagingFile
-    /// ``openStaging(_:truncatingTo:expectedSize:)`` for the upload of `key` by `account`: a store whose staging is tied
-    /// to the object (S3's multipart upload) needs to know which, and, to resume, the parts the catalog recorded.
-    func openStaging(
-        _ name: String, for key: ObjectKey, account: String, truncatingTo offset: Int64, expectedSize: Int64?, parts: [StagedPart]
-    ) throws -> any StagingFile
-    /// Opens the staging file of a striped upload of `size` bytes (SPEC §6.7) for one of its streams: never cut (its
-    /// other stripes are in it, written through other handles), its end at `size`. With `creating`, a missing file is
-    /// made and its name made durable at once (a stripe may be recorded complete before stripe 0 syncs); without, a
-    /// missing file is an error.
-    func openStripedStaging(_ name: String, size: Int64, creating: Bool) throws -> any StagingFile
+    /// What this store can do beyond staging, committing and reading objects: the relay narrows what it offers agents
+    /// (stripes, the largest blob) to it when it starts.
+    var capabilities: StoreCapabilities { get }
+    /// Opens a staging for one upload, as `request` describes: a new one, a resume cut to its durable offset, or one
+    /// stream's handle on a striped upload's staging. A resume whose staging is gone or holds fewer than its durable
+    /// bytes throws ``StoreError`` (the session must then start over).
+    func openStaging(_ request: StagingRequest) throws -> any StagingFile
     /// Deletes a staging file; missing is fine.
     func removeStaging(_ name: String) throws
     /// Whether the staging file `name` exists.
     func hasStaging(_ name: String) throws -> Bool
-    /// Makes the staged bytes the object `key` of `account`, atomically: complete or absent, never partial.
-    /// Returns what identifies the stored file, for the catalog.
-    func commit(_ staging: any StagingFile, as key: ObjectKey, account: String) throws -> ObjectIdentity
-    /// ``commit(_:as:account:)`` for many objects at once (group commit), each result in the order given: a store may
-    /// make them durable together (the local store syncs each directory once for all the objects renamed into it).
+    /// Makes each staging the object its item names, atomically (complete or absent, never partial), each result in the
+    /// order given, with what identifies the stored object for the catalog: a store may make them durable together (the
+    /// local store syncs each directory once for all the objects renamed into it). Only stagings this store opened.
     func commit(_ batch: [StoreCommit]) -> [Result<ObjectIdentity, any Error>]
     /// Places a copy of the account's existing object `source` under `key` (dedup), provided `source` is still the file
     /// `expected` (it may have been replaced since it was looked up); throws ``StoreError`` otherwise, placing nothing.
@@ -61,6 +48,54 @@ public protocol BlobStore: Sendable {
     func localSpace(forBlobOf size: Int64) -> (directory: String, bytes: Int64)
 }
 
+/// What a store can do beyond the staging, commit and object calls every store answers.
+public struct StoreCapabilities: Hashable, Sendable {
+    /// Striped stagings (``StagingRequest/Layout/striped(size:creating:)``), written by several streams at their
+    /// offsets, and ``StagingFile/read(into:at:)``, which a striped upload's commit reads its stripes back with. Without
+    /// them, the relay offers agents no stripes (SPEC §6.7).
+    public var stripes: Bool
+    /// The largest object the store keeps: the relay refuses larger blobs at OPEN.
+    public var largestObject: Int64
+
+    public init(stripes: Bool, largestObject: Int64) {
+        self.stripes = stripes
+        self.largestObject = largestObject
+    }
+}
+
+/// One upload's staging, as ``BlobStore/openStaging(_:)`` opens it.
+public struct StagingRequest: Hashable, Sendable {
+    /// How the upload's streams write it.
+    public enum Layout: Hashable, Sendable {
+        /// One stream, in order: a new staging (`offset` 0, created), or a resume cut to its durable `offset` (never
+        /// created: a missing staging must not turn into zeros below the durable offset). Whatever lies beyond the
+        /// durable offset was never acknowledged and is written again. `parts`: what the catalog recorded of a store
+        /// that keeps bytes in parts (S3), to resume from.
+        case sequential(offset: Int64, parts: [StagedPart])
+        /// One stream's handle on a striped upload of `size` bytes (SPEC §6.7): never cut (its other stripes are in it,
+        /// written through other handles), its end at `size`. With `creating`, a missing staging is made and its name
+        /// made durable at once (a stripe may be recorded complete before stripe 0 syncs); without, missing is an error.
+        case striped(size: Int64, creating: Bool)
+    }
+
+    /// The staging's name, as the session records it.
+    public var name: String
+    /// The upload's account and key: a store whose staging is tied to the object (S3's multipart upload) needs them.
+    public var account: String
+    public var key: ObjectKey
+    /// The blob's announced size (nil: unknown), so the store can write a small one the cheap way.
+    public var expectedSize: Int64?
+    public var layout: Layout
+
+    public init(name: String, account: String, key: ObjectKey, expectedSize: Int64?, layout: Layout) {
+        self.name = name
+        self.account = account
+        self.key = key
+        self.expectedSize = expectedSize
+        self.layout = layout
+    }
+}
+
 /// One object of a group commit: staged bytes and where they go.
 public struct StoreCommit: Sendable {
     public var staging: any StagingFile
@@ -81,19 +116,12 @@ public struct StoreCommit: Sendable {
 }
 
 extension BlobStore {
-    public func openStaging(_ name: String, truncatingTo offset: Int64, expectedSize: Int64?) throws -> any StagingFile {
-        try self.openStaging(name, truncatingTo: offset)
-    }
-
-    public func openStaging(
-        _ name: String, for key: ObjectKey, account: String, truncatingTo offset: Int64, expectedSize: Int64?, parts: [StagedPart]
-    ) throws -> any StagingFile {
-        try self.openStaging(name, truncatingTo: offset, expectedSize: expectedSize)
-    }
-
-    /// One commit after the other, for stores with nothing better.
-    public func commit(_ batch: [StoreCommit]) -> [Result<ObjectIdentity, any Error>] {
-        batch.map { item in Result { try self.commit(item.staging, as: item.key, account: item.account) } }
+    /// Commits one staging: ``commit(_:)`` of one item.
+    public func commit(_ staging: any StagingFile, as key: ObjectKey, account: String) throws -> ObjectIdentity {
+        guard let result = self.commit([StoreCommit(staging: staging, key: key, account: account)]).first else {
+            throw StoreError("the store answered no result for the commit of \(key)")
+        }
+        return try result.get()
     }
 }
 
@@ -116,34 +144,37 @@ public struct ObjectIdentity: Hashable, Sendable {
 
 /// The bytes of one upload before commit.
 public protocol StagingFile: AnyObject, Sendable {
+    /// What the store calls this staging now: a store may rename it once it holds durable bytes (S3: the name comes to
+    /// carry its multipart upload). The session records it at its first durable sync.
     var name: String { get }
     /// Writes `bytes` at `offset`.
     func write(_ bytes: ByteBuffer, at offset: Int64) throws
     /// Makes every written byte survive a crash.
     func sync() throws
-    /// Makes the bytes below `offset` (every one written, in order) survive a crash: true when they all do. A file
+    /// Makes the bytes below `offset` (every one written, in order) survive a crash, as far as the store can. A file
     /// makes them all durable; a store that keeps bytes in parts of a least size (S3) may keep back whatever came since
-    /// its last part, whole, for the next sync, and answers false: what was durable before still is, nothing more.
-    func sync(through offset: Int64) throws -> Bool
-    /// What the store calls this staging now: a store may rename it once it holds durable bytes (S3: the name comes to
-    /// carry its multipart upload). Recorded with the session at its first durable sync.
-    var currentName: String { get }
-    /// The parts made durable since the last call, for the catalog to record with the offset (S3); none for a file.
-    func takeNewParts() -> [StagedPart]
-    /// Reads up to `buffer.count` bytes at `offset` (fewer only at the end of the file); how many were read.
+    /// its last part, whole, for the next sync: what was durable before still is, nothing more.
+    func sync(through offset: Int64) throws -> StagingSync
+    /// Reads up to `buffer.count` bytes at `offset` (fewer only at the end of the file); how many were read. Only
+    /// called on a store whose ``StoreCapabilities/stripes`` is true.
     func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws -> Int
     func close()
 }
 
+/// What ``StagingFile/sync(through:)`` made durable.
+public enum StagingSync: Hashable, Sendable {
+    /// Every byte below the offset, with the parts uploaded since the last sync for the catalog to record (S3); none
+    /// for a file.
+    case durable(newParts: [StagedPart])
+    /// Nothing new: the bytes since the last part wait, whole, for a later sync.
+    case heldBack
+}
+
 extension StagingFile {
-    public func sync(through offset: Int64) throws -> Bool {
+    public func sync(through offset: Int64) throws -> StagingSync {
         try self.sync()
-        return true
+        return .durable(newParts: [])
     }
-
-    public var currentName: String { self.name }
-
-    public func takeNewParts() -> [StagedPart] { [] }
 }
 
 /// A storage failure, for people: it names the path and the system's reason.
