@@ -247,6 +247,8 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .long, help: ArgumentHelp("Delete unfinished uploads untouched for this long, with their staged bytes (SPEC §6.6).", valueName: "duration"))
     var sessionExpiry: String = "24h"
 
+    /// Every usage error before anything is created, with `serve`'s usage: the options that go together, then every
+    /// value, through the one function that turns them into the relay's configuration (``relayConfiguration()``).
     func validate() throws {
         guard DataDirectory.resolve(self.data, environment: ProcessInfo.processInfo.environment) != nil else { throw DataDirectory.missing }
         guard (self.cert == nil) == (self.key == nil) else {
@@ -255,73 +257,13 @@ struct Serve: AsyncParsableCommand {
         guard self.dev || self.cert != nil else {
             throw ValidationError("the relay needs a certificate: pass --cert and --key, or --dev for a first try")
         }
-        _ = try HostPort.parse(self.listen, option: "--listen")
-        if let status = self.statusListen {
-            _ = try HostPort.parse(status, option: "--status-listen")
-        }
-        if let metrics = self.metricsListen {
-            _ = try Self.metricsAddress(metrics)
-        }
-        guard self.statusMaxConnections >= 1 else {
-            throw ValidationError("--status-max-connections must be at least 1")
-        }
-        _ = try ByteCount.parse(self.syncBytes, option: "--sync-bytes")
-        if let minFree = self.minFree { _ = try ByteCount.parse(minFree, option: "--min-free") }
-        guard try ByteCount.parse(self.directIoBuffer, option: "--direct-io-buffer") <= LocalDirectoryStore.maxDirectBuffer else {
-            throw ValidationError("--direct-io-buffer must be at most 1G")
-        }
-        for (option, value) in [("--stream-window", self.streamWindow), ("--connection-window", self.connectionWindow)] {
-            let bytes = try ByteCount.parse(value, option: option)
-            guard bytes >= 65_536 && bytes <= Int64(Int32.max) else {
-                throw ValidationError("\(option) must be between 64K and 2G-1 bytes")
-            }
-        }
-        for (option, value) in [
-            ("--idle-timeout", self.idleTimeout), ("--frame-timeout", self.frameTimeout), ("--handshake-timeout", self.handshakeTimeout),
-            ("--session-expiry", self.sessionExpiry), ("--status-request-timeout", self.statusRequestTimeout),
-        ] {
-            guard try DurationText.parse(value, option: option) > .zero else {
-                throw ValidationError("\(option) must be more than 0")
-            }
-        }
-        guard try ByteCount.parse(self.memoryBudget, option: "--memory-budget") >= 1 << 20 else {
-            throw ValidationError("--memory-budget must be at least 1M")
-        }
-        guard self.maxStreams >= 1, self.maxConnections >= 1, self.commitGroup >= 1, self.ioThreads >= 1 else {
-            throw ValidationError("--max-streams, --max-connections, --commit-group and --io-threads must be at least 1")
-        }
-        if let store = self.store, store.lowercased().hasPrefix("s3:") {
-            guard S3Store.parse(store) != nil else {
-                throw ValidationError("--store \(store): an S3 store is s3://BUCKET or s3://BUCKET/PREFIX")
-            }
-        } else if self.s3Endpoint != nil || self.s3Region != nil {
-            throw ValidationError("--s3-endpoint and --s3-region go with --store s3://BUCKET[/PREFIX]")
-        }
-        if let endpoint = self.s3Endpoint {
-            guard let url = URL(string: endpoint), ["http", "https"].contains(url.scheme?.lowercased() ?? ""), url.host != nil else {
-                throw ValidationError("--s3-endpoint \(endpoint): give an http:// or https:// URL, e.g. http://127.0.0.1:8333")
-            }
-            guard url.path.isEmpty || url.path == "/", url.query == nil else {
-                throw ValidationError("--s3-endpoint \(endpoint): give the service's root URL, with no path (the bucket goes in --store)")
-            }
-        }
-        if let url = self.onCommitUrl {
-            guard HookEndpoint.isValid(url) else {
-                throw ValidationError("--on-commit-url \(HookEndpoint.redacted(url)): give an http:// or https:// URL")
-            }
-        }
-        for name in self.hookEnv where name.isEmpty || name.contains("=") {
-            throw ValidationError("--hook-env \(name): give the name of an environment variable, without a value")
-        }
-        guard self.hookConcurrency >= 1 else {
-            throw ValidationError("--hook-concurrency must be at least 1")
-        }
         guard Logger.Level(rawValue: self.logLevel) != nil else {
             throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error")
         }
         guard ["text", "json"].contains(self.logFormat) else {
             throw ValidationError("--log-format must be text or json")
         }
+        _ = try self.relayConfiguration()
     }
 
     func run() async throws {
@@ -338,12 +280,12 @@ struct Serve: AsyncParsableCommand {
             return handler
         }
         let logger = Logger(label: "upload-relay")
-        let modes: FileModes = self.groupAccess ? .groupReadable : .private
+        // Before anything is created: a bad value, or missing S3 keys, is a usage error.
+        var configuration = try self.relayConfiguration()
+        let host = configuration.host
+        let modes = configuration.fileModes
         // What the libraries and hooks create, too, gets no more than the relay's own modes.
         umask(modes.umask)
-        let (host, port) = try HostPort.parse(self.listen, option: "--listen")
-        // Before anything is created: missing S3 keys are a usage error.
-        let s3 = try self.store.flatMap(S3Store.parse).map { try self.s3Configuration(bucket: $0.bucket, prefix: $0.prefix) }
         let catalogURL = self.catalog ?? ProcessInfo.processInfo.environment["UPLOAD_RELAY_CATALOG"]
         let catalog: any Catalog
         do {
@@ -365,47 +307,11 @@ struct Serve: AsyncParsableCommand {
             }
             devSetup = setup
         }
-        var configuration = RelayConfiguration(
-            certificatePath: certificate!, privateKeyPath: privateKey!, dataDirectory: self.dataDirectory, storePath: self.store
-        )
-        configuration.host = host
-        configuration.port = port
-        configuration.fileModes = modes
-        configuration.syncBytes = Int(try ByteCount.parse(self.syncBytes, option: "--sync-bytes"))
-        configuration.allowDeflate = !self.noDeflate
-        configuration.directIOBuffer = Int(try ByteCount.parse(self.directIoBuffer, option: "--direct-io-buffer"))
-        configuration.limits.streamWindow = Int(try ByteCount.parse(self.streamWindow, option: "--stream-window"))
-        configuration.limits.connectionWindow = Int(try ByteCount.parse(self.connectionWindow, option: "--connection-window"))
-        configuration.limits.maxConcurrentStreams = self.maxStreams
-        configuration.maxConnections = self.maxConnections
-        configuration.commitGroup = self.commitGroup
-        configuration.ioThreads = self.ioThreads
-        configuration.memoryBudget = Int(try ByteCount.parse(self.memoryBudget, option: "--memory-budget"))
-        configuration.limits.idleTimeout = try DurationText.parse(self.idleTimeout, option: "--idle-timeout")
-        configuration.limits.frameTimeout = try DurationText.parse(self.frameTimeout, option: "--frame-timeout")
-        configuration.limits.handshakeTimeout = try DurationText.parse(self.handshakeTimeout, option: "--handshake-timeout")
-        configuration.sessionExpiry = try DurationText.parse(self.sessionExpiry, option: "--session-expiry")
-        configuration.minFreeBytes = try self.minFree.map { try ByteCount.parse($0, option: "--min-free") }
-        configuration.s3 = s3
-        if self.onCommit != nil || self.onCommitUrl != nil {
-            var hooks = CommitHooks(command: self.onCommit, url: self.onCommitUrl)
-            hooks.timeout = try DurationText.parse(self.hookTimeout, option: "--hook-timeout")
-            hooks.concurrency = self.hookConcurrency
-            hooks.environment = self.hookEnv
-            configuration.hooks = hooks
+        guard let certificatePath = certificate, let keyPath = privateKey else {
+            throw ValidationError("the relay needs a certificate: pass --cert and --key, or --dev for a first try")
         }
-        if let status = self.statusListen {
-            let (statusHost, statusPort) = try HostPort.parse(status, option: "--status-listen")
-            var endpoint = StatusEndpoint(host: statusHost, port: statusPort)
-            endpoint.maxConnections = self.statusMaxConnections
-            endpoint.requestTimeout = try DurationText.parse(self.statusRequestTimeout, option: "--status-request-timeout")
-            configuration.status = endpoint
-        }
-        if let metrics = self.metricsListen {
-            let (metricsHost, metricsPort) = try Self.metricsAddress(metrics)
-            configuration.operations = .operations(host: metricsHost, port: metricsPort)
-        }
-        configuration.metricsPerAccount = self.metricsPerAccount
+        configuration.certificatePath = certificatePath
+        configuration.privateKeyPath = keyPath
         do {
             try RelayServer.checkCertificate(configuration)
         } catch {
@@ -461,7 +367,6 @@ struct Serve: AsyncParsableCommand {
         // SIGHUP: the certificate and key are read again (a renewal); connections open keep theirs.
         signal(SIGHUP, SIG_IGN)
         let hangup = DispatchSource.makeSignalSource(signal: SIGHUP, queue: .global())
-        let certificatePath = configuration.certificatePath
         hangup.setEventHandler {
             do {
                 try server.reloadCertificate()
@@ -529,6 +434,115 @@ struct Serve: AsyncParsableCommand {
 
 
 extension Serve {
+    /// The relay's configuration from every option, each parsed and checked here and nowhere else: a bad value throws
+    /// a ``ValidationError`` that names its option. No side effect: ``validate()`` calls it for the usage errors, and
+    /// ``run()`` for the configuration. The certificate paths are `--cert` and `--key` (``run()`` puts the dev ones in).
+    func relayConfiguration() throws -> RelayConfiguration {
+        let (host, port) = try HostPort.parse(self.listen, option: "--listen")
+        var configuration = RelayConfiguration(
+            certificatePath: self.cert ?? "", privateKeyPath: self.key ?? "", dataDirectory: self.dataDirectory, storePath: self.store
+        )
+        configuration.host = host
+        configuration.port = port
+        configuration.fileModes = self.groupAccess ? .groupReadable : .private
+        configuration.syncBytes = Int(try ByteCount.parse(self.syncBytes, option: "--sync-bytes"))
+        configuration.allowDeflate = !self.noDeflate
+        let directBuffer = try ByteCount.parse(self.directIoBuffer, option: "--direct-io-buffer")
+        guard directBuffer <= LocalDirectoryStore.maxDirectBuffer else {
+            throw ValidationError("--direct-io-buffer must be at most 1G")
+        }
+        configuration.directIOBuffer = Int(directBuffer)
+        func window(_ value: String, option: String) throws -> Int {
+            let bytes = try ByteCount.parse(value, option: option)
+            guard bytes >= 65_536 && bytes <= Int64(Int32.max) else {
+                throw ValidationError("\(option) must be between 64K and 2G-1 bytes")
+            }
+            return Int(bytes)
+        }
+        configuration.limits.streamWindow = try window(self.streamWindow, option: "--stream-window")
+        configuration.limits.connectionWindow = try window(self.connectionWindow, option: "--connection-window")
+        guard self.maxStreams >= 1, self.maxConnections >= 1, self.commitGroup >= 1, self.ioThreads >= 1 else {
+            throw ValidationError("--max-streams, --max-connections, --commit-group and --io-threads must be at least 1")
+        }
+        configuration.limits.maxConcurrentStreams = self.maxStreams
+        configuration.maxConnections = self.maxConnections
+        configuration.commitGroup = self.commitGroup
+        configuration.ioThreads = self.ioThreads
+        let memoryBudget = try ByteCount.parse(self.memoryBudget, option: "--memory-budget")
+        guard memoryBudget >= 1 << 20 else {
+            throw ValidationError("--memory-budget must be at least 1M")
+        }
+        configuration.memoryBudget = Int(memoryBudget)
+        func positive(_ value: String, option: String) throws -> Duration {
+            let duration = try DurationText.parse(value, option: option)
+            guard duration > .zero else { throw ValidationError("\(option) must be more than 0") }
+            return duration
+        }
+        configuration.limits.idleTimeout = try positive(self.idleTimeout, option: "--idle-timeout")
+        configuration.limits.frameTimeout = try positive(self.frameTimeout, option: "--frame-timeout")
+        configuration.limits.handshakeTimeout = try positive(self.handshakeTimeout, option: "--handshake-timeout")
+        configuration.sessionExpiry = try positive(self.sessionExpiry, option: "--session-expiry")
+        configuration.minFreeBytes = try self.minFree.map { try ByteCount.parse($0, option: "--min-free") }
+        configuration.s3 = try self.s3Store()
+        if let url = self.onCommitUrl {
+            guard HookEndpoint.isValid(url) else {
+                throw ValidationError("--on-commit-url \(HookEndpoint.redacted(url)): give an http:// or https:// URL")
+            }
+        }
+        for name in self.hookEnv where name.isEmpty || name.contains("=") {
+            throw ValidationError("--hook-env \(name): give the name of an environment variable, without a value")
+        }
+        guard self.hookConcurrency >= 1 else {
+            throw ValidationError("--hook-concurrency must be at least 1")
+        }
+        if self.onCommit != nil || self.onCommitUrl != nil {
+            var hooks = CommitHooks(command: self.onCommit, url: self.onCommitUrl)
+            hooks.timeout = try DurationText.parse(self.hookTimeout, option: "--hook-timeout")
+            hooks.concurrency = self.hookConcurrency
+            hooks.environment = self.hookEnv
+            configuration.hooks = hooks
+        }
+        guard self.statusMaxConnections >= 1 else {
+            throw ValidationError("--status-max-connections must be at least 1")
+        }
+        let statusTimeout = try positive(self.statusRequestTimeout, option: "--status-request-timeout")
+        if let status = self.statusListen {
+            let (statusHost, statusPort) = try HostPort.parse(status, option: "--status-listen")
+            var endpoint = StatusEndpoint(host: statusHost, port: statusPort)
+            endpoint.maxConnections = self.statusMaxConnections
+            endpoint.requestTimeout = statusTimeout
+            configuration.status = endpoint
+        }
+        if let metrics = self.metricsListen {
+            let (metricsHost, metricsPort) = try Self.metricsAddress(metrics)
+            configuration.operations = .operations(host: metricsHost, port: metricsPort)
+        }
+        configuration.metricsPerAccount = self.metricsPerAccount
+        return configuration
+    }
+
+    /// `--store s3://...` with its endpoint, region and keys; nil for the local store, where `--s3-*` are refused.
+    func s3Store() throws -> S3StoreConfiguration? {
+        guard let store = self.store, store.lowercased().hasPrefix("s3:") else {
+            if self.s3Endpoint != nil || self.s3Region != nil {
+                throw ValidationError("--s3-endpoint and --s3-region go with --store s3://BUCKET[/PREFIX]")
+            }
+            return nil
+        }
+        guard let place = S3Store.parse(store) else {
+            throw ValidationError("--store \(store): an S3 store is s3://BUCKET or s3://BUCKET/PREFIX")
+        }
+        if let endpoint = self.s3Endpoint {
+            guard let url = URL(string: endpoint), ["http", "https"].contains(url.scheme?.lowercased() ?? ""), url.host != nil else {
+                throw ValidationError("--s3-endpoint \(endpoint): give an http:// or https:// URL, e.g. http://127.0.0.1:8333")
+            }
+            guard url.path.isEmpty || url.path == "/", url.query == nil else {
+                throw ValidationError("--s3-endpoint \(endpoint): give the service's root URL, with no path (the bucket goes in --store)")
+            }
+        }
+        return try self.s3Configuration(bucket: place.bucket, prefix: place.prefix)
+    }
+
     /// The S3 store's settings: the bucket from --store, the endpoint and region, the keys from the environment.
     func s3Configuration(bucket: String, prefix: String) throws -> S3StoreConfiguration {
         try S3Setup.configuration(bucket: bucket, prefix: prefix, endpoint: self.s3Endpoint, region: self.s3Region)
