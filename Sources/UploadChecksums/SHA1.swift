@@ -22,7 +22,6 @@ public struct SHA1: StreamingDigest, Sendable {
         self.byteCount += UInt64(bytes.count)
     }
 
-
     /// The digest of everything hashed so far. The value itself may go on hashing.
     public func finalize() -> [UInt8] {
         var copy = self.context
@@ -30,7 +29,6 @@ public struct SHA1: StreamingDigest, Sendable {
         digest.withUnsafeMutableBufferPointer { _ = SHA1_Final($0.baseAddress, &copy) }
         return digest
     }
-
 
     // MARK: Exported state
 

@@ -46,7 +46,8 @@ public enum OptionFile {
         do {
             return try JSONDecoder().decode([String: Value].self, from: data)
         } catch {
-            throw Failure("--config \(path): not a JSON object of \(what) (keys are option names without dashes, values strings, numbers, true or lists)")
+            throw Failure(
+                "--config \(path): not a JSON object of \(what) (keys are option names without dashes, values strings, numbers, true or lists)")
         }
     }
 

@@ -26,19 +26,23 @@ public enum RelayAdmin {
         let keys = RelayRuntime.KeyGuard.claiming(KeyClaims(locks: catalog.keyLocks))
         let outcome = try keys.holding(account, key) { () throws -> Removal in
             do {
-                switch try catalog.removeObject(account: account, key: key, removingFile: { object in
-                    let current = try store.identity(of: objectKey, account: account)
-                    // Only what the relay committed: a row without an identity (a commit recovery settled, or an older
-                    // catalog) is checked by the object's size at least.
-                    if let current {
-                        if let recorded = object.identity, current != recorded { throw NotCommitted() }
-                        if object.identity == nil, current.size != object.size { throw NotCommitted() }
-                        try store.removeObject(objectKey, account: account)
-                    }
-                }) {
+                switch try catalog.removeObject(
+                    account: account, key: key,
+                    removingFile: { object in
+                        let current = try store.identity(of: objectKey, account: account)
+                        // Only what the relay committed: a row without an identity (a commit recovery settled, or an older
+                        // catalog) is checked by the object's size at least.
+                        if let current {
+                            if let recorded = object.identity, current != recorded { throw NotCommitted() }
+                            if object.identity == nil, current.size != object.size { throw NotCommitted() }
+                            try store.removeObject(objectKey, account: account)
+                        }
+                    })
+                {
                 case .removed(let object):
                     logger.notice(
-                        "removed an object (upload-relay rm)", metadata: ["account": "\(account)", "upload.key": "\(key)", "upload.size": "\(object.size)"]
+                        "removed an object (upload-relay rm)",
+                        metadata: ["account": "\(account)", "upload.key": "\(key)", "upload.size": "\(object.size)"]
                     )
                     return .removed(object.size)
                 case .notStored:

@@ -51,7 +51,6 @@ public final class LocalDirectoryStore: BlobStore {
         }
     }
 
-
     /// Stripes and reading back: any size a file system takes.
     public var capabilities: StoreCapabilities { StoreCapabilities(stripes: true, largestObject: .max) }
 
@@ -333,15 +332,18 @@ public final class LocalDirectoryStore: BlobStore {
         guard fsync(output) == 0 else { throw StoreError("cannot fsync \(to): \(FileSystem.reason())") }
     }
 
-
     public func stagingFiles() throws -> [(name: String, modified: Date)] {
         var files: [(name: String, modified: Date)] = []
         let directory = self.stagingDirectory
-        guard Self.forEachEntry(of: directory, { name in
-            var info = stat()
-            guard lstat(directory + "/" + name, &info) == 0 else { return }
-            files.append((name, Date(timeIntervalSince1970: Double(info.st_mtim.tv_sec) + Double(info.st_mtim.tv_nsec) / 1e9)))
-        }) else {
+        guard
+            Self.forEachEntry(
+                of: directory,
+                { name in
+                    var info = stat()
+                    guard lstat(directory + "/" + name, &info) == 0 else { return }
+                    files.append((name, Date(timeIntervalSince1970: Double(info.st_mtim.tv_sec) + Double(info.st_mtim.tv_nsec) / 1e9)))
+                })
+        else {
             throw StoreError("cannot list \(self.stagingDirectory): \(FileSystem.reason())")
         }
         return files

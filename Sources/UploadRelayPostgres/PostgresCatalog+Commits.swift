@@ -97,7 +97,8 @@ extension PostgresCatalog {
             staged.addAnnounced(announced, replacing: replaced)
         }
         return QuotaUse(
-            quota: try row["quota"].decode(Int64?.self), stored: try row["used_bytes"].decode(Int64.self), committing: committing, staged: staged.total
+            quota: try row["quota"].decode(Int64?.self), stored: try row["used_bytes"].decode(Int64.self), committing: committing,
+            staged: staged.total
         )
     }
 
@@ -315,9 +316,10 @@ extension PostgresCatalog {
             ).first
             let count = try row?["n"].decode(Int64.self) ?? 0
             let oldest = try row?["oldest"].decode(Double?.self) ?? nil
-            let error = try await Self.rows(
-                "SELECT last_error FROM commit_event WHERE last_error IS NOT NULL ORDER BY id LIMIT 1", on: connection, logger
-            ).first?["last_error"].decode(String?.self) ?? nil
+            let error =
+                try await Self.rows(
+                    "SELECT last_error FROM commit_event WHERE last_error IS NOT NULL ORDER BY id LIMIT 1", on: connection, logger
+                ).first?["last_error"].decode(String?.self) ?? nil
             return CommitEventBacklog(count: Int(count), lastError: error, oldest: oldest.map(Date.init(timeIntervalSince1970:)))
         }
     }

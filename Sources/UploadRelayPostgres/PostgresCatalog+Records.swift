@@ -33,7 +33,9 @@ extension PostgresCatalog {
 
     public func account(tokenHash: [UInt8]) throws -> Account? {
         let logger = self.logger
-        return try self.run { try await Self.rows("SELECT * FROM account WHERE token_hash = \(Data(tokenHash))", on: $0, logger).first.map(Self.account) }
+        return try self.run {
+            try await Self.rows("SELECT * FROM account WHERE token_hash = \(Data(tokenHash))", on: $0, logger).first.map(Self.account)
+        }
     }
 
     public func account(named name: String) throws -> Account? {
@@ -65,13 +67,16 @@ extension PostgresCatalog {
             } catch CatalogError.unknownAccount {
                 return .notStored
             }
-            guard let object = try await Self.rows(
-                "SELECT * FROM object WHERE account = \(account) AND key = \(key) FOR UPDATE", on: connection, logger
-            ).first.map(Self.object) else { return .notStored }
+            guard
+                let object = try await Self.rows(
+                    "SELECT * FROM object WHERE account = \(account) AND key = \(key) FOR UPDATE", on: connection, logger
+                ).first.map(Self.object)
+            else { return .notStored }
             if try await !Self.rows("SELECT 1 AS one FROM session WHERE account = \(account) AND key = \(key)", on: connection, logger).isEmpty {
                 return .uploading
             }
-            if try await !Self.rows("SELECT 1 AS one FROM pending_commit WHERE account = \(account) AND key = \(key)", on: connection, logger).isEmpty {
+            if try await !Self.rows("SELECT 1 AS one FROM pending_commit WHERE account = \(account) AND key = \(key)", on: connection, logger).isEmpty
+            {
                 return .committing
             }
             try removingFile(object)
@@ -100,7 +105,9 @@ extension PostgresCatalog {
                     (SELECT COUNT(*) FROM open_reservation WHERE account = \(name))::BIGINT AS opening
                 """, on: connection, logger
             ).first
-            for (column, what) in [("objects", "objects"), ("sessions", "uploads under way"), ("commits", "commits being settled"), ("opening", "uploads opening")] {
+            for (column, what) in [
+                ("objects", "objects"), ("sessions", "uploads under way"), ("commits", "commits being settled"), ("opening", "uploads opening"),
+            ] {
                 if try counts?[column].decode(Int64.self) ?? 0 > 0 { throw CatalogError.accountInUse(name, holds: what) }
             }
             _ = try await Self.rows("DELETE FROM account WHERE name = \(name) RETURNING name", on: connection, logger)
@@ -116,7 +123,8 @@ extension PostgresCatalog {
                 _ = try await Self.rows("UPDATE account SET quota = \(quota) WHERE name = \(name) RETURNING name", on: connection, logger)
             }
             if let tokenHash {
-                _ = try await Self.rows("UPDATE account SET token_hash = \(Data(tokenHash)) WHERE name = \(name) RETURNING name", on: connection, logger)
+                _ = try await Self.rows(
+                    "UPDATE account SET token_hash = \(Data(tokenHash)) WHERE name = \(name) RETURNING name", on: connection, logger)
             }
             if let revoked {
                 _ = try await Self.rows("UPDATE account SET revoked = \(revoked) WHERE name = \(name) RETURNING name", on: connection, logger)
@@ -150,7 +158,10 @@ extension PostgresCatalog {
         let logger = self.logger
         return try self.run {
             let rows = try await Self.rows("SELECT * FROM session WHERE account = \(account) AND key = ANY(\(keys))", on: $0, logger)
-            return Dictionary(try rows.map { row in let session = try Self.session(row); return (session.key, session) }, uniquingKeysWith: { first, _ in first })
+            return Dictionary(
+                try rows.map { row in
+                    let session = try Self.session(row); return (session.key, session)
+                }, uniquingKeysWith: { first, _ in first })
         }
     }
 
@@ -242,7 +253,10 @@ extension PostgresCatalog {
     public func completeStripes(sessionID: String) throws -> Set<Int> {
         let logger = self.logger
         return try self.run {
-            Set(try await Self.rows("SELECT stripe FROM session_stripe WHERE session_id = \(sessionID)", on: $0, logger).map { try $0["stripe"].decode(Int.self) })
+            Set(
+                try await Self.rows("SELECT stripe FROM session_stripe WHERE session_id = \(sessionID)", on: $0, logger).map {
+                    try $0["stripe"].decode(Int.self)
+                })
         }
     }
 
@@ -273,7 +287,8 @@ extension PostgresCatalog {
         return StoredObject(
             account: try row["account"].decode(String.self), key: try row["key"].decode(String.self), size: try row["size"].decode(Int64.self),
             sha1: try row["sha1"].decode(String.self), identity: identity,
-            committedAt: Date(timeIntervalSince1970: try row["committed_at"].decode(Double.self)), probeSHA1: try row["probe_sha1"].decode(String?.self)
+            committedAt: Date(timeIntervalSince1970: try row["committed_at"].decode(Double.self)),
+            probeSHA1: try row["probe_sha1"].decode(String?.self)
         )
     }
 
@@ -289,7 +304,10 @@ extension PostgresCatalog {
         let logger = self.logger
         return try self.run {
             let rows = try await Self.rows("SELECT * FROM object WHERE account = \(account) AND key = ANY(\(keys))", on: $0, logger)
-            return Dictionary(try rows.map { row in let object = try Self.object(row); return (object.key, object) }, uniquingKeysWith: { first, _ in first })
+            return Dictionary(
+                try rows.map { row in
+                    let object = try Self.object(row); return (object.key, object)
+                }, uniquingKeysWith: { first, _ in first })
         }
     }
 

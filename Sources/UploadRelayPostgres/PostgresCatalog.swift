@@ -255,20 +255,23 @@ public final class PostgresCatalog: Catalog, @unchecked Sendable {
             let code = error.serverInfo?[.sqlState] ?? ""
             // 28P01: invalid password; 28000: invalid authorization (pg_hba.conf refused the user or the host).
             if code == "28P01" || code == "28000" {
-                return "\(place) refused the login of user \"\(address.user)\": \(message) (check the user and password in --catalog, and pg_hba.conf)"
+                return
+                    "\(place) refused the login of user \"\(address.user)\": \(message) (check the user and password in --catalog, and pg_hba.conf)"
             }
             return "\(place) refused the connection: \(message)"
         }
         switch error.code {
         case .sslUnsupported:
-            return "\(place) does not offer TLS, which sslmode=\(address.tlsMode.rawValue) requires (enable ssl on the server, or choose another sslmode)"
+            return
+                "\(place) does not offer TLS, which sslmode=\(address.tlsMode.rawValue) requires (enable ssl on the server, or choose another sslmode)"
         case .failedToAddSSLHandler:
             return "TLS with \(place) could not start: \(error.underlying.map { "\($0)" } ?? "\(error)")"
         default:
             if let underlying = error.underlying {
                 let text = "\(underlying)"
                 if underlying is NIOSSLError || text.contains("SSL") || text.contains("certificate") {
-                    return "TLS with \(place) failed: \(text) (sslmode=\(address.tlsMode.rawValue): check sslrootcert, and that the certificate names \(address.host))"
+                    return
+                        "TLS with \(place) failed: \(text) (sslmode=\(address.tlsMode.rawValue): check sslrootcert, and that the certificate names \(address.host))"
                 }
                 return "cannot connect to \(place): \(text)"
             }
@@ -353,11 +356,13 @@ public final class PostgresCatalog: Catalog, @unchecked Sendable {
                 "CREATE TABLE IF NOT EXISTS upload_schema (version INTEGER PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)",
                 logger: logger
             )
-            let current = try await Self.rows("SELECT COALESCE(MAX(version), 0) AS v FROM upload_schema", on: connection, logger)
+            let current =
+                try await Self.rows("SELECT COALESCE(MAX(version), 0) AS v FROM upload_schema", on: connection, logger)
                 .first?["v"].decode(Int.self) ?? 0
             guard current < Self.schemaVersion else {
                 guard current == Self.schemaVersion else {
-                    throw CatalogFailure("the catalog's schema is version \(current), newer than this relay's \(Self.schemaVersion): upgrade the relay")
+                    throw CatalogFailure(
+                        "the catalog's schema is version \(current), newer than this relay's \(Self.schemaVersion): upgrade the relay")
                 }
                 return
             }
@@ -487,4 +492,3 @@ public final class PostgresCatalog: Catalog, @unchecked Sendable {
         ),
     ]
 }
-

@@ -18,7 +18,9 @@ public struct LockHeartbeat: Sendable {
     /// connection, in seconds: its locks go at most about idle + interval x count after the relay went silent.
     public var serverKeepalive: (idle: Int, interval: Int, count: Int)
 
-    public init(interval: Duration = .seconds(5), timeout: Duration = .seconds(10), serverKeepalive: (idle: Int, interval: Int, count: Int) = (30, 5, 5)) {
+    public init(
+        interval: Duration = .seconds(5), timeout: Duration = .seconds(10), serverKeepalive: (idle: Int, interval: Int, count: Int) = (30, 5, 5)
+    ) {
         self.interval = interval
         self.timeout = timeout
         self.serverKeepalive = serverKeepalive

@@ -281,7 +281,9 @@ public final class S3Store: BlobStore, Sendable {
         }
     }
 
-    private func commit(_ staging: any StagingFile, as key: ObjectKey, account: String, sha1: SHA1Digest?, overwrite: Bool) throws
+    private func commit(
+        _ staging: any StagingFile, as key: ObjectKey, account: String, sha1: SHA1Digest?, overwrite: Bool
+    ) throws
         -> ObjectIdentity
     {
         guard let staging = staging as? S3StagingFile else { throw StoreError("staging \(staging.name) is not an S3 upload") }

@@ -215,7 +215,8 @@ public final class SQLiteCatalog: Catalog {
     private static func removeObject(
         _ db: Database, account: String, key: String, removingFile: (StoredObject) throws -> Void
     ) throws -> ObjectRemoval {
-        guard let object = try Row.fetchOne(db, sql: "SELECT * FROM object WHERE account = ? AND key = ?", arguments: [account, key]).map(Self.object)
+        guard
+            let object = try Row.fetchOne(db, sql: "SELECT * FROM object WHERE account = ? AND key = ?", arguments: [account, key]).map(Self.object)
         else { return .notStored }
         if try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM session WHERE account = ? AND key = ?", arguments: [account, key]) ?? 0 > 0 {
             return .uploading
@@ -338,7 +339,10 @@ public final class SQLiteCatalog: Catalog {
 
     public func completeStripes(sessionID: String) throws -> Set<Int> {
         try self.reading { db in
-            Set(try Row.fetchAll(cached: db, sql: "SELECT stripe FROM session_stripe WHERE session_id = ?", arguments: [sessionID]).map { $0["stripe"] as Int })
+            Set(
+                try Row.fetchAll(cached: db, sql: "SELECT stripe FROM session_stripe WHERE session_id = ?", arguments: [sessionID]).map {
+                    $0["stripe"] as Int
+                })
         }
     }
 
@@ -403,15 +407,21 @@ public final class SQLiteCatalog: Catalog {
     // SQLite compares text as bytes (BINARY): the UTF-8 order. `substr` and `length` count characters on both sides.
     public func objects(account: String, prefix: String, after: String?, limit: Int) throws -> [StoredObject] {
         try self.reading { db in
-            try Row.fetchAll(cached: db, sql: "SELECT * FROM object WHERE \(Self.keyPage) ORDER BY key LIMIT ?", arguments: Self.keyPage(account, prefix, after, limit))
-                .map(Self.object)
+            try Row.fetchAll(
+                cached: db, sql: "SELECT * FROM object WHERE \(Self.keyPage) ORDER BY key LIMIT ?",
+                arguments: Self.keyPage(account, prefix, after, limit)
+            )
+            .map(Self.object)
         }
     }
 
     public func sessions(account: String, prefix: String, after: String?, limit: Int) throws -> [UploadSession] {
         try self.reading { db in
-            try Row.fetchAll(cached: db, sql: "SELECT * FROM session WHERE \(Self.keyPage) ORDER BY key LIMIT ?", arguments: Self.keyPage(account, prefix, after, limit))
-                .map(Self.session)
+            try Row.fetchAll(
+                cached: db, sql: "SELECT * FROM session WHERE \(Self.keyPage) ORDER BY key LIMIT ?",
+                arguments: Self.keyPage(account, prefix, after, limit)
+            )
+            .map(Self.session)
         }
     }
 

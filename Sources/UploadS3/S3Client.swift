@@ -316,8 +316,10 @@ public final class S3Client: Sendable {
                     let etag = S3XML.value(of: "ETag", in: item)
                 else { continue }
                 found.append(
-                    (S3Part(number: number, etag: etag, checksumSHA1: S3XML.value(of: "ChecksumSHA1", in: item)),
-                     S3XML.value(of: "Size", in: item).flatMap { Int64($0) } ?? 0)
+                    (
+                        S3Part(number: number, etag: etag, checksumSHA1: S3XML.value(of: "ChecksumSHA1", in: item)),
+                        S3XML.value(of: "Size", in: item).flatMap { Int64($0) } ?? 0
+                    )
                 )
             }
             marker = S3XML.value(of: "IsTruncated", in: answer.body) == "true" ? S3XML.value(of: "NextPartNumberMarker", in: answer.body) : nil

@@ -201,7 +201,8 @@ extension S3Credentials {
     /// profile without both keys is an error that says so.
     public static func load(environment: [String: String]) throws -> S3Credentials? {
         if let id = environment["AWS_ACCESS_KEY_ID"], let secret = environment["AWS_SECRET_ACCESS_KEY"], !id.isEmpty, !secret.isEmpty {
-            return S3Credentials(accessKeyID: id, secretAccessKey: secret, sessionToken: environment["AWS_SESSION_TOKEN"].flatMap { $0.isEmpty ? nil : $0 })
+            return S3Credentials(
+                accessKeyID: id, secretAccessKey: secret, sessionToken: environment["AWS_SESSION_TOKEN"].flatMap { $0.isEmpty ? nil : $0 })
         }
         let home = environment["HOME"] ?? NSHomeDirectory()
         let path = environment["AWS_SHARED_CREDENTIALS_FILE"] ?? home + "/.aws/credentials"

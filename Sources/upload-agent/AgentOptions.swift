@@ -12,12 +12,15 @@ struct ConnectionOptions: ParsableArguments {
     @Option(name: .long, help: ArgumentHelp("The account's token (or UPLOAD_TOKEN).", valueName: "token"))
     var token: String?
 
-    @Option(name: .long, help: ArgumentHelp("PEM file of the CA that signed the relay's certificate (or UPLOAD_CA; default: system roots).", valueName: "file"))
+    @Option(
+        name: .long,
+        help: ArgumentHelp("PEM file of the CA that signed the relay's certificate (or UPLOAD_CA; default: system roots).", valueName: "file"))
     var ca: String?
 
     @Option(
         name: .long,
-        help: ArgumentHelp("The name the relay's certificate holds, when --relay gives an address it does not (TLS SNI and verification).", valueName: "name")
+        help: ArgumentHelp(
+            "The name the relay's certificate holds, when --relay gives an address it does not (TLS SNI and verification).", valueName: "name")
     )
     var serverName: String?
 
@@ -53,7 +56,8 @@ struct ConnectionOptions: ParsableArguments {
 
     @Option(
         name: .long,
-        help: ArgumentHelp("What the agent logs on stderr beside its results: trace, debug, info, notice, warning (the default), error.", valueName: "level")
+        help: ArgumentHelp(
+            "What the agent logs on stderr beside its results: trace, debug, info, notice, warning (the default), error.", valueName: "level")
     )
     var logLevel: String = "warning"
 

@@ -49,7 +49,8 @@ enum ConfigFile {
             } else {
                 guard Self.sharedKeys.contains(key) else {
                     throw Failure(
-                        description: "--config \(path): \"\(key)\" is not an option every command takes; put it in a section named after its command, e.g. {\"watch\": {\"\(key)\": ...}}"
+                        description:
+                            "--config \(path): \"\(key)\" is not an option every command takes; put it in a section named after its command, e.g. {\"watch\": {\"\(key)\": ...}}"
                     )
                 }
                 if key != "state" && !Self.connectionCommands.contains(command) { continue }

@@ -67,13 +67,22 @@ struct Send: AsyncParsableCommand {
     @Flag(name: .long, help: "No progress display on stderr.")
     var quiet = false
 
-    @Flag(name: [.customShort("L"), .long], help: "Follow symbolic links: upload the files they point to, and walk the directories (each once). By default a link is skipped and said so.")
+    @Flag(
+        name: [.customShort("L"), .long],
+        help: "Follow symbolic links: upload the files they point to, and walk the directories (each once). By default a link is skipped and said so."
+    )
     var followSymlinks = false
 
-    @Flag(name: .long, help: "Exit 0 even when paths were skipped (symbolic links, unreadable directories, names that are not UTF-8); they are still reported.")
+    @Flag(
+        name: .long,
+        help: "Exit 0 even when paths were skipped (symbolic links, unreadable directories, names that are not UTF-8); they are still reported.")
     var allowSkipped = false
 
-    @Flag(name: .long, help: "When the selection does not fit in the account's quota, send the files that fit (in order) and report the rest; by default nothing is sent then.")
+    @Flag(
+        name: .long,
+        help:
+            "When the selection does not fit in the account's quota, send the files that fit (in order) and report the rest; by default nothing is sent then."
+    )
     var sendWhatFits = false
 
     @Flag(name: .long, help: "Do not ask the relay whether the selection fits in the account's quota before sending.")
@@ -105,7 +114,10 @@ struct Send: AsyncParsableCommand {
         let store = self.noState ? nil : try self.stateOptions.open()
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let uploader = Uploader(configuration: configuration, group: group, logger: Logger(label: "upload-agent"))
-        let check = self.noQuotaCheck ? QuotaCheck(items: plan.items, held: [], note: nil) : await QuotaCheck.run(plan, sendWhatFits: self.sendWhatFits, overwrite: self.overwrite, uploader: uploader)
+        let check =
+            self.noQuotaCheck
+            ? QuotaCheck(items: plan.items, held: [], note: nil)
+            : await QuotaCheck.run(plan, sendWhatFits: self.sendWhatFits, overwrite: self.overwrite, uploader: uploader)
         let items = check.items
         let progress = ProgressPrinter(
             json: self.json, live: ProgressPrinter.liveWanted(json: self.json, quiet: self.quiet), quiet: self.quiet,

@@ -53,10 +53,13 @@ struct Watch: AsyncParsableCommand {
     @OptionGroup var connection: ConnectionOptions
     @OptionGroup var stateOptions: StateOptions
 
-    @Option(name: .long, help: ArgumentHelp("How long a file written without closing it must stay unchanged to count as complete.", valueName: "duration"))
+    @Option(
+        name: .long, help: ArgumentHelp("How long a file written without closing it must stay unchanged to count as complete.", valueName: "duration")
+    )
     var settle: String = "2s"
 
-    @Option(name: .long, help: ArgumentHelp("Upload only files matching this glob (repeatable; a pattern with / matches the path).", valueName: "glob"))
+    @Option(
+        name: .long, help: ArgumentHelp("Upload only files matching this glob (repeatable; a pattern with / matches the path).", valueName: "glob"))
     var include: [String] = []
 
     @Option(name: .long, help: ArgumentHelp("Skip files and directories matching this glob (repeatable), e.g. '.*'.", valueName: "glob"))
@@ -71,10 +74,16 @@ struct Watch: AsyncParsableCommand {
     @Option(name: .long, help: ArgumentHelp("Upload only while the battery is at least this many percent, or on mains power.", valueName: "percent"))
     var minBattery: Int?
 
-    @Flag(name: .customLong("only-on-wifi"), help: "Upload only while the default route goes through a wireless interface (Wi-Fi, not Ethernet or a mobile modem).")
+    @Flag(
+        name: .customLong("only-on-wifi"),
+        help: "Upload only while the default route goes through a wireless interface (Wi-Fi, not Ethernet or a mobile modem).")
     var onlyOnWiFi = false
 
-    @Flag(name: .long, help: "Upload only while NetworkManager does not call the connection metered (a phone's hotspot, a mobile plan); without NetworkManager, always.")
+    @Flag(
+        name: .long,
+        help:
+            "Upload only while NetworkManager does not call the connection metered (a phone's hotspot, a mobile plan); without NetworkManager, always."
+    )
     var notMetered = false
 
     @Option(name: .long, help: ArgumentHelp("Upload only while this shell command exits 0 (any other condition of your own).", valueName: "command"))
@@ -99,12 +108,15 @@ struct Watch: AsyncParsableCommand {
     @Option(name: .long, help: .hidden)
     var relayFullBackoff: String = "10s"
 
-    @Flag(name: [.customShort("L"), .long], help: "Follow symbolic links: upload the files they point to, and watch the directories. By default a link is skipped and said so.")
+    @Flag(
+        name: [.customShort("L"), .long],
+        help: "Follow symbolic links: upload the files they point to, and watch the directories. By default a link is skipped and said so.")
     var followSymlinks = false
 
     @Flag(
         name: .long,
-        help: "Print one JSON object per event on stdout: {\"event\":\"started\",...}, {\"event\":\"finished\",...}, {\"event\":\"skipped\",\"path\",\"reason\"}, {\"event\":\"waiting\",\"key\",\"reason\",\"retry_in_seconds\"}."
+        help:
+            "Print one JSON object per event on stdout: {\"event\":\"started\",...}, {\"event\":\"finished\",...}, {\"event\":\"skipped\",\"path\",\"reason\"}, {\"event\":\"waiting\",\"key\",\"reason\",\"retry_in_seconds\"}."
     )
     var json = false
 
@@ -113,7 +125,8 @@ struct Watch: AsyncParsableCommand {
 
     @Flag(
         name: .long,
-        help: "Wait for a directory that does not exist yet (a card, a mount, a folder made later): said once on stderr, looked for every 5 seconds, watched once it is there. Without it, a missing directory is a usage error."
+        help:
+            "Wait for a directory that does not exist yet (a card, a mount, a folder made later): said once on stderr, looked for every 5 seconds, watched once it is there. Without it, a missing directory is a usage error."
     )
     var waitForDirectories = false
 

@@ -50,12 +50,15 @@ struct ListCommand: ParsableCommand {
         var entries: [Entry] = []
         if !self.inProgress {
             for object in try catalog.objects() where self.account == nil || object.account == self.account {
-                entries.append(Entry(account: object.account, key: object.key, status: "stored", bytes: object.size, size: object.size, sha1: object.sha1))
+                entries.append(
+                    Entry(account: object.account, key: object.key, status: "stored", bytes: object.size, size: object.size, sha1: object.sha1))
             }
         }
         for session in try catalog.sessions(updatedBefore: .distantFuture) where self.account == nil || session.account == self.account {
             entries.append(
-                Entry(account: session.account, key: session.key, status: "uploading", bytes: session.durableOffset, size: session.declaredSize, sha1: nil)
+                Entry(
+                    account: session.account, key: session.key, status: "uploading", bytes: session.durableOffset, size: session.declaredSize,
+                    sha1: nil)
             )
         }
         entries.sort { ($0.account, $0.key, $0.status) < ($1.account, $1.key, $1.status) }

@@ -12,14 +12,17 @@ import UploadS3
 struct StoreOptions: ParsableArguments {
     @Option(
         name: .long,
-        help: ArgumentHelp("Where serve commits objects: a directory (default: <data>/store) or s3://BUCKET[/PREFIX], as given to serve.", valueName: "dir|s3-url")
+        help: ArgumentHelp(
+            "Where serve commits objects: a directory (default: <data>/store) or s3://BUCKET[/PREFIX], as given to serve.", valueName: "dir|s3-url")
     )
     var store: String?
 
     @Option(name: .long, help: ArgumentHelp("With an s3:// store: the S3 service's URL, as given to serve.", valueName: "url"))
     var s3Endpoint: String?
 
-    @Option(name: .long, help: ArgumentHelp("With an s3:// store: the region requests are signed for (default: AWS_REGION, else us-east-1).", valueName: "region"))
+    @Option(
+        name: .long,
+        help: ArgumentHelp("With an s3:// store: the region requests are signed for (default: AWS_REGION, else us-east-1).", valueName: "region"))
     var s3Region: String?
 
     func openStore(data: String, catalog: any Catalog, logger: Logger) throws -> any BlobStore {

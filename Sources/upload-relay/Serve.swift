@@ -69,7 +69,8 @@ struct Serve: AsyncParsableCommand {
 
     @Option(
         name: .long,
-        help: ArgumentHelp("Directory the relay owns: its catalog, staged uploads and, by default, objects (or UPLOAD_RELAY_DATA). Required.", valueName: "dir")
+        help: ArgumentHelp(
+            "Directory the relay owns: its catalog, staged uploads and, by default, objects (or UPLOAD_RELAY_DATA). Required.", valueName: "dir")
     )
     var data: String?
 
@@ -87,7 +88,8 @@ struct Serve: AsyncParsableCommand {
 
     @Flag(
         name: .long,
-        help: "Let the relay's group read what it creates (directories 0750, files 0640). By default its data, staged uploads and objects are private to its user (0700, 0600), whatever the umask."
+        help:
+            "Let the relay's group read what it creates (directories 0750, files 0640). By default its data, staged uploads and objects are private to its user (0700, 0600), whatever the umask."
     )
     var groupAccess = false
 
@@ -106,7 +108,9 @@ struct Serve: AsyncParsableCommand {
     )
     var s3Endpoint: String?
 
-    @Option(name: .long, help: ArgumentHelp("With an s3:// store: the region requests are signed for (default: AWS_REGION, else us-east-1).", valueName: "region"))
+    @Option(
+        name: .long,
+        help: ArgumentHelp("With an s3:// store: the region requests are signed for (default: AWS_REGION, else us-east-1).", valueName: "region"))
     var s3Region: String?
 
     @Option(
@@ -118,7 +122,10 @@ struct Serve: AsyncParsableCommand {
     )
     var onCommit: String?
 
-    @Option(name: .long, help: ArgumentHelp("After each commit, POST the same JSON to this http(s) URL; a 2xx answer means done, else it is retried.", valueName: "url"))
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "After each commit, POST the same JSON to this http(s) URL; a 2xx answer means done, else it is retried.", valueName: "url"))
     var onCommitUrl: String?
 
     @Option(
@@ -207,7 +214,8 @@ struct Serve: AsyncParsableCommand {
 
     @Option(
         name: .long,
-        help: "Most uploads committed together (group commit: one catalog transaction and one directory sync for all). Commits never wait for a group to fill."
+        help:
+            "Most uploads committed together (group commit: one catalog transaction and one directory sync for all). Commits never wait for a group to fill."
     )
     var commitGroup: Int = 256
 
@@ -244,7 +252,9 @@ struct Serve: AsyncParsableCommand {
     )
     var minFree: String?
 
-    @Option(name: .long, help: ArgumentHelp("Delete unfinished uploads untouched for this long, with their staged bytes (SPEC §6.6).", valueName: "duration"))
+    @Option(
+        name: .long,
+        help: ArgumentHelp("Delete unfinished uploads untouched for this long, with their staged bytes (SPEC §6.6).", valueName: "duration"))
     var sessionExpiry: String = "24h"
 
     /// Every usage error before anything is created, with `serve`'s usage: the options that go together, then every
@@ -374,7 +384,8 @@ struct Serve: AsyncParsableCommand {
                 logger.notice("certificate reloaded (SIGHUP): new connections get it", metadata: ["certificate": "\(certificatePath)"])
             } catch {
                 logger.error(
-                    "could not reload the certificate (SIGHUP); the old one stays", metadata: ["certificate": "\(certificatePath)", "error": "\(error)"]
+                    "could not reload the certificate (SIGHUP); the old one stays",
+                    metadata: ["certificate": "\(certificatePath)", "error": "\(error)"]
                 )
             }
         }
@@ -384,9 +395,10 @@ struct Serve: AsyncParsableCommand {
             configuration: .init(
                 services: [
                     .init(service: server, failureTerminationBehavior: .gracefullyShutdownGroup)
-                ] + [statusServer, operationsServer].compactMap { $0 }.map {
-                    .init(service: $0, successTerminationBehavior: .gracefullyShutdownGroup, failureTerminationBehavior: .gracefullyShutdownGroup)
-                },
+                ]
+                    + [statusServer, operationsServer].compactMap { $0 }.map {
+                        .init(service: $0, successTerminationBehavior: .gracefullyShutdownGroup, failureTerminationBehavior: .gracefullyShutdownGroup)
+                    },
                 gracefulShutdownSignals: [.sigterm, .sigint], logger: logger
             )
         )
@@ -408,7 +420,9 @@ struct Serve: AsyncParsableCommand {
     static func listenFailure(_ error: any Error, option: String, address: String) -> any Error {
         let reason: String
         if let io = error as? IOError {
-            reason = String(cString: strerror(io.errnoCode)) + (io.errnoCode == EADDRINUSE ? " (another process listens there: stop it, or choose another port)" : "")
+            reason =
+                String(cString: strerror(io.errnoCode))
+                + (io.errnoCode == EADDRINUSE ? " (another process listens there: stop it, or choose another port)" : "")
         } else {
             reason = "\(error)"
         }
@@ -426,12 +440,13 @@ struct Serve: AsyncParsableCommand {
         let relay = host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)"
         var text = "upload-relay --dev: CA \(setup.paths.caCertificate), token in \(setup.paths.token)"
         text += setup.createdToken ? " (new)\n" : "\n"
-        text += "  certificate for: \((try? String(contentsOfFile: setup.paths.serverNames, encoding: .utf8))?.split(separator: "\n").joined(separator: ", ") ?? "localhost")\n"
-        text += "  upload with: upload-agent send --relay \(relay) --ca \(setup.paths.caCertificate) --token \"$(cat \(setup.paths.token))\" FILE...\n"
+        text +=
+            "  certificate for: \((try? String(contentsOfFile: setup.paths.serverNames, encoding: .utf8))?.split(separator: "\n").joined(separator: ", ") ?? "localhost")\n"
+        text +=
+            "  upload with: upload-agent send --relay \(relay) --ca \(setup.paths.caCertificate) --token \"$(cat \(setup.paths.token))\" FILE...\n"
         FileHandle.standardError.write(Data(text.utf8))
     }
 }
-
 
 extension Serve {
     /// The relay's configuration from every option, each parsed and checked here and nowhere else: a bad value throws

@@ -19,7 +19,9 @@ struct Token: ParsableCommand {
 
         @Option(
             name: .long,
-            help: ArgumentHelp("The relays' shared catalog, postgres://USER:PASSWORD@HOST:PORT/DATABASE (or UPLOAD_RELAY_CATALOG); default: the SQLite catalog in --data.", valueName: "url")
+            help: ArgumentHelp(
+                "The relays' shared catalog, postgres://USER:PASSWORD@HOST:PORT/DATABASE (or UPLOAD_RELAY_CATALOG); default: the SQLite catalog in --data.",
+                valueName: "url")
         )
         var catalog: String?
 
@@ -63,7 +65,8 @@ struct Token: ParsableCommand {
                 throw ValidationError(error.description)
             }
             print(token)
-            FileHandle.standardError.write(Data("token for account \"\(self.name)\" (shown once; give it to the agent as --token or UPLOAD_TOKEN)\n".utf8))
+            FileHandle.standardError.write(
+                Data("token for account \"\(self.name)\" (shown once; give it to the agent as --token or UPLOAD_TOKEN)\n".utf8))
         }
     }
 
@@ -74,7 +77,8 @@ struct Token: ParsableCommand {
 
         @Flag(
             name: .long,
-            help: "One JSON object per account: {\"name\", \"used_bytes\", \"quota_bytes\" (null: none), \"objects\", \"stored_bytes\", \"uploading\", \"uploading_bytes\", \"state\": \"active\"|\"revoked\"}."
+            help:
+                "One JSON object per account: {\"name\", \"used_bytes\", \"quota_bytes\" (null: none), \"objects\", \"stored_bytes\", \"uploading\", \"uploading_bytes\", \"state\": \"active\"|\"revoked\"}."
         )
         var json = false
 
@@ -136,7 +140,8 @@ struct Token: ParsableCommand {
     struct Rotate: ParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Give an account a new token and print it (once); the old one is refused from then on.",
-            discussion: "Running relays close the connections made with the old token within seconds (the agent reconnects with the new one once it has it)."
+            discussion:
+                "Running relays close the connections made with the old token within seconds (the agent reconnects with the new one once it has it)."
         )
 
         @Argument(help: "Account name.")
@@ -275,7 +280,9 @@ struct Token: ParsableCommand {
             if self.keepObjects { words.append("\(outcome.kept) objects left in the store") }
             for (key, reason) in outcome.refused { Token.say("left \(key): \(reason)") }
             guard outcome.deleted else {
-                Token.say("account \"\(self.name)\" is disabled but not deleted: \(outcome.refused.count) objects could not be removed; \(words.joined(separator: ", "))")
+                Token.say(
+                    "account \"\(self.name)\" is disabled but not deleted: \(outcome.refused.count) objects could not be removed; \(words.joined(separator: ", "))"
+                )
                 throw ExitCode(1)
             }
             Token.say("account \"\(self.name)\" deleted" + (words.isEmpty ? "" : ": " + words.joined(separator: ", ")))

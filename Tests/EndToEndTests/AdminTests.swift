@@ -18,7 +18,9 @@ struct AdminTests {
         return run.status
     }
 
-    @Test("SQLite and the local store: rm removes objects and rows (its empty folders too), says which keys were not stored, leaves a hand-changed file and another account's same key; token delete asks, then keeps or deletes the objects, and the name can be given again")
+    @Test(
+        "SQLite and the local store: rm removes objects and rows (its empty folders too), says which keys were not stored, leaves a hand-changed file and another account's same key; token delete asks, then keeps or deletes the objects, and the name can be given again"
+    )
     func localStore() throws {
         let relay = try CommandLineTests.DevRelay()
         defer { relay.stop() }
@@ -70,7 +72,9 @@ struct AdminTests {
         #expect(try CommandLineTests.run(binary, ["token", "add", "other", "--data", data]).status == 0, "the name could not be given again")
     }
 
-    @Test("PostgreSQL and an S3 bucket: rm deletes the S3 object and the row; another writer's object under the same prefix is never touched; token delete --delete-objects empties the account")
+    @Test(
+        "PostgreSQL and an S3 bucket: rm deletes the S3 object and the row; another writer's object under the same prefix is never touched; token delete --delete-objects empties the account"
+    )
     func sharedCatalogAndBucket() async throws {
         let server = try S3TestServer()
         let binary = try relayBinary()
@@ -89,7 +93,8 @@ struct AdminTests {
                 let storeOptions = ["--store", "s3://\(bucket)/relay", "--s3-endpoint", server.endpoint.url.absoluteString]
                 let relay = try ChildProcess(
                     binary,
-                    ["serve", "--dev", "--data", data, "--listen", "127.0.0.1:0", "--ready-file", data + "/ready", "--log-level", "warning"] + storeOptions,
+                    ["serve", "--dev", "--data", data, "--listen", "127.0.0.1:0", "--ready-file", data + "/ready", "--log-level", "warning"]
+                        + storeOptions,
                     readyFile: data + "/ready", logFile: data + "/relay.log", environment: environment
                 )
                 defer {

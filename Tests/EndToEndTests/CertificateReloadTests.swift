@@ -6,7 +6,9 @@ import UploadTestSupport
 /// SIGHUP to `upload-relay serve`: a renewed certificate is taken without a restart and without dropping anyone.
 @Suite("End to end: certificate reload")
 struct CertificateReloadTests {
-    @Test("SIGHUP: new connections get the renewed certificate (the old CA no longer verifies it), an upload under way on the old one goes on and is stored; unreadable files keep the old certificate")
+    @Test(
+        "SIGHUP: new connections get the renewed certificate (the old CA no longer verifies it), an upload under way on the old one goes on and is stored; unreadable files keep the old certificate"
+    )
     func reloadOnHangup() async throws {
         let home = TestRelay.makeDirectory()
         defer { try? FileManager.default.removeItem(atPath: home) }
@@ -30,8 +32,10 @@ struct CertificateReloadTests {
         let data = home + "/data"
         let relay = try ChildProcess(
             try relayBinary(),
-            ["serve", "--data", data, "--cert", live + "/cert.pem", "--key", live + "/key.pem", "--listen", "127.0.0.1:0",
-             "--ready-file", home + "/ready", "--log-level", "info"],
+            [
+                "serve", "--data", data, "--cert", live + "/cert.pem", "--key", live + "/key.pem", "--listen", "127.0.0.1:0",
+                "--ready-file", home + "/ready", "--log-level", "info",
+            ],
             readyFile: home + "/ready", logFile: home + "/relay.log"
         )
         defer {

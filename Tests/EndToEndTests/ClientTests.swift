@@ -130,13 +130,17 @@ struct ClientTests {
         let binary = packageRoot + "/.build/debug/upload-joined"
         try #require(FileManager.default.isExecutableFile(atPath: binary), "\(binary) is missing: run `swift build` first (tools/test does)")
         let directory = TestRelay.makeDirectory()
-        let pieces = [3 << 20, 1, 2 << 20 + 5].enumerated().map { makeFile(directory, "CLIP000\($0.offset + 1).MP4", size: $0.element, seed: UInt64($0.offset)) }
+        let pieces = [3 << 20, 1, 2 << 20 + 5].enumerated().map {
+            makeFile(directory, "CLIP000\($0.offset + 1).MP4", size: $0.element, seed: UInt64($0.offset))
+        }
         let environment = ["UPLOAD_RELAY": "127.0.0.1:\(relay.port)", "UPLOAD_TOKEN": relay.token, "UPLOAD_CA": relay.caPath]
         let run = try CommandLineTests.run(binary, ["clips/joined.mp4"] + pieces.map(\.path), environment: environment)
         #expect(run.status == 0, "\(run.stderr)")
         let joined = pieces.reduce(Data()) { $0 + $1.data }
         #expect(relay.stored("clips/joined.mp4") == joined)
-        #expect(run.stdout.contains("stored clips/joined.mp4 \(joined.count) bytes sha1 \(SHA1.hash(joined).map { String(format: "%02x", $0) }.joined())"))
+        #expect(
+            run.stdout.contains("stored clips/joined.mp4 \(joined.count) bytes sha1 \(SHA1.hash(joined).map { String(format: "%02x", $0) }.joined())")
+        )
         #expect(run.stderr.contains("100% on the relay"))
         let missing = try CommandLineTests.run(binary, ["clips/missing.mp4", pieces[0].path, directory + "/CLIP0009.MP4"], environment: environment)
         #expect(missing.status == 1)
@@ -164,7 +168,9 @@ final class PatternSource: BlobSource, @unchecked Sendable {
     private var stallAt: Int?
     private var reopened = 0
 
-    init(size: Int, seekable: Bool = true, invalidateAt: [Int] = [], forever: Bool = false, fingerprintAfterReopen: [UInt8]? = nil, stallAt: Int? = nil) {
+    init(
+        size: Int, seekable: Bool = true, invalidateAt: [Int] = [], forever: Bool = false, fingerprintAfterReopen: [UInt8]? = nil, stallAt: Int? = nil
+    ) {
         self.size = size
         self.isSeekable = seekable
         self.pendingInvalidations = invalidateAt

@@ -90,7 +90,9 @@ struct CommandLineTests {
         return path
     }
 
-    @Test("send --json: exit 0, one JSON object per item with the documented fields; then dedup; then exit 3 and error_code UNAUTHENTICATED on a bad token")
+    @Test(
+        "send --json: exit 0, one JSON object per item with the documented fields; then dedup; then exit 3 and error_code UNAUTHENTICATED on a bad token"
+    )
     func sendJSON() throws {
         let relay = try DevRelay()
         defer { relay.stop() }
@@ -130,7 +132,9 @@ struct CommandLineTests {
         #expect(refused.stderr.contains("unknown token"))
     }
 
-    @Test("serve refuses a limit below 1 (--io-threads, --commit-group, ...) or a --status-listen that is no host:port with a usage error naming it, before it creates anything")
+    @Test(
+        "serve refuses a limit below 1 (--io-threads, --commit-group, ...) or a --status-listen that is no host:port with a usage error naming it, before it creates anything"
+    )
     func serveRefusesZeroLimits() throws {
         let data = TestRelay.makeDirectory() + "/relay"
         for option in ["--io-threads", "--commit-group", "--max-connections", "--status-max-connections"] {
@@ -143,7 +147,9 @@ struct CommandLineTests {
         #expect(!FileManager.default.fileExists(atPath: data), "a refused serve created its data directory")
     }
 
-    @Test("no data directory named (--data or UPLOAD_RELAY_DATA): serve, token and ls are usage errors that say what to pass, and nothing is written in the current directory; UPLOAD_RELAY_DATA alone serves")
+    @Test(
+        "no data directory named (--data or UPLOAD_RELAY_DATA): serve, token and ls are usage errors that say what to pass, and nothing is written in the current directory; UPLOAD_RELAY_DATA alone serves"
+    )
     func dataDirectoryRequired() throws {
         let cwd = TestRelay.makeDirectory()
         for arguments in [["serve", "--dev", "--listen", "127.0.0.1:0"], ["token", "add", "cam"], ["token", "list"], ["ls"]] {
@@ -179,10 +185,13 @@ struct CommandLineTests {
             try Self.agentBinary(), ["send", "--relay", "127.0.0.1:1", "--token", "t", "--retry-for", "0s", "--json", "--log-level", "trace", file]
         )
         #expect(quiet.status != 0 && loud.status != 0)
-        #expect(loud.stderr.split(separator: "\n").count > quiet.stderr.split(separator: "\n").count, "quiet:\n\(quiet.stderr)\nloud:\n\(loud.stderr)")
+        #expect(
+            loud.stderr.split(separator: "\n").count > quiet.stderr.split(separator: "\n").count, "quiet:\n\(quiet.stderr)\nloud:\n\(loud.stderr)")
     }
 
-    @Test("token rotate, quota, disable and enable on a running relay: the old token is refused and its open connection closes; a quota refuses what does not fit and none lifts it; a disabled account is refused until enabled")
+    @Test(
+        "token rotate, quota, disable and enable on a running relay: the old token is refused and its open connection closes; a quota refuses what does not fit and none lifts it; a disabled account is refused until enabled"
+    )
     func tokenAdministration() throws {
         let relay = try DevRelay()
         defer { relay.stop() }
@@ -195,7 +204,9 @@ struct CommandLineTests {
         func send(_ path: String, token: String? = nil, _ extra: [String] = []) throws -> [String: Any] {
             var environment = relay.environment
             if let token { environment["UPLOAD_TOKEN"] = token }
-            let run = try Self.run(try Self.agentBinary(), ["send", "--json", "--no-state", "--retry-for", "0s", "--overwrite"] + extra + [path], environment: environment)
+            let run = try Self.run(
+                try Self.agentBinary(), ["send", "--json", "--no-state", "--retry-for", "0s", "--overwrite"] + extra + [path],
+                environment: environment)
             return try #require(try Self.jsonLines(run.stdout).first, "\(run.stderr)")
         }
         #expect(try send(small)["status"] as? String == "stored")
@@ -243,7 +254,9 @@ struct CommandLineTests {
         #expect(try admin(["rotate", "nobody"]).status == 2)
     }
 
-    @Test("send checks the whole selection against the quota first: nothing is sent when it does not fit, each file said why; --send-what-fits sends what fits; files the relay holds count for nothing; --no-quota-check leaves it to the relay")
+    @Test(
+        "send checks the whole selection against the quota first: nothing is sent when it does not fit, each file said why; --send-what-fits sends what fits; files the relay holds count for nothing; --no-quota-check leaves it to the relay"
+    )
     func quotaCheckedFirst() throws {
         let relay = try DevRelay()
         defer { relay.stop() }
@@ -272,7 +285,8 @@ struct CommandLineTests {
         }
         let c = refused.lines.first { $0["key"] as? String == "sel/c.bin" }
         #expect((c?["error"] as? String ?? "").contains("does not fit: it needs 48.8 KiB"), "\(String(describing: c))")
-        #expect(refused.lines.filter { ($0["error"] as? String ?? "").contains("not sent: the selection needs 78.1 KiB") }.count == 2, "\(refused.lines)")
+        #expect(
+            refused.lines.filter { ($0["error"] as? String ?? "").contains("not sent: the selection needs 78.1 KiB") }.count == 2, "\(refused.lines)")
         #expect(refused.stderr.contains("nothing was sent") && refused.stderr.contains("--send-what-fits"), "\(refused.stderr)")
         #expect(refused.stderr.contains("account \"dev\" has 68.4 KiB of its 97.7 KiB quota left"), "\(refused.stderr)")
         #expect(stored("b.bin") == nil)
@@ -294,20 +308,25 @@ struct CommandLineTests {
         let unchecked = try send(["--no-quota-check"], [home + "/sel"])
         #expect(unchecked.status == 1)
         let late = unchecked.lines.first { $0["key"] as? String == "sel/c.bin" }
-        #expect(late?["error_code"] as? String == "QUOTA_EXCEEDED" && !(late?["error"] as? String ?? "").contains("does not fit"), "\(unchecked.lines)")
+        #expect(
+            late?["error_code"] as? String == "QUOTA_EXCEEDED" && !(late?["error"] as? String ?? "").contains("does not fit"), "\(unchecked.lines)")
     }
 
-    @Test("a relay that cannot be reached: one line naming the address and what to check, said once however often it is retried, then counted; never NIO's own description")
+    @Test(
+        "a relay that cannot be reached: one line naming the address and what to check, said once however often it is retried, then counted; never NIO's own description"
+    )
     func unreachableRelayMessages() throws {
         let file = TestRelay.makeDirectory() + "/a.bin"
         FileManager.default.createFile(atPath: file, contents: Data("x".utf8))
         let refused = try Self.run(try Self.agentBinary(), ["send", "--json", "--relay", "127.0.0.1:1", "--token", "t", "--retry-for", "2s", file])
         #expect(refused.status == 3, "nothing went up, the relay unreachable: exit 3")
         #expect(refused.stdout.contains("\"error_code\":\"RELAY_UNREACHABLE\""), "\(refused.stdout)")
-        #expect(refused.stderr.contains("cannot connect to the relay at 127.0.0.1:1: connection refused: is upload-relay running"), "\(refused.stderr)")
+        #expect(
+            refused.stderr.contains("cannot connect to the relay at 127.0.0.1:1: connection refused: is upload-relay running"), "\(refused.stderr)")
         #expect(refused.stderr.components(separatedBy: "reconnecting in").count == 2, "said more than once:\n\(refused.stderr)")
         #expect(refused.stderr.contains("times)"), "\(refused.stderr)")
-        let unknown = try Self.run(try Self.agentBinary(), ["send", "--relay", "no-such-host.invalid:7443", "--token", "t", "--retry-for", "0s", file])
+        let unknown = try Self.run(
+            try Self.agentBinary(), ["send", "--relay", "no-such-host.invalid:7443", "--token", "t", "--retry-for", "0s", file])
         #expect(unknown.status == 3)
         #expect(unknown.stderr.contains("no-such-host.invalid"), "\(unknown.stderr)")
         for run in [refused, unknown] {
@@ -336,7 +355,9 @@ struct CommandLineTests {
         }
     }
 
-    @Test("what serve creates is private to its user whatever the umask (directories 0700, files 0600); --group-access lets the group read; relay and agent run without root's capabilities")
+    @Test(
+        "what serve creates is private to its user whatever the umask (directories 0700, files 0600); --group-access lets the group read; relay and agent run without root's capabilities"
+    )
     func fileModes() throws {
         for groupAccess in [false, true] {
             let data = TestRelay.makeDirectory() + "/relay"
@@ -345,8 +366,11 @@ struct CommandLineTests {
             // runs it (a socket option that needed one once kept every connection from opening).
             let child = try ChildProcess(
                 "/bin/sh",
-                ["-c", "umask 022; exec setpriv --bounding-set=-all \"$0\" \"$@\"", try relayBinary(), "serve", "--dev", "--data", data, "--listen", "127.0.0.1:0", "--ready-file",
-                 data + ".ready"] + (groupAccess ? ["--group-access"] : []),
+                [
+                    "-c", "umask 022; exec setpriv --bounding-set=-all \"$0\" \"$@\"", try relayBinary(), "serve", "--dev", "--data", data,
+                    "--listen", "127.0.0.1:0", "--ready-file",
+                    data + ".ready",
+                ] + (groupAccess ? ["--group-access"] : []),
                 readyFile: data + ".ready", logFile: data + ".log"
             )
             let port = try child.waitUntilReady()
@@ -367,7 +391,9 @@ struct CommandLineTests {
             for directory in [data, data + "/staging", data + "/store", data + "/store/dev", data + "/store/dev/album/2026"] {
                 #expect(mode(directory) == directoryMode, "\(directory): \(String(mode(directory) ?? 0, radix: 8))")
             }
-            for file in [data + "/catalog.sqlite", data + "/catalog.sqlite-wal", data + "/catalog.sqlite-shm", data + "/store/dev/album/2026/IMG_1.jpg"] {
+            for file in [
+                data + "/catalog.sqlite", data + "/catalog.sqlite-wal", data + "/catalog.sqlite-shm", data + "/store/dev/album/2026/IMG_1.jpg",
+            ] {
                 #expect(mode(file) == fileMode, "\(file): \(String(mode(file) ?? 0, radix: 8))")
             }
             child.kill(SIGTERM)
@@ -397,7 +423,9 @@ struct CommandLineTests {
         #expect(!FileManager.default.fileExists(atPath: data), "a refused serve created its data directory")
     }
 
-    @Test("relay ls and token list: stored objects and uploads under way, by account, as a table in KiB/MiB (--bytes: exact) or JSON lines; an unknown account is a usage error")
+    @Test(
+        "relay ls and token list: stored objects and uploads under way, by account, as a table in KiB/MiB (--bytes: exact) or JSON lines; an unknown account is a usage error"
+    )
     func relayList() throws {
         let relay = try DevRelay()
         let source = TestRelay.makeDirectory()
@@ -463,7 +491,9 @@ struct CommandLineTests {
         #expect(FileManager.default.contents(atPath: data + "/store/dev/logs/clip.bin") == random.data)
     }
 
-    @Test("dedup probe: a new 3 MiB file is hashed over its first 256 KiB only and sent in one read; a copy of it is confirmed, hashed whole and not sent; the file itself again is known by its fingerprint, not read")
+    @Test(
+        "dedup probe: a new 3 MiB file is hashed over its first 256 KiB only and sent in one read; a copy of it is confirmed, hashed whole and not sent; the file itself again is known by its fingerprint, not read"
+    )
     func dedupProbe() throws {
         let relay = try DevRelay()
         defer { relay.stop() }
@@ -533,9 +563,10 @@ struct CommandLineTests {
         let deadline = Date().addingTimeInterval(60)
         var staged = 0
         while staged < size * 2 / 5 && Date() < deadline && agent.process.isRunning {
-            staged = ((try? FileManager.default.contentsOfDirectory(atPath: staging)) ?? []).compactMap {
-                (try? FileManager.default.attributesOfItem(atPath: staging + "/" + $0)[.size] as? Int) ?? nil
-            }.max() ?? 0
+            staged =
+                ((try? FileManager.default.contentsOfDirectory(atPath: staging)) ?? []).compactMap {
+                    (try? FileManager.default.attributesOfItem(atPath: staging + "/" + $0)[.size] as? Int) ?? nil
+                }.max() ?? 0
             usleep(10_000)
         }
         agent.kill(SIGKILL)
@@ -553,7 +584,9 @@ struct CommandLineTests {
         await relay.stop()
     }
 
-    @Test("send DIR: every path gets a result; links, unreadable directories, FIFOs and names that are not UTF-8 are skipped with why; names no key may have fail alone; the rest are stored; exit 1, or 0 with --allow-skipped for skips alone; -L follows links")
+    @Test(
+        "send DIR: every path gets a result; links, unreadable directories, FIFOs and names that are not UTF-8 are skipped with why; names no key may have fail alone; the rest are stored; exit 1, or 0 with --allow-skipped for skips alone; -L follows links"
+    )
     func sendReportsEveryPath() throws {
         let relay = try DevRelay()
         defer { relay.stop() }
@@ -595,7 +628,8 @@ struct CommandLineTests {
         #expect(lines.count == 10, "\(run.stdout)")
         #expect(line("/listed/y.jpg")?["status"] as? String == "skipped", "\(run.stdout)")
         #expect(line("/a.jpg")?["status"] as? String == "stored" && line("/z.jpg")?["status"] as? String == "stored")
-        for (suffix, reason) in [("/link.jpg", "symbolic link"), ("/locked", "cannot be read"), ("/fifo", "FIFO"), (".jpg", "UTF-8")] where suffix != ".jpg" {
+        for (suffix, reason) in [("/link.jpg", "symbolic link"), ("/locked", "cannot be read"), ("/fifo", "FIFO"), (".jpg", "UTF-8")]
+        where suffix != ".jpg" {
             #expect(line(suffix)?["status"] as? String == "skipped", "\(suffix): \(String(describing: line(suffix)))")
             #expect((line(suffix)?["error"] as? String ?? "").contains(reason), "\(suffix): \(String(describing: line(suffix)))")
         }
@@ -626,7 +660,9 @@ struct CommandLineTests {
         let source = TestRelay.makeDirectory()
         defer { try? FileManager.default.removeItem(atPath: source) }
         let name = Array((source + "/bad").utf8) + [0xFF] + Array(".jpg".utf8) + [0]
-        let fd = name.withUnsafeBufferPointer { $0.baseAddress!.withMemoryRebound(to: CChar.self, capacity: name.count) { open($0, O_WRONLY | O_CREAT, 0o644) } }
+        let fd = name.withUnsafeBufferPointer {
+            $0.baseAddress!.withMemoryRebound(to: CChar.self, capacity: name.count) { open($0, O_WRONLY | O_CREAT, 0o644) }
+        }
         #expect(fd >= 0)
         close(fd)
         let run = try Self.run(
@@ -714,7 +750,9 @@ struct CommandLineTests {
         #expect(try store.items().allSatisfy { $0.status == .failed }, "rows left queued")
     }
 
-    @Test("serve --log-format json: every log line is one JSON object with time, level, label, message and the event's metadata (a key with quotes escaped); a format that is none is a usage error")
+    @Test(
+        "serve --log-format json: every log line is one JSON object with time, level, label, message and the event's metadata (a key with quotes escaped); a format that is none is a usage error"
+    )
     func jsonLogs() throws {
         let relay = try DevRelay(["--log-level", "info", "--log-format", "json"])
         defer { relay.stop() }
@@ -729,7 +767,8 @@ struct CommandLineTests {
         var committed: [String: Any]? = nil
         for line in lines {
             let object = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any], "not JSON: \(line)")
-            #expect(object["time"] is String && object["level"] is String && object["label"] as? String == "upload-relay" && object["message"] is String)
+            #expect(
+                object["time"] is String && object["level"] is String && object["label"] as? String == "upload-relay" && object["message"] is String)
             if object["message"] as? String == "upload committed" { committed = object }
         }
         #expect(committed?["upload.key"] as? String == "say \"hi\".txt", "\(String(describing: committed))")
@@ -752,19 +791,34 @@ struct CommandLineTests {
         let relay = try relayBinary()
         let agent = try Self.agentBinary()
         let cases: [(binary: String, arguments: [String], says: String)] = [
-            (relay, ["serve", "--data", home + "/d", "--listen", "127.0.0.1:0", "--cert", home + "/none.pem", "--key", dev.serverKey],
-             "the certificate \(home)/none.pem (--cert) cannot be read: No such file or directory"),
-            (relay, ["serve", "--data", home + "/d", "--listen", "127.0.0.1:0", "--cert", garbage, "--key", dev.serverKey],
-             "the certificate \(garbage) (--cert) is not a PEM certificate chain"),
-            (relay, ["serve", "--data", home + "/d", "--listen", "127.0.0.1:0", "--cert", dev.serverCertificate, "--key", garbage],
-             "the private key \(garbage) (--key) is not a PEM private key"),
-            (relay, ["serve", "--data", home + "/d", "--listen", "127.0.0.1:0", "--cert", dev.serverCertificate, "--key", dev.caKey],
-             "the private key \(dev.caKey) (--key) does not match the certificate \(dev.serverCertificate) (--cert)"),
-            (agent, ["send", "--no-state", "--relay", "127.0.0.1:1", "--token", "t", "--ca", home + "/none.pem", "/etc/hostname"],
-             "cannot read the CA certificate \(home)/none.pem: No such file or directory"),
-            (agent, ["send", "--no-state", "--relay", "127.0.0.1:1", "--token", "t", "--ca", garbage, "/etc/hostname"],
-             "the CA certificate \(garbage) is not a PEM certificate"),
-            (agent, ["send", "--config", home + "/none.json", "/etc/hostname"], "--config \(home)/none.json: cannot read it (No such file or directory)"),
+            (
+                relay, ["serve", "--data", home + "/d", "--listen", "127.0.0.1:0", "--cert", home + "/none.pem", "--key", dev.serverKey],
+                "the certificate \(home)/none.pem (--cert) cannot be read: No such file or directory"
+            ),
+            (
+                relay, ["serve", "--data", home + "/d", "--listen", "127.0.0.1:0", "--cert", garbage, "--key", dev.serverKey],
+                "the certificate \(garbage) (--cert) is not a PEM certificate chain"
+            ),
+            (
+                relay, ["serve", "--data", home + "/d", "--listen", "127.0.0.1:0", "--cert", dev.serverCertificate, "--key", garbage],
+                "the private key \(garbage) (--key) is not a PEM private key"
+            ),
+            (
+                relay, ["serve", "--data", home + "/d", "--listen", "127.0.0.1:0", "--cert", dev.serverCertificate, "--key", dev.caKey],
+                "the private key \(dev.caKey) (--key) does not match the certificate \(dev.serverCertificate) (--cert)"
+            ),
+            (
+                agent, ["send", "--no-state", "--relay", "127.0.0.1:1", "--token", "t", "--ca", home + "/none.pem", "/etc/hostname"],
+                "cannot read the CA certificate \(home)/none.pem: No such file or directory"
+            ),
+            (
+                agent, ["send", "--no-state", "--relay", "127.0.0.1:1", "--token", "t", "--ca", garbage, "/etc/hostname"],
+                "the CA certificate \(garbage) is not a PEM certificate"
+            ),
+            (
+                agent, ["send", "--config", home + "/none.json", "/etc/hostname"],
+                "--config \(home)/none.json: cannot read it (No such file or directory)"
+            ),
         ]
         for (binary, arguments, says) in cases {
             let run = try Self.run(binary, arguments)

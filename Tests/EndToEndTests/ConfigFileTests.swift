@@ -76,7 +76,8 @@ struct ConfigFileTests {
         let file = makeFile(home, "video.mp4", size: 3 << 20, seed: 5)
         let environment = AgentProcess.environment(relay, state: home + "/state")
         let started = ContinuousClock.now
-        let run = try CommandLineTests.run(try CommandLineTests.agentBinary(), ["send", "--bwlimit", "1M", "--no-state", file.path], environment: environment)
+        let run = try CommandLineTests.run(
+            try CommandLineTests.agentBinary(), ["send", "--bwlimit", "1M", "--no-state", file.path], environment: environment)
         let elapsed = ContinuousClock.now - started
         #expect(run.status == 0, "\(run.stderr)")
         #expect(elapsed >= .milliseconds(2500), "\(elapsed)")
@@ -87,7 +88,9 @@ struct ConfigFileTests {
         await relay.stop()
     }
 
-    @Test("upload-relay serve runs from a configuration file alone, its catalog URL read from a file (PostgreSQL when the tests have one) and never on its command line; UPLOAD_RELAY_* overrides the file, the command line both; a key no option has is a usage error")
+    @Test(
+        "upload-relay serve runs from a configuration file alone, its catalog URL read from a file (PostgreSQL when the tests have one) and never on its command line; UPLOAD_RELAY_* overrides the file, the command line both; a key no option has is a usage error"
+    )
     func relayFromFile() async throws {
         let home = TestRelay.makeDirectory()
         defer { try? FileManager.default.removeItem(atPath: home) }

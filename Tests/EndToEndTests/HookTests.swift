@@ -49,21 +49,23 @@ struct HookTests {
         return text.split(separator: "\n").compactMap { try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any] }
     }
 
-    @Test("--on-commit: every object's event reaches the command as JSON and variables; one that fails is retried, one that hangs is killed and retried; uploads do not wait")
+    @Test(
+        "--on-commit: every object's event reaches the command as JSON and variables; one that fails is retried, one that hangs is killed and retried; uploads do not wait"
+    )
     func command() async throws {
         let work = TestRelay.makeDirectory()
         let script = work + "/hook.sh"
         // flaky/ fails its first delivery; slow/ hangs in its first, past the 1 s timeout; the rest succeed at once.
         try """
-            #!/bin/sh
-            event=$(cat)
-            case "$UPLOAD_KEY" in
-                flaky/*) [ "$UPLOAD_ATTEMPT" -ge 2 ] || exit 3 ;;
-                slow/*) [ "$UPLOAD_ATTEMPT" -ge 2 ] || sleep 60 ;;
-            esac
-            printf '%s\\n' "$event" >> \(work)/events.jsonl
-            printf '%s %s %s\\n' "$UPLOAD_KEY" "$UPLOAD_SIZE" "$UPLOAD_SHA1" >> \(work)/variables.txt
-            """.write(toFile: script, atomically: true, encoding: .utf8)
+        #!/bin/sh
+        event=$(cat)
+        case "$UPLOAD_KEY" in
+            flaky/*) [ "$UPLOAD_ATTEMPT" -ge 2 ] || exit 3 ;;
+            slow/*) [ "$UPLOAD_ATTEMPT" -ge 2 ] || sleep 60 ;;
+        esac
+        printf '%s\\n' "$event" >> \(work)/events.jsonl
+        printf '%s %s %s\\n' "$UPLOAD_KEY" "$UPLOAD_SIZE" "$UPLOAD_SHA1" >> \(work)/variables.txt
+        """.write(toFile: script, atomically: true, encoding: .utf8)
         // A timeout long enough for a hook that does not hang to end within it on a loaded machine (with 1 s a photo's
         // hook was once killed and run again: a second attempt, and the test failed); slow/ sleeps far past it.
         let relay = try await TestRelay {
@@ -145,7 +147,9 @@ struct HookTests {
         await relay.stop()
     }
 
-    @Test("hook secrets: a URL's user and password go as Basic authentication, never into messages or the catalog with its query; a command gets a minimal environment and the variables named")
+    @Test(
+        "hook secrets: a URL's user and password go as Basic authentication, never into messages or the catalog with its query; a command gets a minimal environment and the variables named"
+    )
     func secrets() async throws {
         let work = TestRelay.makeDirectory()
         // Answers 503 to the first POST (so the relay records and logs a failure), 204 after; keeps each request's
@@ -211,13 +215,17 @@ struct HookTests {
         await relay.stop()
     }
 
-    @Test("the example hook tools/hooks/jpeg-preview.py: a preview of each JPEG, at most 320 pixels, outside the relay's store (<store>.previews); other files left alone")
+    @Test(
+        "the example hook tools/hooks/jpeg-preview.py: a preview of each JPEG, at most 320 pixels, outside the relay's store (<store>.previews); other files left alone"
+    )
     func jpegPreview() async throws {
         let source = TestRelay.makeDirectory()
         let photo = source + "/IMG_0001.jpg"
         let made = Process()
         made.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-        made.arguments = ["python3", "-c", "import sys; from PIL import Image; Image.new('RGB', (1600, 1200), (200, 40, 40)).save(sys.argv[1], 'JPEG')", photo]
+        made.arguments = [
+            "python3", "-c", "import sys; from PIL import Image; Image.new('RGB', (1600, 1200), (200, 40, 40)).save(sys.argv[1], 'JPEG')", photo,
+        ]
         try made.run()
         made.waitUntilExit()
         try #require(made.terminationStatus == 0, "Pillow is needed (pip install Pillow)")

@@ -9,7 +9,9 @@ import UploadTestSupport
 /// the uploads whose keys it held before PostgreSQL lets those locks go to another relay.
 @Suite("End to end: a silent lock connection (PostgreSQL)")
 struct LockConnectionTests {
-    @Test("a lock connection that stops answering (its path to the database frozen, no reset) is closed within the heartbeat, and the relay told; a new one takes locks again")
+    @Test(
+        "a lock connection that stops answering (its path to the database frozen, no reset) is closed within the heartbeat, and the relay told; a new one takes locks again"
+    )
     func silentLockConnection() throws {
         try PostgresTestDatabase.with { url in
             var address = try #require(URLComponents(string: url))
@@ -49,7 +51,8 @@ struct LockConnectionTests {
         let late = LockHeartbeat(interval: .seconds(30), timeout: .seconds(30), serverKeepalive: (idle: 10, interval: 2, count: 3))
         // Refused before any connection is tried (nothing listens on port 1).
         let error = #expect(throws: CatalogFailure.self) {
-            _ = try PostgresCatalog(url: "postgres://u@127.0.0.1:1/none?sslmode=disable", logger: PostgresTestDatabase.quietLogger, lockHeartbeat: late)
+            _ = try PostgresCatalog(
+                url: "postgres://u@127.0.0.1:1/none?sslmode=disable", logger: PostgresTestDatabase.quietLogger, lockHeartbeat: late)
         }
         #expect(error?.description.contains("heartbeat") == true, "\(String(describing: error))")
     }

@@ -9,7 +9,9 @@ import UploadTestSupport
 /// quota beside it instead of letting two uploads through of which only one can commit.
 @Suite("End to end: quota across relays (PostgreSQL)")
 struct QuotaAcrossRelaysEndToEndTests {
-    @Test("an upload open through relay A holds its size on relay B: B refuses at OPEN what would overrun the quota beside it, admits what fits, and both commit")
+    @Test(
+        "an upload open through relay A holds its size on relay B: B refuses at OPEN what would overrun the quota beside it, admits what fits, and both commit"
+    )
     func openElsewhereCounts() async throws {
         try await PostgresTestDatabase.with { url in
             let a = try await TestRelay(catalogURL: url).start()

@@ -63,9 +63,11 @@ struct RefusalTests {
         await other.stop()
     }
 
-    @Test("hostile keys are refused with INVALID_KEY; the good upload beside them is stored", arguments: [
-        "../escape", "/etc/passwd", "a\u{0}b", "a/../../b", "a//b",
-    ])
+    @Test(
+        "hostile keys are refused with INVALID_KEY; the good upload beside them is stored",
+        arguments: [
+            "../escape", "/etc/passwd", "a\u{0}b", "a/../../b", "a//b",
+        ])
     func hostileKeys(key: String) async throws {
         let relay = try await TestRelay().start()
         let (bad, _) = self.oneFile()
@@ -133,11 +135,14 @@ struct RefusalTests {
         let relay = try await TestRelay().start()
         let (item, data) = self.oneFile(size: 5 << 20)
         let events = EventLog()
-        let results = try await upload([item], port: relay.port, token: relay.token, ca: relay.caPath, configure: {
-            $0.faults.corruptChunkAtOffset = 2 << 20
-            $0.dedup = false
-            $0.maxAttemptsPerItem = 1
-        }) { events.append($0) }
+        let results = try await upload(
+            [item], port: relay.port, token: relay.token, ca: relay.caPath,
+            configure: {
+                $0.faults.corruptChunkAtOffset = 2 << 20
+                $0.dedup = false
+                $0.maxAttemptsPerItem = 1
+            }
+        ) { events.append($0) }
         // With one attempt, the CRC error is final: nothing under the key.
         #expect(results.first?.status == .failed)
         #expect(results.first?.error?.contains("CRC_MISMATCH") == true)

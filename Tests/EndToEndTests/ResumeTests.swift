@@ -13,13 +13,17 @@ struct ResumeTests {
     static func startRelay(_ binary: String, data: String, port: Int, _ options: [String] = []) throws -> (ChildProcess, Int) {
         let child = try ChildProcess(
             binary,
-            ["serve", "--dev", "--data", data, "--listen", "127.0.0.1:\(port)", "--ready-file", data + "/ready"] + options + ["--log-level", "warning"],
+            ["serve", "--dev", "--data", data, "--listen", "127.0.0.1:\(port)", "--ready-file", data + "/ready"] + options + [
+                "--log-level", "warning",
+            ],
             readyFile: data + "/ready", logFile: data + "/relay.log"
         )
         return (child, try child.waitUntilReady())
     }
 
-    @Test("the link is cut at a random point: the upload completes and only the remainder plus at most one window is sent again", arguments: [UInt64(1), 2, 3])
+    @Test(
+        "the link is cut at a random point: the upload completes and only the remainder plus at most one window is sent again",
+        arguments: [UInt64(1), 2, 3])
     func cutLink(seed: UInt64) async throws {
         let relay = try await TestRelay { $0.syncBytes = 1 << 20 }.start()
         let directory = TestRelay.makeDirectory()
@@ -139,7 +143,9 @@ struct ResumeTests {
         #expect(relay.waitForExit() == 0, "relay did not exit 0 on SIGTERM: \(relay.log)")
     }
 
-    @Test("a striped upload whose relay was killed midway through stripe 0: a new agent run, with no SHA-1 state kept, hashes the durable prefix back, sends the rest and the other stripes, and commits")
+    @Test(
+        "a striped upload whose relay was killed midway through stripe 0: a new agent run, with no SHA-1 state kept, hashes the durable prefix back, sends the rest and the other stripes, and commits"
+    )
     func stripedResumeInANewRun() async throws {
         let binary = try relayBinary()
         let data = TestRelay.makeDirectory()

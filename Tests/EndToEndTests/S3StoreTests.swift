@@ -28,8 +28,11 @@ struct S3StoreTests {
     static func killAfterPart(_ relay: ChildProcess, catalog: [String]) -> (killed: Bool, said: String) {
         let watcher = Process()
         watcher.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-        watcher.arguments = ["python3", packageRoot + "/tools/s3/kill-after-part.py", "--pid", "\(relay.process.processIdentifier)",
-            "--bytes", "\(5 << 20)", "--timeout", "60"] + catalog
+        watcher.arguments =
+            [
+                "python3", packageRoot + "/tools/s3/kill-after-part.py", "--pid", "\(relay.process.processIdentifier)",
+                "--bytes", "\(5 << 20)", "--timeout", "60",
+            ] + catalog
         let errors = Pipe()
         watcher.standardError = errors
         do {
@@ -45,7 +48,9 @@ struct S3StoreTests {
         return (watcher.terminationStatus == 0, said)
     }
 
-    @Test("a long upload recorded at its OPEN is recorded again under its multipart upload's name at its first part, so that a resume finds what is durable")
+    @Test(
+        "a long upload recorded at its OPEN is recorded again under its multipart upload's name at its first part, so that a resume finds what is durable"
+    )
     func recordedAtOpenFindsItsParts() async throws {
         let server = try S3TestServer()
         try await S3TestServer.withBucket { _, bucket in
@@ -69,7 +74,9 @@ struct S3StoreTests {
             }
             #expect(recorded, "no durable bytes recorded: \(String(describing: seen))")
             if let session = seen {
-                #expect(try relay.services.store.hasStaging(session.stagingName), "the catalog names a staging the store does not have: \(session.stagingName)")
+                #expect(
+                    try relay.services.store.hasStaging(session.stagingName),
+                    "the catalog names a staging the store does not have: \(session.stagingName)")
                 #expect(try !relay.services.catalog.stagedParts(sessionID: session.id).isEmpty)
             }
             #expect(try await sending.value.first?.status == .stored)
@@ -194,7 +201,9 @@ struct S3StoreTests {
         }
     }
 
-    @Test("kill -9 of the relay midway through a multipart upload, a restart on the same catalog: the same upload goes on, the object exact, re-sent at most a window and a part")
+    @Test(
+        "kill -9 of the relay midway through a multipart upload, a restart on the same catalog: the same upload goes on, the object exact, re-sent at most a window and a part"
+    )
     func killRelayMidway() async throws {
         let server = try S3TestServer()
         let binary = try relayBinary()
@@ -255,7 +264,9 @@ struct S3StoreTests {
         }
     }
 
-    @Test("two relays, one PostgreSQL catalog, one bucket: relay A killed midway through a multipart upload, relay B (its own data directory) takes its address and finishes the same upload; the object exact")
+    @Test(
+        "two relays, one PostgreSQL catalog, one bucket: relay A killed midway through a multipart upload, relay B (its own data directory) takes its address and finishes the same upload; the object exact"
+    )
     func anotherRelayContinues() async throws {
         let server = try S3TestServer()
         let binary = try relayBinary()
@@ -276,8 +287,11 @@ struct S3StoreTests {
                 func startRelay(data: String, port: Int, _ tls: [String]) throws -> (ChildProcess, Int) {
                     let child = try ChildProcess(
                         binary,
-                        ["serve", "--data", data, "--listen", "127.0.0.1:\(port)", "--ready-file", data + "/ready", "--store", "s3://\(bucket)/relay",
-                         "--s3-endpoint", server.endpoint.url.absoluteString, "--log-level", "warning"] + tls,
+                        [
+                            "serve", "--data", data, "--listen", "127.0.0.1:\(port)", "--ready-file", data + "/ready", "--store",
+                            "s3://\(bucket)/relay",
+                            "--s3-endpoint", server.endpoint.url.absoluteString, "--log-level", "warning",
+                        ] + tls,
                         readyFile: data + "/ready", logFile: data + "/relay.log", environment: environment
                     )
                     return (child, try child.waitUntilReady())

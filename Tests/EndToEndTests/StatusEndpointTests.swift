@@ -61,7 +61,8 @@ struct StatusEndpointTests {
     }
 
     /// Polls `key` until `condition` holds for its answer (or 30 s pass); the last answer.
-    static func poll(_ client: HTTPClient, port: Int, key: String, token: String, until condition: @escaping (Answer) -> Bool) async throws -> Answer? {
+    static func poll(_ client: HTTPClient, port: Int, key: String, token: String, until condition: @escaping (Answer) -> Bool) async throws -> Answer?
+    {
         var last: Answer? = nil
         _ = try await Polling.eventually(timeout: 30) {
             let answer = try await Self.get(client, port: port, "key=" + Self.percentEncoded(key), token: token)
@@ -102,11 +103,15 @@ struct StatusEndpointTests {
         video.release()
         let results = try await sending.value
         #expect(results.first?.status == .stored, "\(results.first?.error ?? "")")
-        let stored = try await Self.poll(client, port: statusPort, key: "videos/clip.mp4", token: relay.token) { $0.json["status"] as? String == "stored" }
+        let stored = try await Self.poll(client, port: statusPort, key: "videos/clip.mp4", token: relay.token) {
+            $0.json["status"] as? String == "stored"
+        }
         #expect(stored?.json["bytes"] as? Int == size && stored?.json["sha1"] as? String == SHA1Hex.of(PatternSource.bytes(0..<size)))
     }
 
-    @Test("an upload longer than one sync shows as uploading from its OPEN, with 0 bytes, before any acknowledgement; in ls --in-progress too; a photo committed at once costs no session")
+    @Test(
+        "an upload longer than one sync shows as uploading from its OPEN, with 0 bytes, before any acknowledgement; in ls --in-progress too; a photo committed at once costs no session"
+    )
     func uploadingFromOpen() async throws {
         let relay = try await TestRelay { configuration in
             configuration.status = StatusEndpoint(host: "127.0.0.1", port: 0)
@@ -178,7 +183,9 @@ struct StatusEndpointTests {
         await relay.stop()
     }
 
-    @Test("SQLite: an upload under way shows its durable bytes and size, then stored with its SHA-1; two accounts with the same keys see their own; listings page; bad tokens, revoked tokens and bad requests refused with the reason")
+    @Test(
+        "SQLite: an upload under way shows its durable bytes and size, then stored with its SHA-1; two accounts with the same keys see their own; listings page; bad tokens, revoked tokens and bad requests refused with the reason"
+    )
     func sqlite() async throws {
         let relay = try await Self.relay().start()
         let client = Self.client(ca: relay.caPath)
@@ -189,8 +196,12 @@ struct StatusEndpointTests {
         // The same key for both accounts, different bytes.
         let mine = makeFile(source, "mine.jpg", size: 100_000, seed: 1)
         let theirs = makeFile(source, "theirs.jpg", size: 200_000, seed: 2)
-        _ = try await upload([UploadItem(key: "photos/a b+c.jpg", displayPath: mine.path, source: FileSource(path: mine.path))], port: relay.port, token: relay.token, ca: relay.caPath)
-        _ = try await upload([UploadItem(key: "photos/a b+c.jpg", displayPath: theirs.path, source: FileSource(path: theirs.path))], port: relay.port, token: other, ca: relay.caPath)
+        _ = try await upload(
+            [UploadItem(key: "photos/a b+c.jpg", displayPath: mine.path, source: FileSource(path: mine.path))], port: relay.port, token: relay.token,
+            ca: relay.caPath)
+        _ = try await upload(
+            [UploadItem(key: "photos/a b+c.jpg", displayPath: theirs.path, source: FileSource(path: theirs.path))], port: relay.port, token: other,
+            ca: relay.caPath)
         let a = try await Self.get(client, port: relay.statusPort, "key=photos/a%20b%2Bc.jpg", token: relay.token)
         #expect(a.status == 200)
         #expect(a.json["status"] as? String == "stored" && a.json["bytes"] as? Int == 100_000 && a.json["size"] as? Int == 100_000)
@@ -221,7 +232,9 @@ struct StatusEndpointTests {
         let first = try await Self.get(client, port: relay.statusPort, "prefix=album/&limit=20", token: relay.token)
         let next = try #require(first.json["next"] as? String)
         let second = try await Self.get(client, port: relay.statusPort, "prefix=album/&after=" + Self.percentEncoded(next), token: relay.token)
-        let keys = ((first.json["entries"] as? [[String: Any]] ?? []) + (second.json["entries"] as? [[String: Any]] ?? [])).compactMap { $0["key"] as? String }
+        let keys = ((first.json["entries"] as? [[String: Any]] ?? []) + (second.json["entries"] as? [[String: Any]] ?? [])).compactMap {
+            $0["key"] as? String
+        }
         #expect(keys == (0..<25).map { String(format: "album/%02d.jpg", $0) })
         #expect(second.json["next"] == nil)
 
@@ -244,7 +257,9 @@ struct StatusEndpointTests {
         await relay.stop()
     }
 
-    @Test("hostile peers: garbage, a body, pipelined requests, silence, plain HTTP and a flood of connections get an answer or a closed connection; uploads go on")
+    @Test(
+        "hostile peers: garbage, a body, pipelined requests, silence, plain HTTP and a flood of connections get an answer or a closed connection; uploads go on"
+    )
     func hostile() async throws {
         // A request timeout short enough to wait for, long enough for a TLS handshake on a loaded machine.
         let relay = try await Self.relay(requestTimeout: .seconds(3)).start()
@@ -255,22 +270,31 @@ struct StatusEndpointTests {
         let garbage = try await RawTLS.exchange(Array("\u{1}\u{2}NOT HTTP AT ALL\r\n\r\n".utf8), port: port, ca: ca, group: group)
         #expect(garbage.hasPrefix("HTTP/1.1 400"), "\(garbage)")
         let body = try await RawTLS.exchange(
-            Array("GET /v1/status?key=x HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \(relay.token)\r\nContent-Length: 100000\r\n\r\n".utf8) + Array(repeating: 0x41, count: 100_000),
+            Array("GET /v1/status?key=x HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \(relay.token)\r\nContent-Length: 100000\r\n\r\n".utf8)
+                + Array(repeating: 0x41, count: 100_000),
             port: port, ca: ca, group: group
         )
         #expect(body.hasPrefix("HTTP/1.1 413"), "\(body.prefix(200))")
-        let huge = try await RawTLS.exchange(Array("GET /v1/status?key=\(String(repeating: "a", count: 200_000)) HTTP/1.1\r\nHost: x\r\n\r\n".utf8), port: port, ca: ca, group: group)
+        let huge = try await RawTLS.exchange(
+            Array("GET /v1/status?key=\(String(repeating: "a", count: 200_000)) HTTP/1.1\r\nHost: x\r\n\r\n".utf8), port: port, ca: ca, group: group)
         #expect(huge.hasPrefix("HTTP/1.1 4"), "\(huge.prefix(200))")
         // Two requests in one write: two answers, in order; the connection then closes after the timeout.
         let pipelined = try await RawTLS.exchange(
-            Array("GET /v1/status?key=nope HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \(relay.token)\r\n\r\nGET /v1/status?limit=1 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \(relay.token)\r\n\r\n".utf8),
+            Array(
+                "GET /v1/status?key=nope HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \(relay.token)\r\n\r\nGET /v1/status?limit=1 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \(relay.token)\r\n\r\n"
+                    .utf8),
             port: port, ca: ca, group: group
         )
         // A body ends with no line break: the next answer's status line follows it on the same line.
-        let statuses = pipelined.components(separatedBy: "HTTP/1.1 ").dropFirst().map { "HTTP/1.1 " + ($0.components(separatedBy: "\r\n").first ?? "") }
+        let statuses = pipelined.components(separatedBy: "HTTP/1.1 ").dropFirst().map {
+            "HTTP/1.1 " + ($0.components(separatedBy: "\r\n").first ?? "")
+        }
         #expect(statuses == ["HTTP/1.1 404 Not Found", "HTTP/1.1 200 OK"], "\(pipelined)")
         // CONNECT and Upgrade: refused, and what follows is not kept (the codec reads nothing after them).
-        for ask in ["CONNECT 127.0.0.1:80 HTTP/1.1\r\nHost: x\r\n\r\n", "GET /v1/status?key=x HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n"] {
+        for ask in [
+            "CONNECT 127.0.0.1:80 HTTP/1.1\r\nHost: x\r\n\r\n",
+            "GET /v1/status?key=x HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n",
+        ] {
             let switched = try await RawTLS.exchange(Array(ask.utf8) + Array(repeating: 0x41, count: 1 << 20), port: port, ca: ca, group: group)
             #expect(switched.hasPrefix("HTTP/1.1 400") && switched.contains("no CONNECT, no Upgrade"), "\(switched.prefix(300))")
         }
@@ -299,7 +323,8 @@ struct StatusEndpointTests {
         let source = TestRelay.makeDirectory()
         defer { try? FileManager.default.removeItem(atPath: source) }
         let file = makeFile(source, "after.jpg", size: 50_000, seed: 9)
-        let results = try await upload([UploadItem(key: "after.jpg", displayPath: file.path, source: FileSource(path: file.path))], port: relay.port, token: relay.token, ca: ca)
+        let results = try await upload(
+            [UploadItem(key: "after.jpg", displayPath: file.path, source: FileSource(path: file.path))], port: relay.port, token: relay.token, ca: ca)
         #expect(results.first?.status == .stored)
         let client = Self.client(ca: ca)
         #expect(try await Self.get(client, port: port, "key=after.jpg", token: relay.token).json["status"] as? String == "stored")

@@ -17,11 +17,15 @@ struct TerminalTests {
         /// outlives the call, must not inherit this process's pipes (Foundation's Process passes them on, and the
         /// call then waited for the session to end).
         func start(_ command: String) throws {
-            let launcher = "import subprocess, sys; sys.exit(subprocess.run(sys.argv[1:], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode)"
+            let launcher =
+                "import subprocess, sys; sys.exit(subprocess.run(sys.argv[1:], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode)"
             let started = try CommandLineTests.run(
-                "/usr/bin/env", ["python3", "-c", launcher, "/usr/bin/tmux", "-L", self.socket, "new-session", "-d", "-s", "agent", "-x", "120", "-y", "30", command]
+                "/usr/bin/env",
+                ["python3", "-c", launcher, "/usr/bin/tmux", "-L", self.socket, "new-session", "-d", "-s", "agent", "-x", "120", "-y", "30", command]
             )
-            guard started.status == 0 else { throw ChildProcess.ChildError(description: "tmux new-session exited \(started.status): \(started.stderr)") }
+            guard started.status == 0 else {
+                throw ChildProcess.ChildError(description: "tmux new-session exited \(started.status): \(started.stderr)")
+            }
         }
 
         func screen() -> String {
@@ -33,7 +37,9 @@ struct TerminalTests {
         }
     }
 
-    @Test("send on a terminal: a line per upload under way with its percentage, bytes and rate, a total line with the items done, bytes and percent; messages above it; all of it gone once the run ends, leaving the results and the summary")
+    @Test(
+        "send on a terminal: a line per upload under way with its percentage, bytes and rate, a total line with the items done, bytes and percent; messages above it; all of it gone once the run ends, leaving the results and the summary"
+    )
     func liveProgress() throws {
         guard FileManager.default.isExecutableFile(atPath: "/usr/bin/tmux") else {
             Issue.record("tmux is missing (apt-get install tmux): the terminal cannot be tested")
@@ -54,7 +60,9 @@ struct TerminalTests {
         var during = ""
         let sawBlock = AgentProcess.waitUntil(timeout: 10) {
             during = tmux.screen()
-            let uploads = during.split(separator: "\n").filter { $0.range(of: #"^  +\d+% +[0-9.]+ [KM]?i?B / [0-9.]+ MiB +[0-9.]+ MB/s +clips/clip\d\.mov$"#, options: .regularExpression) != nil }
+            let uploads = during.split(separator: "\n").filter {
+                $0.range(of: #"^  +\d+% +[0-9.]+ [KM]?i?B / [0-9.]+ MiB +[0-9.]+ MB/s +clips/clip\d\.mov$"#, options: .regularExpression) != nil
+            }
             let total = during.range(of: #"\[\d/4\] [0-9.]+ [KM]?i?B / 1[23]\.[0-9] MiB  \d+%  [0-9.]+ MB/s"#, options: .regularExpression) != nil
             return uploads.count >= 2 && total
         }
@@ -64,9 +72,14 @@ struct TerminalTests {
 
         // Over: the results and the summary, no progress line left.
         var after = ""
-        #expect(AgentProcess.waitUntil(timeout: 60) { after = tmux.screen(); return after.contains("4 stored, 0 already there, 0 failed") }, "\(after)")
+        #expect(
+            AgentProcess.waitUntil(timeout: 60) {
+                after = tmux.screen(); return after.contains("4 stored, 0 already there, 0 failed")
+            }, "\(after)")
         let lines = after.split(separator: "\n").map(String.init)
         #expect(lines.filter { $0.hasPrefix("stored      clips/clip") }.count == 4, "\(after)")
-        #expect(!lines.contains { $0.range(of: #"^  +\d+% "#, options: .regularExpression) != nil || $0.hasPrefix("[") }, "the live block was left on the screen:\n\(after)")
+        #expect(
+            !lines.contains { $0.range(of: #"^  +\d+% "#, options: .regularExpression) != nil || $0.hasPrefix("[") },
+            "the live block was left on the screen:\n\(after)")
     }
 }

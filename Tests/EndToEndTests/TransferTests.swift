@@ -45,9 +45,11 @@ struct TransferTests {
         let items = try ItemPlanner.plan(paths: [source + "/album"], prefix: nil, stdinName: nil).items
         #expect(items.count == 1000)
         let connections = Counter()
-        let results = try await upload(items, port: relay.port, token: relay.token, ca: relay.caPath, onEvent: { event in
-            if case .connected = event { connections.increment() }
-        })
+        let results = try await upload(
+            items, port: relay.port, token: relay.token, ca: relay.caPath,
+            onEvent: { event in
+                if case .connected = event { connections.increment() }
+            })
         #expect(results.filter { $0.status == .stored }.count == 1000)
         #expect(connections.value == 1)
         #expect(relay.stored("album/img-999.jpg")?.count == 1099)
@@ -75,7 +77,9 @@ struct TransferTests {
             }
         )
         #expect(results.count == 30 && results.allSatisfy { $0.status == .stored }, "\(results.filter { $0.status != .stored })")
-        #expect(connections.value == 3 && relay.server.connectionsAdmitted == 3, "\(connections.value) connected, \(relay.server.connectionsAdmitted) admitted")
+        #expect(
+            connections.value == 3 && relay.server.connectionsAdmitted == 3,
+            "\(connections.value) connected, \(relay.server.connectionsAdmitted) admitted")
         for (key, data) in files { #expect(relay.stored(key) == data, "\(key)") }
         await relay.stop()
     }
@@ -106,7 +110,9 @@ struct TransferTests {
         await relay.stop()
     }
 
-    @Test("large videos and photos at once, --connections 2, a relay allowing 2 streams per connection: every video striped, every file exact, no wait for stripes that cannot open")
+    @Test(
+        "large videos and photos at once, --connections 2, a relay allowing 2 streams per connection: every video striped, every file exact, no wait for stripes that cannot open"
+    )
     func videosAndPhotosStriped() async throws {
         let relay = try await TestRelay { $0.limits.maxConcurrentStreams = 2 }.start()
         let source = TestRelay.makeDirectory()
@@ -125,7 +131,8 @@ struct TransferTests {
                 $0.concurrency = 4
             }
         )
-        #expect(results.count == 63 && results.allSatisfy { $0.status == .stored }, "\(results.filter { $0.status != .stored }.map { $0.error ?? "" })")
+        #expect(
+            results.count == 63 && results.allSatisfy { $0.status == .stored }, "\(results.filter { $0.status != .stored }.map { $0.error ?? "" })")
         // Striped whatever else runs (a file's striping never depends on scheduling: a resume would discard it).
         let videos = results.filter { $0.key.hasSuffix(".mp4") }
         #expect(videos.count == 3 && videos.allSatisfy { $0.stripes == 2 }, "\(videos.map { "\($0.key): \($0.stripes)" })")
@@ -153,7 +160,8 @@ struct TransferTests {
                 $0.maxBackoff = .milliseconds(200)
             }
         )
-        #expect(results.count == 12 && results.allSatisfy { $0.status == .stored }, "\(results.filter { $0.status != .stored }.map { $0.error ?? "" })")
+        #expect(
+            results.count == 12 && results.allSatisfy { $0.status == .stored }, "\(results.filter { $0.status != .stored }.map { $0.error ?? "" })")
         for (key, data) in files { #expect(relay.stored(key) == data, "\(key)") }
         await relay.stop()
     }
@@ -206,7 +214,8 @@ struct TransferTests {
         }
         writer.start()
         let source = StreamSource(descriptor: pipe.fileHandleForReading.fileDescriptor, displayName: "stdin")
-        let results = try await upload([UploadItem(key: "piped/stream.bin", displayPath: "-", source: source)], port: relay.port, token: relay.token, ca: relay.caPath)
+        let results = try await upload(
+            [UploadItem(key: "piped/stream.bin", displayPath: "-", source: source)], port: relay.port, token: relay.token, ca: relay.caPath)
         #expect(results.first?.status == .stored)
         #expect(results.first?.bytes == UInt64(payload.count))
         #expect(relay.stored("piped/stream.bin") == payload)
@@ -247,7 +256,10 @@ struct TransferTests {
         #expect(results.first?.status == .stored)
         let compressed = try await upload(
             [UploadItem(key: "logs/app2.log", displayPath: "app.log", source: FileSource(path: source + "/app.log"))],
-            port: relay.port, token: relay.token, ca: relay.caPath, configure: { $0.deflate = true; $0.dedup = false }
+            port: relay.port, token: relay.token, ca: relay.caPath,
+            configure: {
+                $0.deflate = true; $0.dedup = false
+            }
         )
         #expect(compressed.first?.status == .stored)
         #expect(relay.stored("logs/app2.log") == text)

@@ -32,14 +32,17 @@ struct WatchTests {
         return Data((0..<size).map { _ in UInt8(truncatingIfNeeded: rng.next() >> 13) })
     }
 
-    @Test("a new file goes up within 2 s of its close; a slowly written one goes up once, complete; the same photo under two names moves its bytes once")
+    @Test(
+        "a new file goes up within 2 s of its close; a slowly written one goes up once, complete; the same photo under two names moves its bytes once"
+    )
     func newFiles() async throws {
         let relay = try await TestRelay().start()
         let home = TestRelay.makeDirectory()
         let watched = home + "/DCIM"
         try FileManager.default.createDirectory(atPath: watched, withIntermediateDirectories: true)
         let agent = try AgentProcess(
-            ["watch", "--json", "--settle", "1s", watched], environment: AgentProcess.environment(relay, state: home + "/state"), log: home + "/agent.log"
+            ["watch", "--json", "--settle", "1s", watched], environment: AgentProcess.environment(relay, state: home + "/state"),
+            log: home + "/agent.log"
         )
         defer { agent.stop() }
         #expect(AgentProcess.waitUntil { agent.child.log.contains("watching") }, "\(agent.child.log)")
@@ -81,7 +84,9 @@ struct WatchTests {
         await relay.stop()
     }
 
-    @Test("a watched folder that is not there yet: a usage error naming it (exit 2, which the unit does not restart); with --wait-for-directories it is waited for, said once, and watched once it appears")
+    @Test(
+        "a watched folder that is not there yet: a usage error naming it (exit 2, which the unit does not restart); with --wait-for-directories it is waited for, said once, and watched once it appears"
+    )
     func missingDirectory() async throws {
         let relay = try await TestRelay().start()
         let home = TestRelay.makeDirectory()
@@ -199,7 +204,9 @@ struct WatchTests {
         await relay.stop()
     }
 
-    @Test("--only-on-wifi and --not-metered: on Ethernet, without a default route, or on a connection NetworkManager calls metered, uploads wait and status says why; on Wi-Fi that is not metered they go on by themselves")
+    @Test(
+        "--only-on-wifi and --not-metered: on Ethernet, without a default route, or on a connection NetworkManager calls metered, uploads wait and status says why; on Wi-Fi that is not metered they go on by themselves"
+    )
     func wifiAndMetered() async throws {
         let relay = try await TestRelay().start()
         let home = TestRelay.makeDirectory()
@@ -254,7 +261,9 @@ struct WatchTests {
         await relay.stop()
     }
 
-    @Test("a file the account's quota has no room for waits on its own, longer each time, while the files that fit are stored; --json and status say why; it goes up once there is room")
+    @Test(
+        "a file the account's quota has no room for waits on its own, longer each time, while the files that fit are stored; --json and status say why; it goes up once there is room"
+    )
     func quotaWaits() async throws {
         let relay = try await TestRelay().start()
         let token = try relay.addAccount("small", quota: 1_000_000)
@@ -297,7 +306,9 @@ struct WatchTests {
         await relay.stop()
     }
 
-    @Test("symbolic links are skipped and said so, present at the start or made later, moved in or pointing at a private file elsewhere; --follow-symlinks takes their targets")
+    @Test(
+        "symbolic links are skipped and said so, present at the start or made later, moved in or pointing at a private file elsewhere; --follow-symlinks takes their targets"
+    )
     func symbolicLinks() async throws {
         let relay = try await TestRelay().start()
         let home = TestRelay.makeDirectory()
@@ -325,7 +336,9 @@ struct WatchTests {
         func skipped(_ name: String) -> [String: Any]? {
             agent.events.first { $0["event"] as? String == "skipped" && ($0["path"] as? String ?? "").hasSuffix("/" + name) }
         }
-        #expect(AgentProcess.waitUntil(timeout: 10) { skipped("early.txt") != nil && skipped("late.txt") != nil && skipped("moved.txt") != nil }, "\(agent.child.log)")
+        #expect(
+            AgentProcess.waitUntil(timeout: 10) { skipped("early.txt") != nil && skipped("late.txt") != nil && skipped("moved.txt") != nil },
+            "\(agent.child.log)")
         #expect((skipped("late.txt")?["reason"] as? String ?? "").contains("symbolic link"))
         for name in ["early.txt", "late.txt", "moved.txt"] {
             #expect(relay.stored("cam/" + name) == nil, "\(name) was uploaded with its target's bytes")
@@ -335,7 +348,8 @@ struct WatchTests {
 
         // Asked to follow: the targets go up under the links' names.
         let following = try AgentProcess(
-            ["watch", "--json", "--follow-symlinks", "--settle", "300ms", watched], environment: AgentProcess.environment(relay, state: home + "/state2"),
+            ["watch", "--json", "--follow-symlinks", "--settle", "300ms", watched],
+            environment: AgentProcess.environment(relay, state: home + "/state2"),
             log: home + "/agent2.log"
         )
         defer { following.stop() }
@@ -398,7 +412,11 @@ struct WatchTests {
         }
         #expect(AgentProcess.waitUntil { watch.log.contains("watching") }, "\(watch.log)")
         let send = try CommandLineTests.run(
-            "/bin/sh", ["-c", "cd \"$0\" && exec timeout -s KILL 60 \"$1\" send --json --prefix p sub/doc.txt", home + "/wb", try CommandLineTests.agentBinary()],
+            "/bin/sh",
+            [
+                "-c", "cd \"$0\" && exec timeout -s KILL 60 \"$1\" send --json --prefix p sub/doc.txt", home + "/wb",
+                try CommandLineTests.agentBinary(),
+            ],
             environment: environment
         )
         #expect(send.status == 0, "\(send.stderr)")
@@ -428,7 +446,8 @@ struct WatchTests {
         #expect(relay.stored("report.pdf") == file.data)
         // The Swift API's enqueue lands in the same queue: the running watch takes it.
         let store = try AgentStateStore(directory: home + "/state/upload-agent")
-        let client = UploadClient(configuration: AgentConfiguration(relayHost: "127.0.0.1", relayPort: relay.port, token: relay.token, caPath: relay.caPath))
+        let client = UploadClient(
+            configuration: AgentConfiguration(relayHost: "127.0.0.1", relayPort: relay.port, token: relay.token, caPath: relay.caPath))
         let queued = makeFile(home, "queued.mov", size: 300_000, seed: 7)
         #expect(try client.enqueue(paths: [queued.path], into: store).count == 1)
         #expect(AgentProcess.waitUntil { agent.finished("queued.mov") != nil }, "\(agent.child.log)")
@@ -468,7 +487,9 @@ struct WatchTests {
         await relay.stop()
     }
 
-    @Test("500 photos dropped into a watched directory at once: all stored, small uploads sharing the places of --concurrency, never more streams than the relay allows")
+    @Test(
+        "500 photos dropped into a watched directory at once: all stored, small uploads sharing the places of --concurrency, never more streams than the relay allows"
+    )
     func fiveHundredAtOnce() async throws {
         let relay = try await TestRelay().start()
         let home = TestRelay.makeDirectory()
@@ -519,7 +540,9 @@ struct WatchTests {
         await relay.stop()
     }
 
-    @Test("a reboot-like restart: agent and relay killed mid-upload, the agent restarted while the relay stays down 90 s, then the relay comes back: it completes")
+    @Test(
+        "a reboot-like restart: agent and relay killed mid-upload, the agent restarted while the relay stays down 90 s, then the relay comes back: it completes"
+    )
     func relayDownNinetySeconds() async throws {
         let home = TestRelay.makeDirectory()
         let data = home + "/relay"

@@ -215,7 +215,9 @@ struct WorkloadTests {
 
     @Test("a file rewritten while it uploads is never committed as a mix of two versions (finding 8)")
     func changedDuringUpload() async throws {
-        let relay = try await TestRelay { $0.limits.streamWindow = 64 << 10; $0.limits.connectionWindow = 64 << 10 }.start()
+        let relay = try await TestRelay {
+            $0.limits.streamWindow = 64 << 10; $0.limits.connectionWindow = 64 << 10
+        }.start()
         let source = TestRelay.makeDirectory()
         let file = makeFile(source, "growing.mov", size: 8 << 20, seed: 5)
         let sent = SentCounter()
@@ -306,7 +308,9 @@ struct WorkloadTests {
         await relay.stop()
     }
 
-    @Test("GOAWAY drains: a stream open when shutdown starts goes on, gets its RESULT on the same connection, and only then does the relay close (findings 11, 17)")
+    @Test(
+        "GOAWAY drains: a stream open when shutdown starts goes on, gets its RESULT on the same connection, and only then does the relay close (findings 11, 17)"
+    )
     func goAwayDrains() async throws {
         let relay = try await TestRelay { $0.shutdownGrace = .seconds(30) }.start()
         let source = TestRelay.makeDirectory()
@@ -332,7 +336,8 @@ struct WorkloadTests {
         await relay.stop()
     }
 
-    @Test("a dev relay is reachable by the address it listens on; a certificate that names another host fails at once, saying what to do (finding 22)")
+    @Test(
+        "a dev relay is reachable by the address it listens on; a certificate that names another host fails at once, saying what to do (finding 22)")
     func devCertificateNames() async throws {
         // 127.0.0.2 stands for "another address of the relay's host": loopback, but not in the default certificate.
         let source = TestRelay.makeDirectory()
@@ -379,7 +384,9 @@ struct WorkloadTests {
                 let files = (0..<3).map { makeFile(source + "/a\(agent)", "f\($0)", size: 700_000, seed: UInt64(1000 + 10 * agent + $0)) }
                 group.addTask {
                     try await upload(
-                        files.enumerated().map { UploadItem(key: "a\(agent)/f\($0.offset)", displayPath: $0.element.path, source: FileSource(path: $0.element.path)) },
+                        files.enumerated().map {
+                            UploadItem(key: "a\(agent)/f\($0.offset)", displayPath: $0.element.path, source: FileSource(path: $0.element.path))
+                        },
                         port: relay.port, token: relay.token, ca: relay.caPath, configure: { $0.concurrency = 3 },
                         onEvent: { event in
                             if case .connected = event { windows.record(relay.services.memory.inUse) }

@@ -13,8 +13,9 @@ import UploadTestSupport
 /// (``RelayDriver``): it turns channel events into session inputs, runs source reads on the thread pool, and reports.
 @Suite("Agent connection handler")
 struct AgentConnectionHandlerTests {
-    @Test("a file goes up through the handler: HELLO at connect, reads on the pool, RESULT, the outcome reported, closed",
-          .timeLimit(.minutes(1)))
+    @Test(
+        "a file goes up through the handler: HELLO at connect, reads on the pool, RESULT, the outcome reported, closed",
+        .timeLimit(.minutes(1)))
     func upload() async throws {
         let directory = TemporaryDirectories.make()
         let file = makeFile(directory, "clip.bin", size: 3 << 20, seed: 9)

@@ -326,7 +326,8 @@ struct AgentSessionTests {
         )
         var old = AgentHarness(files: 1)
         _ = old.session.connected()
-        guard case .prepare(let job, _, _)? = old.receive(welcome).first(where: { if case .prepare = $0 { return true } else { return false } }) else {
+        guard case .prepare(let job, _, _)? = old.receive(welcome).first(where: { if case .prepare = $0 { return true } else { return false } })
+        else {
             Issue.record("no prepare")
             return
         }
@@ -376,7 +377,8 @@ struct AgentSessionTests {
         #expect(told.withLockedValue { $0 } == [1, 2])
     }
 
-    @Test("stripes in the queue: dropping the key drops the main job, not a stripe; giving up the waiting jobs fails the striped upload they belong to")
+    @Test(
+        "stripes in the queue: dropping the key drops the main job, not a stripe; giving up the waiting jobs fails the striped upload they belong to")
     func stripesInTheQueue() throws {
         let main = UploadJob(item: UploadItem(key: "v.mov", displayPath: "v.mov", source: FileSource(path: "/nonexistent")))
         main.info = SourceInfo(size: 40 << 20, fingerprint: [1])

@@ -54,7 +54,9 @@ struct FileSourceTests {
         #expect(Array(second.readableBytesView) == Array(file.data[(1 << 16)..<(2 << 16)]))
     }
 
-    @Test("files read one after another share recycled blocks: every read returns its own file's bytes, and a chunk kept from an earlier file keeps its own")
+    @Test(
+        "files read one after another share recycled blocks: every read returns its own file's bytes, and a chunk kept from an earlier file keeps its own"
+    )
     func recycledBlocks() throws {
         let directory = TemporaryDirectories.make()
         let allocator = ByteBufferAllocator()

@@ -21,7 +21,8 @@ struct AgentQuotaPlanTests {
     /// A session on an empty queue that asks `entries`, connected and welcomed with `features`.
     static func session(_ entries: [(key: String, size: UInt64)], features: Frame.Features) -> (AgentHarness, [AgentSession.Action]) {
         var harness = AgentHarness(files: 0)
-        harness.session = AgentSession(configuration: harness.session.configuration, queue: harness.queue, plan: QuotaPlan.Request(entries: entries, overwrite: false))
+        harness.session = AgentSession(
+            configuration: harness.session.configuration, queue: harness.queue, plan: QuotaPlan.Request(entries: entries, overwrite: false))
         let hello = AgentHarness.frames(harness.session.connected())
         if case .hello(let h) = hello.first { #expect(h.features.contains(.quotaPlan)) } else { Issue.record("no HELLO") }
         let actions = harness.receive(Self.welcome(features: features))

@@ -83,7 +83,8 @@ struct SessionPump {
             case .prepare(let job, let dedup, let probe):
                 let (journal, limit) = (self.queue.journal, self.agent.configuration.maxReopensInARow)
                 let result = Result {
-                    try SourceReader.prepare(job.item.source, info: job.info, knownSHA1: job.knownSHA1, dedup: dedup, probe: probe, reopenLimit: limit, journal: journal)
+                    try SourceReader.prepare(
+                        job.item.source, info: job.info, knownSHA1: job.knownSHA1, dedup: dedup, probe: probe, reopenLimit: limit, journal: journal)
                 }
                 self.work.append { $0.prepared(job, result) }
             case .read(let request):
@@ -213,7 +214,9 @@ struct SessionPumpTests {
         }
         for (key, data) in files {
             let stored = backend.object(key)
-            #expect(stored.map { $0 == Array(data) } ?? false, "seed \(seed): \(key) is not stored exactly (\(stored.map { "\($0.count) bytes" } ?? "absent"), \(data.count) bytes sent)")
+            #expect(
+                stored.map { $0 == Array(data) } ?? false,
+                "seed \(seed): \(key) is not stored exactly (\(stored.map { "\($0.count) bytes" } ?? "absent"), \(data.count) bytes sent)")
         }
         print("session pump seed \(seed): \(steps) steps, \(pump.cuts) links broken, \(pump.connections) connections")
         if !pump.agentClosed { pump.closeBoth() }

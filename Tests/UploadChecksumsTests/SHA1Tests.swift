@@ -8,11 +8,13 @@ struct SHA1Tests {
         bytes.map { ($0 < 16 ? "0" : "") + String($0, radix: 16) }.joined()
     }
 
-    @Test("FIPS 180 published vectors", arguments: [
-        ("", "da39a3ee5e6b4b0d3255bfef95601890afd80709"),
-        ("abc", "a9993e364706816aba3e25717850c26c9cd0d89d"),
-        ("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq", "84983e441c3bd26ebaae4aa1f95129e5e54670f1"),
-    ])
+    @Test(
+        "FIPS 180 published vectors",
+        arguments: [
+            ("", "da39a3ee5e6b4b0d3255bfef95601890afd80709"),
+            ("abc", "a9993e364706816aba3e25717850c26c9cd0d89d"),
+            ("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq", "84983e441c3bd26ebaae4aa1f95129e5e54670f1"),
+        ])
     func publishedVectors(input: String, expected: String) {
         #expect(Self.hex(SHA1.hash(Array(input.utf8))) == expected)
     }
@@ -85,4 +87,3 @@ struct SHA1Tests {
         #expect(throws: SHA1.StateError.self) { try SHA1(importing: good + [0]) }
     }
 }
-

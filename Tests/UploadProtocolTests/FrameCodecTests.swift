@@ -101,7 +101,9 @@ struct FrameCodecTests {
         #expect(decoded == SampleFrames.all)
     }
 
-    @Test("FrameReader: frames of 1 MiB and a few bytes cut into random pieces come out whole and in order; a payload handed out keeps its bytes while more arrive", arguments: [31, 32, 33] as [UInt64])
+    @Test(
+        "FrameReader: frames of 1 MiB and a few bytes cut into random pieces come out whole and in order; a payload handed out keeps its bytes while more arrive",
+        arguments: [31, 32, 33] as [UInt64])
     func readerRandomPieces(seed: UInt64) throws {
         var rng = SeededGenerator(seed: seed)
         var expected: [Frame] = []

@@ -196,21 +196,24 @@ struct StateMachineTests {
         let chunk = Frame.Chunk(streamID: 1, offset: 0, crc32: 0, data: ByteBuffer(repeating: 0, count: 300))
         _ = relay.receive(.chunk(chunk))
         let frames = relay.resetStream(1, .storageError, "disk full")
-        #expect(frames == [
-            .error(Frame.Error(streamID: 1, code: .storageError, message: "disk full")),
-            .credit(Frame.Credit(streamID: .connection, increment: 300)),
-        ])
+        #expect(
+            frames == [
+                .error(Frame.Error(streamID: 1, code: .storageError, message: "disk full")),
+                .credit(Frame.Credit(streamID: .connection, increment: 300)),
+            ])
         #expect(relay.bufferedBytes == 0)
         // Storage finishing the old write later changes nothing.
         let result12 = relay.storageConsumed(1, bytes: 300)
         #expect(result12 == [])
     }
 
-    @Test("object keys: the rules of SPEC §12.2", arguments: [
-        ("a/b.jpg", true), ("dir/sub/file", true), ("é/ü.txt", true), ("..", false), ("a/../b", false),
-        ("./a", false), ("/abs", false), ("a//b", false), ("a/", false), ("", false), ("a\u{0}b", false),
-        ("a\u{7F}", false), ("a\\b", false), ("a\nb", false),
-    ])
+    @Test(
+        "object keys: the rules of SPEC §12.2",
+        arguments: [
+            ("a/b.jpg", true), ("dir/sub/file", true), ("é/ü.txt", true), ("..", false), ("a/../b", false),
+            ("./a", false), ("/abs", false), ("a//b", false), ("a/", false), ("", false), ("a\u{0}b", false),
+            ("a\u{7F}", false), ("a\\b", false), ("a\nb", false),
+        ])
     func keyRules(key: String, valid: Bool) {
         #expect(((try? ObjectKey(validating: key)) != nil) == valid)
     }
@@ -224,4 +227,3 @@ struct StateMachineTests {
         #expect((try? ObjectKey(validating: [0xC3, 0x28])) == nil)
     }
 }
-

@@ -31,7 +31,10 @@ struct VectorTests {
     @Test("there are vectors for every frame type, and at least 15 invalid inputs")
     func coverage() {
         let types = Set(Self.names("valid").compactMap { (Self.load("valid", $0)["frame"] as? [String: Any])?["type"] as? String })
-        for type in ["HELLO", "WELCOME", "OPEN", "OFFSET", "CHUNK", "ACK", "CREDIT", "HASH", "RESULT", "ERROR", "CANCEL", "PING", "PONG", "GOAWAY", "PLAN", "ROOM"] {
+        for type in [
+            "HELLO", "WELCOME", "OPEN", "OFFSET", "CHUNK", "ACK", "CREDIT", "HASH", "RESULT", "ERROR", "CANCEL", "PING", "PONG", "GOAWAY", "PLAN",
+            "ROOM",
+        ] {
             #expect(types.contains(type), "no valid vector for \(type)")
         }
         #expect(Self.names("invalid").count >= 15)

@@ -59,7 +59,9 @@ struct CatalogContractTests {
 
     static let identity = ObjectIdentity(device: 1, inode: UInt64.max - 5, size: 10, modified: -3)
 
-    @Test("the multipart ledger: intents recorded before their upload, their upload id after, listed oldest first, forgotten; kept across a reopen", arguments: Backend.allCases)
+    @Test(
+        "the multipart ledger: intents recorded before their upload, their upload id after, listed oldest first, forgotten; kept across a reopen",
+        arguments: Backend.allCases)
     func multipartLedger(_ backend: Backend) throws {
         try Self.withCatalog(backend) { catalog, reopen in
             let ledger = try #require(catalog as? any MultipartLedger)
@@ -97,7 +99,9 @@ struct CatalogContractTests {
         }
     }
 
-    @Test("accounts changed: quota set and removed, token replaced (the old hash finds nothing), disabled and enabled; an unknown name changes nothing", arguments: Backend.allCases)
+    @Test(
+        "accounts changed: quota set and removed, token replaced (the old hash finds nothing), disabled and enabled; an unknown name changes nothing",
+        arguments: Backend.allCases)
     func accountsChanged(_ backend: Backend) throws {
         try Self.withCatalog(backend) { catalog, _ in
             try catalog.addAccount(name: "cam", tokenHash: [1, 1], quota: nil)
@@ -118,7 +122,9 @@ struct CatalogContractTests {
         }
     }
 
-    @Test("an account deleted: refused while it has an upload session, then gone and its name free; an unknown name is false", arguments: Backend.allCases)
+    @Test(
+        "an account deleted: refused while it has an upload session, then gone and its name free; an unknown name is false",
+        arguments: Backend.allCases)
     func accountDeleted(_ backend: Backend) throws {
         try Self.withCatalog(backend) { catalog, _ in
             try catalog.addAccount(name: "alice", tokenHash: [1], quota: nil)
@@ -134,7 +140,9 @@ struct CatalogContractTests {
         }
     }
 
-    @Test("rm's removal: none while a session or a commit of the key exists; a refusal from the file's removal changes nothing; else the row and the account's bytes go", arguments: Backend.allCases)
+    @Test(
+        "rm's removal: none while a session or a commit of the key exists; a refusal from the file's removal changes nothing; else the row and the account's bytes go",
+        arguments: Backend.allCases)
     func objectRemoved(_ backend: Backend) throws {
         struct Refused: Error {}
         try Self.withCatalog(backend) { catalog, _ in
@@ -144,13 +152,15 @@ struct CatalogContractTests {
             try catalog.finishCommit(commit, identity: Self.identity)
             // A second commit of the key under way: the object is not removed meanwhile.
             try catalog.beginCommit(PendingCommit(account: "alice", key: "k1", size: 70, sha1: "bb", sessionID: nil))
-            guard case .busy = try catalog.removeObject(account: "alice", key: "k1", removingFile: { _ in Issue.record("removed under a commit") }) else {
+            guard case .busy = try catalog.removeObject(account: "alice", key: "k1", removingFile: { _ in Issue.record("removed under a commit") })
+            else {
                 Issue.record("a commit of the key pending: expected busy")
                 return
             }
             try catalog.abandonCommit(account: "alice", key: "k1")
             try catalog.putSession(Self.session("s2", key: "k1", durable: 5))
-            guard case .busy = try catalog.removeObject(account: "alice", key: "k1", removingFile: { _ in Issue.record("removed under a session") }) else {
+            guard case .busy = try catalog.removeObject(account: "alice", key: "k1", removingFile: { _ in Issue.record("removed under a session") })
+            else {
                 Issue.record("a session of the key: expected busy")
                 return
             }
@@ -158,7 +168,10 @@ struct CatalogContractTests {
             #expect(throws: Refused.self) { try catalog.removeObject(account: "alice", key: "k1", removingFile: { _ in throw Refused() }) }
             #expect(try catalog.object(account: "alice", key: "k1") != nil && catalog.account(named: "alice")?.usedBytes == 60)
             let seen = NIOLockedValueBox<String?>(nil)
-            guard case .removed(let object) = try catalog.removeObject(account: "alice", key: "k1", removingFile: { object in seen.withLockedValue { $0 = object.key } }) else {
+            guard
+                case .removed(let object) = try catalog.removeObject(
+                    account: "alice", key: "k1", removingFile: { object in seen.withLockedValue { $0 = object.key } })
+            else {
                 Issue.record("expected removed")
                 return
             }
@@ -190,7 +203,8 @@ struct CatalogContractTests {
         }
     }
 
-    @Test("sessions: recorded, replaced by key, updated with their parts, gone with them; an update of a gone one refused", arguments: Backend.allCases)
+    @Test(
+        "sessions: recorded, replaced by key, updated with their parts, gone with them; an update of a gone one refused", arguments: Backend.allCases)
     func sessions(_ backend: Backend) throws {
         try Self.withCatalog(backend) { catalog, _ in
             try catalog.addAccount(name: "alice", tokenHash: [1], quota: nil)
@@ -226,7 +240,9 @@ struct CatalogContractTests {
         }
     }
 
-    @Test("commits: reserved, then recorded with the object's identity and the account's bytes; refused over quota; abandoned; forgotten", arguments: Backend.allCases)
+    @Test(
+        "commits: reserved, then recorded with the object's identity and the account's bytes; refused over quota; abandoned; forgotten",
+        arguments: Backend.allCases)
     func commits(_ backend: Backend) throws {
         try Self.withCatalog(backend) { catalog, _ in
             try catalog.addAccount(name: "alice", tokenHash: [1], quota: 100)
@@ -247,7 +263,9 @@ struct CatalogContractTests {
             #expect(results[2] == .unknownAccount("nobody"))
             try catalog.finishCommits([(first, Self.identity)])
             let object = try #require(try catalog.object(account: "alice", key: "k1"))
-            #expect(object.size == 60 && object.sha1 == "aa" && object.identity == ObjectIdentity(device: 1, inode: UInt64.max - 5, size: 60, modified: -3))
+            #expect(
+                object.size == 60 && object.sha1 == "aa"
+                    && object.identity == ObjectIdentity(device: 1, inode: UInt64.max - 5, size: 60, modified: -3))
             #expect(object.probeSHA1 == "pp")
             #expect(try catalog.session(account: "alice", key: "k1") == nil, "the commit's session goes with it")
             #expect(try catalog.account(named: "alice")?.usedBytes == 60)
@@ -268,7 +286,9 @@ struct CatalogContractTests {
         }
     }
 
-    @Test("key pages: an account's objects and sessions by prefix, after a key, in UTF-8 byte order whatever the database's collation; % and _ are plain characters", arguments: Backend.allCases)
+    @Test(
+        "key pages: an account's objects and sessions by prefix, after a key, in UTF-8 byte order whatever the database's collation; % and _ are plain characters",
+        arguments: Backend.allCases)
     func keyPages(_ backend: Backend) throws {
         try Self.withCatalog(backend) { catalog, _ in
             try catalog.addAccount(name: "alice", tokenHash: [1], quota: nil)
@@ -303,7 +323,8 @@ struct CatalogContractTests {
             #expect(try catalog.sessions(account: "alice", prefix: "", after: "a/2", limit: 10).map(\.key) == ["a/3"])
             #expect(try catalog.sessions(account: "bob", prefix: "", after: nil, limit: 10).map(\.durableOffset) == [1])
 
-            let page = KeyStatusPage.merge(objects: try catalog.objects(account: "alice", prefix: "a/", after: nil, limit: 4), sessions: sessions, limit: 3)
+            let page = KeyStatusPage.merge(
+                objects: try catalog.objects(account: "alice", prefix: "a/", after: nil, limit: 4), sessions: sessions, limit: 3)
             #expect(page.entries.map(\.key) == ["a/1", "a/1/z", "a/2"])
             #expect(page.entries.map(\.status) == [.stored, .stored, .uploading])
             #expect(page.entries[2].bytes == 9 && page.entries[2].size == 100 && page.entries[2].sha1 == nil)
@@ -311,7 +332,9 @@ struct CatalogContractTests {
         }
     }
 
-    @Test("quota use: other keys' sessions hold their durable bytes, open uploads what they announced, a replaced object only the growth", arguments: Backend.allCases)
+    @Test(
+        "quota use: other keys' sessions hold their durable bytes, open uploads what they announced, a replaced object only the growth",
+        arguments: Backend.allCases)
     func quotaUse(_ backend: Backend) throws {
         try Self.withCatalog(backend) { catalog, _ in
             try catalog.addAccount(name: "alice", tokenHash: [1], quota: 1000)
@@ -329,7 +352,9 @@ struct CatalogContractTests {
         }
     }
 
-    @Test("two catalogs on the same data (two relays): both see each other's records, a second opening migrates nothing, and racing commits never pass the quota", arguments: Backend.allCases)
+    @Test(
+        "two catalogs on the same data (two relays): both see each other's records, a second opening migrates nothing, and racing commits never pass the quota",
+        arguments: Backend.allCases)
     func twoRelays(_ backend: Backend) throws {
         try Self.withCatalog(backend) { first, openAnother in
             try first.addAccount(name: "alice", tokenHash: [1], quota: 100)
@@ -353,7 +378,9 @@ struct CatalogContractTests {
         }
     }
 
-    @Test("commit events: queued by a commit that names a location (a recovered one too), claimed with a lease, retried, finished", arguments: Backend.allCases)
+    @Test(
+        "commit events: queued by a commit that names a location (a recovered one too), claimed with a lease, retried, finished",
+        arguments: Backend.allCases)
     func commitEvents(_ backend: Backend) throws {
         try Self.withCatalog(backend) { catalog, _ in
             try catalog.addAccount(name: "alice", tokenHash: [1], quota: nil)

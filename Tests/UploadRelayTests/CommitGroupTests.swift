@@ -50,8 +50,10 @@ struct CommitGroupTests {
         let services = try Self.services(pool: .singleton, quota: 10_000)
         let policy = UploadPolicy(services: services)
         // Already there: "taken" (other bytes) and "folder" (an object, so "folder/x" cannot be stored).
-        let before = [try Self.staged("taken", Array(repeating: 1, count: 10), services: services),
-                      try Self.staged("folder", Array(repeating: 2, count: 10), services: services)]
+        let before = [
+            try Self.staged("taken", Array(repeating: 1, count: 10), services: services),
+            try Self.staged("folder", Array(repeating: 2, count: 10), services: services),
+        ]
         #expect(policy.commit(before).allSatisfy { (try? $0.get()) == .stored })
 
         var requests: [UploadPolicy.CommitRequest] = []
@@ -72,8 +74,12 @@ struct CommitGroupTests {
         #expect(results.count == requests.count)
         for (request, result) in zip(requests, results) {
             switch request.key.value {
-            case "taken": #expect(result == .failure(UploadPolicy.Refusal(code: .alreadyExists, message: UploadPolicy.alreadyExists(request.key), keepSession: false)))
-            case "folder/x": #expect((try? result.get()) == nil && { if case .failure(let r) = result { return r.code == .invalidKey } else { return false } }())
+            case "taken":
+                #expect(
+                    result
+                        == .failure(UploadPolicy.Refusal(code: .alreadyExists, message: UploadPolicy.alreadyExists(request.key), keepSession: false)))
+            case "folder/x":
+                #expect((try? result.get()) == nil && { if case .failure(let r) = result { return r.code == .invalidKey } else { return false } }())
             case "huge": #expect({ if case .failure(let r) = result { return r.code == .quotaExceeded } else { return false } }())
             case "folder": #expect((try? result.get()) == .unchanged)
             default: #expect((try? result.get()) == .stored, "\(request.key)")
@@ -115,7 +121,9 @@ struct CommitGroupTests {
         let name = KeyClaims.name(account: "cam-7", key: "big.bin")
         #expect(services.claims.claim(name, whenFree: {}) == .claimed)
         let open = Frame.Open(streamID: 1, key: "big.bin", size: 5000)
-        guard case .refuse(.quotaExceeded, _) = UploadPolicy(services: services).open(account: account, open: open, key: try ObjectKey(validating: "big.bin"))
+        guard
+            case .refuse(.quotaExceeded, _) = UploadPolicy(services: services).open(
+                account: account, open: open, key: try ObjectKey(validating: "big.bin"))
         else {
             Issue.record("not refused")
             return
@@ -200,7 +208,8 @@ struct CommitGroupTests {
         _ = try services.store.commit(request.staging, as: request.key, account: "cam-7")
         let account = try #require(try services.catalog.account(named: "cam-7"))
         let open = Frame.Open(
-            streamID: 1, key: "clip.mp4", size: UInt64(bytes.count), sha1: naming == "sha1" ? request.sha1 : nil, fingerprint: naming == "token" ? [] : [1],
+            streamID: 1, key: "clip.mp4", size: UInt64(bytes.count), sha1: naming == "sha1" ? request.sha1 : nil,
+            fingerprint: naming == "token" ? [] : [1],
             resumeToken: naming == "fingerprint" ? [] : [7]
         )
         let answer = UploadPolicy(services: services).open(account: account, open: open, key: request.key)

@@ -36,7 +36,9 @@ struct DedupProbeTests {
         }
     }
 
-    @Test("CONFIRM for an object of that size with that probe digest, or with none recorded; START otherwise; ALREADY_EXISTS for a key that cannot hold it")
+    @Test(
+        "CONFIRM for an object of that size with that probe digest, or with none recorded; START otherwise; ALREADY_EXISTS for a key that cannot hold it"
+    )
     func decisions() throws {
         let services = try CommitGroupTests.services(pool: .singleton)
         let policy = UploadPolicy(services: services)
@@ -62,12 +64,15 @@ struct DedupProbeTests {
     func recordsProbeDigest() throws {
         let services = try CommitGroupTests.services(pool: .singleton)
         var rng = SeededGenerator(seed: 91)
-        for (key, size, chunkSize) in [("big.bin", 3 * Self.probeLength + 123, 100_000), ("even.bin", 2 * Self.probeLength, 1 << 16), ("small.bin", Self.probeLength, 100_000)] {
+        for (key, size, chunkSize) in [
+            ("big.bin", 3 * Self.probeLength + 123, 100_000), ("even.bin", 2 * Self.probeLength, 1 << 16), ("small.bin", Self.probeLength, 100_000),
+        ] {
             let bytes = (0..<size).map { _ in UInt8.random(in: 0...255, using: &rng) }
             let account = try #require(try services.catalog.account(named: "cam-7"))
             let open = Frame.Open(streamID: 1, key: key, size: UInt64(size))
-            guard case .upload(let session, let staging, let sha1, let recorded, _, _) =
-                UploadPolicy(services: services).open(account: account, open: open, key: try ObjectKey(validating: key))
+            guard
+                case .upload(let session, let staging, let sha1, let recorded, _, _) =
+                    UploadPolicy(services: services).open(account: account, open: open, key: try ObjectKey(validating: key))
             else {
                 Issue.record("\(key): not an upload")
                 continue

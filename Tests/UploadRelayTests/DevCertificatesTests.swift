@@ -25,7 +25,9 @@ struct DevCertificatesTests {
         return (output, process.terminationStatus)
     }
 
-    @Test("the server certificate verifies against the CA for serverAuth, names every DNS name and IP address asked for, and the CA is kept when the names change")
+    @Test(
+        "the server certificate verifies against the CA for serverAuth, names every DNS name and IP address asked for, and the CA is kept when the names change"
+    )
     func chainAndNames() throws {
         let data = TemporaryDirectories.make()
         let paths = DevCertificates.Paths(dataDirectory: data)
@@ -33,10 +35,11 @@ struct DevCertificatesTests {
         let verified = try Self.openssl(["verify", "-purpose", "sslserver", "-CAfile", paths.caCertificate, paths.serverCertificate])
         #expect(verified.status == 0, "\(verified.output)")
         let text = try Self.openssl(["x509", "-in", paths.serverCertificate, "-noout", "-text"]).output
-        for name in ["DNS:localhost", "DNS:relay.example.net", "DNS:odd,name=x", "IP Address:127.0.0.1", "IP Address:0:0:0:0:0:0:0:1",
+        for name in [
+            "DNS:localhost", "DNS:relay.example.net", "DNS:odd,name=x", "IP Address:127.0.0.1", "IP Address:0:0:0:0:0:0:0:1",
             "IP Address:10.1.2.3", "IP Address:FD00:0:0:0:0:0:0:7", "CA:FALSE", "TLS Web Server Authentication", "ecdsa-with-SHA256",
-            "CN = relay.example.net"]
-        {
+            "CN = relay.example.net",
+        ] {
             #expect(text.contains(name), "\(name) missing from:\n\(text)")
         }
         let ca = try Self.openssl(["x509", "-in", paths.caCertificate, "-noout", "-text"]).output

@@ -56,9 +56,15 @@ struct PostgresURLTests {
 
         #expect(try PostgresCatalog.Address(base + "?sslmode=disable").tlsConfiguration() == nil)
         #expect(try PostgresCatalog.Address(base + "?sslmode=require").tlsConfiguration()?.certificateVerification == CertificateVerification.none)
-        #expect(try PostgresCatalog.Address(base + "?sslmode=verify-ca&sslrootcert=" + ca).tlsConfiguration()?.certificateVerification == .noHostnameVerification)
-        #expect(try PostgresCatalog.Address(base + "?sslmode=verify-full&sslrootcert=system").tlsConfiguration()?.certificateVerification == .fullVerification)
-        #expect(try PostgresCatalog.Address(base + "?sslmode=require&sslrootcert=" + ca).tlsConfiguration()?.certificateVerification == .noHostnameVerification)
+        #expect(
+            try PostgresCatalog.Address(base + "?sslmode=verify-ca&sslrootcert=" + ca).tlsConfiguration()?.certificateVerification
+                == .noHostnameVerification)
+        #expect(
+            try PostgresCatalog.Address(base + "?sslmode=verify-full&sslrootcert=system").tlsConfiguration()?.certificateVerification
+                == .fullVerification)
+        #expect(
+            try PostgresCatalog.Address(base + "?sslmode=require&sslrootcert=" + ca).tlsConfiguration()?.certificateVerification
+                == .noHostnameVerification)
         #expect(try PostgresCatalog.Address(base + "?sslmode=verify-full&sslrootcert=system").rootCertificates == nil)
     }
 
@@ -71,7 +77,9 @@ struct PostgresURLTests {
         }
     }
 
-    @Test("against a server with TLS: disable is plain text; allow, prefer, require, verify-ca and verify-full (with its CA) are TLS, never a silent downgrade")
+    @Test(
+        "against a server with TLS: disable is plain text; allow, prefer, require, verify-ca and verify-full (with its CA) are TLS, never a silent downgrade"
+    )
     func liveModes() throws {
         let ca = try Self.ca()
         for (query, tls) in [

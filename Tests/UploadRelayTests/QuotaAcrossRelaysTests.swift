@@ -154,7 +154,8 @@ struct QuotaAcrossRelaysTests {
         #expect(admitted <= quota, "\(name), seed \(seed): \(admitted) bytes admitted into a \(quota)-byte quota")
         // Admissions only take room here: a refusal means less than its size was left then, and so at the end.
         if let smallestRefused = all.filter({ !$0.admitted }).map(\.size).min() {
-            #expect(quota - admitted < Int64(smallestRefused), "\(name), seed \(seed): \(smallestRefused) bytes refused, yet \(quota - admitted) left")
+            #expect(
+                quota - admitted < Int64(smallestRefused), "\(name), seed \(seed): \(smallestRefused) bytes refused, yet \(quota - admitted) left")
         } else {
             Issue.record("\(name), seed \(seed): nothing refused of about twice the quota")
         }

@@ -26,7 +26,9 @@ struct QuotaPlanTests {
 
     static func bytes(_ count: Int, _ value: UInt8) -> [UInt8] { [UInt8](repeating: value, count: count) }
 
-    @Test("needs: a new key its size; a key holding an object nothing, or with OVERWRITE the difference; an unfinished upload less what it holds; a bad key its size")
+    @Test(
+        "needs: a new key its size; a key holding an object nothing, or with OVERWRITE the difference; an unfinished upload less what it holds; a bad key its size"
+    )
     func needs() throws {
         let backend = try RelayBackend { $0.syncBytes = 1000 }
         try #require(try backend.services.catalog.updateAccount(named: "cam-7", quota: .some(20_000), tokenHash: nil, revoked: nil))
@@ -66,7 +68,8 @@ struct QuotaPlanTests {
         #expect(room.used == 3000 + UInt64(held))
         #expect(room.needs == [0, 0, 1500, 8000 - UInt64(held), 7, 9])
 
-        let overwriting = try Self.ask(backend, Frame.Plan(request: 1, overwrite: true, entries: [.init(key: "have.jpg", size: 5000), .init(key: "have.jpg", size: 1000)]))
+        let overwriting = try Self.ask(
+            backend, Frame.Plan(request: 1, overwrite: true, entries: [.init(key: "have.jpg", size: 5000), .init(key: "have.jpg", size: 1000)]))
         #expect(overwriting.needs == [2000, 0])
 
         // No quota: said so; the needs are still what the uploads would add.
@@ -95,6 +98,8 @@ struct QuotaPlanTests {
         let frame = pump.agent.machine.sendPlan(Frame.Plan(request: 1, overwrite: false, entries: []))
         pump.agentSends([try #require(frame)])
         pump.run()
-        #expect(pump.agent.events.contains { if case .peerClosed(.unauthenticated, _) = $0 { return true } else { return false } }, "\(pump.agent.events)")
+        #expect(
+            pump.agent.events.contains { if case .peerClosed(.unauthenticated, _) = $0 { return true } else { return false } }, "\(pump.agent.events)"
+        )
     }
 }

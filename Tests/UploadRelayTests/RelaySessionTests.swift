@@ -138,7 +138,9 @@ struct RelaySessionTests {
         let opened = h.send(Self.open(Self.s1, "k"))
         #expect(opened.contains { if case .lookUp = $0 { return true } else { return false } })
         #expect(h.resources.claims.count == 1 && h.resources.uploadSlots.inUse == 1)
-        let offset = h.take(h.session.uploadLookedUp(Self.s1, .upload(durableOffset: 0, resumeToken: [9], resumed: false, byteLimit: nil), key: try! ObjectKey(validating: "k")))
+        let offset = h.take(
+            h.session.uploadLookedUp(
+                Self.s1, .upload(durableOffset: 0, resumeToken: [9], resumed: false, byteLimit: nil), key: try! ObjectKey(validating: "k")))
         #expect(SessionHarness.frames(offset).first?.type == .offset)
         let write = SessionHarness.steps(h.send(Self.chunk(Self.s1, at: 0, 10)))
         #expect(write.count == 1)
@@ -161,7 +163,9 @@ struct RelaySessionTests {
         h.send(Self.open(Self.s1, "k"))
         h.send(.cancel(Frame.Cancel(streamID: Self.s1, code: .cancelled, message: "stop")))
         _ = h.take(h.session.connectionClosed())
-        let looked = h.take(h.session.uploadLookedUp(Self.s1, .upload(durableOffset: 0, resumeToken: [9], resumed: false, byteLimit: nil), key: try ObjectKey(validating: "k")))
+        let looked = h.take(
+            h.session.uploadLookedUp(
+                Self.s1, .upload(durableOffset: 0, resumeToken: [9], resumed: false, byteLimit: nil), key: try ObjectKey(validating: "k")))
         #expect(SessionHarness.steps(looked).map(\.1) == [.release(discardSession: true)])
         #expect(SessionHarness.frames(looked).isEmpty)
     }
@@ -179,7 +183,9 @@ struct RelaySessionTests {
         // The first stream ends on the wire while it is looked up: its key is closing.
         first.send(.cancel(Frame.Cancel(streamID: Self.s1, message: "stop")))
         #expect(second.send(Self.open(Self.s3, "k")).isEmpty, "waits, no KEY_BUSY")
-        let looked = first.take(first.session.uploadLookedUp(Self.s1, .upload(durableOffset: 0, resumeToken: [], resumed: false, byteLimit: nil), key: try ObjectKey(validating: "k")))
+        let looked = first.take(
+            first.session.uploadLookedUp(
+                Self.s1, .upload(durableOffset: 0, resumeToken: [], resumed: false, byteLimit: nil), key: try ObjectKey(validating: "k")))
         #expect(SessionHarness.steps(looked).map(\.1) == [.release(discardSession: true)], "CANCEL drops the session")
         #expect(SessionHarness.frames(looked).isEmpty)
         // The handler's release step gives the key back; the waiting OPEN is woken.
@@ -210,7 +216,9 @@ struct RelaySessionTests {
         var h = SessionHarness()
         h.handshake()
         h.send(Self.open(Self.s1, "k"))
-        _ = h.take(h.session.uploadLookedUp(Self.s1, .upload(durableOffset: 0, resumeToken: [], resumed: false, byteLimit: nil), key: try ObjectKey(validating: "k")))
+        _ = h.take(
+            h.session.uploadLookedUp(
+                Self.s1, .upload(durableOffset: 0, resumeToken: [], resumed: false, byteLimit: nil), key: try ObjectKey(validating: "k")))
         h.send(Self.chunk(Self.s1, at: 0, 4))
         _ = h.take(h.session.storageFinished(Self.s1, .wrote(consumed: [4], error: nil)))
         let goAway = h.take(h.session.shutdown())
@@ -233,7 +241,9 @@ struct RelaySessionTests {
         #expect(SessionHarness.errors(closed).map(\.code) == [.unauthenticated])
     }
 
-    @Test("token rotate: a connection made with the old token closes with UNAUTHENTICATED saying so; one made with the new token, and other accounts', do not")
+    @Test(
+        "token rotate: a connection made with the old token closes with UNAUTHENTICATED saying so; one made with the new token, and other accounts', do not"
+    )
     func rotation() {
         var old = SessionHarness()
         old.handshake(account: "a", tokenHash: [1])
@@ -255,7 +265,9 @@ struct RelaySessionTests {
         var rng = SeededGenerator(seed: seed)
         let claims = KeyClaims()
         let memory = ResourceBudget(total: 1 << 30)
-        var h = SessionHarness(configure: { $0.syncBytes = Int.random(in: 1...64, using: &rng) }, claims: claims, memory: memory, slots: Int.random(in: 1...4, using: &rng))
+        var h = SessionHarness(
+            configure: { $0.syncBytes = Int.random(in: 1...64, using: &rng) }, claims: claims, memory: memory,
+            slots: Int.random(in: 1...4, using: &rng))
         h.handshake()
         var nextID: UInt32 = 1
         var sent: [StreamID: UInt64] = [:]
@@ -283,7 +295,8 @@ struct RelaySessionTests {
                 absorb(h.send(Self.open(id, keys[id]!, size: nil)))
             case 1 where !lookups.isEmpty:
                 let id = lookups.remove(at: Int.random(in: 0..<lookups.count, using: &rng))
-                let decision: RelaySession.LookUp = Bool.random(using: &rng) ? .upload(durableOffset: 0, resumeToken: [], resumed: false, byteLimit: nil) : .stored(size: 0)
+                let decision: RelaySession.LookUp =
+                    Bool.random(using: &rng) ? .upload(durableOffset: 0, resumeToken: [], resumed: false, byteLimit: nil) : .stored(size: 0)
                 absorb(h.take(h.session.uploadLookedUp(id, decision, key: try ObjectKey(validating: "k"))))
             case 2, 3:
                 guard let id = h.session.pipelines.keys.filter({ h.session.pipelines[$0]!.isOpen }).randomElement(using: &rng) else { continue }
@@ -303,7 +316,10 @@ struct RelaySessionTests {
                 switch step {
                 case .write(let chunks, _): completion = .wrote(consumed: chunks.map(\.payloadLength), error: nil)
                 case .sync(let offset): completion = .synced(.success(offset))
-                default: completion = .committed(Bool.random(using: &rng) ? .success(.stored) : .failure(UploadPolicy.Refusal(code: .alreadyExists, message: "x", keepSession: false)))
+                default:
+                    completion = .committed(
+                        Bool.random(using: &rng)
+                            ? .success(.stored) : .failure(UploadPolicy.Refusal(code: .alreadyExists, message: "x", keepSession: false)))
                 }
                 absorb(h.take(h.session.storageFinished(id, completion)))
             }
@@ -311,7 +327,10 @@ struct RelaySessionTests {
         // The link goes; lookups return and storage finishes.
         absorb(h.take(h.session.connectionClosed()))
         for id in lookups {
-            absorb(h.take(h.session.uploadLookedUp(id, .upload(durableOffset: 0, resumeToken: [], resumed: false, byteLimit: nil), key: try ObjectKey(validating: "k"))))
+            absorb(
+                h.take(
+                    h.session.uploadLookedUp(
+                        id, .upload(durableOffset: 0, resumeToken: [], resumed: false, byteLimit: nil), key: try ObjectKey(validating: "k"))))
         }
         while let (id, step) = work.first {
             work[id] = nil

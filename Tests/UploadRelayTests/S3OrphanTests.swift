@@ -46,7 +46,9 @@ struct S3OrphanTests {
         return logger
     }
 
-    @Test("cleanup aborts the multipart uploads the relays began and no session names, once no upload holds their key; never another writer's, even of a key that reads as an account's")
+    @Test(
+        "cleanup aborts the multipart uploads the relays began and no session names, once no upload holds their key; never another writer's, even of a key that reads as an account's"
+    )
     func orphans() async throws {
         try await Self.withStore(prefix: "relay") { client, bucket, catalog, store in
             for key in ["orphan.mov", "held.mov", "recorded.mov"] {

@@ -239,7 +239,9 @@ struct ScenarioTests {
             let close: Frame? =
                 cancel
                 ? pump.agent.machine.sendCancel(id, .cancelled, "stop")
-                : pump.agent.machine.sendCancel(id, .cancelled, "stop").map { _ in .error(Frame.Error(streamID: id, code: .cancelled, message: "stop")) }
+                : pump.agent.machine.sendCancel(id, .cancelled, "stop").map { _ in
+                    .error(Frame.Error(streamID: id, code: .cancelled, message: "stop"))
+                }
             pump.agentSends(close.map { [$0] } ?? [])
             pump.run()
             // Every byte the stream held is returned; storage consuming them later returns nothing twice.
@@ -282,10 +284,12 @@ struct ScenarioTests {
         // An agent that opens anyway (it had not seen GOAWAY yet) is refused on that stream only.
         var late = pump.relay.machine
         let refused = late.receive(.open(Frame.Open(streamID: 3, key: "late")))
-        #expect(refused == .resetStream(
-            Frame.Error(streamID: 3, code: .refusedStream, message: "the relay is going away; open stream 3 on a new connection"),
-            connectionCredit: nil
-        ))
+        #expect(
+            refused
+                == .resetStream(
+                    Frame.Error(streamID: 3, code: .refusedStream, message: "the relay is going away; open stream 3 on a new connection"),
+                    connectionCredit: nil
+                ))
         while pump.agent.outcomes[inFlight] == nil && pump.relay.pendingStorageCount > 0 {
             pump.runStorage()
         }
@@ -373,7 +377,9 @@ struct RandomScheduleTests {
         while expected.keys.contains(where: { pump.agent.outcomes[$0] == nil }) {
             steps += 1
             guard steps < 100_000 else {
-                Issue.record("seed \(seed): no progress after \(steps) steps; agent outcomes \(pump.agent.outcomes), open \(pump.agent.machine.openStreamIDs), relay open \(pump.relay.machine.openStreamIDs), closed \(pump.agent.closed)/\(pump.relay.closed), logs \(pump.relay.logs.suffix(5))")
+                Issue.record(
+                    "seed \(seed): no progress after \(steps) steps; agent outcomes \(pump.agent.outcomes), open \(pump.agent.machine.openStreamIDs), relay open \(pump.relay.machine.openStreamIDs), closed \(pump.agent.closed)/\(pump.relay.closed), logs \(pump.relay.logs.suffix(5))"
+                )
                 return
             }
             switch Int.random(in: 0..<10, using: &rng) {

@@ -51,7 +51,9 @@ struct StorageSpaceTests {
         return ((try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? []).filter { !$0.hasPrefix(".") }
     }
 
-    @Test("an upload larger than the free space above the reserve is refused at OPEN with STORAGE_ERROR, nothing staged; open uploads' promises count until they end")
+    @Test(
+        "an upload larger than the free space above the reserve is refused at OPEN with STORAGE_ERROR, nothing staged; open uploads' promises count until they end"
+    )
     func refusedAtOpen() throws {
         let free = NIOLockedValueBox<Int64>(50 * Self.megabyte)
         let services = try Self.services(free: free, reserve: Self.megabyte)
@@ -112,7 +114,10 @@ struct StorageSpaceTests {
             for: DatabaseError(resultCode: .SQLITE_FULL, message: "database or disk is full"), doing: "open the upload", key: key, logger: logger
         )
         #expect(catalogFull.code == .storageError && catalogFull.message == StoreError.fullMessage && catalogFull.keepSession)
-        let database = UploadPolicy.refusal(for: CatalogFailure("PostgreSQL: password authentication failed for user \"upload\""), doing: "commit", key: key, logger: logger)
-        #expect(database.code == .internalError && !database.message.contains("PostgreSQL") && !database.message.contains("upload\""), "\(database.message)")
+        let database = UploadPolicy.refusal(
+            for: CatalogFailure("PostgreSQL: password authentication failed for user \"upload\""), doing: "commit", key: key, logger: logger)
+        #expect(
+            database.code == .internalError && !database.message.contains("PostgreSQL") && !database.message.contains("upload\""),
+            "\(database.message)")
     }
 }

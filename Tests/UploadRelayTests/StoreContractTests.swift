@@ -39,7 +39,8 @@ struct StoreContractTests {
                 let directory = TemporaryDirectories.make(prefix: "upload-store-s3-")
                 defer { try? FileManager.default.removeItem(atPath: directory) }
                 // The ledger the relay's catalog keeps, so that the store lists the multipart uploads it began.
-                let store = try S3Store(client: client, bucket: bucket, prefix: "relay", spoolDirectory: directory + "/spool", ledger: InMemoryCatalog())
+                let store = try S3Store(
+                    client: client, bucket: bucket, prefix: "relay", spoolDirectory: directory + "/spool", ledger: InMemoryCatalog())
                 try await NIOThreadPool.singleton.runIfActive { try body(store) }
             }
         }
@@ -75,7 +76,9 @@ struct StoreContractTests {
         return try store.commit(staging, as: Self.key(key), account: account)
     }
 
-    @Test("a staging written in pieces and committed is the object, byte for byte: its identity, SHA-1 and location answer, and the staging is gone", arguments: Backend.allCases)
+    @Test(
+        "a staging written in pieces and committed is the object, byte for byte: its identity, SHA-1 and location answer, and the staging is gone",
+        arguments: Backend.allCases)
     func commit(_ backend: Backend) async throws {
         try await Self.withStore(backend) { store in
             let bytes = Self.bytes(300_000, seed: 1)
@@ -92,7 +95,9 @@ struct StoreContractTests {
         }
     }
 
-    @Test("a resume: the bytes a sync made durable are there when the staging is opened again at their offset, what came after them is not, and the object is exact", arguments: Backend.allCases)
+    @Test(
+        "a resume: the bytes a sync made durable are there when the staging is opened again at their offset, what came after them is not, and the object is exact",
+        arguments: Backend.allCases)
     func resume(_ backend: Backend) async throws {
         try await Self.withStore(backend) { store in
             // Past S3's least part (5 MiB), so that its sync makes a part.
@@ -152,7 +157,9 @@ struct StoreContractTests {
         }
     }
 
-    @Test("replacing an object gives a new identity; a copy (dedup) is made only from the object it was verified as; removal leaves nothing, twice", arguments: Backend.allCases)
+    @Test(
+        "replacing an object gives a new identity; a copy (dedup) is made only from the object it was verified as; removal leaves nothing, twice",
+        arguments: Backend.allCases)
     func duplicateReplaceRemove(_ backend: Backend) async throws {
         try await Self.withStore(backend) { store in
             let first = Self.bytes(20_000, seed: 6)
@@ -189,7 +196,8 @@ struct StoreContractTests {
             try Self.store(theirs, as: "same/key.jpg", account: "bob", in: store)
             #expect(try store.contentSHA1(of: Self.key("same/key.jpg"), account: "alice") == Self.sha1(mine))
             #expect(try store.contentSHA1(of: Self.key("same/key.jpg"), account: "bob") == Self.sha1(theirs))
-            #expect(try store.location(of: Self.key("same/key.jpg"), account: "alice") != store.location(of: Self.key("same/key.jpg"), account: "bob"))
+            #expect(
+                try store.location(of: Self.key("same/key.jpg"), account: "alice") != store.location(of: Self.key("same/key.jpg"), account: "bob"))
             try store.removeObject(Self.key("same/key.jpg"), account: "alice")
             #expect(try store.identity(of: Self.key("same/key.jpg"), account: "alice") == nil)
             #expect(try store.identity(of: Self.key("same/key.jpg"), account: "bob")?.size == 7000)
@@ -235,7 +243,9 @@ struct StoreContractTests {
         }
     }
 
-    @Test("stripes, where the store takes them: handles write their stripes at their offsets, the bytes read back whole, and commit as one object; elsewhere a striped staging is refused", arguments: Backend.allCases)
+    @Test(
+        "stripes, where the store takes them: handles write their stripes at their offsets, the bytes read back whole, and commit as one object; elsewhere a striped staging is refused",
+        arguments: Backend.allCases)
     func stripes(_ backend: Backend) async throws {
         try await Self.withStore(backend) { store in
             let bytes = Self.bytes(3000, seed: 14)

@@ -30,7 +30,9 @@ struct StoreTests {
         #expect(try store.identity(of: key, account: "a2") == nil)
     }
 
-    @Test("startup recovery: a commit renamed but not recorded is recorded; one not renamed is given up; an object whose file is gone is forgotten (finding 12)")
+    @Test(
+        "startup recovery: a commit renamed but not recorded is recorded; one not renamed is given up; an object whose file is gone is forgotten (finding 12)"
+    )
     func recovery() throws {
         let root = TemporaryDirectories.make()
         let store = try LocalDirectoryStore(root: root + "/store", stagingDirectory: root + "/staging")
@@ -163,7 +165,9 @@ struct DirectStagingTests {
         #expect(FileManager.default.contents(atPath: root + "/store/a1/o.bin") == Data(data))
     }
 
-    @Test("direct writes: each open upload holds one block between writes, whatever its size, and the writes borrow shared buffers; 40 uploads written in odd pieces, interleaved, are each exact")
+    @Test(
+        "direct writes: each open upload holds one block between writes, whatever its size, and the writes borrow shared buffers; 40 uploads written in odd pieces, interleaved, are each exact"
+    )
     func directTailPerUpload() throws {
         var rng = SeededGenerator(seed: 17)
         let (root, store) = try Self.makeStore(directBuffer: 1 << 20)

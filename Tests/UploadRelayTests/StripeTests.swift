@@ -137,7 +137,9 @@ struct StripeTests {
         #expect(backend.durableOffset("x") == nil)
     }
 
-    @Test("one stream per stripe: a second PART of an open stripe is KEY_BUSY; a PART of a key with no striped upload, or with another token, is STORAGE_ERROR")
+    @Test(
+        "one stream per stripe: a second PART of an open stripe is KEY_BUSY; a PART of a key with no striped upload, or with another token, is STORAGE_ERROR"
+    )
     func refusals() throws {
         let backend = try RelayBackend()
         let bytes = Self.blob(16 * Self.mib + 10, seed: 5)

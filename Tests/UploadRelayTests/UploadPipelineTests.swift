@@ -212,7 +212,8 @@ struct UploadPipelineTests {
                 case .release, .releaseCommitted:
                     released += 1
                 case .report(let event):
-                    #expect(released == 0 || { if case .committed = event { return true } else { return false } }(), "seed \(seed): report after release")
+                    #expect(
+                        released == 0 || { if case .committed = event { return true } else { return false } }(), "seed \(seed): report after release")
                     switch event {
                     case .consumed(let n):
                         #expect(!ended, "seed \(seed): credit after the end")
@@ -253,7 +254,9 @@ struct UploadPipelineTests {
                 case .sync(let offset):
                     take(p.syncFinished(fails ? .failure(UploadPipeline.SyncFailure(description: "io")) : .success(offset)))
                 case .commit:
-                    take(p.commitFinished(fails ? .failure(UploadPolicy.Refusal(code: .alreadyExists, message: "x", keepSession: false)) : .success(.stored)))
+                    take(
+                        p.commitFinished(
+                            fails ? .failure(UploadPolicy.Refusal(code: .alreadyExists, message: "x", keepSession: false)) : .success(.stored)))
                 default:
                     break
                 }

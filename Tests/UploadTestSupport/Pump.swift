@@ -186,7 +186,10 @@ public struct Pump {
     public var tamper: (Frame) -> Frame? = { $0 }
 
     /// A pump on a relay of its own whose protocol limits are `limits`.
-    public init(limits: ProtocolLimits = ProtocolLimits(), agentLimits: ProtocolLimits = ProtocolLimits(), configure: (inout RelayConfiguration) -> Void = { _ in }) throws {
+    public init(
+        limits: ProtocolLimits = ProtocolLimits(), agentLimits: ProtocolLimits = ProtocolLimits(),
+        configure: (inout RelayConfiguration) -> Void = { _ in }
+    ) throws {
         let backend = try RelayBackend { configuration in
             configuration.limits = limits
             configure(&configuration)

@@ -232,5 +232,9 @@ public struct RelayDriver {
 private final class WokenOpens: Sendable {
     private let opens = NIOLockedValueBox<[(Frame.Open, ObjectKey)]>([])
     func append(_ open: Frame.Open, _ key: ObjectKey) { self.opens.withLockedValue { $0.append((open, key)) } }
-    func take() -> [(Frame.Open, ObjectKey)] { self.opens.withLockedValue { opens in defer { opens = [] }; return opens } }
+    func take() -> [(Frame.Open, ObjectKey)] {
+        self.opens.withLockedValue { opens in
+            defer { opens = [] }; return opens
+        }
+    }
 }

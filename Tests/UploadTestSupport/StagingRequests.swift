@@ -8,7 +8,8 @@ extension StagingRequest {
         _ name: String, offset: Int64 = 0, expectedSize: Int64? = nil, account: String = "a1", key: String = "staged.bin"
     ) throws -> StagingRequest {
         StagingRequest(
-            name: name, account: account, key: try ObjectKey(validating: key), expectedSize: expectedSize, layout: .sequential(offset: offset, parts: [])
+            name: name, account: account, key: try ObjectKey(validating: key), expectedSize: expectedSize,
+            layout: .sequential(offset: offset, parts: [])
         )
     }
 }

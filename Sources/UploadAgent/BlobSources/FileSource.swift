@@ -178,7 +178,8 @@ public final class FileSource: BlobSource {
         }
         let now = Identity(info)
         guard now != opened else { return nil }
-        let what = now.inode != opened.inode || now.device != opened.device
+        let what =
+            now.inode != opened.inode || now.device != opened.device
             ? "replaced by another file" : now.size != opened.size ? "resized from \(opened.size) to \(now.size) bytes" : "modified"
         return "\(self.path) was \(what) during the upload: not committed, to never store a mix of two versions (run again to upload the new version)"
     }

@@ -129,9 +129,13 @@ final class AgentConnectionHandler: ChannelInboundHandler {
                 }
             case .read(let request):
                 let bandwidth = self.bandwidth
-                self.onPool({ try SourceReader.read(request, bandwidth: bandwidth) }) { session, result in session.readFinished(request.streamID, result) }
+                self.onPool({ try SourceReader.read(request, bandwidth: bandwidth) }) { session, result in
+                    session.readFinished(request.streamID, result)
+                }
             case .hashPrefix(let id, let source, let from, let offset, let reopening):
-                self.onPool({ try SourceReader.hashPrefix(of: source, from: from, upTo: offset, reopening: reopening) }) { session, result in session.prefixHashed(id, result) }
+                self.onPool({ try SourceReader.hashPrefix(of: source, from: from, upTo: offset, reopening: reopening) }) { session, result in
+                    session.prefixHashed(id, result)
+                }
             case .event(let event):
                 self.onEvent(event)
             case .log(let level, let message, let metadata):

@@ -93,7 +93,8 @@ enum SourceReader {
             if data.readableBytes == 0 {
                 batch.ended = source.isEnd(at: request.base + batch.nextOffset)
                 if let size = request.size, batch.ended, batch.nextOffset < size {
-                    throw SourceError("\(source.displayName) ended at \(batch.nextOffset) bytes but was \(size) when opened: it changed during the upload")
+                    throw SourceError(
+                        "\(source.displayName) ended at \(batch.nextOffset) bytes but was \(size) when opened: it changed during the upload")
                 }
                 break
             }

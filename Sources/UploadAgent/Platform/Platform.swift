@@ -65,12 +65,14 @@ package enum Platform {
         }
         let box = Unmanaged.passRetained(Box(body)).toOpaque()
         var thread = pthread_t()
-        let created = pthread_create(&thread, nil, { context in
-            guard let context else { return nil }
-            let box = Unmanaged<Box>.fromOpaque(context).takeRetainedValue()
-            box.body()
-            return nil
-        }, box)
+        let created = pthread_create(
+            &thread, nil,
+            { context in
+                guard let context else { return nil }
+                let box = Unmanaged<Box>.fromOpaque(context).takeRetainedValue()
+                box.body()
+                return nil
+            }, box)
         guard created == 0 else {
             Unmanaged<Box>.fromOpaque(box).release()
             throw SourceError("cannot start a thread: \(String(cString: strerror(created)))")

@@ -73,7 +73,8 @@ extension AgentSession {
                 // Not the file that was named or queued (another one at the path now, or it changed since): never sent
                 // in its place.
                 job.item.source.close()
-                let message = "\(job.item.source.displayName) is not the file that was queued: it changed or was replaced since; not uploaded (send it again to upload it as it is now)"
+                let message =
+                    "\(job.item.source.displayName) is not the file that was queued: it changed or was replaced since; not uploaded (send it again to upload it as it is now)"
                 return self.complete(job, job.finish(.failed, sha1: "", error: message, code: UploadResult.ErrorCode.sourceError))
             }
             job.info = info
@@ -106,7 +107,8 @@ extension AgentSession {
             // stripes holding a stream, and mains in every stream a relay allows would wait for stripes that can never
             // open (a directory of large videos): one striped upload per connection at a time, the next waits for it
             // while the connection carries other files, and only where the relay allows a stream beside it.
-            let stripable = self.configuration.connections > 1 && self.machine.features.contains(.stripes) && job.item.source.isSeekable
+            let stripable =
+                self.configuration.connections > 1 && self.machine.features.contains(.stripes) && job.item.source.isSeekable
                 && (self.machine.terms?.maxStreams ?? 0) >= 2 && info.size.map { $0 > Frame.Stripes(size: $0).length } ?? false
             if stripable && self.senders.values.contains(where: { $0.job.striped }) {
                 self.deferred.append(job)
@@ -179,7 +181,8 @@ extension AgentSession {
                     .hashPrefix(id, job.item.source, from: base.map { ($0.key, $0.value) }, upTo: offset.offset, reopening: self.reopening(job))
                 ]
             } else {
-                return started + self.failStream(id, "\(job.item.source.displayName) cannot resume at \(offset.offset): those bytes are no longer held")
+                return started
+                    + self.failStream(id, "\(job.item.source.displayName) cannot resume at \(offset.offset): those bytes are no longer held")
             }
         }
         self.queue.progressed(job)
@@ -366,7 +369,8 @@ extension AgentSession {
             let since = job.noRoomSince ?? now
             job.noRoomSince = since
             if self.configuration.retryForever || now - since < self.configuration.retryFor {
-                let (initial, maximum) = self.configuration.retryForever
+                let (initial, maximum) =
+                    self.configuration.retryForever
                     ? (self.configuration.relayFullBackoff, self.configuration.relayFullMaxBackoff)
                     : (self.configuration.storageRetryBackoff, self.configuration.storageRetryMaxBackoff)
                 var wait = initial
@@ -396,7 +400,8 @@ extension AgentSession {
         // Another upload of the same key (the same files sent twice at once) may take long: KEY_BUSY waits ten times
         // --retry-for; a full relay (REFUSED_STREAM) waits --retry-for.
         let patience = code == .keyBusy ? self.configuration.retryFor * 10 : self.configuration.retryFor
-        let retry = busy
+        let retry =
+            busy
             ? now - (job.busySince ?? now) < patience
             : code.isRetryable && job.attempts < self.configuration.maxAttemptsPerItem
         guard retry else {

@@ -121,7 +121,8 @@ struct AgentSession {
     /// TCP and TLS are up: HELLO.
     mutating func connected() -> [Action] {
         let hello = Frame.Hello(
-            maxFrameSize: UInt32(self.configuration.limits.maxFrameSize), features: self.configuration.deflate ? [.deflate, .dedupProbe, .stripes, .quotaPlan] : [.dedupProbe, .stripes, .quotaPlan],
+            maxFrameSize: UInt32(self.configuration.limits.maxFrameSize),
+            features: self.configuration.deflate ? [.deflate, .dedupProbe, .stripes, .quotaPlan] : [.dedupProbe, .stripes, .quotaPlan],
             credential: Array(self.configuration.token.utf8), agentName: self.configuration.agentName
         )
         return self.write(self.machine.sendHello(hello))
@@ -176,7 +177,8 @@ struct AgentSession {
         if self.outcome.reason == nil {
             switch failure {
             case .handshake(let text, let untrusted):
-                self.outcome.reason = untrusted
+                self.outcome.reason =
+                    untrusted
                     ? "TLS: the relay's certificate does not verify against the CA given (CERTIFICATE_VERIFY_FAILED); pass the CA that signed it with --ca or UPLOAD_CA"
                     : "TLS handshake with the relay failed: \(text)"
                 self.outcome.fatal = !self.machine.isClosed && self.machine.terms == nil

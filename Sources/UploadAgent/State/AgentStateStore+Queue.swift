@@ -1,4 +1,3 @@
-
 /// One item of the persistent queue, as `upload-agent status` shows it.
 public struct QueuedItem: Hashable, Sendable {
     public enum Status: String, Hashable, Sendable, CaseIterable {
@@ -135,9 +134,9 @@ extension AgentStateStore {
                 guard let existing else {
                     try db.execute(
                         """
-                            INSERT INTO item (target, key, path, status, size, fingerprint, overwrite, dedup, follow_symlinks, added_at, updated_at)
-                            VALUES (?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?)
-                            """,
+                        INSERT INTO item (target, key, path, status, size, fingerprint, overwrite, dedup, follow_symlinks, added_at, updated_at)
+                        VALUES (?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?)
+                        """,
                         [
                             target, entry.key, entry.path, entry.size.map { Int64($0) }, entry.fingerprint, entry.overwrite, entry.dedup,
                             entry.followSymlinks, now, now,
@@ -155,9 +154,9 @@ extension AgentStateStore {
                         // A newer version of a file still waiting: its progress belonged to the old one.
                         try db.execute(
                             """
-                                UPDATE item SET path = ?, size = ?, fingerprint = ?, sha1 = NULL, acked = 0, sha1_state = NULL,
-                                overwrite = ?, dedup = ?, follow_symlinks = ?, updated_at = ? WHERE id = ?
-                                """,
+                            UPDATE item SET path = ?, size = ?, fingerprint = ?, sha1 = NULL, acked = 0, sha1_state = NULL,
+                            overwrite = ?, dedup = ?, follow_symlinks = ?, updated_at = ? WHERE id = ?
+                            """,
                             [
                                 entry.path, entry.size.map { Int64($0) }, entry.fingerprint, entry.overwrite, entry.dedup, entry.followSymlinks,
                                 now, id,
@@ -172,10 +171,10 @@ extension AgentStateStore {
                 case .done, .failed, .dropped:
                     try db.execute(
                         """
-                            UPDATE item SET path = ?, status = 'queued', size = ?, fingerprint = ?, sha1 = NULL, acked = 0,
-                            sha1_state = NULL, sent_bytes = 0, hashed_bytes = 0, outcome = NULL, error = NULL, overwrite = ?,
-                            dedup = ?, follow_symlinks = ?, rate = 0, added_at = ?, updated_at = ? WHERE id = ?
-                            """,
+                        UPDATE item SET path = ?, status = 'queued', size = ?, fingerprint = ?, sha1 = NULL, acked = 0,
+                        sha1_state = NULL, sent_bytes = 0, hashed_bytes = 0, outcome = NULL, error = NULL, overwrite = ?,
+                        dedup = ?, follow_symlinks = ?, rate = 0, added_at = ?, updated_at = ? WHERE id = ?
+                        """,
                         [
                             entry.path, entry.size.map { Int64($0) }, entry.fingerprint, entry.overwrite, entry.dedup, entry.followSymlinks,
                             now, now, id,
@@ -221,7 +220,8 @@ extension AgentStateStore {
     public func drop(target: String, key: String, reason: String) throws -> Int64? {
         try self.write { db in
             guard
-                let id = try db.row("SELECT id FROM item WHERE target = ? AND key = ? AND status IN ('queued', 'uploading', 'failed')", [target, key])?
+                let id = try db.row(
+                    "SELECT id FROM item WHERE target = ? AND key = ? AND status IN ('queued', 'uploading', 'failed')", [target, key])?
                     .int64("id")
             else { return nil }
             try db.execute("UPDATE item SET status = 'dropped', error = ?, rate = 0, updated_at = ? WHERE id = ?", [reason, Self.now(), id])
@@ -270,10 +270,10 @@ extension AgentStateStore {
                 // Prepared once (every statement is): this runs for every item, and compiling it cost more than running it.
                 try db.execute(
                     """
-                        UPDATE item SET status = ?, size = COALESCE(?, size), sha1 = COALESCE(?, sha1), acked = ?, sha1_state = ?,
-                        sent_bytes = ?, hashed_bytes = ?, outcome = ?, error = ?, rate = ?, updated_at = ?
-                        WHERE id = ? AND status IN ('queued', 'uploading') AND (? IS NULL OR fingerprint = ? OR fingerprint = x'')
-                        """,
+                    UPDATE item SET status = ?, size = COALESCE(?, size), sha1 = COALESCE(?, sha1), acked = ?, sha1_state = ?,
+                    sent_bytes = ?, hashed_bytes = ?, outcome = ?, error = ?, rate = ?, updated_at = ?
+                    WHERE id = ? AND status IN ('queued', 'uploading') AND (? IS NULL OR fingerprint = ? OR fingerprint = x'')
+                    """,
                     [
                         progress.status.rawValue, progress.size.map { Int64($0) }, progress.sha1, Int64(progress.acked),
                         progress.sha1State, Int64(progress.sentBytes), Int64(progress.hashedBytes), progress.outcome,

@@ -156,15 +156,17 @@ public final class AgentStateStore: Sendable {
     /// A counter every change made from outside a runner increases: a running agent polls it to see new items,
     /// pause, resume and retry without reading the whole queue.
     public func generation() throws -> Int {
-        try self.read { db in try db.row("SELECT CAST(value AS INTEGER) AS generation FROM setting WHERE name = 'generation'")?.int64("generation").map(Int.init) ?? 0 }
+        try self.read { db in
+            try db.row("SELECT CAST(value AS INTEGER) AS generation FROM setting WHERE name = 'generation'")?.int64("generation").map(Int.init) ?? 0
+        }
     }
 
     static func bump(_ db: StateDatabase.Connection) throws {
         try db.execute(
             """
-                INSERT INTO setting (name, value) VALUES ('generation', '1')
-                ON CONFLICT (name) DO UPDATE SET value = CAST(CAST(value AS INTEGER) + 1 AS TEXT)
-                """
+            INSERT INTO setting (name, value) VALUES ('generation', '1')
+            ON CONFLICT (name) DO UPDATE SET value = CAST(CAST(value AS INTEGER) + 1 AS TEXT)
+            """
         )
     }
 

@@ -188,10 +188,12 @@ public final class QueueRunner: Sendable {
     /// files to this agent, `retry`). Cheap when nothing changed: one row read.
     public func refresh() throws {
         let generation = try self.store.generation()
-        guard self.state.withLockedValue({ state in
-            defer { state.generation = generation }
-            return state.generation != generation
-        }) else { return }
+        guard
+            self.state.withLockedValue({ state in
+                defer { state.generation = generation }
+                return state.generation != generation
+            })
+        else { return }
         self.hold("pause", try self.store.isPaused() ? "paused (upload-agent resume lets uploads go on)" : nil)
         // On the journal's queue, as every load: a load that read the rows before a job's end was written, and looked at
         // the jobs after that write, took the finished row for a new one and uploaded it again (a `send --connections 2`

@@ -43,7 +43,8 @@ public enum QueuedSend {
                 }
                 // Shared, not copied, when every result is this command's, once (10,000 results are megabytes).
                 let all = runner.results
-                var results = all.allSatisfy({ keys.contains($0.key) }) && Set(all.map(\.key)).count == all.count
+                var results =
+                    all.allSatisfy({ keys.contains($0.key) }) && Set(all.map(\.key)).count == all.count
                     ? all : Self.firstOfEach(all.filter { keys.contains($0.key) })
                 if let handed {
                     // Files handed to a runner that ended before they did: this run finished the rest.

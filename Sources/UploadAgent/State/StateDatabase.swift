@@ -226,7 +226,8 @@ final class StateDatabase: @unchecked Sendable {
         try self.withConnection { db in
             try db.script("CREATE TABLE IF NOT EXISTS grdb_migrations (identifier TEXT NOT NULL PRIMARY KEY)")
         }
-        let applied = Set(try self.withConnection { db in try db.rows("SELECT identifier FROM grdb_migrations").compactMap { $0.string("identifier") } })
+        let applied = Set(
+            try self.withConnection { db in try db.rows("SELECT identifier FROM grdb_migrations").compactMap { $0.string("identifier") } })
         for migration in migrations where !applied.contains(migration.name) {
             try self.inTransaction { db in
                 try db.script(migration.sql)

@@ -117,7 +117,9 @@ public enum ItemPlanner {
             }
             if let other = seen[full] {
                 plan.results.append(
-                    .failed(key: full, path: display, error: "\(other) is stored as \"\(full)\" already in this run; not both", code: UploadResult.ErrorCode.invalidKey)
+                    .failed(
+                        key: full, path: display, error: "\(other) is stored as \"\(full)\" already in this run; not both",
+                        code: UploadResult.ErrorCode.invalidKey)
                 )
                 return
             }

@@ -308,9 +308,12 @@ final class JobQueue: Sendable {
             }
             // And the jobs waiting for room: the run is over for them too.
             failed = (state.waiting + state.deferred.values).filter { $0.stripe == nil }.map { job in
-                (job, job.finish(
-                    .failed, sha1: job.knownSHA1?.hex ?? "", error: job.lastError.map { "\(message); last error: \($0)" } ?? message, code: code
-                ))
+                (
+                    job,
+                    job.finish(
+                        .failed, sha1: job.knownSHA1?.hex ?? "", error: job.lastError.map { "\(message); last error: \($0)" } ?? message, code: code
+                    )
+                )
             }
             state.waiting.removeAll()
             state.deferred.removeAll()

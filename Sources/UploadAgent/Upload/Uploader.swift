@@ -140,7 +140,8 @@ public final class Uploader: Sendable {
                     queue: queue, pool: pool, configuration: configuration, bandwidth: bandwidth, tls: tls, onEvent: onEvent
                 )
             } catch {
-                outcome = ConnectionOutcome(reason: Self.describe(connectError: error, configuration: configuration), fatal: false, madeProgress: false)
+                outcome = ConnectionOutcome(
+                    reason: Self.describe(connectError: error, configuration: configuration), fatal: false, madeProgress: false)
             }
             welcomed = welcomed || outcome.welcomed
             if queue.isDone || queue.holdReason != nil || queue.hasOnlyDeferred {
@@ -184,11 +185,13 @@ public final class Uploader: Sendable {
         tls.applicationProtocols = [Self.alpn]
         if let ca = self.configuration.caPath {
             guard access(ca, R_OK) == 0 else {
-                throw SourceError("cannot read the CA certificate \(ca): \(String(cString: strerror(errno))) (--ca or UPLOAD_CA must name a PEM file)")
+                throw SourceError(
+                    "cannot read the CA certificate \(ca): \(String(cString: strerror(errno))) (--ca or UPLOAD_CA must name a PEM file)")
             }
             let certificates = (try? NIOSSLCertificate.fromPEMFile(ca)) ?? []
             guard !certificates.isEmpty else {
-                throw SourceError("the CA certificate \(ca) is not a PEM certificate (-----BEGIN CERTIFICATE-----); pass the relay's CA, e.g. its dev/ca.pem")
+                throw SourceError(
+                    "the CA certificate \(ca) is not a PEM certificate (-----BEGIN CERTIFICATE-----); pass the relay's CA, e.g. its dev/ca.pem")
             }
             tls.trustRoots = .certificates(certificates)
         }

@@ -98,7 +98,8 @@ extension FrameDecoder {
         if striped {
             guard !isPart else { throw ProtocolError.connection(.protocolError, "OPEN sets both STRIPED and PART") }
             guard sizeKnown, size > Frame.Stripes(size: size).length else {
-                throw ProtocolError.connection(.protocolError, "OPEN with STRIPED needs SIZE_KNOWN and at least 2 stripes (a size above 16777216 bytes)")
+                throw ProtocolError.connection(
+                    .protocolError, "OPEN with STRIPED needs SIZE_KNOWN and at least 2 stripes (a size above 16777216 bytes)")
             }
         }
         if let part {
@@ -110,7 +111,8 @@ extension FrameDecoder {
             }
             let count = Frame.Stripes(size: size).count
             guard part >= 1, Int(part) < count else {
-                throw ProtocolError.connection(.protocolError, "OPEN part \(part) is not a stripe after the first of a \(size)-byte blob (\(count) stripes)")
+                throw ProtocolError.connection(
+                    .protocolError, "OPEN part \(part) is not a stripe after the first of a \(size)-byte blob (\(count) stripes)")
             }
         }
         let digest = SHA1Digest(bytes: sha1)

@@ -295,7 +295,8 @@ public enum CatalogError: Error, Hashable, Sendable, CustomStringConvertible {
         case .unknownSession(let id):
             return "upload session \(id) is gone (expired or replaced); upload again"
         case .invalidAccountName(let name):
-            return "\"\(name)\" cannot name an account: use 1 to \(Account.maxNameLength) letters, digits, \".\", \"_\" or \"-\", not starting with \".\" or \"-\" (it names the account's folder in the store)"
+            return
+                "\"\(name)\" cannot name an account: use 1 to \(Account.maxNameLength) letters, digits, \".\", \"_\" or \"-\", not starting with \".\" or \"-\" (it names the account's folder in the store)"
         case .unknownAccount(let name):
             return "no account named \"\(name)\" (see: upload-relay token list)"
         case .quotaExceeded(let account, let needed, let quota, let used):

@@ -246,7 +246,8 @@ public final class InMemoryCatalog: Catalog, MultipartLedger, Sendable {
 
     public func probeCandidates(account: String, size: Int64, probe: String) throws -> [StoredObject] {
         self.locked { state in
-            Array(state.objects.values.filter { $0.account == account && $0.size == size && ($0.probeSHA1 == probe || $0.probeSHA1 == nil) }.prefix(8))
+            Array(
+                state.objects.values.filter { $0.account == account && $0.size == size && ($0.probeSHA1 == probe || $0.probeSHA1 == nil) }.prefix(8))
         }
     }
 

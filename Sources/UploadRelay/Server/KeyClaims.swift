@@ -81,7 +81,6 @@ package final class KeyClaims: Sendable {
     /// How many keys are claimed now.
     package var count: Int { self.claims.withLockedValue { $0.count } }
 
-
     static func name(account: String, key: String) -> String {
         account + "\u{0}" + key
     }

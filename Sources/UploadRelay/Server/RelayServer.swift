@@ -68,7 +68,8 @@ public final class RelayServer: Service, Sendable {
         do {
             key = try NIOSSLPrivateKey(file: keyPath, format: .pem)
         } catch {
-            throw CertificateFile.Failure("the private key \(keyPath) (--key) is not a PEM private key (-----BEGIN PRIVATE KEY-----), or it is encrypted")
+            throw CertificateFile.Failure(
+                "the private key \(keyPath) (--key) is not a PEM private key (-----BEGIN PRIVATE KEY-----), or it is encrypted")
         }
         var tls = TLSConfiguration.makeServerConfiguration(certificateChain: chain, privateKey: .privateKey(key))
         tls.minimumTLSVersion = .tlsv13
@@ -211,7 +212,8 @@ public final class RelayServer: Service, Sendable {
                     let connections = self.connections
                     for (account, hash) in replaced.sorted(by: { $0.key < $1.key }) {
                         if !first {
-                            services.logger.notice("token replaced: closing the connections made with the old one", metadata: ["account": "\(account)"])
+                            services.logger.notice(
+                                "token replaced: closing the connections made with the old one", metadata: ["account": "\(account)"])
                         }
                         for connection in connections {
                             connection.pipeline.fireUserInboundEventTriggered(RelayAccountTokenEvent(account: account, tokenHash: hash))

@@ -69,7 +69,9 @@ package final class StorageSpace: Sendable {
             state.free = look.free
             guard bytes <= room else {
                 state.full = true
-                return ("the relay's storage is full (\(max(0, room)) bytes free for uploads, \(bytes) needed); retry later", !wasFull, look.free, others)
+                return (
+                    "the relay's storage is full (\(max(0, room)) bytes free for uploads, \(bytes) needed); retry later", !wasFull, look.free, others
+                )
             }
             state.total = others + max(0, bytes)
             state.promised[upload] = max(0, bytes)
@@ -124,7 +126,8 @@ package final class StorageSpace: Sendable {
         }
         if changed {
             self.logger.warning(
-                "storage full: a write found no space left", metadata: ["storage.directory": "\(self.directory)", "storage.reserve": "\(self.reserve)"]
+                "storage full: a write found no space left",
+                metadata: ["storage.directory": "\(self.directory)", "storage.reserve": "\(self.reserve)"]
             )
         }
     }

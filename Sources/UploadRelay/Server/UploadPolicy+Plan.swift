@@ -51,7 +51,8 @@ extension UploadPolicy {
         } catch {
             let logger = self.services.logger
             logger.error("could not answer a PLAN", metadata: ["account": "\(account.name)", "error": "\(error)"])
-            return .failure(Refusal(code: .internalError, message: "the relay could not read its catalog to answer PLAN; retry later", keepSession: true))
+            return .failure(
+                Refusal(code: .internalError, message: "the relay could not read its catalog to answer PLAN; retry later", keepSession: true))
         }
     }
 

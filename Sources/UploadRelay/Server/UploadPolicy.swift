@@ -148,7 +148,9 @@ package struct UploadPolicy {
     private func settleUndecidedCommits(open: Frame.Open, key: ObjectKey, account name: String) throws -> OpenDecision? {
         let catalog = self.services.catalog
         for commit in try catalog.pendingCommits() where commit.account == name && commit.key == key.value {
-            let committing = try commit.sessionID.flatMap { id in try catalog.session(account: name, key: key.value).flatMap { $0.id == id ? $0 : nil } }
+            let committing = try commit.sessionID.flatMap { id in
+                try catalog.session(account: name, key: key.value).flatMap { $0.id == id ? $0 : nil }
+            }
             let recorded = try RelayRuntime.settle(commit, catalog: catalog, store: self.services.store, logger: self.services.logger)
             if recorded, let committing, OpenPlanner.resumes(open, committing), open.sha1.map({ $0.hex == commit.sha1 }) ?? true {
                 return .stored(size: UInt64(commit.size))

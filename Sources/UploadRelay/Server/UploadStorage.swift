@@ -50,7 +50,8 @@ package final class UploadStorage: Sendable {
     ) {
         let stripes = Frame.Stripes(size: UInt64(session.declaredSize ?? 0))
         self.stripe = stripe.map { ($0, Int64(stripes.start(of: $0)), Int64(stripes.length(of: $0))) }
-        self.claim = stripe.map { KeyClaims.stripeName(account: account, key: key.value, index: $0) } ?? KeyClaims.name(account: account, key: key.value)
+        self.claim =
+            stripe.map { KeyClaims.stripeName(account: account, key: key.value, index: $0) } ?? KeyClaims.name(account: account, key: key.value)
         self.key = key
         self.account = account
         self.overwrite = overwrite
@@ -105,7 +106,8 @@ package final class UploadStorage: Sendable {
         switch step {
         case .write: return .wrote(consumed: [], error: (.internalError, "the relay is stopping; retry later"))
         case .sync: return .synced(.failure(UploadPipeline.SyncFailure(description: "the relay is stopping; retry later")))
-        case .commit: return .committed(.failure(UploadPolicy.Refusal(code: .internalError, message: "the relay is stopping; retry later", keepSession: true)))
+        case .commit:
+            return .committed(.failure(UploadPolicy.Refusal(code: .internalError, message: "the relay is stopping; retry later", keepSession: true)))
         case .release, .releaseCommitted, .armSyncTimer, .cancelSyncTimer, .markClosing, .report: return nil
         }
     }
@@ -172,7 +174,8 @@ package final class UploadStorage: Sendable {
             level: full ? .warning : .error, "could not \(what) an upload's bytes",
             metadata: ["upload.key": "\(self.key)", "account": "\(self.account)", "error": "\(error)"]
         )
-        return full ? StoreError.fullMessage
+        return full
+            ? StoreError.fullMessage
             : (error as? StoreError)?.agentMessage ?? "the relay failed to \(what) the bytes; retry later"
     }
 

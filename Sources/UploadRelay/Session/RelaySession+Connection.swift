@@ -148,7 +148,8 @@ extension RelaySession {
             }
             return actions + [.log(.debug, "agent authenticated", [:])]
         case .success(let account?):
-            return self.failConnection(.unauthenticated, "the token of account \"\(account.name)\" was revoked (ask the relay operator for a new one)")
+            return self.failConnection(
+                .unauthenticated, "the token of account \"\(account.name)\" was revoked (ask the relay operator for a new one)")
         case .success(nil):
             return self.failConnection(.unauthenticated, "unknown token (check --token or UPLOAD_TOKEN)")
         case .failure(let error):

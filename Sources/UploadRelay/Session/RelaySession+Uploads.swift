@@ -19,7 +19,8 @@ extension RelaySession {
             return cancelledWhileWaiting && open.part == nil ? [.discardSession(open, key, account)] : []
         }
         // A PART stream claims its stripe: the main stream holds the key meanwhile (SPEC §6.7).
-        let claim = open.part.map { KeyClaims.stripeName(account: account.name, key: key.value, index: Int($0)) }
+        let claim =
+            open.part.map { KeyClaims.stripeName(account: account.name, key: key.value, index: Int($0)) }
             ?? KeyClaims.name(account: account.name, key: key.value)
         let keyFreed = self.keyFreed
         switch self.resources.claims.claim(claim, whenFree: { keyFreed(open, key) }) {
@@ -188,7 +189,9 @@ extension RelaySession {
                 actions += self.write(frame)
                 if let credit = self.machine.flushConnectionCredit() { actions += self.write(credit) }
             }
-            let metadata: [String: Logger.MetadataValue] = ["upload.key": "\(result.key)", "upload.size": "\(result.size)", "upload.sha1": "\(result.sha1)"]
+            let metadata: [String: Logger.MetadataValue] = [
+                "upload.key": "\(result.key)", "upload.size": "\(result.size)", "upload.sha1": "\(result.sha1)",
+            ]
             return actions + [.log(.info, "upload committed", metadata)]
         case .failed(let code, let message):
             let metadata: [String: Logger.MetadataValue] = ["stream.id": "\(id)", "error.code": "\(code.name)", "error.message": "\(message)"]

@@ -87,7 +87,8 @@ public final class RelayStatusServer: Service, Sendable {
                         try sync.addHandler(HTTPResponseEncoder(configuration: .init()))
                         try sync.addHandler(
                             ByteToMessageHandler(
-                                HTTPRequestDecoder(leftOverBytesStrategy: .dropBytes, informationalResponseStrategy: .drop, limitConfiguration: limits),
+                                HTTPRequestDecoder(
+                                    leftOverBytesStrategy: .dropBytes, informationalResponseStrategy: .drop, limitConfiguration: limits),
                                 maximumBufferSize: endpoint.maxBufferedBytes
                             )
                         )

@@ -220,7 +220,8 @@ final class StatusHTTPHandler: ChannelDuplexHandler {
     /// `/healthz` at once; `/readyz` and `/metrics` from the I/O pool (they ask the catalog).
     private func answer(context: ChannelHandlerContext, head: HTTPRequestHead, operation: OperationsRoute) {
         guard head.method == .GET || head.method == .HEAD else {
-            let refusal = StatusRefusal(.methodNotAllowed, "\(head.method.rawValue) is not served: \(head.uri.prefix(100)) is read-only (GET or HEAD)")
+            let refusal = StatusRefusal(
+                .methodNotAllowed, "\(head.method.rawValue) is not served: \(head.uri.prefix(100)) is read-only (GET or HEAD)")
             self.answer(context: context, head: head, refusal: refusal, keepAlive: head.isKeepAlive)
             return
         }

@@ -33,13 +33,15 @@ public struct StatusRequest: Hashable, Sendable {
         // Read by hand: Foundation's URLComponents re-encodes a stray "%" on Linux rather than refuse it.
         let (path, query) = uri.firstIndex(of: "?").map { (String(uri[..<$0]), String(uri[uri.index(after: $0)...])) } ?? (uri, "")
         guard path == Self.path || path == Self.path + "/" else {
-            throw StatusRefusal(.notFound, "nothing is served at \(path.prefix(200)): ask GET \(Self.path)?key=KEY, or \(Self.path)?prefix=PREFIX for a listing")
+            throw StatusRefusal(
+                .notFound, "nothing is served at \(path.prefix(200)): ask GET \(Self.path)?key=KEY, or \(Self.path)?prefix=PREFIX for a listing")
         }
         var parameters: [String: String] = [:]
         for item in query.split(separator: "&", omittingEmptySubsequences: true) {
             let name = String(item.prefix { $0 != "=" })
             guard ["key", "prefix", "after", "limit"].contains(name) else {
-                throw StatusRefusal(.badRequest, "unknown parameter \"\(name.prefix(100))\": the status endpoint takes key, or prefix, after and limit")
+                throw StatusRefusal(
+                    .badRequest, "unknown parameter \"\(name.prefix(100))\": the status endpoint takes key, or prefix, after and limit")
             }
             guard parameters[name] == nil else {
                 throw StatusRefusal(.badRequest, "parameter \"\(name)\" is given twice")

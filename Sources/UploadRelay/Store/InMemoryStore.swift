@@ -215,7 +215,8 @@ public final class InMemoryStore: BlobStore, Sendable {
         for index in 0..<(segments.count - 1) {
             let prefix = segments[0...index].joined(separator: "/")
             if state.objects[Row(account: account, key: prefix)] != nil {
-                return "key \"\(prefix)\" is an object, so \"\(key)\" cannot be stored under it (a key cannot be both an object and a folder of keys; choose another key)"
+                return
+                    "key \"\(prefix)\" is an object, so \"\(key)\" cannot be stored under it (a key cannot be both an object and a folder of keys; choose another key)"
             }
         }
         if let under = state.objects.keys.first(where: { $0.account == account && $0.key.hasPrefix(key.value + "/") }) {

@@ -78,8 +78,10 @@ func relayBinary() throws -> String {
 func startProxy(target: Int, directory: String, _ faults: [String]) throws -> (ChildProcess, Int) {
     let proxy = try ChildProcess(
         "/usr/bin/env",
-        ["python3", packageRoot + "/tools/faultproxy.py", "--listen", "127.0.0.1:0", "--target", "127.0.0.1:\(target)",
-         "--ready-file", directory + "/proxy.ready", "--log", directory + "/proxy.log"] + faults,
+        [
+            "python3", packageRoot + "/tools/faultproxy.py", "--listen", "127.0.0.1:0", "--target", "127.0.0.1:\(target)",
+            "--ready-file", directory + "/proxy.ready", "--log", directory + "/proxy.log",
+        ] + faults,
         readyFile: directory + "/proxy.ready", logFile: directory + "/proxy.out"
     )
     return (proxy, try proxy.waitUntilReady())

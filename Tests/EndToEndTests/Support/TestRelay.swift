@@ -123,7 +123,6 @@ func upload(
     }
 }
 
-
 /// Counts payload bytes the agent reported sent, to act "midway" on an event rather than a timer.
 final class SentCounter: @unchecked Sendable {
     private let lock = NSLock()
