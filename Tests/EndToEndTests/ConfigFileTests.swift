@@ -95,7 +95,10 @@ struct ConfigFileTests {
         let home = TestRelay.makeDirectory()
         defer { try? FileManager.default.removeItem(atPath: home) }
         let data = home + "/data"
-        let catalogURL = ProcessInfo.processInfo.environment["UPLOAD_TEST_POSTGRES_URL"]
+        // A database of its own: another run's objects under the same keys would make this upload "already there".
+        let database = ProcessInfo.processInfo.environment["UPLOAD_TEST_POSTGRES_URL"] == nil ? nil : try PostgresTestDatabase.make()
+        defer { database?.drop() }
+        let catalogURL = database?.url
         var object: [String: Any] = [
             "data": data, "dev": true, "listen": "127.0.0.1:0", "ready-file": home + "/ready", "log-level": "warning",
             "min-free": "1M", "metrics-listen": 0, "dev-host": ["relay.example", "relay2.example"],

@@ -19,10 +19,6 @@ final class UploadExecutor {
     }
 
     func run(_ step: UploadPipeline.Action) {
-        if step.endsUpload {
-            // Nothing to report after a release: the session has let go of the stream.
-            self.onCompletion = { _ in }
-        }
         guard UploadStorage.isWork(step) else { return }
         let (storage, eventLoop) = (self.storage, self.eventLoop)
         let executor = NIOLoopBound(self, eventLoop: eventLoop)

@@ -41,8 +41,6 @@ package final class UploadStorage: Sendable {
     /// For a PART stream (SPEC §6.7): the stripe it writes, whose offset 0 is `base` in the staging file. Its bytes are
     /// hashed with the whole blob when the main stream commits; its "commit" makes them durable and records the stripe.
     private let stripe: (index: Int, base: Int64, length: Int64)?
-    /// The claim the upload holds: its key's, or for a PART stream its stripe's (``KeyClaims/stripeName(account:key:index:)``).
-    private let claim: String
 
     init(
         key: ObjectKey, account: String, overwrite: Bool, session: UploadSession, recorded: Bool, staging: any StagingFile, sha1: SHA1,
@@ -50,8 +48,6 @@ package final class UploadStorage: Sendable {
     ) {
         let stripes = Frame.Stripes(size: UInt64(session.declaredSize ?? 0))
         self.stripe = stripe.map { ($0, Int64(stripes.start(of: $0)), Int64(stripes.length(of: $0))) }
-        self.claim =
-            stripe.map { KeyClaims.stripeName(account: account, key: key.value, index: $0) } ?? KeyClaims.name(account: account, key: key.value)
         self.key = key
         self.account = account
         self.overwrite = overwrite
@@ -74,8 +70,8 @@ package final class UploadStorage: Sendable {
         }
     }
 
-    /// Runs one step and calls `done` with its completion for the session (nil for a release: nothing to report):
-    /// at once, or for a commit once its group is durable (``CommitGroup``).
+    /// Runs one step and calls `done` with its completion for the session (nil for the session's own bookkeeping): at
+    /// once, or for a commit once its group is durable (``CommitGroup``).
     package func perform(_ step: UploadPipeline.Action, then done: @escaping @Sendable (RelaySession.StorageCompletion?) -> Void) {
         switch step {
         case .write(let chunks, let offset):
@@ -95,7 +91,7 @@ package final class UploadStorage: Sendable {
             }
         case .release(let discardSession):
             self.release(discardSession: discardSession)
-            done(nil)
+            done(.released)
         case .releaseCommitted, .armSyncTimer, .cancelSyncTimer, .markClosing, .report:
             done(nil)
         }
@@ -312,7 +308,8 @@ package final class UploadStorage: Sendable {
     /// The bytes read back at a time to hash a striped upload's stripes.
     static let readBackBytes = 1 << 20
 
-    /// Closes the staging file, forgets the session when asked, then gives the upload slot and the key back.
+    /// Closes the staging file and forgets the session when asked; the session gives the upload slot and the key back
+    /// when it hears this step is done (``RelaySession/StorageCompletion/released``).
     ///
     /// The key stays claimed until the session is gone, so a new OPEN of the same key (waiting meanwhile) can never
     /// resume a session this upload just discarded.
@@ -320,8 +317,6 @@ package final class UploadStorage: Sendable {
         defer {
             // A PART stream shares its main stream's session: the promise is the main stream's to let go.
             if self.stripe == nil { self.services.space.release(upload: self.session.id) }
-            self.services.uploadSlots.give(1)
-            self.services.claims.release(self.claim)
         }
         self.staging.close()
         // A stripe never owns the session or the staging file: the main stream's upload does.

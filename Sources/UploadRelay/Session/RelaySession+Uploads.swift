@@ -127,11 +127,21 @@ extension RelaySession {
 
     /// A storage step of stream `id` finished.
     package mutating func storageFinished(_ id: StreamID, _ completion: StorageCompletion) -> [Action] {
+        if case .released = completion {
+            // Storage has let go of the upload (its staging closed, its session dropped when asked), on a connection
+            // open or closed: only now may another OPEN of the key go on.
+            if let claim = self.releasing.removeValue(forKey: id) {
+                self.resources.uploadSlots.give(1)
+                self.resources.claims.release(claim)
+            }
+            return []
+        }
         let actions = self.step(id) { pipeline in
             switch completion {
             case .wrote(let consumed, let error): return pipeline.writeFinished(consumed: consumed, error: error)
             case .synced(let result): return pipeline.syncFinished(result)
             case .committed(let result): return pipeline.commitFinished(result)
+            case .released: return []
             }
         }
         return actions + self.closeIfDrained()
@@ -142,6 +152,8 @@ extension RelaySession {
         case wrote(consumed: [Int], error: (WireErrorCode, String)?)
         case synced(Result<Int64, UploadPipeline.SyncFailure>)
         case committed(Result<Frame.Result.Status, UploadPolicy.Refusal>)
+        /// The release step is done: the upload's slot and key claim go back.
+        case released
     }
 
     /// Turns a pipeline's decisions into the connection's: reports become frames, claims and slots are given back,
@@ -165,9 +177,10 @@ extension RelaySession {
                 // The handler lets go of the stream's executor.
                 actions.append(.storage(id, step))
             case .release:
-                // The handler closes the staging file (and drops the session), then gives the slot and the key back.
+                // The handler closes the staging file (and drops the session); the slot and the key go back when it
+                // reports that done (``storageFinished(_:_:)``).
                 self.pipelines[id] = nil
-                self.uploadClaims[id] = nil
+                if let claim = self.uploadClaims.removeValue(forKey: id) { self.releasing[id] = claim }
                 actions.append(.storage(id, step))
             case .report(let event):
                 actions += self.report(event, of: id)

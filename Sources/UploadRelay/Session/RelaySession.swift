@@ -131,8 +131,11 @@ package struct RelaySession {
 
     /// Uploads by stream, from the lookup's answer until their storage lets go (which may be after the stream ended).
     var pipelines: [StreamID: UploadPipeline] = [:]
-    /// The key claim of each upload in `pipelines`.
+    /// The key claim of each upload in `pipelines`: its key's, or for a PART stream its stripe's.
     var uploadClaims: [StreamID: String] = [:]
+    /// Uploads whose storage is letting go (their release step runs), with the claim that goes back, and their slot,
+    /// once it is done. The session is the one owner of both: storage gives nothing back.
+    var releasing: [StreamID: String] = [:]
     /// Keys claimed by streams whose upload is being looked up, and, once such a stream closed meanwhile, whether to
     /// drop the session when the lookup returns.
     var opening: [StreamID: (claim: String, closedMeanwhile: Bool?)] = [:]
