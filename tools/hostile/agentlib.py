@@ -76,25 +76,39 @@ def uniq(b: bytes) -> bytes:
     return b + b" #" + os.urandom(6).hex().encode()
 
 
-# ------------------------------------------------------------------ raw frame builders
+# ------------------------------------------------------------------ frame builders
+# Every layout comes from wire.encode (the independent codec), which checks nothing: the builders take any value, so a
+# test can send what no honest agent would (a wrong CRC, a bad magic, a length that lies).
 
 def frame(type_: int, flags: int, stream: int, payload: bytes) -> bytes:
     return wire.raw_frame(type_, flags, stream, payload)
 
 
 def s16(b) -> bytes:
+    """A 16-bit length, then the bytes (a string as UTF-8)."""
     b = b.encode() if isinstance(b, str) else bytes(b)
     return struct.pack(">H", len(b)) + b
 
 
 def b8(b: bytes) -> bytes:
+    """An 8-bit length, then the bytes."""
     return struct.pack(">B", len(b)) + b
+
+
+def _payload(f: dict) -> bytes:
+    """The payload wire.encode lays out for the frame `f` (its header dropped)."""
+    return wire.encode(f)[wire.HEADER_SIZE:]
+
+
+def _bytes(b) -> bytes:
+    return b.encode() if isinstance(b, str) else bytes(b)
 
 
 def hello_payload(token: bytes, min_v=1, max_v=1, max_frame=AGENT_MAX_FRAME, features=1, auth=1,
                   name: bytes = b"hostile/1", magic=b"UPLD") -> bytes:
-    return (magic + struct.pack(">HHIIB", min_v, max_v, max_frame, features, auth)
-            + s16(token) + s16(name))
+    return _payload({"type": "HELLO", "magic": magic, "min_version": min_v, "max_version": max_v,
+                     "max_frame_size": max_frame, "features": features, "auth_method": auth,
+                     "credential": _bytes(token).hex(), "agent_name": name})
 
 
 def hello_frame(token: bytes, **kw) -> bytes:
@@ -102,8 +116,8 @@ def hello_frame(token: bytes, **kw) -> bytes:
 
 
 def open_payload(key, size=0, sha=ZERO_SHA1, fp=b"", token=b"") -> bytes:
-    kb = key.encode() if isinstance(key, str) else bytes(key)
-    return s16(kb) + struct.pack(">Q", size) + sha + b8(fp) + b8(token)
+    return _payload({"type": "OPEN", "key": _bytes(key), "size": size, "sha1": sha.hex(), "fingerprint": fp.hex(),
+                     "resume_token": token.hex()})
 
 
 def open_frame(sid, key, size=0, sha=ZERO_SHA1, flags=None, fp=b"", token=b"") -> bytes:
@@ -113,12 +127,11 @@ def open_frame(sid, key, size=0, sha=ZERO_SHA1, flags=None, fp=b"", token=b"") -
 
 
 def chunk_frame(sid, offset, data: bytes, crc32=None, flags=0, raw_length=None) -> bytes:
-    if crc32 is None:
-        crc32 = crc(data)
-    p = struct.pack(">QI", offset, crc32)
+    f = {"type": "CHUNK", "flags": flags, "stream": sid, "offset": offset,
+         "crc32": crc(data) if crc32 is None else crc32, "data": data.hex()}
     if raw_length is not None:
-        p += struct.pack(">I", raw_length)
-    return frame(0x05, flags, sid, p + data)
+        f["raw_length"] = raw_length
+    return wire.encode(f)
 
 
 def deflated_chunk_frame(sid, offset, raw: bytes, crc32=None, raw_length=None, z: bytes | None = None) -> bytes:
@@ -129,27 +142,27 @@ def deflated_chunk_frame(sid, offset, raw: bytes, crc32=None, raw_length=None, z
 
 
 def hash_frame(sid, size, sha: bytes) -> bytes:
-    return frame(0x08, 0, sid, struct.pack(">Q", size) + sha)
+    return wire.encode({"type": "HASH", "stream": sid, "size": size, "sha1": sha.hex()})
 
 
 def cancel_frame(sid, code=0x12, msg=b"") -> bytes:
-    return frame(0x0B, 0, sid, struct.pack(">H", code) + s16(msg))
+    return wire.encode({"type": "CANCEL", "stream": sid, "code": code, "message": msg})
 
 
 def error_frame(sid, code, msg=b"") -> bytes:
-    return frame(0x0A, 0, sid, struct.pack(">H", code) + s16(msg))
+    return wire.encode({"type": "ERROR", "stream": sid, "code": code, "message": msg})
 
 
 def ping_frame(data=b"hostile!") -> bytes:
-    return frame(0x0C, 0, 0, data)
+    return wire.encode({"type": "PING", "data": data.hex()})
 
 
 def pong_frame(data=b"hostile!") -> bytes:
-    return frame(0x0D, 0, 0, data)
+    return wire.encode({"type": "PONG", "data": data.hex()})
 
 
 def goaway_frame(last, code=0, msg=b"") -> bytes:
-    return frame(0x0E, 0, 0, struct.pack(">IH", last, code) + s16(msg))
+    return wire.encode({"type": "GOAWAY", "last_stream_id": last, "code": code, "message": msg})
 
 
 # ------------------------------------------------------------------ errors

@@ -205,10 +205,10 @@ QUOTA_PLAN = 0x08
 
 
 def plan_frame(request, entries, flags=0):
-    import struct
-    from agentlib import frame, s16
-    body = struct.pack(">IH", request, len(entries)) + b"".join(s16(k) + struct.pack(">Q", n) for k, n in entries)
-    return frame(0x0F, flags, 0, body)
+    """PLAN laid out by the independent codec; keys may be bytes that are not UTF-8."""
+    import wire
+    return wire.encode({"type": "PLAN", "flags": flags, "request": request,
+                        "entries": [{"key": k, "size": n} for k, n in entries]})
 
 
 def test_plan_answers_from_the_account_alone(relay):
