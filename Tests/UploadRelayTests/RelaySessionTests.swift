@@ -56,7 +56,7 @@ struct SessionHarness {
         actions.compactMap { if case .write(let frame) = $0 { return frame } else { return nil } }
     }
 
-    static func steps(_ actions: [RelaySession.Action]) -> [(StreamID, UploadPipeline.Action)] {
+    static func steps(_ actions: [RelaySession.Action]) -> [(StreamID, UploadPipeline.StorageStep)] {
         actions.compactMap { if case .storage(let id, let step) = $0 { return (id, step) } else { return nil } }
     }
 
@@ -151,7 +151,8 @@ struct RelaySessionTests {
         #expect(hashed.map(\.1) == [.commit(Frame.Hash(streamID: Self.s1, size: 10, sha1: SHA1Digest.empty), written: 10)])
         let committed = h.take(h.session.storageFinished(Self.s1, .committed(.success(.stored))))
         #expect(SessionHarness.frames(committed).contains { $0.type == .result })
-        #expect(SessionHarness.steps(committed).map(\.1).contains(.releaseCommitted), "the handler lets go of the executor")
+        #expect(
+            committed.contains { if case .dropStorage(Self.s1) = $0 { return true } else { return false } }, "the handler lets go of the executor")
         #expect(h.resources.claims.count == 0 && h.resources.uploadSlots.inUse == 0)
         #expect(h.session.pipelines.isEmpty)
     }
@@ -272,7 +273,7 @@ struct RelaySessionTests {
         var nextID: UInt32 = 1
         var sent: [StreamID: UInt64] = [:]
         var lookups: [StreamID] = []
-        var work: [StreamID: UploadPipeline.Action] = [:]
+        var work: [StreamID: UploadPipeline.StorageStep] = [:]
         var released: [StreamID] = []
         var keys: [StreamID: String] = [:]
         func absorb(_ actions: [RelaySession.Action]) {

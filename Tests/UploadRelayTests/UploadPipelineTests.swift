@@ -28,7 +28,7 @@ struct UploadPipelineTests {
     }
 
     static func writes(_ actions: [UploadPipeline.Action]) -> [([Frame.Chunk], Int64)] {
-        actions.compactMap { if case .write(let chunks, let offset) = $0 { return (chunks, offset) } else { return nil } }
+        actions.compactMap { if case .storage(.write(let chunks, let offset)) = $0 { return (chunks, offset) } else { return nil } }
     }
 
     @Test("chunks are written one batch at a time; a small remainder waits for the sync timer, then is acknowledged")
@@ -51,7 +51,7 @@ struct UploadPipelineTests {
         #expect(Self.writes(third).map { $0.1 } == [120])
         #expect(p.writeFinished(consumed: [80], error: nil) == [.report(.consumed(80))])
         #expect(!p.isQuiet)
-        #expect(p.syncTimerFired() == [.sync(through: 200)])
+        #expect(p.syncTimerFired() == [.storage(.sync(through: 200))])
         #expect(p.syncFinished(.success(200)) == [.report(.durable(200))])
         #expect(p.isQuiet)
     }
@@ -62,7 +62,7 @@ struct UploadPipelineTests {
         _ = p.enqueue(Self.chunk(at: 0, 100))
         _ = p.enqueue(Self.chunk(at: 100, 50))
         let after = p.writeFinished(consumed: [100], error: nil)
-        #expect(after == [.report(.consumed(100)), .sync(through: 100)])
+        #expect(after == [.report(.consumed(100)), .storage(.sync(through: 100))])
         let synced = p.syncFinished(.success(100))
         #expect(synced.first == .report(.durable(100)))
         #expect(Self.writes(synced).map { $0.1 } == [100])
@@ -76,12 +76,12 @@ struct UploadPipelineTests {
         #expect(p.finish(hash).isEmpty, "a write is under way")
         #expect(p.isVerifying)
         let afterWrite = p.writeFinished(consumed: [10], error: nil)
-        #expect(afterWrite == [.report(.consumed(10)), .commit(hash, written: 10)])
+        #expect(afterWrite == [.report(.consumed(10)), .storage(.commit(hash, written: 10))])
         let done = p.commitFinished(.success(.stored))
         let result = Frame.Result(streamID: Self.id, status: .stored, size: 10, sha1: SHA1Digest.empty, key: "k")
         #expect(done.first == .markClosing)
         #expect(done.suffix(2) == [.releaseCommitted, .report(.committed(result))])
-        #expect(!done.contains(.release(discardSession: true)) && !done.contains(.release(discardSession: false)))
+        #expect(!done.contains(.storage(.release(discardSession: true))) && !done.contains(.storage(.release(discardSession: false))))
         // Nothing more happens on a released upload.
         #expect(p.enqueue(Self.chunk(at: 10, 1)).isEmpty)
         #expect(p.abort(keepSession: true).isEmpty)
@@ -97,7 +97,7 @@ struct UploadPipelineTests {
             #expect(over.first == .markClosing)
             #expect(over.contains { if case .report(.failed(code, _)) = $0 { return true } else { return false } })
             // The write under way finishes, then the session goes: no consumed events after the end.
-            #expect(p.writeFinished(consumed: [40], error: nil) == [.release(discardSession: true)])
+            #expect(p.writeFinished(consumed: [40], error: nil) == [.storage(.release(discardSession: true))])
         }
     }
 
@@ -109,19 +109,19 @@ struct UploadPipelineTests {
         #expect(p.abort(keepSession: true) == [.markClosing])
         let afterFirst = p.writeFinished(consumed: [10], error: nil)
         #expect(Self.writes(afterFirst).map { $0.1 } == [10], "the queued chunk is still written")
-        #expect(p.writeFinished(consumed: [10], error: nil) == [.sync(through: 20)])
-        #expect(p.syncFinished(.success(20)) == [.release(discardSession: false)])
+        #expect(p.writeFinished(consumed: [10], error: nil) == [.storage(.sync(through: 20))])
+        #expect(p.syncFinished(.success(20)) == [.storage(.release(discardSession: false))])
     }
 
     @Test("a store that keeps a short tail back (S3 parts): no ACK for it, no second sync until more arrives, quiet, and a cut lets go")
     func storeKeepsTailBack() {
         var p = Self.pipeline(syncBytes: 100)
         _ = p.enqueue(Self.chunk(at: 0, 100))
-        #expect(p.writeFinished(consumed: [100], error: nil) == [.report(.consumed(100)), .sync(through: 100)])
+        #expect(p.writeFinished(consumed: [100], error: nil) == [.report(.consumed(100)), .storage(.sync(through: 100))])
         #expect(p.syncFinished(.success(100)) == [.report(.durable(100))])
         _ = p.enqueue(Self.chunk(at: 100, 30))
         #expect(p.writeFinished(consumed: [30], error: nil) == [.report(.consumed(30)), .armSyncTimer])
-        #expect(p.syncTimerFired() == [.sync(through: 130)])
+        #expect(p.syncTimerFired() == [.storage(.sync(through: 130))])
         // The store kept the 30 bytes back: nothing is acknowledged, and nothing asks it again with nothing new.
         #expect(p.syncFinished(.success(0)).isEmpty)
         #expect(p.durable == 100)
@@ -130,13 +130,13 @@ struct UploadPipelineTests {
         #expect(p.syncTimerFired().isEmpty)
         // More bytes: the next sync takes the tail with them.
         _ = p.enqueue(Self.chunk(at: 130, 80))
-        #expect(p.writeFinished(consumed: [80], error: nil) == [.report(.consumed(80)), .sync(through: 210)])
+        #expect(p.writeFinished(consumed: [80], error: nil) == [.report(.consumed(80)), .storage(.sync(through: 210))])
         #expect(p.syncFinished(.success(210)) == [.report(.durable(210))])
         // A cut with a tail kept back: one sync on the way out, then released (never a loop of syncs).
         _ = p.enqueue(Self.chunk(at: 210, 10))
         _ = p.writeFinished(consumed: [10], error: nil)
-        #expect(p.abort(keepSession: true) == [.markClosing, .cancelSyncTimer, .sync(through: 220)])
-        #expect(p.syncFinished(.success(0)) == [.release(discardSession: false)])
+        #expect(p.abort(keepSession: true) == [.markClosing, .cancelSyncTimer, .storage(.sync(through: 220))])
+        #expect(p.syncFinished(.success(0)) == [.storage(.release(discardSession: false))])
         #expect(p.durable == 210)
     }
 
@@ -146,7 +146,7 @@ struct UploadPipelineTests {
         _ = p.enqueue(Self.chunk(at: 0, 10))
         let bad = p.writeFinished(consumed: [], error: (.crcMismatch, "chunk at offset 0"))
         #expect(bad.contains(.report(.failed(.crcMismatch, "chunk at offset 0"))))
-        #expect(bad.last == .release(discardSession: false))
+        #expect(bad.last == .storage(.release(discardSession: false)))
     }
 
     @Test("a commit refused keeping the session makes the bytes durable on the way out, then lets go")
@@ -155,11 +155,11 @@ struct UploadPipelineTests {
         _ = p.enqueue(Self.chunk(at: 0, 10))
         let hash = Frame.Hash(streamID: Self.id, size: 10, sha1: SHA1Digest.empty)
         _ = p.finish(hash)
-        #expect(p.writeFinished(consumed: [10], error: nil).last == .commit(hash, written: 10))
+        #expect(p.writeFinished(consumed: [10], error: nil).last == .storage(.commit(hash, written: 10)))
         let refused = p.commitFinished(.failure(UploadPolicy.Refusal(code: .storageError, message: "disk", keepSession: true)))
         #expect(refused.contains(.report(.failed(.storageError, "disk"))))
-        #expect(refused.last == .sync(through: 10))
-        #expect(p.syncFinished(.success(10)) == [.release(discardSession: false)])
+        #expect(refused.last == .storage(.sync(through: 10)))
+        #expect(p.syncFinished(.success(10)) == [.storage(.release(discardSession: false))])
     }
 
     @Test("a commit that crosses CANCEL reports nothing and lets go of the session")
@@ -167,17 +167,17 @@ struct UploadPipelineTests {
         var p = Self.pipeline()
         _ = p.finish(Frame.Hash(streamID: Self.id, size: 0, sha1: SHA1Digest.empty))
         #expect(p.abort(keepSession: false) == [.markClosing])
-        #expect(p.commitFinished(.success(.stored)) == [.release(discardSession: true)])
+        #expect(p.commitFinished(.success(.stored)) == [.storage(.release(discardSession: true))])
     }
 
     @Test("a failed sync reports STORAGE_ERROR and lets go without trying again")
     func syncFailure() {
         var p = Self.pipeline(syncBytes: 10)
         _ = p.enqueue(Self.chunk(at: 0, 10))
-        #expect(p.writeFinished(consumed: [10], error: nil).last == .sync(through: 10))
+        #expect(p.writeFinished(consumed: [10], error: nil).last == .storage(.sync(through: 10)))
         let failed = p.syncFinished(.failure(UploadPipeline.SyncFailure(description: "disk gone")))
         #expect(failed.contains(.report(.failed(.storageError, "disk gone"))))
-        #expect(failed.last == .release(discardSession: false))
+        #expect(failed.last == .storage(.release(discardSession: false)))
     }
 
     /// Seeded random inputs in any order the event loop could deliver them; prints the seed.
@@ -187,7 +187,7 @@ struct UploadPipelineTests {
         var rng = SeededGenerator(seed: seed)
         let limit: Int64? = Bool.random(using: &rng) ? Int64.random(in: 1...400, using: &rng) : nil
         var p = Self.pipeline(byteLimit: limit, syncBytes: Int64.random(in: 1...200, using: &rng), batchBytes: Int.random(in: 1...120, using: &rng))
-        var work: UploadPipeline.Action? = nil
+        var work: UploadPipeline.StorageStep? = nil
         var timer = false
         var ended = false
         var released = 0
@@ -198,10 +198,12 @@ struct UploadPipelineTests {
         func take(_ actions: [UploadPipeline.Action]) {
             for action in actions {
                 switch action {
-                case .write, .sync, .commit:
+                case .storage(.release):
+                    released += 1
+                case .storage(let step):
                     #expect(work == nil, "seed \(seed): two pieces of work at once")
                     #expect(released == 0, "seed \(seed): work after release")
-                    work = action
+                    work = step
                 case .armSyncTimer:
                     timer = true
                 case .cancelSyncTimer:
@@ -209,7 +211,7 @@ struct UploadPipelineTests {
                 case .markClosing:
                     #expect(!ended, "seed \(seed): closing twice")
                     ended = true
-                case .release, .releaseCommitted:
+                case .releaseCommitted:
                     released += 1
                 case .report(let event):
                     #expect(

@@ -66,7 +66,7 @@ public struct RelayDriver {
     /// When false, storage steps wait in line until ``runStorage(limit:)``: a slow disk.
     public var storageAtOnce = true
     /// Storage steps not yet run, in the order the session asked for them.
-    var pendingStorage: [(StreamID, UploadPipeline.Action)] = []
+    var pendingStorage: [(StreamID, UploadPipeline.StorageStep)] = []
     var storages: [StreamID: UploadStorage] = [:]
     var timers: [RelaySession.Timer: NIODeadline] = [:]
     /// Every log line the session asked for.
@@ -184,6 +184,8 @@ public struct RelayDriver {
                 self.run(self.session.uploadLookedUp(open.streamID, decision, key: key), into: &out)
             case .storage(let id, let step):
                 self.pendingStorage.append((id, step))
+            case .dropStorage(let id):
+                self.storages[id] = nil
             case .plan(let plan, let account):
                 let answer = UploadPolicy(services: self.backend.services).plan(account: account, plan: plan)
                 self.run(self.session.planAnswered(answer), into: &out)
@@ -195,9 +197,9 @@ public struct RelayDriver {
         }
     }
 
-    mutating func perform(_ step: UploadPipeline.Action, of id: StreamID, into out: inout [Frame]) {
+    mutating func perform(_ step: UploadPipeline.StorageStep, of id: StreamID, into out: inout [Frame]) {
         guard let storage = self.storages[id] else { return }
-        if step.endsUpload { self.storages[id] = nil }
+        if case .release = step { self.storages[id] = nil }
         // A commit completes on the thread pool once its group is durable: wait for it, as the handler's event loop would.
         let done = DispatchSemaphore(value: 0)
         let result = NIOLockedValueBox<RelaySession.StorageCompletion?>(nil)

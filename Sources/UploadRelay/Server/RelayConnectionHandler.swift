@@ -152,7 +152,10 @@ final class RelayConnectionHandler: ChannelInboundHandler {
                 self.work.plan(plan, account) { answer in self.act { $0.planAnswered(answer) } }
             case .storage(let id, let step):
                 self.executors[id]?.run(step)
-                if step.endsUpload { self.executors[id] = nil }
+                // The last step: the pool holds the executor (and this handler) until it reported.
+                if case .release = step { self.executors[id] = nil }
+            case .dropStorage(let id):
+                self.executors[id] = nil
             case .discardSession(let open, let key, let account):
                 UploadPolicy(services: self.services).discardSession(named: open, key: key, account: account.name)
             case .log(let level, let message, let metadata):

@@ -18,12 +18,10 @@ final class UploadExecutor {
         self.eventLoop = eventLoop
     }
 
-    func run(_ step: UploadPipeline.Action) {
-        guard UploadStorage.isWork(step) else { return }
+    func run(_ step: UploadPipeline.StorageStep) {
         let (storage, eventLoop) = (self.storage, self.eventLoop)
         let executor = NIOLoopBound(self, eventLoop: eventLoop)
-        let deliver: @Sendable (RelaySession.StorageCompletion?) -> Void = { completion in
-            guard let completion else { return }
+        let deliver: @Sendable (RelaySession.StorageCompletion) -> Void = { completion in
             eventLoop.execute { executor.value.onCompletion(completion) }
         }
         self.pool.submit { state in

@@ -62,17 +62,9 @@ package final class UploadStorage: Sendable {
         self.logger = logger
     }
 
-    /// Whether `step` is work for storage (the others are the session's bookkeeping).
-    static func isWork(_ step: UploadPipeline.Action) -> Bool {
-        switch step {
-        case .write, .sync, .commit, .release: return true
-        case .releaseCommitted, .armSyncTimer, .cancelSyncTimer, .markClosing, .report: return false
-        }
-    }
-
-    /// Runs one step and calls `done` with its completion for the session (nil for the session's own bookkeeping): at
-    /// once, or for a commit once its group is durable (``CommitGroup``).
-    package func perform(_ step: UploadPipeline.Action, then done: @escaping @Sendable (RelaySession.StorageCompletion?) -> Void) {
+    /// Runs one step and calls `done` with its completion for the session: at once, or for a commit once its group is
+    /// durable (``CommitGroup``).
+    package func perform(_ step: UploadPipeline.StorageStep, then done: @escaping @Sendable (RelaySession.StorageCompletion) -> Void) {
         switch step {
         case .write(let chunks, let offset):
             let (consumed, error) = self.write(chunks, at: offset)
@@ -92,19 +84,17 @@ package final class UploadStorage: Sendable {
         case .release(let discardSession):
             self.release(discardSession: discardSession)
             done(.released)
-        case .releaseCommitted, .armSyncTimer, .cancelSyncTimer, .markClosing, .report:
-            done(nil)
         }
     }
 
     /// What the session hears when `step` could not run at all (the thread pool has stopped).
-    static func notRun(_ step: UploadPipeline.Action, _ error: any Error) -> RelaySession.StorageCompletion? {
+    static func notRun(_ step: UploadPipeline.StorageStep, _ error: any Error) -> RelaySession.StorageCompletion {
         switch step {
         case .write: return .wrote(consumed: [], error: (.internalError, "the relay is stopping; retry later"))
         case .sync: return .synced(.failure(UploadPipeline.SyncFailure(description: "the relay is stopping; retry later")))
         case .commit:
             return .committed(.failure(UploadPolicy.Refusal(code: .internalError, message: "the relay is stopping; retry later", keepSession: true)))
-        case .release, .releaseCommitted, .armSyncTimer, .cancelSyncTimer, .markClosing, .report: return nil
+        case .release: return .released
         }
     }
 

@@ -162,8 +162,14 @@ extension RelaySession {
         var actions: [Action] = []
         for step in steps {
             switch step {
-            case .write, .sync, .commit:
-                actions.append(.storage(id, step))
+            case .storage(let work):
+                if case .release = work {
+                    // The handler closes the staging file (and drops the session); the slot and the key go back when
+                    // it reports that done (``storageFinished(_:_:)``).
+                    self.pipelines[id] = nil
+                    if let claim = self.uploadClaims.removeValue(forKey: id) { self.releasing[id] = claim }
+                }
+                actions.append(.storage(id, work))
             case .armSyncTimer:
                 actions.append(.schedule(.sync(id), in: TimeAmount(self.resources.settings.syncInterval)))
             case .cancelSyncTimer:
@@ -174,14 +180,7 @@ extension RelaySession {
                 self.pipelines[id] = nil
                 self.resources.uploadSlots.give(1)
                 if let claim = self.uploadClaims.removeValue(forKey: id) { self.resources.claims.release(claim) }
-                // The handler lets go of the stream's executor.
-                actions.append(.storage(id, step))
-            case .release:
-                // The handler closes the staging file (and drops the session); the slot and the key go back when it
-                // reports that done (``storageFinished(_:_:)``).
-                self.pipelines[id] = nil
-                if let claim = self.uploadClaims.removeValue(forKey: id) { self.releasing[id] = claim }
-                actions.append(.storage(id, step))
+                actions.append(.dropStorage(id))
             case .report(let event):
                 actions += self.report(event, of: id)
             }

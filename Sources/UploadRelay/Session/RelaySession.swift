@@ -79,7 +79,9 @@ package struct RelaySession {
         /// ``uploadLookedUp(_:_:)``.
         case lookUp(Frame.Open, ObjectKey, Account)
         /// Run a storage step of the stream's upload (write, sync, commit, release), then report its completion.
-        case storage(StreamID, UploadPipeline.Action)
+        case storage(StreamID, UploadPipeline.StorageStep)
+        /// The stream's upload needs its storage no more (committed: nothing to close): let it go.
+        case dropStorage(StreamID)
         /// Answer the PLAN from the catalog (``UploadPolicy/plan(account:plan:)``), then call ``planAnswered(_:)``.
         case plan(Frame.Plan, Account)
         /// Drop the unfinished session the OPEN named (it was cancelled while waiting for its key, SPEC §3.11).

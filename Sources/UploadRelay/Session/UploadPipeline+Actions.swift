@@ -14,7 +14,9 @@ extension UploadPipeline {
         case failed(WireErrorCode, String)
     }
 
-    package enum Action: Hashable {
+    /// Work for storage, off the event loop, one at a time per upload: each reports how it ended to the session
+    /// (``RelaySession/StorageCompletion``).
+    package enum StorageStep: Hashable {
         /// Verify these chunks and write their raw bytes to the staging file from `offset` on; then call
         /// ``writeFinished(consumed:error:)``.
         case write([Frame.Chunk], at: Int64)
@@ -23,24 +25,22 @@ extension UploadPipeline {
         case sync(through: Int64)
         /// Check the SHA-1 of the `written` bytes received against `hash`, then commit; then call ``commitFinished(_:)``.
         case commit(Frame.Hash, written: Int64)
+        /// Close the staging file, dropping the session and its bytes when asked; the session then gives the upload
+        /// slot and the key back.
+        case release(discardSession: Bool)
+    }
+
+    /// What the pipeline decides: a storage step, or the session's own bookkeeping.
+    package enum Action: Hashable {
+        case storage(StorageStep)
         /// Call ``syncTimerFired()`` after the sync interval.
         case armSyncTimer
         case cancelSyncTimer
         /// The stream has ended on the wire: a new OPEN of the key waits for this upload instead of KEY_BUSY.
         case markClosing
-        /// Give the upload slot and the key back at once (the commit already forgot the session).
+        /// Give the upload slot and the key back at once (the commit already forgot the session), and the storage up.
         case releaseCommitted
-        /// Close the staging file (dropping the session and its bytes when asked), then give the slot and key back.
-        case release(discardSession: Bool)
         case report(Event)
-
-        /// Whether this step lets go of the upload's storage (its executor).
-        package var endsUpload: Bool {
-            switch self {
-            case .release, .releaseCommitted: return true
-            case .write, .sync, .commit, .armSyncTimer, .cancelSyncTimer, .markClosing, .report: return false
-            }
-        }
     }
 
     /// Why a sync failed, for people.

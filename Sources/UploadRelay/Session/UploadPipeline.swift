@@ -201,7 +201,7 @@ package struct UploadPipeline {
                 }
                 self.syncRequested = false
                 self.busy = true
-                return actions + [.commit(hash, written: self.written)]
+                return actions + [.storage(.commit(hash, written: self.written))]
             } else if self.syncRequested && self.written > self.attempted {
                 return self.sync()
             }
@@ -213,7 +213,7 @@ package struct UploadPipeline {
                 return self.sync()
             }
             self.phase = .released
-            return [.release(discardSession: !keep)]
+            return [.storage(.release(discardSession: !keep))]
         }
     }
 
@@ -229,7 +229,7 @@ package struct UploadPipeline {
         self.queued.removeFirst(take)
         self.queuedBytes -= Int64(bytes)
         self.busy = true
-        return [.write(chunks, at: self.written)]
+        return [.storage(.write(chunks, at: self.written))]
     }
 
     private mutating func sync() -> [Action] {
@@ -241,7 +241,7 @@ package struct UploadPipeline {
         }
         self.busy = true
         self.attempted = self.written
-        return actions + [.sync(through: self.written)]
+        return actions + [.storage(.sync(through: self.written))]
     }
 
     /// Leaves the open phase: from here on the key is closing, so a new OPEN of it waits instead of KEY_BUSY.
