@@ -30,7 +30,7 @@ struct AdminTests {
         let (data, port, ca) = (relay.data, relay.port, relay.data + "/dev/ca.pem")
         let token = relay.environment["UPLOAD_TOKEN"]!
         let a = makeFile(source, "a.jpg", size: 10_000, seed: 1)
-        let b = makeFile(source + "/trip", "b.jpg", size: 20_000, seed: 2)
+        _ = makeFile(source + "/trip", "b.jpg", size: 20_000, seed: 2)
         let c = makeFile(source, "c.jpg", size: 30_000, seed: 3)
         #expect(try Self.send([a.path, source + "/trip", c.path], token: token, port: port, ca: ca) == 0)
         let other = try CommandLineTests.run(binary, ["token", "add", "other", "--data", data]).stdout.trimmingCharacters(in: .whitespacesAndNewlines)

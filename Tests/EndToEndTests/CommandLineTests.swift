@@ -176,7 +176,7 @@ struct CommandLineTests {
     @Test("agent --log-level: a level that is none is a usage error naming the levels; debug shows the agent's own log lines on stderr")
     func agentLogLevel() throws {
         let file = TestRelay.makeDirectory() + "/a.bin"
-        FileManager.default.createFile(atPath: file, contents: Data("x".utf8))
+        #expect(FileManager.default.createFile(atPath: file, contents: Data("x".utf8)))
         let wrong = try Self.run(try Self.agentBinary(), ["send", "--relay", "127.0.0.1:1", "--token", "t", "--log-level", "loud", file])
         #expect(wrong.status == 2 && wrong.stderr.contains("--log-level must be one of"), "\(wrong.stderr)")
         // Nothing listens on port 1: the connection is refused, which the agent logs at debug.
@@ -197,7 +197,7 @@ struct CommandLineTests {
         defer { relay.stop() }
         let home = TestRelay.makeDirectory()
         let small = home + "/small.bin"
-        FileManager.default.createFile(atPath: small, contents: Data(repeating: 7, count: 4096))
+        #expect(FileManager.default.createFile(atPath: small, contents: Data(repeating: 7, count: 4096)))
         func admin(_ arguments: [String]) throws -> Run {
             try Self.run(try relayBinary(), ["token"] + arguments + ["--data", relay.data])
         }
@@ -213,7 +213,7 @@ struct CommandLineTests {
 
         // A large upload under way with the old token, throttled: the rotation closes its connection.
         let large = home + "/large.bin"
-        FileManager.default.createFile(atPath: large, contents: Data(repeating: 1, count: 8 << 20))
+        #expect(FileManager.default.createFile(atPath: large, contents: Data(repeating: 1, count: 8 << 20)))
         let uploading = try AgentProcess(
             ["send", "--json", "--no-state", "--retry-for", "0s", "--bwlimit", "1M", large], environment: relay.environment, log: home + "/large.log"
         )
@@ -235,7 +235,7 @@ struct CommandLineTests {
 
         // Quota: 1 KiB refuses a 4 KiB file that is new; none lifts it.
         let other = home + "/other.bin"
-        FileManager.default.createFile(atPath: other, contents: Data(repeating: 9, count: 4096))
+        #expect(FileManager.default.createFile(atPath: other, contents: Data(repeating: 9, count: 4096)))
         #expect(try admin(["quota", "dev", "1K"]).status == 0)
         let json = try Self.jsonLines(try Self.run(try relayBinary(), ["token", "list", "--json", "--data", relay.data]).stdout)
         #expect(json.first { $0["name"] as? String == "dev" }?["quota_bytes"] as? Int == 1024, "\(json)")
@@ -317,7 +317,7 @@ struct CommandLineTests {
     )
     func unreachableRelayMessages() throws {
         let file = TestRelay.makeDirectory() + "/a.bin"
-        FileManager.default.createFile(atPath: file, contents: Data("x".utf8))
+        #expect(FileManager.default.createFile(atPath: file, contents: Data("x".utf8)))
         let refused = try Self.run(try Self.agentBinary(), ["send", "--json", "--relay", "127.0.0.1:1", "--token", "t", "--retry-for", "2s", file])
         #expect(refused.status == 3, "nothing went up, the relay unreachable: exit 3")
         #expect(refused.stdout.contains("\"error_code\":\"RELAY_UNREACHABLE\""), "\(refused.stdout)")
@@ -690,7 +690,7 @@ struct CommandLineTests {
             process.executableURL = URL(fileURLWithPath: try Self.agentBinary())
             process.arguments = arguments
             process.environment = ProcessInfo.processInfo.environment.merging(relay.environment) { $1 }
-            FileManager.default.createFile(atPath: output, contents: nil)
+            #expect(FileManager.default.createFile(atPath: output, contents: nil))
             process.standardOutput = FileHandle(forWritingAtPath: output)
             process.standardError = FileHandle.nullDevice
             try process.run()

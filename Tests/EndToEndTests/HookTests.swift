@@ -193,7 +193,7 @@ struct HookTests {
         }
         // Whatever the failure (a 503, or on a loaded machine a request past the hook's timeout), the URL as messages show it.
         #expect(failed && lastError.contains("http://127.0.0.1:\(port)/…") && !lastError.contains("events"), "\(lastError)")
-        FileManager.default.createFile(atPath: work + "/accept", contents: nil)
+        #expect(FileManager.default.createFile(atPath: work + "/accept", contents: nil))
         #expect(try await Self.outboxDrained(relay))
         for secret in ["PA$SWORD", "PA%24SWORD", "SECRET-TOKEN", "hook-user"] {
             #expect(!lastError.contains(secret), "the catalog keeps \(secret): \(lastError)")

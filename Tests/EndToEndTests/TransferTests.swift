@@ -248,7 +248,7 @@ struct TransferTests {
         let relay = try await TestRelay().start()
         let source = TestRelay.makeDirectory()
         let text = Data(String(repeating: "a log line that repeats itself\n", count: 100_000).utf8)
-        FileManager.default.createFile(atPath: source + "/app.log", contents: text)
+        #expect(FileManager.default.createFile(atPath: source + "/app.log", contents: text))
         let results = try await upload(
             [UploadItem(key: "logs/app.log", displayPath: "app.log", source: FileSource(path: source + "/app.log"))],
             port: relay.port, token: relay.token, ca: relay.caPath

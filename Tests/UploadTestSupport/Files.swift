@@ -16,6 +16,7 @@ public func makeFile(_ directory: String, _ name: String, size: Int, seed: UInt6
     let path = directory + "/" + name
     try! FileManager.default.createDirectory(atPath: (path as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
     let data = Data(bytes)
-    FileManager.default.createFile(atPath: path, contents: data)
+    // A file that cannot be made would fail the test later, under a misleading message: say it here.
+    guard FileManager.default.createFile(atPath: path, contents: data) else { fatalError("cannot create the test file \(path)") }
     return (path, data)
 }

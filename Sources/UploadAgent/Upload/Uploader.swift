@@ -298,6 +298,9 @@ public final class Uploader: Sendable {
             return errnoReason(error.errnoCode) ?? "\(error)"
         case ChannelError.connectTimeout:
             return timedOut
+        case is SocketAddressError.UnknownHost:
+            // What NIO's resolver throws now; `.unknown` below is what it threw before.
+            return unresolved
         case let error as SocketAddressError:
             if case .unknown = error { return unresolved }
             return "\(error)"
