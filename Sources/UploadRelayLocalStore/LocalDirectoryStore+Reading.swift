@@ -52,12 +52,10 @@ extension LocalDirectoryStore {
             let isDirectory = (info.st_mode & S_IFMT) == S_IFDIR
             let prefix = segments[0...index].joined(separator: "/")
             if index < segments.count - 1 && !isDirectory {
-                return
-                    "key \"\(prefix)\" is an object, so \"\(key)\" cannot be stored under it (a key cannot be both an object and a folder of keys; choose another key)"
+                return KeyConflict.underObject(prefix, key: key)
             }
             if index == segments.count - 1 && isDirectory {
-                return
-                    "key \"\(key)\" is a folder of other keys (such as \"\(Self.someKey(under: path, named: key.value))\"), so it cannot be an object too (choose another key)"
+                return KeyConflict.folder(key, example: Self.someKey(under: path, named: key.value))
             }
         }
         return nil

@@ -325,7 +325,7 @@ package struct UploadPolicy {
         return self.services.space.admit(local.bytes, upload: upload)
     }
 
-    /// The staging file of a session being resumed: cut to its durable offset, or, striped, as it is.
+    /// The staging file of a session being resumed (or a PART stream's): cut to its durable offset, or, striped, as it is.
     private func openStaging(_ session: UploadSession, key: ObjectKey, size: Int64?) throws -> any StagingFile {
         let layout: StagingRequest.Layout
         if session.striped, let size {
@@ -357,13 +357,8 @@ package struct UploadPolicy {
         if try catalog.completeStripes(sessionID: session.id).contains(index) {
             return .stored(size: length)
         }
-        let staging = try self.services.store.openStaging(
-            StagingRequest(
-                name: session.stagingName, account: session.account, key: key, expectedSize: Int64(size),
-                layout: .striped(size: Int64(size), creating: false)
-            )
-        )
-        return .stripe(session, staging, index: index)
+        // Striped, of this size (checked above): its staging as it is.
+        return .stripe(session, try self.openStaging(session, key: key, size: Int64(size)), index: index)
     }
 
     /// One upload's verified bytes, ready to become its object.

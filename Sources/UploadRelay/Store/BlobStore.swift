@@ -48,6 +48,20 @@ public protocol BlobStore: Sendable {
     func localSpace(forBlobOf size: Int64) -> (directory: String, bytes: Int64)
 }
 
+/// Why a key cannot be stored where a store holds keys as paths (a key cannot be both an object and a folder of keys):
+/// the same words from every store with the rule (``BlobStore/conflict(for:account:)``).
+public enum KeyConflict {
+    /// `key` would go under `object`, which is an object.
+    public static func underObject(_ object: String, key: ObjectKey) -> String {
+        "key \"\(object)\" is an object, so \"\(key)\" cannot be stored under it (a key cannot be both an object and a folder of keys; choose another key)"
+    }
+
+    /// `key` is a folder of other keys, `example` one of them.
+    public static func folder(_ key: ObjectKey, example: String) -> String {
+        "key \"\(key)\" is a folder of other keys (such as \"\(example)\"), so it cannot be an object too (choose another key)"
+    }
+}
+
 /// What a store can do beyond the staging, commit and object calls every store answers.
 public struct StoreCapabilities: Hashable, Sendable {
     /// Striped stagings (``StagingRequest/Layout/striped(size:creating:)``), written by several streams at their

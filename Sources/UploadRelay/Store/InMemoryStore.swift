@@ -209,18 +209,15 @@ public final class InMemoryStore: BlobStore, Sendable {
         self.state.withLockedValue { Self.conflict($0, key: key, account: account) }
     }
 
-    /// The local directory's rule, and its words: a key under an object, or a key that is a folder of others.
+    /// The local directory's rule: a key under an object, or a key that is a folder of others.
     private static func conflict(_ state: State, key: ObjectKey, account: String) -> String? {
         let segments = key.segments
         for index in 0..<(segments.count - 1) {
             let prefix = segments[0...index].joined(separator: "/")
-            if state.objects[Row(account: account, key: prefix)] != nil {
-                return
-                    "key \"\(prefix)\" is an object, so \"\(key)\" cannot be stored under it (a key cannot be both an object and a folder of keys; choose another key)"
-            }
+            if state.objects[Row(account: account, key: prefix)] != nil { return KeyConflict.underObject(prefix, key: key) }
         }
         if let under = state.objects.keys.first(where: { $0.account == account && $0.key.hasPrefix(key.value + "/") }) {
-            return "key \"\(key)\" is a folder of other keys (such as \"\(under.key)\"), so it cannot be an object too (choose another key)"
+            return KeyConflict.folder(key, example: under.key)
         }
         return nil
     }
