@@ -117,6 +117,7 @@ let package = Package(
             dependencies: [
                 "UploadRelay", "UploadProtocol", "UploadChecksums", "CUploadSystem",
                 .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ]
@@ -128,6 +129,7 @@ let package = Package(
                 "UploadRelay", "UploadProtocol", "UploadChecksums", "UploadS3",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ]
@@ -138,6 +140,7 @@ let package = Package(
             dependencies: [
                 "UploadRelay", "UploadRelaySQLite", "UploadRelayPostgres", "UploadRelayLocalStore", "UploadRelayS3Store", "UploadS3",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),

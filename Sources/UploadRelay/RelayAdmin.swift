@@ -21,21 +21,23 @@ public enum RelayAdmin {
 
     /// Removes the object `key` of `account`: under the key's lock across relays (a shared catalog), in one catalog
     /// write transaction that a relay's commit of the key waits for (``Catalog/removeObject(account:key:removingFile:)``).
-    public static func remove(key: String, account: String, catalog: any Catalog, store: any BlobStore, logger: Logger) throws -> Removal {
+    public static func remove(
+        key: String, account: String, catalog: any Catalog, store: any BlobStore, logger: Logger
+    ) async throws -> Removal {
         guard let objectKey = try? ObjectKey(validating: key) else { return .notStored }
         let keys = RelayRuntime.KeyGuard.claiming(KeyClaims(locks: catalog.keyLocks))
-        let outcome = try keys.holding(account, key) { () throws -> Removal in
+        let outcome = try await keys.holding(account, key) { () async throws -> Removal in
             do {
-                switch try catalog.removeObject(
+                switch try await catalog.removeObject(
                     account: account, key: key,
                     removingFile: { object in
-                        let current = try store.identity(of: objectKey, account: account)
+                        let current = try await store.identity(of: objectKey, account: account)
                         // Only what the relay committed: a row without an identity (a commit recovery settled, or an older
                         // catalog) is checked by the object's size at least.
                         if let current {
                             if let recorded = object.identity, current != recorded { throw NotCommitted() }
                             if object.identity == nil, current.size != object.size { throw NotCommitted() }
-                            try store.removeObject(objectKey, account: account)
+                            try await store.removeObject(objectKey, account: account)
                         }
                     })
                 {
@@ -83,32 +85,32 @@ public enum RelayAdmin {
     /// once nothing of it is left in the catalog.
     public static func deleteAccount(
         _ name: String, objects: Objects, catalog: any Catalog, store: any BlobStore, logger: Logger
-    ) throws -> AccountDeletion {
+    ) async throws -> AccountDeletion {
         var outcome = AccountDeletion()
-        guard try catalog.revokeAccount(named: name) else { throw CatalogError.unknownAccount(name) }
+        guard try await catalog.revokeAccount(named: name) else { throw CatalogError.unknownAccount(name) }
         let keys = RelayRuntime.KeyGuard.claiming(KeyClaims(locks: catalog.keyLocks))
-        for session in try catalog.sessions(updatedBefore: .distantFuture) where session.account == name {
-            let dropped = try keys.holding(name, session.key) { () throws -> Bool in
-                try catalog.deleteSession(id: session.id)
-                try? store.removeStaging(session.stagingName)
+        for session in try await catalog.sessions(updatedBefore: .distantFuture) where session.account == name {
+            let dropped = try await keys.holding(name, session.key) { () async throws -> Bool in
+                try await catalog.deleteSession(id: session.id)
+                try? await store.removeStaging(session.stagingName)
                 return true
             }
             if dropped == true { outcome.uploadsDropped += 1 }
         }
         // Nothing of the objects is touched while the account cannot go anyway: an upload a relay holds, a commit.
-        if try catalog.sessions(updatedBefore: .distantFuture).contains(where: { $0.account == name }) {
+        if try await catalog.sessions(updatedBefore: .distantFuture).contains(where: { $0.account == name }) {
             throw CatalogError.accountInUse(name, holds: "uploads under way on a relay (disabled now: try again in a few seconds)")
         }
-        if try catalog.pendingCommits().contains(where: { $0.account == name }) {
+        if try await catalog.pendingCommits().contains(where: { $0.account == name }) {
             throw CatalogError.accountInUse(name, holds: "commits being settled (try again in a minute)")
         }
-        for object in try catalog.objects() where object.account == name {
+        for object in try await catalog.objects() where object.account == name {
             switch objects {
             case .keep:
-                try catalog.deleteObject(account: name, key: object.key)
+                try await catalog.deleteObject(account: name, key: object.key)
                 outcome.kept += 1
             case .delete:
-                switch try Self.remove(key: object.key, account: name, catalog: catalog, store: store, logger: logger) {
+                switch try await Self.remove(key: object.key, account: name, catalog: catalog, store: store, logger: logger) {
                 case .removed(let size):
                     outcome.removed += 1
                     outcome.removedBytes += size
@@ -120,7 +122,7 @@ public enum RelayAdmin {
             }
         }
         guard outcome.refused.isEmpty else { return outcome }
-        outcome.deleted = try catalog.deleteAccount(named: name)
+        outcome.deleted = try await catalog.deleteAccount(named: name)
         if outcome.deleted {
             logger.notice("deleted an account (upload-relay token delete)", metadata: ["account": "\(name)", "objects": "\(objects.rawValue)"])
         }

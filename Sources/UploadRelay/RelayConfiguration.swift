@@ -68,7 +68,7 @@ public struct RelayConfiguration: Sendable {
     /// The most uploads committed together by one group commit (one catalog transaction to reserve, one per
     /// directory to sync, one to record). Commits never wait for a group to fill.
     public var commitGroup: Int = 256
-    /// Threads for blocking file and catalog work.
+    /// Threads of the relay's I/O pool: its tasks run there (``RelayExecutor``), and the local store's system calls.
     public var ioThreads: Int = 4
     /// How long GOAWAY waits for in-flight uploads to reach a durable point before closing.
     public var shutdownGrace: Duration = .seconds(10)

@@ -16,23 +16,23 @@ public enum RelayRuntime {
     }
 
     /// `--dev`: a CA, a server certificate for localhost and `names`, and a token for account "dev" (made once).
-    public static func prepareDev(dataDirectory: String, catalog: any Catalog, names: [String] = []) throws -> DevSetup {
+    public static func prepareDev(dataDirectory: String, catalog: any Catalog, names: [String] = []) async throws -> DevSetup {
         let paths = DevCertificates.Paths(dataDirectory: dataDirectory)
         try DevCertificates.ensure(paths, names: names)
         if let existing = try? String(contentsOfFile: paths.token, encoding: .utf8),
             let token = existing.split(whereSeparator: \.isNewline).first.map(String.init),
-            let account = try catalog.account(tokenHash: Tokens.hash(Array(token.utf8))), !account.revoked
+            let account = try await catalog.account(tokenHash: Tokens.hash(Array(token.utf8))), !account.revoked
         {
             return DevSetup(paths: paths, token: token, createdToken: false)
         }
         let token = Tokens.generate()
         var name = "dev"
         var suffix = 1
-        while try catalog.account(named: name) != nil {
+        while try await catalog.account(named: name) != nil {
             suffix += 1
             name = "dev\(suffix)"
         }
-        try catalog.addAccount(name: name, tokenHash: Tokens.hash(Array(token.utf8)), quota: nil)
+        try await catalog.addAccount(name: name, tokenHash: Tokens.hash(Array(token.utf8)), quota: nil)
         try DevCertificates.write(token + "\n", to: paths.token, mode: 0o600)
         return DevSetup(paths: paths, token: token, createdToken: true)
     }
@@ -40,10 +40,10 @@ public enum RelayRuntime {
     /// How housekeeping keeps off live uploads: it may touch a key's session or pending commit only while it holds the
     /// key (``take`` true), and gives it back after. At startup nothing runs, so every key may be taken.
     public struct KeyGuard: Sendable {
-        public var take: @Sendable (_ account: String, _ key: String) -> Bool
+        public var take: @Sendable (_ account: String, _ key: String) async -> Bool
         public var give: @Sendable (_ account: String, _ key: String) -> Void
 
-        public init(take: @escaping @Sendable (String, String) -> Bool, give: @escaping @Sendable (String, String) -> Void) {
+        public init(take: @escaping @Sendable (String, String) async -> Bool, give: @escaping @Sendable (String, String) -> Void) {
             self.take = take
             self.give = give
         }
@@ -58,7 +58,7 @@ public enum RelayRuntime {
                 take: { account, key in
                     let name = KeyClaims.name(account: account, key: key)
                     guard !claims.hasStripes(account: account, key: key), claims.tryClaim(name) else { return false }
-                    guard (try? claims.lockAcrossRelays(account: account, key: key)) == true else {
+                    guard (try? await claims.lockAcrossRelays(account: account, key: key)) == true else {
                         claims.release(name)
                         return false
                     }
@@ -68,10 +68,10 @@ public enum RelayRuntime {
             )
         }
 
-        func holding<T>(_ account: String, _ key: String, _ body: () throws -> T) rethrows -> T? {
-            guard self.take(account, key) else { return nil }
+        func holding<T>(_ account: String, _ key: String, _ body: () async throws -> T) async rethrows -> T? {
+            guard await self.take(account, key) else { return nil }
             defer { self.give(account, key) }
-            return try body()
+            return try await body()
         }
     }
 
@@ -79,36 +79,36 @@ public enum RelayRuntime {
     /// `orphansBefore` (every one at startup). Sessions of keys that an upload holds are live whatever their age.
     public static func cleanUp(
         catalog: any Catalog, store: any BlobStore, expiry: Duration, logger: Logger, keys: KeyGuard = .idle, orphansBefore: Date? = nil
-    ) throws {
+    ) async throws {
         let cutoff = Date().addingTimeInterval(-Double(expiry.components.seconds))
-        let pending = Set(try catalog.pendingCommits().compactMap(\.sessionID))
-        for session in try catalog.sessions(updatedBefore: cutoff) where !pending.contains(session.id) {
-            try keys.holding(session.account, session.key) {
+        let pending = Set(try await catalog.pendingCommits().compactMap(\.sessionID))
+        for session in try await catalog.sessions(updatedBefore: cutoff) where !pending.contains(session.id) {
+            try await keys.holding(session.account, session.key) {
                 // Looked at again under the key: an upload may have resumed it since the list was read.
-                guard let current = try catalog.session(account: session.account, key: session.key), current.id == session.id,
+                guard let current = try await catalog.session(account: session.account, key: session.key), current.id == session.id,
                     current.updatedAt < cutoff
                 else { return }
                 do {
-                    try store.removeStaging(session.stagingName)
+                    try await store.removeStaging(session.stagingName)
                 } catch let error as StoreError where error.outcomeUnknown {
                     // The store did not answer (S3 away): the session stays, to expire at the next pass.
                     logger.warning("could not remove an expired upload's staging", metadata: ["upload.key": "\(session.key)", "error": "\(error)"])
                     return
                 }
-                try catalog.deleteSession(id: session.id)
+                try await catalog.deleteSession(id: session.id)
                 logger.info("expired upload session", metadata: ["upload.key": "\(session.key)", "account": "\(session.account)"])
             }
         }
         // A staging file is made before its session is recorded: only files older than that window are orphans.
-        let live = Set(try catalog.sessions(updatedBefore: .distantFuture).map(\.stagingName))
-        for (name, modified) in try store.stagingFiles() where !live.contains(name) {
+        let live = Set(try await catalog.sessions(updatedBefore: .distantFuture).map(\.stagingName))
+        for (name, modified) in try await store.stagingFiles() where !live.contains(name) {
             if let owner = store.stagingOwner(name) {
                 // Made under its key by an upload that ended without recording it (a relay killed between the two):
                 // an orphan once no upload holds the key and no session names it, whatever its age.
-                try keys.holding(owner.account, owner.key) {
-                    guard try catalog.session(account: owner.account, key: owner.key)?.stagingName != name else { return }
+                try await keys.holding(owner.account, owner.key) {
+                    guard try await catalog.session(account: owner.account, key: owner.key)?.stagingName != name else { return }
                     do {
-                        try store.removeStaging(name)
+                        try await store.removeStaging(name)
                         logger.info("removed an upload's orphaned staging", metadata: ["upload.key": "\(owner.key)", "account": "\(owner.account)"])
                     } catch {
                         logger.warning("could not remove an orphaned staging", metadata: ["staging": "\(name)", "error": "\(error)"])
@@ -118,7 +118,7 @@ public enum RelayRuntime {
             }
             if let orphansBefore, modified >= orphansBefore { continue }
             do {
-                try store.removeStaging(name)
+                try await store.removeStaging(name)
             } catch {
                 logger.warning("could not remove an orphaned staging", metadata: ["staging": "\(name)", "error": "\(error)"])
             }
@@ -129,25 +129,27 @@ public enum RelayRuntime {
     /// recorded when the store holds its verified bytes, and given up otherwise. At startup (`objects`), a recorded
     /// object whose file is gone is also forgotten, and its bytes given back to the quota. While the relay runs it
     /// settles commits left pending by a failure, under their key.
-    public static func recover(catalog: any Catalog, store: any BlobStore, logger: Logger, keys: KeyGuard = .idle, objects: Bool = true) throws {
-        for commit in try catalog.pendingCommits() {
-            try keys.holding(commit.account, commit.key) {
-                try Self.settle(commit, catalog: catalog, store: store, logger: logger)
+    public static func recover(
+        catalog: any Catalog, store: any BlobStore, logger: Logger, keys: KeyGuard = .idle, objects: Bool = true
+    ) async throws {
+        for commit in try await catalog.pendingCommits() {
+            _ = try await keys.holding(commit.account, commit.key) {
+                try await Self.settle(commit, catalog: catalog, store: store, logger: logger)
             }
         }
         guard objects else { return }
-        for object in try catalog.objects() {
+        for object in try await catalog.objects() {
             guard let key = try? ObjectKey(validating: object.key) else { continue }
             let identity: ObjectIdentity?
             do {
-                identity = try store.identity(of: key, account: object.account)
+                identity = try await store.identity(of: key, account: object.account)
             } catch let error as StoreError where error.outcomeUnknown {
                 // Not known to be gone (S3 did not answer): kept, looked at again at the next start.
                 logger.warning("could not look at a stored object", metadata: ["upload.key": "\(object.key)", "error": "\(error)"])
                 continue
             }
             if identity == nil {
-                try catalog.deleteObject(account: object.account, key: object.key)
+                try await catalog.deleteObject(account: object.account, key: object.key)
                 logger.warning("forgot an object whose file is gone", metadata: ["upload.key": "\(object.key)", "account": "\(object.account)"])
             }
         }
@@ -155,33 +157,33 @@ public enum RelayRuntime {
 
     /// Records `commit` when the store holds its verified bytes (true), gives it up otherwise. The caller holds its key.
     @discardableResult
-    static func settle(_ commit: PendingCommit, catalog: any Catalog, store: any BlobStore, logger: Logger) throws -> Bool {
+    static func settle(_ commit: PendingCommit, catalog: any Catalog, store: any BlobStore, logger: Logger) async throws -> Bool {
         guard let key = try? ObjectKey(validating: commit.key) else {
-            try catalog.abandonCommit(account: commit.account, key: commit.key)
+            try await catalog.abandonCommit(account: commit.account, key: commit.key)
             return false
         }
-        if let identity = try store.identity(of: key, account: commit.account), identity.size == commit.size,
-            try store.contentSHA1(of: key, account: commit.account)?.hex == commit.sha1
+        if let identity = try await store.identity(of: key, account: commit.account), identity.size == commit.size,
+            try await store.contentSHA1(of: key, account: commit.account)?.hex == commit.sha1
         {
-            try catalog.finishCommit(commit, identity: identity)
+            try await catalog.finishCommit(commit, identity: identity)
             logger.notice("recovered a commit the relay had not recorded", metadata: ["upload.key": "\(commit.key)", "account": "\(commit.account)"])
             return true
         }
-        try catalog.abandonCommit(account: commit.account, key: commit.key)
+        try await catalog.abandonCommit(account: commit.account, key: commit.key)
         return false
     }
 
-    /// Builds the server's shared services.
+    /// Builds the server's shared services, on `threadPool` (started) or a new pool of ``RelayConfiguration/ioThreads``.
     public static func makeServices(
-        configuration: RelayConfiguration, catalog: any Catalog, store: any BlobStore, logger: Logger
-    ) throws -> RelayServices {
+        configuration: RelayConfiguration, catalog: any Catalog, store: any BlobStore, logger: Logger, threadPool: NIOThreadPool? = nil
+    ) async throws -> RelayServices {
         var configuration = configuration
         // Under each key's lock across relays when the catalog is shared: other relays' uploads and commits run on.
         let startup = KeyGuard.claiming(KeyClaims(locks: catalog.keyLocks))
-        try Self.recover(catalog: catalog, store: store, logger: logger, keys: startup)
-        try Self.cleanUp(catalog: catalog, store: store, expiry: configuration.sessionExpiry, logger: logger, keys: startup)
-        let pool = NIOThreadPool(numberOfThreads: configuration.ioThreads)
-        pool.start()
+        try await Self.recover(catalog: catalog, store: store, logger: logger, keys: startup)
+        try await Self.cleanUp(catalog: catalog, store: store, expiry: configuration.sessionExpiry, logger: logger, keys: startup)
+        let pool = threadPool ?? NIOThreadPool(numberOfThreads: configuration.ioThreads)
+        if threadPool == nil { pool.start() }
         if configuration.maxOpenUploads == nil {
             let descriptors = Self.raiseDescriptorLimit()
             // One descriptor per connection, a reserve for the catalog, the listener and the libraries, the rest for uploads.

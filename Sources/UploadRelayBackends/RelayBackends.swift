@@ -3,6 +3,7 @@ import Glibc
 #endif
 import AsyncHTTPClient
 import Logging
+import NIOPosix
 import UploadRelay
 import UploadRelayLocalStore
 import UploadRelayPostgres
@@ -26,10 +27,12 @@ extension RelayRuntime {
     }
 
     /// The catalog `url` names (`postgres://...`: ``PostgresCatalog``), or the SQLite catalog in `dataDirectory` when nil.
-    public static func openCatalog(dataDirectory: String, url: String?, logger: Logger, modes: FileModes = .private) throws -> any Catalog {
+    public static func openCatalog(
+        dataDirectory: String, url: String?, logger: Logger, modes: FileModes = .private
+    ) async throws -> any Catalog {
         guard let url else { return try Self.openCatalog(dataDirectory: dataDirectory, modes: modes) }
         try Self.makeDataDirectory(dataDirectory, modes: modes)
-        return try PostgresCatalog(url: url, logger: logger)
+        return try await PostgresCatalog(url: url, logger: logger)
     }
 
     /// Creates the data directory (and its missing parents) with `modes`; one that exists is left as it is.
@@ -43,14 +46,24 @@ extension RelayRuntime {
 
     /// Builds the server's shared services on the store the configuration names (whose capabilities may narrow it: an
     /// S3 store takes no stripes, and no blob above S3's largest object).
-    public static func makeServices(configuration: RelayConfiguration, catalog: any Catalog, logger: Logger) throws -> RelayServices {
-        let store = try Self.openStore(configuration, catalog: catalog, logger: logger)
-        return try Self.makeServices(configuration: configuration, catalog: catalog, store: store, logger: logger)
+    public static func makeServices(configuration: RelayConfiguration, catalog: any Catalog, logger: Logger) async throws -> RelayServices {
+        // The store's system calls run on the relay's I/O pool.
+        let pool = NIOThreadPool(numberOfThreads: configuration.ioThreads)
+        pool.start()
+        do {
+            let store = try Self.openStore(configuration, catalog: catalog, logger: logger, threadPool: pool)
+            return try await Self.makeServices(configuration: configuration, catalog: catalog, store: store, logger: logger, threadPool: pool)
+        } catch {
+            try? await pool.shutdownGracefully()
+            throw error
+        }
     }
 
     /// The store the configuration names: an S3 bucket, or the local directory. The admin commands (`rm`, `token
-    /// delete`) open the same as `serve`.
-    public static func openStore(_ configuration: RelayConfiguration, catalog: any Catalog, logger: Logger) throws -> any BlobStore {
+    /// delete`) open the same as `serve`. Its system calls run on `threadPool`.
+    public static func openStore(
+        _ configuration: RelayConfiguration, catalog: any Catalog, logger: Logger, threadPool: NIOThreadPool = .singleton
+    ) throws -> any BlobStore {
         if let s3 = configuration.s3 {
             if s3.prefix.isEmpty {
                 logger.warning(
@@ -61,12 +74,13 @@ extension RelayRuntime {
             let client = S3Client(endpoint: s3.endpoint, credentials: s3.credentials, http: HTTPClient.shared)
             return try S3Store(
                 client: client, bucket: s3.bucket, prefix: s3.prefix, spoolDirectory: configuration.spoolDirectory,
-                minPartBytes: s3.minPartBytes, modes: configuration.fileModes, ledger: catalog as? any MultipartLedger, logger: logger
+                minPartBytes: s3.minPartBytes, modes: configuration.fileModes, ledger: catalog as? any MultipartLedger, logger: logger,
+                threadPool: threadPool
             )
         }
         return try LocalDirectoryStore(
             root: configuration.storePath, stagingDirectory: configuration.stagingDirectory, directBuffer: configuration.directIOBuffer,
-            modes: configuration.fileModes
+            modes: configuration.fileModes, threadPool: threadPool
         )
     }
 }

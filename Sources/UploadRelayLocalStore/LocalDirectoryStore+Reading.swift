@@ -10,8 +10,10 @@ import UploadProtocol
 
 /// What the store holds: an object's identity and content SHA-1, key conflicts, staging files.
 extension LocalDirectoryStore {
-    public func identity(of key: ObjectKey, account: String) throws -> ObjectIdentity? {
-        try Self.identity(at: self.path(of: key, account: account))
+    public func identity(of key: ObjectKey, account: String) async throws -> ObjectIdentity? {
+        try await self.blocking {
+            try Self.identity(at: self.path(of: key, account: account))
+        }
     }
 
     static func identity(at path: String) throws -> ObjectIdentity? {
@@ -23,25 +25,32 @@ extension LocalDirectoryStore {
         )
     }
 
-    public func contentSHA1(of key: ObjectKey, account: String) throws -> SHA1Digest? {
-        let path = try self.path(of: key, account: account)
-        guard try Self.identity(at: path) != nil else { return nil }
-        let fd = open(path, O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { throw StoreError("cannot open \(path): \(FileSystem.reason())") }
-        defer { Glibc.close(fd) }
-        var sha1 = SHA1()
-        var buffer = [UInt8](repeating: 0, count: 1 << 20)
-        while true {
-            let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-            if n < 0 && errno == EINTR { continue }
-            guard n >= 0 else { throw StoreError("cannot read \(path): \(FileSystem.reason())") }
-            if n == 0 { break }
-            buffer.withUnsafeBytes { sha1.update(UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
+    public func contentSHA1(of key: ObjectKey, account: String) async throws -> SHA1Digest? {
+        try await self.blocking {
+            let path = try self.path(of: key, account: account)
+            guard try Self.identity(at: path) != nil else { return nil }
+            let fd = open(path, O_RDONLY | O_CLOEXEC)
+            guard fd >= 0 else { throw StoreError("cannot open \(path): \(FileSystem.reason())") }
+            defer { Glibc.close(fd) }
+            var sha1 = SHA1()
+            var buffer = [UInt8](repeating: 0, count: 1 << 20)
+            while true {
+                let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+                if n < 0 && errno == EINTR { continue }
+                guard n >= 0 else { throw StoreError("cannot read \(path): \(FileSystem.reason())") }
+                if n == 0 { break }
+                buffer.withUnsafeBytes { sha1.update(UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
+            }
+            return SHA1Digest(bytes: sha1.finalize())
         }
-        return SHA1Digest(bytes: sha1.finalize())
     }
 
-    public func conflict(for key: ObjectKey, account: String) throws -> String? {
+    public func conflict(for key: ObjectKey, account: String) async throws -> String? {
+        try await self.blocking { try self.conflictNow(for: key, account: account) }
+    }
+
+    /// ``conflict(for:account:)``, on the caller's thread.
+    func conflictNow(for key: ObjectKey, account: String) throws -> String? {
         let base = try self.accountDirectory(account)
         let segments = key.segments
         var path = base
@@ -80,7 +89,9 @@ extension LocalDirectoryStore {
         return name + "/…"
     }
 
-    public func hasStaging(_ name: String) throws -> Bool {
-        access(self.stagingDirectory + "/" + name, F_OK) == 0
+    public func hasStaging(_ name: String) async throws -> Bool {
+        try await self.blocking {
+            access(self.stagingDirectory + "/" + name, F_OK) == 0
+        }
     }
 }

@@ -6,6 +6,7 @@ import Darwin
 #endif
 import Foundation
 import NIOCore
+import NIOPosix
 import UploadChecksums
 import UploadProtocol
 
@@ -23,16 +24,20 @@ public final class LocalDirectoryStore: BlobStore {
 
     /// The modes of the directories, staging files and objects it creates.
     public let modes: FileModes
+    /// Where its system calls run: a caller's task waits for them without holding its thread.
+    public let threadPool: NIOThreadPool
 
     /// The default ``directBuffer``: 1 MiB.
     public static let defaultDirectBuffer = RelayConfiguration.defaultDirectIOBuffer
     /// The largest ``directBuffer`` accepted: 1 GiB.
     public static let maxDirectBuffer = 1 << 30
 
-    /// Creates both directories when missing.
+    /// Creates both directories when missing. Its system calls run on `threadPool` (started; the caller shuts it down).
     public init(
-        root: String, stagingDirectory: String, directBuffer: Int = LocalDirectoryStore.defaultDirectBuffer, modes: FileModes = .private
+        root: String, stagingDirectory: String, directBuffer: Int = LocalDirectoryStore.defaultDirectBuffer, modes: FileModes = .private,
+        threadPool: NIOThreadPool = .singleton
     ) throws {
+        self.threadPool = threadPool
         self.root = FileSystem.trimmed(root)
         self.stagingDirectory = FileSystem.trimmed(stagingDirectory)
         self.directBuffer = min(max(0, directBuffer), Self.maxDirectBuffer)
@@ -54,12 +59,14 @@ public final class LocalDirectoryStore: BlobStore {
     /// Stripes and reading back: any size a file system takes.
     public var capabilities: StoreCapabilities { StoreCapabilities(stripes: true, largestObject: .max) }
 
-    public func openStaging(_ request: StagingRequest) throws -> any StagingFile {
-        switch request.layout {
-        case .sequential(let offset, _):
-            return try self.openStaging(request.name, truncatingTo: offset, expectedSize: request.expectedSize)
-        case .striped(let size, let creating):
-            return try self.openStripedStaging(request.name, size: size, creating: creating)
+    public func openStaging(_ request: StagingRequest) async throws -> any StagingFile {
+        try await self.blocking {
+            switch request.layout {
+            case .sequential(let offset, _):
+                return try self.openStaging(request.name, truncatingTo: offset, expectedSize: request.expectedSize)
+            case .striped(let size, let creating):
+                return try self.openStripedStaging(request.name, size: size, creating: creating)
+            }
         }
     }
 
@@ -87,7 +94,8 @@ public final class LocalDirectoryStore: BlobStore {
         // restart. A new file's name is made durable by its first sync (a small upload committed at once never needs it).
         return LocalStagingFile(
             name: name, path: path, directory: self.stagingDirectory, descriptor: fd, offset: offset,
-            directBuffer: (expectedSize ?? .max) < Int64(self.directBuffer) ? 0 : self.directBuffer, nameIsDurable: offset > 0
+            directBuffer: (expectedSize ?? .max) < Int64(self.directBuffer) ? 0 : self.directBuffer, nameIsDurable: offset > 0,
+            threadPool: self.threadPool
         )
     }
 
@@ -107,7 +115,8 @@ public final class LocalDirectoryStore: BlobStore {
             }
         }
         return LocalStagingFile(
-            name: name, path: path, directory: self.stagingDirectory, descriptor: fd, offset: size, directBuffer: 0, nameIsDurable: true
+            name: name, path: path, directory: self.stagingDirectory, descriptor: fd, offset: size, directBuffer: 0, nameIsDurable: true,
+            threadPool: self.threadPool
         )
     }
 
@@ -124,10 +133,12 @@ public final class LocalDirectoryStore: BlobStore {
         return self.stagingDirectory + "/" + name
     }
 
-    public func removeStaging(_ name: String) throws {
-        let path = self.stagingDirectory + "/" + name
-        if unlink(path) != 0 && errno != ENOENT {
-            throw StoreError("cannot remove staging file \(path): \(FileSystem.reason())")
+    public func removeStaging(_ name: String) async throws {
+        try await self.blocking {
+            let path = self.stagingDirectory + "/" + name
+            if unlink(path) != 0 && errno != ENOENT {
+                throw StoreError("cannot remove staging file \(path): \(FileSystem.reason())")
+            }
         }
     }
 
@@ -175,21 +186,23 @@ public final class LocalDirectoryStore: BlobStore {
 
     /// Unlinks the file (through the same checked path a commit takes: no link leads out of the account's folder), syncs
     /// its directory, and removes the folders the key made that are empty now.
-    public func removeObject(_ key: ObjectKey, account: String) throws {
-        var checked = Set<String>()
-        let (directory, path) = try self.placeFor(key, account: account, checked: &checked)
-        guard unlink(path) == 0 || errno == ENOENT else {
-            throw StoreError("cannot remove \(path): \(String(cString: strerror(errno)))")
-        }
-        let fd = open(directory, O_RDONLY | O_DIRECTORY)
-        if fd >= 0 {
-            _ = fsync(fd)
-            close(fd)
-        }
-        let base = try self.accountDirectory(account)
-        var folder = directory
-        while folder.count > base.count, folder.hasPrefix(base + "/"), rmdir(folder) == 0 {
-            folder = String(folder[..<(folder.lastIndex(of: "/") ?? folder.endIndex)])
+    public func removeObject(_ key: ObjectKey, account: String) async throws {
+        try await self.blocking {
+            var checked = Set<String>()
+            let (directory, path) = try self.placeFor(key, account: account, checked: &checked)
+            guard unlink(path) == 0 || errno == ENOENT else {
+                throw StoreError("cannot remove \(path): \(String(cString: strerror(errno)))")
+            }
+            let fd = open(directory, O_RDONLY | O_DIRECTORY)
+            if fd >= 0 {
+                _ = fsync(fd)
+                close(fd)
+            }
+            let base = try self.accountDirectory(account)
+            var folder = directory
+            while folder.count > base.count, folder.hasPrefix(base + "/"), rmdir(folder) == 0 {
+                folder = String(folder[..<(folder.lastIndex(of: "/") ?? folder.endIndex)])
+            }
         }
     }
 
@@ -199,7 +212,15 @@ public final class LocalDirectoryStore: BlobStore {
 
     /// Each file synced and renamed into place in turn; then each directory that received one is synced once, and
     /// only then is any of them reported committed.
-    public func commit(_ batch: [StoreCommit]) -> [Result<ObjectIdentity, any Error>] {
+    public func commit(_ batch: [StoreCommit]) async -> [Result<ObjectIdentity, any Error>] {
+        do {
+            return try await self.blocking { self.commitNow(batch) }
+        } catch {
+            return batch.map { _ in .failure(StoreError("the relay is stopping: nothing was committed")) }
+        }
+    }
+
+    private func commitNow(_ batch: [StoreCommit]) -> [Result<ObjectIdentity, any Error>] {
         var results = [Result<ObjectIdentity, any Error>](repeating: .failure(StoreError("not committed")), count: batch.count)
         var placed: [(index: Int, directory: String, path: String)] = []
         var checked: Set<String> = []
@@ -237,7 +258,7 @@ public final class LocalDirectoryStore: BlobStore {
         guard let file = staging as? LocalStagingFile else {
             throw StoreError("a local directory store commits only its own staging files")
         }
-        if let conflict = try self.conflict(for: key, account: account) {
+        if let conflict = try self.conflictNow(for: key, account: account) {
             throw StoreError(conflict)
         }
         try file.seal()
@@ -273,33 +294,35 @@ public final class LocalDirectoryStore: BlobStore {
         StoreError(error.description, isNoSpace: error.isNoSpace, madeVisible: true)
     }
 
-    public func duplicate(_ source: ObjectKey, expected: ObjectIdentity, as key: ObjectKey, account: String) throws -> ObjectIdentity {
-        let from = try self.path(of: source, account: account)
-        if let conflict = try self.conflict(for: key, account: account) {
-            throw StoreError(conflict)
-        }
-        let (directory, path) = try self.placeFor(key, account: account)
-        let temporary = self.stagingDirectory + "/dup-" + String(UInt64.random(in: 0...UInt64.max), radix: 36)
-        // A hard link shares the bytes; the rename keeps the new name atomic. Objects are only ever replaced by
-        // rename, never written in place, so a link to the expected inode holds the expected bytes for good.
-        do {
-            if link(from, temporary) == 0 {
-                guard try Self.identity(at: temporary) == expected else {
-                    throw StoreError("\"\(source)\" was replaced while it was being copied")
-                }
-            } else {
-                try Self.copyFile(from, to: temporary, expected: expected, mode: self.modes.file)
+    public func duplicate(_ source: ObjectKey, expected: ObjectIdentity, as key: ObjectKey, account: String) async throws -> ObjectIdentity {
+        try await self.blocking {
+            let from = try self.path(of: source, account: account)
+            if let conflict = try self.conflictNow(for: key, account: account) {
+                throw StoreError(conflict)
             }
-        } catch {
-            unlink(temporary)
-            throw error
+            let (directory, path) = try self.placeFor(key, account: account)
+            let temporary = self.stagingDirectory + "/dup-" + String(UInt64.random(in: 0...UInt64.max), radix: 36)
+            // A hard link shares the bytes; the rename keeps the new name atomic. Objects are only ever replaced by
+            // rename, never written in place, so a link to the expected inode holds the expected bytes for good.
+            do {
+                if link(from, temporary) == 0 {
+                    guard try Self.identity(at: temporary) == expected else {
+                        throw StoreError("\"\(source)\" was replaced while it was being copied")
+                    }
+                } else {
+                    try Self.copyFile(from, to: temporary, expected: expected, mode: self.modes.file)
+                }
+            } catch {
+                unlink(temporary)
+                throw error
+            }
+            guard rename(temporary, path) == 0 else {
+                let message = FileSystem.reason()
+                unlink(temporary)
+                throw StoreError("cannot place a copy of \"\(source)\" at \(path): \(message)")
+            }
+            return try Self.afterRename(directory: directory, path: path)
         }
-        guard rename(temporary, path) == 0 else {
-            let message = FileSystem.reason()
-            unlink(temporary)
-            throw StoreError("cannot place a copy of \"\(source)\" at \(path): \(message)")
-        }
-        return try Self.afterRename(directory: directory, path: path)
     }
 
     static func copyFile(_ from: String, to: String, expected: ObjectIdentity, mode: mode_t) throws {
@@ -332,21 +355,23 @@ public final class LocalDirectoryStore: BlobStore {
         guard fsync(output) == 0 else { throw StoreError("cannot fsync \(to): \(FileSystem.reason())") }
     }
 
-    public func stagingFiles() throws -> [(name: String, modified: Date)] {
-        var files: [(name: String, modified: Date)] = []
-        let directory = self.stagingDirectory
-        guard
-            Self.forEachEntry(
-                of: directory,
-                { name in
-                    var info = stat()
-                    guard lstat(directory + "/" + name, &info) == 0 else { return }
-                    files.append((name, Date(timeIntervalSince1970: Double(info.st_mtim.tv_sec) + Double(info.st_mtim.tv_nsec) / 1e9)))
-                })
-        else {
-            throw StoreError("cannot list \(self.stagingDirectory): \(FileSystem.reason())")
+    public func stagingFiles() async throws -> [(name: String, modified: Date)] {
+        try await self.blocking {
+            var files: [(name: String, modified: Date)] = []
+            let directory = self.stagingDirectory
+            guard
+                Self.forEachEntry(
+                    of: directory,
+                    { name in
+                        var info = stat()
+                        guard lstat(directory + "/" + name, &info) == 0 else { return }
+                        files.append((name, Date(timeIntervalSince1970: Double(info.st_mtim.tv_sec) + Double(info.st_mtim.tv_nsec) / 1e9)))
+                    })
+            else {
+                throw StoreError("cannot list \(self.stagingDirectory): \(FileSystem.reason())")
+            }
+            return files
         }
-        return files
     }
 
     /// Calls `body` with each entry's name but "." and ".." until it returns false; false when the folder cannot be read.
@@ -367,5 +392,12 @@ public final class LocalDirectoryStore: BlobStore {
             body(name)
             return true
         }
+    }
+}
+
+extension LocalDirectoryStore {
+    /// Runs `body` on the store's thread pool.
+    func blocking<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+        try await self.threadPool.runIfActive(body)
     }
 }

@@ -7,8 +7,10 @@ import Darwin
 import CUploadSystem
 import NIOConcurrencyHelpers
 import NIOCore
+import NIOPosix
 
-/// A staging file: writes at offsets, fsync on demand. Used by one stream at a time (its calls are serial).
+/// A staging file: writes at offsets, fsync on demand. Used by one stream at a time (its calls are serial). Its
+/// system calls run on the store's thread pool: a caller's task waits for them without holding its thread.
 ///
 /// With direct I/O (`O_DIRECT`) the bytes bypass the page cache: each write goes to the disk at once in whole
 /// blocks, through an aligned buffer borrowed from ``DirectScratch`` for that write, and the last partial block
@@ -42,6 +44,8 @@ final class LocalStagingFile: StagingFile, @unchecked Sendable {
     private var unusable: StoreError?
     /// The most bytes one direct write takes (the size of the scratch buffers it borrows).
     private let directCapacity: Int
+    /// Where its blocking calls run.
+    private let threadPool: NIOThreadPool
 
     /// Bytes in `[start, start + fill)` of the file, fewer than a block, not yet on disk; `start` is block-aligned.
     private struct DirectTail {
@@ -53,7 +57,11 @@ final class LocalStagingFile: StagingFile, @unchecked Sendable {
 
     /// `offset` is where the file ends now (what ``LocalDirectoryStore/openStaging(_:)`` cut it to).
     /// `directBuffer` > 0 asks for direct I/O through a buffer of that many bytes, rounded up to whole blocks.
-    init(name: String, path: String, directory: String, descriptor: Int32, offset: Int64, directBuffer: Int, nameIsDurable: Bool) {
+    init(
+        name: String, path: String, directory: String, descriptor: Int32, offset: Int64, directBuffer: Int, nameIsDurable: Bool,
+        threadPool: NIOThreadPool
+    ) {
+        self.threadPool = threadPool
         self.name = name
         self.path = path
         self.directory = directory
@@ -106,8 +114,10 @@ final class LocalStagingFile: StagingFile, @unchecked Sendable {
         if flags >= 0 { _ = fcntl(descriptor, F_SETFL, flags & ~upload_o_direct_flag()) }
     }
 
-    func write(_ bytes: ByteBuffer, at offset: Int64) throws {
-        try self.guardingUse { try self.write0(bytes, at: offset) }
+    func write(_ bytes: ByteBuffer, at offset: Int64) async throws {
+        try await self.threadPool.runIfActive {
+            try self.guardingUse { try self.write0(bytes, at: offset) }
+        }
     }
 
     /// Runs `body` unless the file is unusable; makes it unusable when `body` throws.
@@ -213,7 +223,12 @@ final class LocalStagingFile: StagingFile, @unchecked Sendable {
 
     /// Makes every written byte survive a crash. With direct I/O the file may then extend past ``end`` to a
     /// block boundary, with zeros; a resume cuts it back to its durable offset, a commit to ``end`` (``seal()``).
-    func sync() throws {
+    func sync() async throws {
+        try await self.threadPool.runIfActive { try self.syncNow() }
+    }
+
+    /// ``sync()``, on the caller's thread.
+    func syncNow() throws {
         try self.guardingUse {
             try self.flushDirect()
             try self.dataSync()
@@ -228,13 +243,25 @@ final class LocalStagingFile: StagingFile, @unchecked Sendable {
         }
     }
 
-    func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws -> Int {
+    func read(_ count: Int, at offset: Int64) async throws -> ByteBuffer {
+        try await self.threadPool.runIfActive {
+            var bytes = ByteBuffer()
+            bytes.reserveCapacity(count)
+            _ = try bytes.writeWithUnsafeMutableBytes(minimumWritableBytes: count) { buffer in
+                try self.read(into: UnsafeMutableRawBufferPointer(rebasing: buffer[0..<count]), at: offset)
+            }
+            return bytes
+        }
+    }
+
+    private func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws -> Int {
         if let unusable = self.unusable { throw unusable }
         // Plain reads need plain I/O: what the direct buffer holds goes to the file first.
         try self.leaveDirect()
+        guard let base = buffer.baseAddress else { return 0 }
         var done = 0
         while done < buffer.count {
-            let n = pread(self.descriptor, buffer.baseAddress! + done, buffer.count - done, off_t(offset) + off_t(done))
+            let n = pread(self.descriptor, base + done, buffer.count - done, off_t(offset) + off_t(done))
             if n < 0 && errno == EINTR { continue }
             guard n >= 0 else {
                 throw StoreError("cannot read \(buffer.count) bytes at offset \(offset) of \(self.path): \(FileSystem.reason())")

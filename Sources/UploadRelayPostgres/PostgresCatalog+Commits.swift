@@ -7,9 +7,9 @@ import UploadProtocol
 /// Quota use and the commit protocol (SPEC §7, §8.3), as ``SQLiteCatalog+Commits`` runs them, each account's decisions
 /// taken one at a time on its row.
 extension PostgresCatalog {
-    public func deleteObject(account: String, key: String) throws {
+    public func deleteObject(account: String, key: String) async throws {
         let logger = self.logger
-        try self.transaction { connection in
+        try await self.transaction { connection in
             do {
                 try await Self.lockAccount(account, on: connection, logger)
             } catch CatalogError.unknownAccount {
@@ -102,18 +102,18 @@ extension PostgresCatalog {
         )
     }
 
-    public func quotaUse(account: String, excludingKey key: String, active: [String: Int64]) throws -> QuotaUse {
+    public func quotaUse(account: String, excludingKey key: String, active: [String: Int64]) async throws -> QuotaUse {
         let (logger, relayPID) = (self.logger, self.locks.backendPID ?? 0)
         // One view of the data: a commit of another relay landing between the statements would undercount.
-        return try self.transaction(snapshot: true) {
+        return try await self.transaction(snapshot: true) {
             try await Self.quotaUse(account, excludingKey: key, active: active, relayPID: relayPID, on: $0, logger)
         }
     }
 
-    public func admit(account: String, key: String, announced: Int64, growth: Int64, active: [String: Int64]) throws -> QuotaUse {
+    public func admit(account: String, key: String, announced: Int64, growth: Int64, active: [String: Int64]) async throws -> QuotaUse {
         let (logger, pid) = (self.logger, self.locks.backendPID)
         let lockID = PostgresKeyLocks.lockID(account: account, key: key)
-        return try self.transaction { connection in
+        return try await self.transaction { connection in
             // Admissions and commits of the account take turns on its row, on every relay: each reads what the one
             // before it reserved.
             try await Self.lockAccount(account, on: connection, logger)
@@ -138,15 +138,15 @@ extension PostgresCatalog {
         }
     }
 
-    public func beginCommit(_ commit: PendingCommit) throws {
+    public func beginCommit(_ commit: PendingCommit) async throws {
         let logger = self.logger
-        try self.transaction { try await Self.beginCommit(commit, on: $0, logger) }
+        try await self.transaction { try await Self.beginCommit(commit, on: $0, logger) }
     }
 
     /// One transaction for the group; each account's row is taken once, in name order (no deadlock between relays).
-    public func beginCommits(_ commits: [PendingCommit]) throws -> [CatalogError?] {
+    public func beginCommits(_ commits: [PendingCommit]) async throws -> [CatalogError?] {
         let logger = self.logger
-        return try self.transaction { connection in
+        return try await self.transaction { connection in
             for account in Set(commits.map(\.account)).sorted() {
                 do {
                     try await Self.lockAccount(account, on: connection, logger)
@@ -191,13 +191,13 @@ extension PostgresCatalog {
         )
     }
 
-    public func finishCommit(_ commit: PendingCommit, identity: ObjectIdentity) throws {
-        try self.finishCommits([(commit, identity)])
+    public func finishCommit(_ commit: PendingCommit, identity: ObjectIdentity) async throws {
+        try await self.finishCommits([(commit, identity)])
     }
 
-    public func finishCommits(_ commits: [(PendingCommit, ObjectIdentity)]) throws {
+    public func finishCommits(_ commits: [(PendingCommit, ObjectIdentity)]) async throws {
         let logger = self.logger
-        try self.transaction { connection in
+        try await self.transaction { connection in
             for account in Set(commits.map(\.0.account)).sorted() {
                 do {
                     try await Self.lockAccount(account, on: connection, logger)
@@ -246,14 +246,16 @@ extension PostgresCatalog {
         }
     }
 
-    public func abandonCommit(account: String, key: String) throws {
+    public func abandonCommit(account: String, key: String) async throws {
         let logger = self.logger
-        try self.run { _ = try await $0.query("DELETE FROM pending_commit WHERE account = \(account) AND key = \(key)", logger: logger).collect() }
+        try await self.run {
+            _ = try await $0.query("DELETE FROM pending_commit WHERE account = \(account) AND key = \(key)", logger: logger).collect()
+        }
     }
 
-    public func pendingCommits() throws -> [PendingCommit] {
+    public func pendingCommits() async throws -> [PendingCommit] {
         let logger = self.logger
-        return try self.run {
+        return try await self.run {
             try await Self.rows("SELECT * FROM pending_commit", on: $0, logger).map {
                 PendingCommit(
                     account: try $0["account"].decode(String.self), key: try $0["key"].decode(String.self), size: try $0["size"].decode(Int64.self),
@@ -266,11 +268,11 @@ extension PostgresCatalog {
 
     // MARK: Commit events (the hooks' outbox)
 
-    public func claimCommitEvents(limit: Int, lease: Duration) throws -> [CommitEvent] {
+    public func claimCommitEvents(limit: Int, lease: Duration) async throws -> [CommitEvent] {
         let logger = self.logger
         let now = Date().timeIntervalSince1970
         let until = now + lease.inSeconds
-        return try self.transaction { connection in
+        return try await self.transaction { connection in
             // SKIP LOCKED: relays looking at once take different events.
             try await Self.rows(
                 """
@@ -293,24 +295,24 @@ extension PostgresCatalog {
         }
     }
 
-    public func finishCommitEvent(id: Int64) throws {
+    public func finishCommitEvent(id: Int64) async throws {
         let logger = self.logger
-        try self.run { _ = try await $0.query("DELETE FROM commit_event WHERE id = \(id)", logger: logger).collect() }
+        try await self.run { _ = try await $0.query("DELETE FROM commit_event WHERE id = \(id)", logger: logger).collect() }
     }
 
-    public func retryCommitEvent(id: Int64, at retryAt: Date, error: String) throws {
+    public func retryCommitEvent(id: Int64, at retryAt: Date, error: String) async throws {
         let logger = self.logger
         let at = retryAt.timeIntervalSince1970
-        try self.run {
+        try await self.run {
             _ = try await $0.query(
                 "UPDATE commit_event SET next_attempt_at = \(at), last_error = \(error) WHERE id = \(id)", logger: logger
             ).collect()
         }
     }
 
-    public func commitEventBacklog() throws -> CommitEventBacklog {
+    public func commitEventBacklog() async throws -> CommitEventBacklog {
         let logger = self.logger
-        return try self.run { connection in
+        return try await self.run { connection in
             let row = try await Self.rows(
                 "SELECT COUNT(*)::BIGINT AS n, MIN(committed_at) AS oldest FROM commit_event", on: connection, logger
             ).first
@@ -324,9 +326,9 @@ extension PostgresCatalog {
         }
     }
 
-    public func ping() throws {
+    public func ping() async throws {
         let logger = self.logger
-        try self.run { connection in
+        try await self.run { connection in
             _ = try await Self.rows("SELECT 1 AS one", on: connection, logger)
         }
     }

@@ -7,10 +7,10 @@ import PostgresNIO
 extension PostgresCatalog {
     // MARK: Accounts
 
-    public func addAccount(name: String, tokenHash: [UInt8], quota: Int64?) throws {
+    public func addAccount(name: String, tokenHash: [UInt8], quota: Int64?) async throws {
         guard Account.isValidName(name) else { throw CatalogError.invalidAccountName(name) }
         let logger = self.logger
-        try self.transaction { connection in
+        try await self.transaction { connection in
             let added = try await Self.rows(
                 """
                 INSERT INTO account (name, token_hash, quota, created_at) VALUES (\(name), \(Data(tokenHash)), \(quota), \(Date().timeIntervalSince1970))
@@ -31,36 +31,36 @@ extension PostgresCatalog {
         )
     }
 
-    public func account(tokenHash: [UInt8]) throws -> Account? {
+    public func account(tokenHash: [UInt8]) async throws -> Account? {
         let logger = self.logger
-        return try self.run {
+        return try await self.run {
             try await Self.rows("SELECT * FROM account WHERE token_hash = \(Data(tokenHash))", on: $0, logger).first.map(Self.account)
         }
     }
 
-    public func account(named name: String) throws -> Account? {
+    public func account(named name: String) async throws -> Account? {
         let logger = self.logger
-        return try self.run { try await Self.rows("SELECT * FROM account WHERE name = \(name)", on: $0, logger).first.map(Self.account) }
+        return try await self.run { try await Self.rows("SELECT * FROM account WHERE name = \(name)", on: $0, logger).first.map(Self.account) }
     }
 
-    public func accounts() throws -> [Account] {
+    public func accounts() async throws -> [Account] {
         let logger = self.logger
         // Byte order, as SQLite sorts: not the database's collation.
-        return try self.run { try await Self.rows("SELECT * FROM account ORDER BY name COLLATE \"C\"", on: $0, logger).map(Self.account) }
+        return try await self.run { try await Self.rows("SELECT * FROM account ORDER BY name COLLATE \"C\"", on: $0, logger).map(Self.account) }
     }
 
-    public func revokeAccount(named name: String) throws -> Bool {
+    public func revokeAccount(named name: String) async throws -> Bool {
         let logger = self.logger
-        return try self.run {
+        return try await self.run {
             try await !Self.rows("UPDATE account SET revoked = TRUE WHERE name = \(name) RETURNING name", on: $0, logger).isEmpty
         }
     }
 
     public func removeObject(
-        account: String, key: String, removingFile: @escaping @Sendable (StoredObject) throws -> Void
-    ) throws -> ObjectRemoval {
+        account: String, key: String, removingFile: @escaping @Sendable (StoredObject) async throws -> Void
+    ) async throws -> ObjectRemoval {
         let logger = self.logger
-        return try self.transaction { connection in
+        return try await self.transaction { connection in
             // The account's row, as commits take it: no commit of the account lands until this ends.
             do {
                 try await Self.lockAccount(account, on: connection, logger)
@@ -79,16 +79,16 @@ extension PostgresCatalog {
             {
                 return .committing
             }
-            try removingFile(object)
+            try await removingFile(object)
             try await connection.query("DELETE FROM object WHERE account = \(account) AND key = \(key)", logger: logger)
             try await connection.query("UPDATE account SET used_bytes = used_bytes - \(object.size) WHERE name = \(account)", logger: logger)
             return .removed(object)
         }
     }
 
-    public func deleteAccount(named name: String) throws -> Bool {
+    public func deleteAccount(named name: String) async throws -> Bool {
         let logger = self.logger
-        return try self.transaction { connection in
+        return try await self.transaction { connection in
             // The account's row held: no commit or admission of it runs meanwhile.
             guard try await !Self.rows("SELECT name FROM account WHERE name = \(name) FOR UPDATE", on: connection, logger).isEmpty else {
                 return false
@@ -115,9 +115,9 @@ extension PostgresCatalog {
         }
     }
 
-    public func updateAccount(named name: String, quota: Int64??, tokenHash: [UInt8]?, revoked: Bool?) throws -> Bool {
+    public func updateAccount(named name: String, quota: Int64??, tokenHash: [UInt8]?, revoked: Bool?) async throws -> Bool {
         let logger = self.logger
-        return try self.run { connection in
+        return try await self.run { connection in
             guard try await !Self.rows("SELECT name FROM account WHERE name = \(name)", on: connection, logger).isEmpty else { return false }
             if let quota {
                 _ = try await Self.rows("UPDATE account SET quota = \(quota) WHERE name = \(name) RETURNING name", on: connection, logger)
@@ -146,17 +146,17 @@ extension PostgresCatalog {
         )
     }
 
-    public func session(account: String, key: String) throws -> UploadSession? {
+    public func session(account: String, key: String) async throws -> UploadSession? {
         let logger = self.logger
-        return try self.run {
+        return try await self.run {
             try await Self.rows("SELECT * FROM session WHERE account = \(account) AND key = \(key)", on: $0, logger).first.map(Self.session)
         }
     }
 
-    public func sessions(account: String, keys: [String]) throws -> [String: UploadSession] {
+    public func sessions(account: String, keys: [String]) async throws -> [String: UploadSession] {
         guard !keys.isEmpty else { return [:] }
         let logger = self.logger
-        return try self.run {
+        return try await self.run {
             let rows = try await Self.rows("SELECT * FROM session WHERE account = \(account) AND key = ANY(\(keys))", on: $0, logger)
             return Dictionary(
                 try rows.map { row in
@@ -165,18 +165,18 @@ extension PostgresCatalog {
         }
     }
 
-    public func putSession(_ session: UploadSession) throws {
-        try self.putSession(session, parts: [])
+    public func putSession(_ session: UploadSession) async throws {
+        try await self.putSession(session, parts: [])
     }
 
-    public func putSession(_ s: UploadSession, parts: [StagedPart]) throws {
+    public func putSession(_ s: UploadSession, parts: [StagedPart]) async throws {
         let logger = self.logger
-        try self.transaction { connection in
+        try await self.transaction { connection in
             // One recorder of a key at a time (on any relay): under READ COMMITTED, a DELETE does not see a row another
             // transaction inserts meanwhile, and the INSERT would then break UNIQUE (account, key).
-            try await connection.query(
+            _ = try await connection.query(
                 "SELECT pg_advisory_xact_lock(hashtextextended(\(s.account) || '/' || \(s.key), 0))", logger: logger
-            )
+            ).collect()
             try await connection.query("DELETE FROM session WHERE account = \(s.account) AND key = \(s.key)", logger: logger)
             try await connection.query(
                 """
@@ -191,13 +191,13 @@ extension PostgresCatalog {
         }
     }
 
-    public func updateDurable(sessionID: String, offset: Int64, sha1State: [UInt8]) throws {
-        try self.updateDurable(sessionID: sessionID, offset: offset, sha1State: sha1State, parts: [])
+    public func updateDurable(sessionID: String, offset: Int64, sha1State: [UInt8]) async throws {
+        try await self.updateDurable(sessionID: sessionID, offset: offset, sha1State: sha1State, parts: [])
     }
 
-    public func updateDurable(sessionID: String, offset: Int64, sha1State: [UInt8], parts: [StagedPart]) throws {
+    public func updateDurable(sessionID: String, offset: Int64, sha1State: [UInt8], parts: [StagedPart]) async throws {
         let logger = self.logger
-        try self.transaction { connection in
+        try await self.transaction { connection in
             let updated = try await Self.rows(
                 """
                 UPDATE session SET durable_offset = \(offset), sha1_state = \(Data(sha1State)), updated_at = \(Date().timeIntervalSince1970)
@@ -223,9 +223,9 @@ extension PostgresCatalog {
         }
     }
 
-    public func stagedParts(sessionID: String) throws -> [StagedPart] {
+    public func stagedParts(sessionID: String) async throws -> [StagedPart] {
         let logger = self.logger
-        return try self.run {
+        return try await self.run {
             try await Self.rows("SELECT * FROM session_part WHERE session_id = \(sessionID) ORDER BY number", on: $0, logger).map {
                 StagedPart(
                     number: try $0["number"].decode(Int.self), end: try $0["end_offset"].decode(Int64.self), etag: try $0["etag"].decode(String.self),
@@ -235,9 +235,9 @@ extension PostgresCatalog {
         }
     }
 
-    public func completeStripe(sessionID: String, index: Int, bytes: Int64) throws {
+    public func completeStripe(sessionID: String, index: Int, bytes: Int64) async throws {
         let logger = self.logger
-        try self.transaction { connection in
+        try await self.transaction { connection in
             // Also keeps a striped upload whose main stream waits from expiring while its stripes arrive.
             let updated = try await Self.rows(
                 "UPDATE session SET updated_at = \(Date().timeIntervalSince1970) WHERE id = \(sessionID) RETURNING id", on: connection, logger
@@ -250,9 +250,9 @@ extension PostgresCatalog {
         }
     }
 
-    public func completeStripes(sessionID: String) throws -> Set<Int> {
+    public func completeStripes(sessionID: String) async throws -> Set<Int> {
         let logger = self.logger
-        return try self.run {
+        return try await self.run {
             Set(
                 try await Self.rows("SELECT stripe FROM session_stripe WHERE session_id = \(sessionID)", on: $0, logger).map {
                     try $0["stripe"].decode(Int.self)
@@ -260,15 +260,15 @@ extension PostgresCatalog {
         }
     }
 
-    public func deleteSession(id: String) throws {
+    public func deleteSession(id: String) async throws {
         let logger = self.logger
-        try self.run { _ = try await $0.query("DELETE FROM session WHERE id = \(id)", logger: logger).collect() }
+        try await self.run { _ = try await $0.query("DELETE FROM session WHERE id = \(id)", logger: logger).collect() }
     }
 
-    public func sessions(updatedBefore date: Date) throws -> [UploadSession] {
+    public func sessions(updatedBefore date: Date) async throws -> [UploadSession] {
         let logger = self.logger
         // distantFuture's seconds are beyond a double's exact integers but not its range: fine for a comparison.
-        return try self.run {
+        return try await self.run {
             try await Self.rows("SELECT * FROM session WHERE updated_at < \(date.timeIntervalSince1970)", on: $0, logger).map(Self.session)
         }
     }
@@ -292,17 +292,17 @@ extension PostgresCatalog {
         )
     }
 
-    public func object(account: String, key: String) throws -> StoredObject? {
+    public func object(account: String, key: String) async throws -> StoredObject? {
         let logger = self.logger
-        return try self.run {
+        return try await self.run {
             try await Self.rows("SELECT * FROM object WHERE account = \(account) AND key = \(key)", on: $0, logger).first.map(Self.object)
         }
     }
 
-    public func objects(account: String, keys: [String]) throws -> [String: StoredObject] {
+    public func objects(account: String, keys: [String]) async throws -> [String: StoredObject] {
         guard !keys.isEmpty else { return [:] }
         let logger = self.logger
-        return try self.run {
+        return try await self.run {
             let rows = try await Self.rows("SELECT * FROM object WHERE account = \(account) AND key = ANY(\(keys))", on: $0, logger)
             return Dictionary(
                 try rows.map { row in
@@ -311,17 +311,17 @@ extension PostgresCatalog {
         }
     }
 
-    public func object(account: String, size: Int64, sha1: String) throws -> [StoredObject] {
+    public func object(account: String, size: Int64, sha1: String) async throws -> [StoredObject] {
         let logger = self.logger
-        return try self.run {
+        return try await self.run {
             try await Self.rows("SELECT * FROM object WHERE account = \(account) AND size = \(size) AND sha1 = \(sha1) LIMIT 8", on: $0, logger)
                 .map(Self.object)
         }
     }
 
-    public func probeCandidates(account: String, size: Int64, probe: String) throws -> [StoredObject] {
+    public func probeCandidates(account: String, size: Int64, probe: String) async throws -> [StoredObject] {
         let logger = self.logger
-        return try self.run {
+        return try await self.run {
             try await Self.rows(
                 "SELECT * FROM object WHERE account = \(account) AND size = \(size) AND (probe_sha1 = \(probe) OR probe_sha1 IS NULL) LIMIT 8",
                 on: $0, logger
@@ -329,25 +329,27 @@ extension PostgresCatalog {
         }
     }
 
-    public func objects() throws -> [StoredObject] {
+    public func objects() async throws -> [StoredObject] {
         let logger = self.logger
-        return try self.run { try await Self.rows("SELECT * FROM object", on: $0, logger).map(Self.object) }
+        return try await self.run { try await Self.rows("SELECT * FROM object", on: $0, logger).map(Self.object) }
     }
 
-    public func objects(account: String, prefix: String, after: String?, limit: Int) throws -> [StoredObject] {
-        try self.keyPage("object", account, prefix, after, limit).map(Self.object)
+    public func objects(account: String, prefix: String, after: String?, limit: Int) async throws -> [StoredObject] {
+        try await self.keyPage("object", account, prefix, after, limit).map(Self.object)
     }
 
-    public func sessions(account: String, prefix: String, after: String?, limit: Int) throws -> [UploadSession] {
-        try self.keyPage("session", account, prefix, after, limit).map(Self.session)
+    public func sessions(account: String, prefix: String, after: String?, limit: Int) async throws -> [UploadSession] {
+        try await self.keyPage("session", account, prefix, after, limit).map(Self.session)
     }
 
     /// Rows of `table` for a page of keys. COLLATE "C": the UTF-8 byte order, as SQLite's, whatever the database's
     /// collation (the indexes of schema v7 serve it).
-    private func keyPage(_ table: String, _ account: String, _ prefix: String, _ after: String?, _ limit: Int) throws -> [PostgresRandomAccessRow] {
+    private func keyPage(
+        _ table: String, _ account: String, _ prefix: String, _ after: String?, _ limit: Int
+    ) async throws -> [PostgresRandomAccessRow] {
         let logger = self.logger
         let after = after ?? ""
-        return try self.run {
+        return try await self.run {
             try await Self.rows(
                 """
                 SELECT * FROM \(unescaped: table) WHERE account = \(account) AND key COLLATE "C" >= \(prefix) AND key COLLATE "C" > \(after)

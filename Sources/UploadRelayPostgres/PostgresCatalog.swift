@@ -12,7 +12,7 @@ import PostgresNIO
 ///   advisory lock, so relays started together migrate once.
 /// - Commits serialize per account on its row (`SELECT ... FOR UPDATE`): the quota one relay checks is the quota
 ///   another one's commit leaves, whatever relay each upload reached.
-/// - Every call blocks its caller, as the protocol says (``Blocking``), on the relay's I/O pool.
+/// - Every call is async, as the protocol says: a query waits for the database without holding a thread.
 public final class PostgresCatalog: Catalog, @unchecked Sendable {
     let client: PostgresClient
     let logger: Logger
@@ -31,7 +31,9 @@ public final class PostgresCatalog: Catalog, @unchecked Sendable {
 
     /// Connects (lazily, from a pool) to `url`, `postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?sslmode=disable|require]`,
     /// and migrates the schema.
-    public init(url: String, logger: Logger, timeout: Duration = .seconds(15), lockHeartbeat: LockHeartbeat = LockHeartbeat()) throws {
+    public init(
+        url: String, logger: Logger, timeout: Duration = .seconds(15), lockHeartbeat: LockHeartbeat = LockHeartbeat()
+    ) async throws {
         let configuration = try Self.configuration(url)
         self.logger = logger
         self.timeout = timeout
@@ -43,11 +45,11 @@ public final class PostgresCatalog: Catalog, @unchecked Sendable {
         self.locks = try PostgresKeyLocks(url: url, logger: background, timeout: timeout, heartbeat: lockHeartbeat)
         // A wrong password, a server without TLS, a certificate that does not verify: said as such, at once (after the
         // settings are checked, which need no connection).
-        try Self.probe(url, timeout: timeout, logger: logger)
-        // On the blocking side's executor, as the queries: the cooperative pool may be full of callers waiting for them.
-        self.running = Task(executorPreference: Blocking.executor) { await client.run() }
+        try await Self.probe(url, timeout: timeout, logger: logger)
+        // On an executor of its own: the pool must go on whatever the process does with the shared cooperative pool.
+        self.running = Task(executorPreference: Self.executor) { await client.run() }
         do {
-            try self.migrate()
+            try await self.migrate()
         } catch {
             self.running.cancel()
             throw error
@@ -57,6 +59,9 @@ public final class PostgresCatalog: Catalog, @unchecked Sendable {
     deinit {
         self.running.cancel()
     }
+
+    /// Where the catalog's background tasks run (its pool's run loop, the lock connection's heartbeat and unlocks).
+    static let executor = QueueExecutor(label: "upload-relay.postgres")
 
     /// Closes the pool's connections.
     public func shutdown() {
@@ -219,26 +224,13 @@ public final class PostgresCatalog: Catalog, @unchecked Sendable {
 
     /// Connects once, on a connection of its own, and says what went wrong the way it went wrong: the pool retries a
     /// refused login or a failed TLS handshake in silence until the call's deadline, which said only "did not answer".
-    static func probe(_ url: String, timeout: Duration, logger: Logger) throws {
+    static func probe(_ url: String, timeout: Duration, logger: Logger) async throws {
         let address = try Address(url)
         let configuration = try Self.connectionConfiguration(url)
         let place = "PostgreSQL at \(address.host):\(address.port)"
         do {
-            try Blocking.run {
-                try await withThrowingTaskGroup(of: Void.self) { group in
-                    group.addTask {
-                        let connection = try await PostgresConnection.connect(
-                            on: MultiThreadedEventLoopGroup.singleton.next(), configuration: configuration, id: 0, logger: logger
-                        )
-                        try? await connection.close()
-                    }
-                    group.addTask {
-                        try await Task.sleep(for: timeout)
-                        throw CatalogFailure("\(place) did not answer within \(timeout): is it running there, and is --catalog right?")
-                    }
-                    defer { group.cancelAll() }
-                    try await group.next()
-                }
+            try await withTaskExecutorPreference(Self.executor) {
+                try await Self.connectOnce(configuration, timeout: timeout, place: place, logger: logger)
             }
         } catch let error as CatalogFailure {
             throw error
@@ -246,6 +238,26 @@ public final class PostgresCatalog: Catalog, @unchecked Sendable {
             throw CatalogFailure(Self.describe(error, place: place, address: address))
         } catch {
             throw CatalogFailure("cannot connect to \(place): \(error)")
+        }
+    }
+
+    /// Connects and closes, within `timeout`.
+    private static func connectOnce(
+        _ configuration: PostgresConnection.Configuration, timeout: Duration, place: String, logger: Logger
+    ) async throws {
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask {
+                let connection = try await PostgresConnection.connect(
+                    on: MultiThreadedEventLoopGroup.singleton.next(), configuration: configuration, id: 0, logger: logger
+                )
+                try? await connection.close()
+            }
+            group.addTask {
+                try await Task.sleep(for: timeout)
+                throw CatalogFailure("\(place) did not answer within \(timeout): is it running there, and is --catalog right?")
+            }
+            defer { group.cancelAll() }
+            try await group.next()
         }
     }
 
@@ -282,18 +294,20 @@ public final class PostgresCatalog: Catalog, @unchecked Sendable {
     // MARK: Running queries
 
     /// Runs `body` on a pooled connection and waits for it.
-    func run<T: Sendable>(_ body: @escaping @Sendable (PostgresConnection) async throws -> T) throws -> T {
+    func run<T: Sendable>(_ body: @escaping @Sendable (PostgresConnection) async throws -> T) async throws -> T {
         let client = self.client
-        return try self.mapped { try await client.withConnection { connection in try await body(connection) } }
+        return try await self.mapped { try await client.withConnection { connection in try await body(connection) } }
     }
 
     /// Runs `body` in one transaction (rolled back when it throws) and waits for it: READ COMMITTED whatever the server's
     /// default (the quota rule reads the latest commits after taking its account's row), or with `snapshot` one read-only
     /// view of the data.
-    func transaction<T: Sendable>(snapshot: Bool = false, _ body: @escaping @Sendable (PostgresConnection) async throws -> T) throws -> T {
+    func transaction<T: Sendable>(
+        snapshot: Bool = false, _ body: @escaping @Sendable (PostgresConnection) async throws -> T
+    ) async throws -> T {
         let (client, logger) = (self.client, self.logger)
         let begin: PostgresQuery = snapshot ? "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY" : "BEGIN ISOLATION LEVEL READ COMMITTED"
-        return try self.mapped {
+        return try await self.mapped {
             try await client.withConnection { connection in
                 try await connection.query(begin, logger: logger)
                 do {
@@ -309,23 +323,16 @@ public final class PostgresCatalog: Catalog, @unchecked Sendable {
     }
 
     /// The database's errors as ``CatalogFailure``, with what PostgreSQL said; the catalog's own pass through.
-    func mapped<T: Sendable>(_ body: @escaping @Sendable () async throws -> T) throws -> T {
-        try Self.mapped(timeout: self.timeout, body)
+    func mapped<T: Sendable>(_ body: @escaping @Sendable () async throws -> T) async throws -> T {
+        try await Self.mapped(timeout: self.timeout, body)
     }
 
-    static func mapped<T: Sendable>(timeout: Duration, _ body: @escaping @Sendable () async throws -> T) throws -> T {
+    /// On the catalog's own executor (``executor``), whatever the caller's: a query must go on, its transaction never
+    /// left idle, while the process's shared cooperative pool is busy.
+    static func mapped<T: Sendable>(timeout: Duration, _ body: @escaping @Sendable () async throws -> T) async throws -> T {
         do {
-            return try Blocking.run {
-                try await withThrowingTaskGroup(of: T.self) { group in
-                    group.addTask { try await body() }
-                    group.addTask {
-                        try await Task.sleep(for: timeout)
-                        throw CatalogFailure("PostgreSQL did not answer within \(timeout): is it running, and is --catalog right?")
-                    }
-                    defer { group.cancelAll() }
-                    guard let first = try await group.next() else { throw CatalogFailure("PostgreSQL call ended without an outcome") }
-                    return first
-                }
+            return try await withTaskExecutorPreference(Self.executor) {
+                try await Self.timed(timeout, body)
             }
         } catch let error as CatalogError {
             throw error
@@ -335,23 +342,38 @@ public final class PostgresCatalog: Catalog, @unchecked Sendable {
         }
     }
 
+    /// `body`, or a ``CatalogFailure`` after `timeout`.
+    private static func timed<T: Sendable>(_ timeout: Duration, _ body: @escaping @Sendable () async throws -> T) async throws -> T {
+        try await withThrowingTaskGroup(of: T.self) { group in
+            group.addTask { try await body() }
+            group.addTask {
+                try await Task.sleep(for: timeout)
+                throw CatalogFailure("PostgreSQL did not answer within \(timeout): is it running, and is --catalog right?")
+            }
+            defer { group.cancelAll() }
+            guard let first = try await group.next() else { throw CatalogFailure("PostgreSQL call ended without an outcome") }
+            return first
+        }
+    }
+
     static func rows(_ query: PostgresQuery, on connection: PostgresConnection, _ logger: Logger) async throws -> [PostgresRandomAccessRow] {
         try await connection.query(query, logger: logger).collect().map { $0.makeRandomAccess() }
     }
 
     /// Runs one statement of the caller's, with no parameters (tests and tools: making a database, say).
-    public func execute(_ sql: String) throws {
+    public func execute(_ sql: String) async throws {
         let logger = self.logger
-        try self.run { _ = try await $0.query(PostgresQuery(unsafeSQL: sql), logger: logger).collect() }
+        try await self.run { _ = try await $0.query(PostgresQuery(unsafeSQL: sql), logger: logger).collect() }
     }
 
     // MARK: Schema
 
-    func migrate() throws {
+    func migrate() async throws {
         let logger = self.logger
-        try self.transaction { connection in
+        try await self.transaction { connection in
             // One relay at a time: the others wait here, then find the schema in place.
-            try await connection.query("SELECT pg_advisory_xact_lock(7443001)", logger: logger)
+            // Collected: a SELECT's error (a lock timeout) comes with its rows, and would be lost otherwise.
+            _ = try await connection.query("SELECT pg_advisory_xact_lock(7443001)", logger: logger).collect()
             try await connection.query(
                 "CREATE TABLE IF NOT EXISTS upload_schema (version INTEGER PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)",
                 logger: logger

@@ -62,7 +62,7 @@ final class PostgresKeyLocks: KeyLocks, @unchecked Sendable {
     private let heartbeat: LockHeartbeat
     private let state = NIOLockedValueBox(State())
     /// One connect at a time.
-    private let connecting = NIOLock()
+    private let connecting = AsyncLock()
 
     deinit {
         self.shutdown()
@@ -100,11 +100,11 @@ final class PostgresKeyLocks: KeyLocks, @unchecked Sendable {
         self.state.withLockedValue { $0.connection?.isClosed == false ? $0.pid : nil }
     }
 
-    func tryLock(account: String, key: String) throws -> KeyLock? {
+    func tryLock(account: String, key: String) async throws -> KeyLock? {
         let id = Self.lockID(account: account, key: key)
-        let (connection, generation) = try self.connection()
+        let (connection, generation) = try await self.connection()
         let (logger, state) = (self.logger, self.state)
-        let taken = try PostgresCatalog.mapped(timeout: self.timeout) {
+        let taken = try await PostgresCatalog.mapped(timeout: self.timeout) {
             let rows = try await connection.query("SELECT pg_try_advisory_lock(\(id)) AS taken", logger: logger).collect()
             Self.answered(state, generation)
             return try rows.first?.makeRandomAccess()["taken"].decode(Bool.self) ?? false
@@ -124,7 +124,7 @@ final class PostgresKeyLocks: KeyLocks, @unchecked Sendable {
         // The key's reservation, if any, stays: held by no lock, it counts for nothing, and the account's next
         // admission drops it (a DELETE here could take a newer upload's reservation of the key, made under the same
         // lock taken again).
-        Task(executorPreference: Blocking.executor) {
+        Task(executorPreference: PostgresCatalog.executor) {
             do {
                 _ = try await connection.query("SELECT pg_advisory_unlock(\(lock.id))", logger: logger)
                 Self.answered(state, lock.generation)
@@ -153,8 +153,8 @@ final class PostgresKeyLocks: KeyLocks, @unchecked Sendable {
     }
 
     /// The connection locks are taken on, made when there is none.
-    private func connection() throws -> (PostgresConnection, Int) {
-        try self.connecting.withLock {
+    private func connection() async throws -> (PostgresConnection, Int) {
+        try await self.connecting.withLock {
             let current = self.state.withLockedValue { state -> (PostgresConnection, Int)? in
                 guard let connection = state.connection, !connection.isClosed else { return nil }
                 return (connection, state.generation)
@@ -162,7 +162,7 @@ final class PostgresKeyLocks: KeyLocks, @unchecked Sendable {
             if let current { return current }
             if self.state.withLockedValue({ $0.shutDown }) { throw CatalogFailure("the relay is stopping") }
             let (configuration, logger) = (self.configuration, self.logger)
-            let (connection, pid) = try PostgresCatalog.mapped(timeout: self.timeout) {
+            let (connection, pid) = try await PostgresCatalog.mapped(timeout: self.timeout) {
                 let connection = try await PostgresConnection.connect(
                     on: MultiThreadedEventLoopGroup.singleton.next(), configuration: configuration, id: 1, logger: logger
                 )
@@ -201,7 +201,7 @@ final class PostgresKeyLocks: KeyLocks, @unchecked Sendable {
     /// ``whenLost(_:)``). Queries queued behind others are slow, not gone: any answer counts.
     private func watch(_ connection: PostgresConnection, generation: Int) {
         let (heartbeat, logger, state) = (self.heartbeat, self.logger, self.state)
-        Task(executorPreference: Blocking.executor) {
+        Task(executorPreference: PostgresCatalog.executor) {
             while true {
                 try? await Task.sleep(for: heartbeat.interval)
                 guard !connection.isClosed, state.withLockedValue({ $0.generation == generation && !$0.shutDown }) else { return }

@@ -22,7 +22,9 @@ final class S3StagingFile: StagingFile, @unchecked Sendable {
     private let spoolPath: String
     /// The blob's announced size (nil: unknown), which sets the least part size.
     private let expectedSize: Int64?
+    /// Guards the state for ``name``; every other call runs under ``serial``, one at a time (a part's upload included).
     private let lock = NIOLock()
+    private let serial = AsyncLock()
     private var descriptor: Int32
     /// Bytes in uploaded parts.
     private var base: Int64
@@ -60,56 +62,61 @@ final class S3StagingFile: StagingFile, @unchecked Sendable {
         self.lock.withLock { self.upload.map { S3Store.name(uploadID: $0.id, key: self.objectKey) } ?? self.openedName }
     }
 
-    func write(_ bytes: ByteBuffer, at offset: Int64) throws {
-        try self.lock.withLock {
-            guard self.descriptor >= 0 else { throw StoreError("staging of \(self.objectKey) is closed") }
-            let at = offset - self.base
-            guard at >= 0 else { throw StoreError("write at \(offset), below the \(self.base) bytes in parts of \(self.objectKey)") }
-            var done = 0
-            let count = bytes.readableBytes
-            try bytes.withUnsafeReadableBytes { raw in
-                guard let start = raw.baseAddress else { return }
-                while done < count {
-                    let n = pwrite(self.descriptor, start + done, count - done, off_t(at) + off_t(done))
-                    if n < 0 {
-                        if errno == EINTR { continue }
-                        throw StoreError("cannot write spool file \(self.spoolPath): \(FileSystem.reason())", isNoSpace: errno == ENOSPC)
-                    }
-                    done += n
-                }
-            }
-            self.spooled = max(self.spooled, at + Int64(count))
+    func write(_ bytes: ByteBuffer, at offset: Int64) async throws {
+        try await self.serial.withLock {
+            try await self.store.threadPool.runIfActive { try self.spool(bytes, at: offset) }
         }
+    }
+
+    /// Writes `bytes` at `offset` of the blob into the spool, on the caller's thread.
+    private func spool(_ bytes: ByteBuffer, at offset: Int64) throws {
+        guard self.descriptor >= 0 else { throw StoreError("staging of \(self.objectKey) is closed") }
+        let at = offset - self.base
+        guard at >= 0 else { throw StoreError("write at \(offset), below the \(self.base) bytes in parts of \(self.objectKey)") }
+        var done = 0
+        let count = bytes.readableBytes
+        try bytes.withUnsafeReadableBytes { raw in
+            guard let start = raw.baseAddress else { return }
+            while done < count {
+                let n = pwrite(self.descriptor, start + done, count - done, off_t(at) + off_t(done))
+                if n < 0 {
+                    if errno == EINTR { continue }
+                    throw StoreError("cannot write spool file \(self.spoolPath): \(FileSystem.reason())", isNoSpace: errno == ENOSPC)
+                }
+                done += n
+            }
+        }
+        self.spooled = max(self.spooled, at + Int64(count))
     }
 
     /// Nothing of S3's is durable short of a part: see ``sync(through:)``. The parts it uploads are reported by the next
     /// ``sync(through:)``.
-    func sync() throws {
-        _ = try self.lock.withLock { try self.uploadDue(through: self.base + self.spooled) }
+    func sync() async throws {
+        try await self.serial.withLock { _ = try await self.uploadDue(through: self.base + self.spooled) }
     }
 
-    func sync(through offset: Int64) throws -> StagingSync {
-        try self.lock.withLock {
-            guard try self.uploadDue(through: offset) else { return .heldBack }
+    func sync(through offset: Int64) async throws -> StagingSync {
+        try await self.serial.withLock {
+            guard try await self.uploadDue(through: offset) else { return .heldBack }
             defer { self.unrecorded = [] }
             return .durable(newParts: self.unrecorded)
         }
     }
 
     /// Uploads the bytes below `offset` as the next part when they make one; false when they are too few and wait.
-    /// Under the lock.
-    private func uploadDue(through offset: Int64) throws -> Bool {
+    /// Under ``serial``.
+    private func uploadDue(through offset: Int64) async throws -> Bool {
         let pending = offset - self.base
         guard pending > 0 else { return true }
         let next = (self.upload?.parts.count ?? 0) + 1
         guard pending >= self.store.partBytes(number: next, size: self.expectedSize) else { return false }
-        try self.uploadPart(bytes: pending)
+        try await self.uploadPart(bytes: pending)
         return true
     }
 
     /// Uploads the first `count` spooled bytes as the next part (creating the upload first), then empties the spool.
-    private func uploadPart(bytes count: Int64) throws {
-        let (sha1, sha256) = try self.hashSpool(count)
+    private func uploadPart(bytes count: Int64) async throws {
+        let (sha1, sha256) = try await self.store.threadPool.runIfActive { try self.hashSpool(count) }
         let body = S3Body.file(descriptor: self.descriptor, offset: 0, length: count, sha256: sha256)
         let (store, key) = (self.store, self.objectKey)
         let id: String
@@ -117,17 +124,17 @@ final class S3StagingFile: StagingFile, @unchecked Sendable {
             id = upload.id
         } else {
             // Recorded before it exists: cleanup aborts only what the ledger names (never another writer's upload).
-            let intent = try store.ledger?.recordMultipartIntent(account: self.account, key: self.key.value, objectKey: key)
-            id = try store.blocking { try await store.client.createMultipartUpload(bucket: store.bucket, key: key, sha1Checksums: true) }
-            self.upload = (id, [])
-            if let intent { try store.ledger?.recordMultipartUpload(intent: intent, uploadID: id) }
+            let intent = try await store.ledger?.recordMultipartIntent(account: self.account, key: self.key.value, objectKey: key)
+            id = try await store.request { try await store.client.createMultipartUpload(bucket: store.bucket, key: key, sha1Checksums: true) }
+            self.lock.withLock { self.upload = (id, []) }
+            if let intent { try await store.ledger?.recordMultipartUpload(intent: intent, uploadID: id) }
         }
         let number = (self.upload?.parts.count ?? 0) + 1
-        let part = try store.blocking {
+        let part = try await store.request {
             try await store.client.uploadPart(bucket: store.bucket, key: key, uploadID: id, number: number, body: body, sha1: sha1)
         }
         let staged = StagedPart(number: number, end: self.base + count, etag: part.etag, sha1: sha1)
-        self.upload?.parts.append(staged)
+        self.lock.withLock { self.upload?.parts.append(staged) }
         self.unrecorded.append(staged)
         self.base += count
         self.spooled -= count
@@ -159,37 +166,38 @@ final class S3StagingFile: StagingFile, @unchecked Sendable {
     }
 
     /// The object: the spool as one PutObject when no part went up, else as the last part and CompleteMultipartUpload.
-    func finish(sha1: SHA1Digest?, ifNoneMatch: Bool) throws {
-        try self.lock.withLock {
+    func finish(sha1: SHA1Digest?, ifNoneMatch: Bool) async throws {
+        try await self.serial.withLock {
             let (store, key) = (self.store, self.objectKey)
             if self.upload == nil {
                 // The SHA-1 of the spool, not the one verified: S3 then checks that what it got is what was spooled, and
                 // the relay compared the verified one with HASH already.
-                let (checksum, sha256) = try self.hashSpool(self.spooled)
+                let spooled = self.spooled
+                let (checksum, sha256) = try await store.threadPool.runIfActive { try self.hashSpool(spooled) }
                 if let sha1, Data(sha1.bytes).base64EncodedString() != checksum {
                     throw StoreError("the spool of \(key) does not hold the bytes verified (SHA-1 \(sha1))")
                 }
                 let body = S3Body.file(descriptor: self.descriptor, offset: 0, length: self.spooled, sha256: sha256)
-                try store.blocking {
+                _ = try await store.request {
                     try await store.client.putObject(bucket: store.bucket, key: key, body: body, sha1: checksum, ifNoneMatch: ifNoneMatch)
                 }
                 return
             }
-            if self.spooled > 0 { try self.uploadPart(bytes: self.spooled) }
+            if self.spooled > 0 { try await self.uploadPart(bytes: self.spooled) }
             guard let upload = self.upload else { return }
-            try store.blocking {
+            try await store.request {
                 try await store.client.completeMultipartUpload(
                     bucket: store.bucket, key: key, uploadID: upload.id,
                     parts: upload.parts.map { S3Part(number: $0.number, etag: $0.etag, checksumSHA1: $0.sha1) }, ifNoneMatch: ifNoneMatch
                 )
             }
             // Completed: nothing left to clean up. (If this record fails, cleanup forgets it once the upload is gone.)
-            try? store.forgetIntents(of: upload.id, key: key)
+            try? await store.forgetIntents(of: upload.id, key: key)
         }
     }
 
     /// Only the spool can be read back (striped uploads, which read back, are not offered with this store).
-    func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws -> Int {
+    func read(_ count: Int, at offset: Int64) async throws -> ByteBuffer {
         throw StoreError("the bytes of s3://\(self.store.bucket)/\(self.objectKey) are in parts; they are not read back")
     }
 

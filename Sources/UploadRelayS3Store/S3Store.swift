@@ -10,6 +10,7 @@ import Foundation
 import Logging
 import NIOConcurrencyHelpers
 import NIOCore
+import NIOPosix
 import UploadChecksums
 import UploadProtocol
 import UploadS3
@@ -30,8 +31,8 @@ import UploadS3
 ///
 /// Not supported: striped uploads (SPEC §6.7; the relay does not offer STRIPES with this store).
 ///
-/// Calls block, as the protocol says: each runs its requests on a task of its own executor and waits for them, on
-/// the relay's I/O pool.
+/// Calls are async, as the protocol says: a request is awaited without holding a thread, and the spool's system calls
+/// run on the store's thread pool.
 public final class S3Store: BlobStore, Sendable {
     public let client: S3Client
     public let bucket: String
@@ -49,6 +50,8 @@ public final class S3Store: BlobStore, Sendable {
     /// Where the multipart uploads the relays begin are recorded before they begin (the catalog): cleanup aborts those
     /// alone, never another writer's in a shared bucket. Nil: cleanup aborts no multipart upload it finds.
     public let ledger: (any MultipartLedger)?
+    /// Where the spool's system calls run.
+    public let threadPool: NIOThreadPool
     private let logger: Logger?
 
     /// S3's least part size (but the last).
@@ -60,8 +63,10 @@ public final class S3Store: BlobStore, Sendable {
 
     public init(
         client: S3Client, bucket: String, prefix: String, spoolDirectory: String, minPartBytes: Int64 = S3Store.s3MinPartBytes,
-        orphanGrace: TimeInterval = 3600, modes: FileModes = .private, ledger: (any MultipartLedger)? = nil, logger: Logger? = nil
+        orphanGrace: TimeInterval = 3600, modes: FileModes = .private, ledger: (any MultipartLedger)? = nil, logger: Logger? = nil,
+        threadPool: NIOThreadPool = .singleton
     ) throws {
+        self.threadPool = threadPool
         self.ledger = ledger
         self.logger = logger
         self.client = client
@@ -115,10 +120,10 @@ public final class S3Store: BlobStore, Sendable {
     /// largest.
     public var capabilities: StoreCapabilities { StoreCapabilities(stripes: false, largestObject: Self.maxObjectBytes) }
 
-    public func openStaging(_ request: StagingRequest) throws -> any StagingFile {
+    public func openStaging(_ request: StagingRequest) async throws -> any StagingFile {
         switch request.layout {
         case .sequential(let offset, let parts):
-            return try self.openStaging(
+            return try await self.openStaging(
                 request.name, for: request.key, account: request.account, truncatingTo: offset, expectedSize: request.expectedSize, parts: parts
             )
         case .striped:
@@ -128,7 +133,7 @@ public final class S3Store: BlobStore, Sendable {
 
     private func openStaging(
         _ name: String, for key: ObjectKey, account: String, truncatingTo offset: Int64, expectedSize: Int64?, parts recorded: [StagedPart]
-    ) throws -> S3StagingFile {
+    ) async throws -> S3StagingFile {
         let objectKey = self.objectKey(key, account: account)
         var upload: (id: String, parts: [StagedPart])? = nil
         if let named = Self.upload(inName: name) {
@@ -137,7 +142,7 @@ public final class S3Store: BlobStore, Sendable {
             }
             guard offset > 0 else {
                 // Nothing of it is durable for this session: start clean.
-                try self.removeStaging(name)
+                try await self.removeStaging(name)
                 return try self.newStaging(
                     name: Self.randomName(), key: key, account: account, objectKey: objectKey, expectedSize: expectedSize, upload: nil, base: 0
                 )
@@ -152,7 +157,7 @@ public final class S3Store: BlobStore, Sendable {
                 throw StoreError("the recorded parts of multipart upload \(named.id) of \(objectKey) do not end at the durable \(offset)")
             }
             // The upload must still be there, with those parts (an abort, or a lifecycle rule, may have taken it).
-            let listed = try self.blocking { try await self.client.listParts(bucket: self.bucket, key: objectKey, uploadID: named.id) }
+            let listed = try await self.request { try await self.client.listParts(bucket: self.bucket, key: objectKey, uploadID: named.id) }
             let etags = Dictionary(listed.map { ($0.part.number, Self.bare($0.part.etag)) }, uniquingKeysWith: { a, _ in a })
             guard parts.allSatisfy({ etags[$0.number] == Self.bare($0.etag) }) else {
                 throw StoreError("multipart upload \(named.id) of s3://\(self.bucket)/\(objectKey) no longer holds its recorded parts")
@@ -183,18 +188,18 @@ public final class S3Store: BlobStore, Sendable {
         )
     }
 
-    public func removeStaging(_ name: String) throws {
+    public func removeStaging(_ name: String) async throws {
         if let upload = Self.upload(inName: name) {
-            try self.blocking { try await self.client.abortMultipartUpload(bucket: self.bucket, key: upload.key, uploadID: upload.id) }
-            try self.forgetIntents(of: upload.id, key: upload.key)
+            try await self.request { try await self.client.abortMultipartUpload(bucket: self.bucket, key: upload.key, uploadID: upload.id) }
+            try await self.forgetIntents(of: upload.id, key: upload.key)
         } else if name.hasSuffix(".spool"), !name.contains("/") {
             unlink(self.spoolDirectory + "/" + name)
         }
     }
 
-    public func hasStaging(_ name: String) throws -> Bool {
+    public func hasStaging(_ name: String) async throws -> Bool {
         guard let upload = Self.upload(inName: name) else { return false }
-        let uploads = try self.blocking { try await self.client.listMultipartUploads(bucket: self.bucket, prefix: upload.key) }
+        let uploads = try await self.request { try await self.client.listMultipartUploads(bucket: self.bucket, prefix: upload.key) }
         return uploads.contains { $0.uploadID == upload.id && $0.key == upload.key }
     }
 
@@ -205,7 +210,7 @@ public final class S3Store: BlobStore, Sendable {
     /// An intent whose upload completed or was aborted is forgotten here; one whose relay stopped before its
     /// CreateMultipartUpload was answered names the uploads of its key begun since it was recorded (a few minutes'
     /// leeway for the clocks), and is forgotten once ``orphanGrace`` passed with none.
-    public func stagingFiles() throws -> [(name: String, modified: Date)] {
+    public func stagingFiles() async throws -> [(name: String, modified: Date)] {
         var found: [(name: String, modified: Date)] = []
         if let entries = try? FileManager.default.contentsOfDirectory(atPath: self.spoolDirectory) {
             for entry in entries where entry.hasSuffix(".spool") {
@@ -216,8 +221,8 @@ public final class S3Store: BlobStore, Sendable {
         }
         guard let ledger = self.ledger else { return found }
         // Read before the listing: an intent with an upload id here has its upload in the listing, unless it ended.
-        let intents = try ledger.multipartIntents()
-        let uploads = try self.blocking { try await self.client.listMultipartUploads(bucket: self.bucket, prefix: self.prefix) }
+        let intents = try await ledger.multipartIntents()
+        let uploads = try await self.request { try await self.client.listMultipartUploads(bucket: self.bucket, prefix: self.prefix) }
         var ours = Set<String>()
         let now = Date()
         for intent in intents {
@@ -234,7 +239,7 @@ public final class S3Store: BlobStore, Sendable {
             }
             let begunAndGone = intent.uploadID != nil && matching.isEmpty
             let neverBegun = intent.uploadID == nil && matching.isEmpty && intent.createdAt < now.addingTimeInterval(-self.orphanGrace)
-            if begunAndGone || neverBegun { try ledger.forgetMultipartIntent(id: intent.id) }
+            if begunAndGone || neverBegun { try await ledger.forgetMultipartIntent(id: intent.id) }
         }
         let foreign = uploads.filter { !ours.contains($0.uploadID) }
         if !foreign.isEmpty {
@@ -251,10 +256,10 @@ public final class S3Store: BlobStore, Sendable {
     static let clockLeeway: TimeInterval = 300
 
     /// The upload `id` of `key` ended (completed or aborted): the ledger forgets it.
-    func forgetIntents(of id: String, key: String) throws {
+    func forgetIntents(of id: String, key: String) async throws {
         guard let ledger = self.ledger else { return }
-        for intent in try ledger.multipartIntents() where intent.objectKey == key && intent.uploadID == id {
-            try ledger.forgetMultipartIntent(id: intent.id)
+        for intent in try await ledger.multipartIntents() where intent.objectKey == key && intent.uploadID == id {
+            try await ledger.forgetMultipartIntent(id: intent.id)
         }
     }
 
@@ -275,30 +280,35 @@ public final class S3Store: BlobStore, Sendable {
 
     // MARK: Objects
 
-    public func commit(_ batch: [StoreCommit]) -> [Result<ObjectIdentity, any Error>] {
-        batch.map { item in
-            Result { try self.commit(item.staging, as: item.key, account: item.account, sha1: item.sha1, overwrite: item.overwrite) }
+    public func commit(_ batch: [StoreCommit]) async -> [Result<ObjectIdentity, any Error>] {
+        var results: [Result<ObjectIdentity, any Error>] = []
+        for item in batch {
+            do {
+                results.append(
+                    .success(try await self.commit(item.staging, as: item.key, account: item.account, sha1: item.sha1, overwrite: item.overwrite)))
+            } catch {
+                results.append(.failure(error))
+            }
         }
+        return results
     }
 
     private func commit(
         _ staging: any StagingFile, as key: ObjectKey, account: String, sha1: SHA1Digest?, overwrite: Bool
-    ) throws
-        -> ObjectIdentity
-    {
+    ) async throws -> ObjectIdentity {
         guard let staging = staging as? S3StagingFile else { throw StoreError("staging \(staging.name) is not an S3 upload") }
         let objectKey = self.objectKey(key, account: account)
         guard objectKey == staging.objectKey else {
             throw StoreError("staging of s3://\(self.bucket)/\(staging.objectKey) cannot become \(objectKey)")
         }
         do {
-            try staging.finish(sha1: sha1, ifNoneMatch: !overwrite)
+            try await staging.finish(sha1: sha1, ifNoneMatch: !overwrite)
         } catch let error as StoreError where error.outcomeUnknown {
             // S3 may have made the object: recovery settles it (HEAD and SHA-1), never a blind retry into a 412.
             throw StoreError(error.description, madeVisible: true)
         }
         do {
-            guard let identity = try self.identity(ofBucketKey: objectKey) else {
+            guard let identity = try await self.identity(ofBucketKey: objectKey) else {
                 throw StoreError("s3://\(self.bucket)/\(objectKey) is not there after its commit")
             }
             return identity
@@ -309,37 +319,37 @@ public final class S3Store: BlobStore, Sendable {
         }
     }
 
-    public func duplicate(_ source: ObjectKey, expected: ObjectIdentity, as key: ObjectKey, account: String) throws -> ObjectIdentity {
+    public func duplicate(_ source: ObjectKey, expected: ObjectIdentity, as key: ObjectKey, account: String) async throws -> ObjectIdentity {
         let from = self.objectKey(source, account: account)
         let to = self.objectKey(key, account: account)
-        guard let info = try self.blocking({ try await self.client.headObject(bucket: self.bucket, key: from) }),
+        guard let info = try await self.request({ try await self.client.headObject(bucket: self.bucket, key: from) }),
             Self.identity(info) == expected
         else {
             throw StoreError("s3://\(self.bucket)/\(from) changed since it was verified")
         }
         do {
-            try self.blocking { try await self.client.copyObject(bucket: self.bucket, from: from, to: to, sourceETag: info.etag) }
+            try await self.request { try await self.client.copyObject(bucket: self.bucket, from: from, to: to, sourceETag: info.etag) }
         } catch let error as StoreError where error.outcomeUnknown {
             throw StoreError(error.description, madeVisible: true)
         }
-        guard let identity = try self.identity(ofBucketKey: to), identity.size == expected.size else {
+        guard let identity = try await self.identity(ofBucketKey: to), identity.size == expected.size else {
             throw StoreError("s3://\(self.bucket)/\(to) is not the copy of \(from) after its copy", madeVisible: true)
         }
         return identity
     }
 
-    public func removeObject(_ key: ObjectKey, account: String) throws {
+    public func removeObject(_ key: ObjectKey, account: String) async throws {
         let objectKey = self.objectKey(key, account: account)
-        try self.blocking { try await self.client.deleteObject(bucket: self.bucket, key: objectKey) }
+        try await self.request { try await self.client.deleteObject(bucket: self.bucket, key: objectKey) }
     }
 
-    public func identity(of key: ObjectKey, account: String) throws -> ObjectIdentity? {
-        try self.identity(ofBucketKey: self.objectKey(key, account: account))
+    public func identity(of key: ObjectKey, account: String) async throws -> ObjectIdentity? {
+        try await self.identity(ofBucketKey: self.objectKey(key, account: account))
     }
 
     /// An object's identity is its size and ETag (there is no inode): the ETag's FNV-1a hash stands in the inode.
-    func identity(ofBucketKey key: String) throws -> ObjectIdentity? {
-        try self.blocking({ try await self.client.headObject(bucket: self.bucket, key: key) }).map(Self.identity)
+    func identity(ofBucketKey key: String) async throws -> ObjectIdentity? {
+        try await self.request({ try await self.client.headObject(bucket: self.bucket, key: key) }).map(Self.identity)
     }
 
     static func identity(_ info: S3ObjectInfo) -> ObjectIdentity {
@@ -350,16 +360,16 @@ public final class S3Store: BlobStore, Sendable {
         return ObjectIdentity(device: 0, inode: hash, size: info.size, modified: 0)
     }
 
-    public func contentSHA1(of key: ObjectKey, account: String) throws -> SHA1Digest? {
+    public func contentSHA1(of key: ObjectKey, account: String) async throws -> SHA1Digest? {
         let objectKey = self.objectKey(key, account: account)
-        guard let info = try self.blocking({ try await self.client.headObject(bucket: self.bucket, key: objectKey) }) else { return nil }
+        guard let info = try await self.request({ try await self.client.headObject(bucket: self.bucket, key: objectKey) }) else { return nil }
         var sha1 = SHA1()
         var offset: Int64 = 0
         let piece: Int64 = 8 << 20
         while offset < info.size {
             let range = offset...(min(info.size, offset + piece) - 1)
             let end = range.upperBound
-            let bytes = try self.blocking {
+            let bytes = try await self.request {
                 try await self.client.getObject(bucket: self.bucket, key: objectKey, range: range, maxBytes: Int(piece))
             }
             guard bytes.readableBytes == Int(end - offset + 1) else {
@@ -372,7 +382,7 @@ public final class S3Store: BlobStore, Sendable {
     }
 
     /// S3 has no folders: any key goes beside any other, if its bucket key is not too long.
-    public func conflict(for key: ObjectKey, account: String) throws -> String? {
+    public func conflict(for key: ObjectKey, account: String) async throws -> String? {
         let length = self.objectKey(key, account: account).utf8.count
         guard length > Self.maxKeyBytes else { return nil }
         return "S3 takes keys of at most \(Self.maxKeyBytes) bytes; with the relay's prefix and the account this key makes \(length): \"\(key)\""
@@ -412,12 +422,12 @@ public final class S3Store: BlobStore, Sendable {
         return formatter.date(from: text)
     }
 
-    // MARK: Waiting for requests
+    // MARK: Requests
 
-    /// Runs `body` and waits for it (``Blocking/run(_:)``), S3's errors as ``StoreError``.
-    func blocking<T: Sendable>(_ body: @escaping @Sendable () async throws -> T) throws -> T {
+    /// Runs `body`, S3's errors as ``StoreError``.
+    func request<T: Sendable>(_ body: @Sendable () async throws -> T) async throws -> T {
         do {
-            return try Blocking.run(body)
+            return try await body()
         } catch let error as S3Error {
             throw StoreError(
                 error.description, isNoSpace: error.code == "EntityTooLarge", alreadyExists: error.isPreconditionFailed,

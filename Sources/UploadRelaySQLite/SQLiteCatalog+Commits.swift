@@ -41,26 +41,26 @@ extension SQLiteCatalog {
         return QuotaUse(quota: row["quota"], stored: row["used_bytes"], committing: committing, staged: staged.total)
     }
 
-    public func quotaUse(account: String, excludingKey key: String, active: [String: Int64]) throws -> QuotaUse {
-        try self.reading { db in try Self.quotaUse(db, account: account, excludingKey: key, active: active) }
+    public func quotaUse(account: String, excludingKey key: String, active: [String: Int64]) async throws -> QuotaUse {
+        try await self.reading { db in try Self.quotaUse(db, account: account, excludingKey: key, active: active) }
     }
 
-    public func beginCommit(_ commit: PendingCommit) throws {
-        try self.database.write { db in try Self.beginCommit(db, commit) }
+    public func beginCommit(_ commit: PendingCommit) async throws {
+        try await self.database.write { db in try Self.beginCommit(db, commit) }
     }
 
-    public func beginCommits(_ commits: [PendingCommit]) throws -> [CatalogError?] {
-        try self.database.write { db in
+    public func beginCommits(_ commits: [PendingCommit]) async throws -> [CatalogError?] {
+        try await self.database.write { db in
             try Self.reserving(commits) { try Self.beginCommit(db, $0) }
         }
     }
 
-    public func finishCommit(_ commit: PendingCommit, identity: ObjectIdentity) throws {
-        try self.database.write { db in try Self.finishCommit(db, commit, identity: identity) }
+    public func finishCommit(_ commit: PendingCommit, identity: ObjectIdentity) async throws {
+        try await self.database.write { db in try Self.finishCommit(db, commit, identity: identity) }
     }
 
-    public func finishCommits(_ commits: [(PendingCommit, ObjectIdentity)]) throws {
-        try self.database.write { db in
+    public func finishCommits(_ commits: [(PendingCommit, ObjectIdentity)]) async throws {
+        try await self.database.write { db in
             for (commit, identity) in commits { try Self.finishCommit(db, commit, identity: identity) }
         }
     }
@@ -117,14 +117,14 @@ extension SQLiteCatalog {
         }
     }
 
-    public func abandonCommit(account: String, key: String) throws {
-        try self.database.write { db in
+    public func abandonCommit(account: String, key: String) async throws {
+        try await self.database.write { db in
             try db.execute(cached: "DELETE FROM pending_commit WHERE account = ? AND key = ?", arguments: [account, key])
         }
     }
 
-    public func pendingCommits() throws -> [PendingCommit] {
-        try self.reading { db in
+    public func pendingCommits() async throws -> [PendingCommit] {
+        try await self.reading { db in
             try Row.fetchAll(cached: db, sql: "SELECT * FROM pending_commit").map { row in
                 PendingCommit(
                     account: row["account"], key: row["key"], size: row["size"], sha1: row["sha1"], sessionID: row["session_id"],
@@ -134,8 +134,8 @@ extension SQLiteCatalog {
         }
     }
 
-    public func deleteObject(account: String, key: String) throws {
-        try self.database.write { db in
+    public func deleteObject(account: String, key: String) async throws {
+        try await self.database.write { db in
             guard let size = try Int64.fetchOne(cached: db, sql: "SELECT size FROM object WHERE account = ? AND key = ?", arguments: [account, key])
             else { return }
             try db.execute(cached: "DELETE FROM object WHERE account = ? AND key = ?", arguments: [account, key])
@@ -145,8 +145,8 @@ extension SQLiteCatalog {
 
     // MARK: Commit events (the hooks' outbox)
 
-    public func claimCommitEvents(limit: Int, lease: Duration) throws -> [CommitEvent] {
-        try self.database.write { db in
+    public func claimCommitEvents(limit: Int, lease: Duration) async throws -> [CommitEvent] {
+        try await self.database.write { db in
             let now = Date().timeIntervalSince1970
             let rows = try Row.fetchAll(
                 cached: db, sql: "SELECT * FROM commit_event WHERE next_attempt_at <= ? ORDER BY id LIMIT ?", arguments: [now, limit]
@@ -166,12 +166,12 @@ extension SQLiteCatalog {
         }
     }
 
-    public func finishCommitEvent(id: Int64) throws {
-        try self.database.write { db in try db.execute(cached: "DELETE FROM commit_event WHERE id = ?", arguments: [id]) }
+    public func finishCommitEvent(id: Int64) async throws {
+        try await self.database.write { db in try db.execute(cached: "DELETE FROM commit_event WHERE id = ?", arguments: [id]) }
     }
 
-    public func retryCommitEvent(id: Int64, at retryAt: Date, error: String) throws {
-        try self.database.write { db in
+    public func retryCommitEvent(id: Int64, at retryAt: Date, error: String) async throws {
+        try await self.database.write { db in
             try db.execute(
                 cached: "UPDATE commit_event SET next_attempt_at = ?, last_error = ? WHERE id = ?",
                 arguments: [retryAt.timeIntervalSince1970, error, id]
@@ -179,8 +179,8 @@ extension SQLiteCatalog {
         }
     }
 
-    public func commitEventBacklog() throws -> CommitEventBacklog {
-        try self.reading { db in
+    public func commitEventBacklog() async throws -> CommitEventBacklog {
+        try await self.reading { db in
             let count = try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM commit_event") ?? 0
             let error = try String.fetchOne(db, sql: "SELECT last_error FROM commit_event WHERE last_error IS NOT NULL ORDER BY id LIMIT 1")
             let oldest = try Double.fetchOne(db, sql: "SELECT MIN(committed_at) FROM commit_event")
@@ -188,7 +188,7 @@ extension SQLiteCatalog {
         }
     }
 
-    public func ping() throws {
-        try self.reading { db in _ = try Int.fetchOne(db, sql: "SELECT 1") }
+    public func ping() async throws {
+        try await self.reading { db in _ = try Int.fetchOne(db, sql: "SELECT 1") }
     }
 }

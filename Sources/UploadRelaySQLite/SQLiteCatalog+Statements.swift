@@ -9,9 +9,10 @@ extension SQLiteCatalog {
     /// Runs queries that only read. Not `DatabaseQueue.read`: that turns `PRAGMA query_only` on and off around each
     /// call, and changing a flag pragma expires every prepared statement (SQLite's `OP_Expire`), so the statement
     /// cache never held (perf: `sqlite3Reprepare` under every cached query). The queue runs one block at a time on the
-    /// one connection, so a block sees no write of this process between its queries.
-    func reading<T>(_ body: (Database) throws -> T) throws -> T {
-        try self.database.inDatabase(body)
+    /// one connection, so a block sees no write of this process between its queries. Awaited: the caller's thread is
+    /// not held while a write (its fsync) has the connection.
+    func reading<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws -> T {
+        try await self.database.writeWithoutTransaction(body)
     }
 }
 

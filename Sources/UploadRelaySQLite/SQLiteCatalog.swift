@@ -152,9 +152,9 @@ public final class SQLiteCatalog: Catalog {
         (error as? DatabaseError)?.resultCode == .SQLITE_FULL
     }
 
-    public func addAccount(name: String, tokenHash: [UInt8], quota: Int64?) throws {
+    public func addAccount(name: String, tokenHash: [UInt8], quota: Int64?) async throws {
         guard Account.isValidName(name) else { throw CatalogError.invalidAccountName(name) }
-        try self.database.write { db in
+        try await self.database.write { db in
             if try Row.fetchOne(db, sql: "SELECT 1 FROM account WHERE name = ?", arguments: [name]) != nil {
                 throw CatalogError.accountExists(name)
             }
@@ -172,49 +172,80 @@ public final class SQLiteCatalog: Catalog {
         )
     }
 
-    public func account(tokenHash: [UInt8]) throws -> Account? {
-        try self.reading { db in
+    public func account(tokenHash: [UInt8]) async throws -> Account? {
+        try await self.reading { db in
             try Row.fetchOne(cached: db, sql: "SELECT * FROM account WHERE token_hash = ?", arguments: [Data(tokenHash)])
                 .map(Self.account)
         }
     }
 
-    public func account(named name: String) throws -> Account? {
-        try self.reading { db in
+    public func account(named name: String) async throws -> Account? {
+        try await self.reading { db in
             try Row.fetchOne(cached: db, sql: "SELECT * FROM account WHERE name = ?", arguments: [name]).map(Self.account)
         }
     }
 
-    public func accounts() throws -> [Account] {
-        try self.reading { db in
+    public func accounts() async throws -> [Account] {
+        try await self.reading { db in
             try Row.fetchAll(cached: db, sql: "SELECT * FROM account ORDER BY name").map(Self.account)
         }
     }
 
-    public func revokeAccount(named name: String) throws -> Bool {
-        try self.database.write { db in
+    public func revokeAccount(named name: String) async throws -> Bool {
+        try await self.database.write { db in
             try db.execute(cached: "UPDATE account SET revoked = 1 WHERE name = ?", arguments: [name])
             return db.changesCount > 0
         }
     }
 
+    /// On a connection of its own, whose IMMEDIATE transaction (the write lock, taken before the checks) stays open
+    /// while `removingFile` runs: every other writer, a relay's commit of the key included, waits for it, in this
+    /// process or another.
     public func removeObject(
-        account: String, key: String, removingFile: @escaping @Sendable (StoredObject) throws -> Void
-    ) throws -> ObjectRemoval {
-        var outcome = ObjectRemoval.notStored
-        try self.database.writeWithoutTransaction { db in
-            // IMMEDIATE: the write lock first, so that no relay's commit lands between the checks and the removal.
-            try db.inTransaction(.immediate) {
-                outcome = try Self.removeObject(db, account: account, key: key, removingFile: removingFile)
-                return .commit
+        account: String, key: String, removingFile: @escaping @Sendable (StoredObject) async throws -> Void
+    ) async throws -> ObjectRemoval {
+        var configuration = Configuration()
+        configuration.busyMode = .timeout(5)
+        configuration.allowsUnsafeTransactions = true
+        configuration.prepareDatabase { db in
+            try db.execute(sql: "PRAGMA synchronous = FULL")
+        }
+        let removal = try DatabaseQueue(path: self.database.path, configuration: configuration)
+        // `.removed` here: the object, to remove now, the transaction left open.
+        let found = try await removal.writeWithoutTransaction { db -> ObjectRemoval in
+            try db.beginTransaction(.immediate)
+            do {
+                let outcome = try Self.removal(db, account: account, key: key)
+                if case .removed = outcome { return outcome }
+                try db.rollback()
+                return outcome
+            } catch {
+                try? db.rollback()
+                throw error
             }
         }
-        return outcome
+        guard case .removed(let object) = found else { return found }
+        do {
+            try await removingFile(object)
+        } catch {
+            try? await removal.writeWithoutTransaction { db in try db.rollback() }
+            throw error
+        }
+        try await removal.writeWithoutTransaction { db in
+            do {
+                try db.execute(sql: "DELETE FROM object WHERE account = ? AND key = ?", arguments: [account, key])
+                try db.execute(sql: "UPDATE account SET used_bytes = used_bytes - ? WHERE name = ?", arguments: [object.size, account])
+                try db.commit()
+            } catch {
+                try? db.rollback()
+                throw error
+            }
+        }
+        return .removed(object)
     }
 
-    private static func removeObject(
-        _ db: Database, account: String, key: String, removingFile: (StoredObject) throws -> Void
-    ) throws -> ObjectRemoval {
+    /// Whether the object may be removed: `.removed` with its row when it may.
+    private static func removal(_ db: Database, account: String, key: String) throws -> ObjectRemoval {
         guard
             let object = try Row.fetchOne(db, sql: "SELECT * FROM object WHERE account = ? AND key = ?", arguments: [account, key]).map(Self.object)
         else { return .notStored }
@@ -224,14 +255,11 @@ public final class SQLiteCatalog: Catalog {
         if try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM pending_commit WHERE account = ? AND key = ?", arguments: [account, key]) ?? 0 > 0 {
             return .committing
         }
-        try removingFile(object)
-        try db.execute(sql: "DELETE FROM object WHERE account = ? AND key = ?", arguments: [account, key])
-        try db.execute(sql: "UPDATE account SET used_bytes = used_bytes - ? WHERE name = ?", arguments: [object.size, account])
         return .removed(object)
     }
 
-    public func deleteAccount(named name: String) throws -> Bool {
-        try self.database.write { db in
+    public func deleteAccount(named name: String) async throws -> Bool {
+        try await self.database.write { db in
             guard try Row.fetchOne(db, sql: "SELECT name FROM account WHERE name = ?", arguments: [name]) != nil else { return false }
             for (table, what) in [("object", "objects"), ("session", "uploads under way"), ("pending_commit", "commits being settled")] {
                 if try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM \(table) WHERE account = ?", arguments: [name]) ?? 0 > 0 {
@@ -243,8 +271,8 @@ public final class SQLiteCatalog: Catalog {
         }
     }
 
-    public func updateAccount(named name: String, quota: Int64??, tokenHash: [UInt8]?, revoked: Bool?) throws -> Bool {
-        try self.database.write { db in
+    public func updateAccount(named name: String, quota: Int64??, tokenHash: [UInt8]?, revoked: Bool?) async throws -> Bool {
+        try await self.database.write { db in
             guard try Row.fetchOne(db, sql: "SELECT name FROM account WHERE name = ?", arguments: [name]) != nil else { return false }
             if let quota { try db.execute(sql: "UPDATE account SET quota = ? WHERE name = ?", arguments: [quota, name]) }
             if let tokenHash { try db.execute(sql: "UPDATE account SET token_hash = ? WHERE name = ?", arguments: [Data(tokenHash), name]) }
@@ -264,19 +292,19 @@ public final class SQLiteCatalog: Catalog {
         )
     }
 
-    public func session(account: String, key: String) throws -> UploadSession? {
-        try self.reading { db in
+    public func session(account: String, key: String) async throws -> UploadSession? {
+        try await self.reading { db in
             try Row.fetchOne(cached: db, sql: "SELECT * FROM session WHERE account = ? AND key = ?", arguments: [account, key])
                 .map(Self.session)
         }
     }
 
-    public func putSession(_ s: UploadSession) throws {
-        try self.putSession(s, parts: [])
+    public func putSession(_ s: UploadSession) async throws {
+        try await self.putSession(s, parts: [])
     }
 
-    public func putSession(_ s: UploadSession, parts: [StagedPart]) throws {
-        try self.database.write { db in
+    public func putSession(_ s: UploadSession, parts: [StagedPart]) async throws {
+        try await self.database.write { db in
             try db.execute(cached: "DELETE FROM session WHERE account = ? AND key = ?", arguments: [s.account, s.key])
             try db.execute(
                 cached: """
@@ -293,12 +321,12 @@ public final class SQLiteCatalog: Catalog {
         }
     }
 
-    public func updateDurable(sessionID: String, offset: Int64, sha1State: [UInt8]) throws {
-        try self.updateDurable(sessionID: sessionID, offset: offset, sha1State: sha1State, parts: [])
+    public func updateDurable(sessionID: String, offset: Int64, sha1State: [UInt8]) async throws {
+        try await self.updateDurable(sessionID: sessionID, offset: offset, sha1State: sha1State, parts: [])
     }
 
-    public func updateDurable(sessionID: String, offset: Int64, sha1State: [UInt8], parts: [StagedPart]) throws {
-        try self.database.write { db in
+    public func updateDurable(sessionID: String, offset: Int64, sha1State: [UInt8], parts: [StagedPart]) async throws {
+        try await self.database.write { db in
             try db.execute(
                 cached: "UPDATE session SET durable_offset = ?, sha1_state = ?, updated_at = ? WHERE id = ?",
                 arguments: [offset, Data(sha1State), Date().timeIntervalSince1970, sessionID]
@@ -318,16 +346,16 @@ public final class SQLiteCatalog: Catalog {
         }
     }
 
-    public func stagedParts(sessionID: String) throws -> [StagedPart] {
-        try self.reading { db in
+    public func stagedParts(sessionID: String) async throws -> [StagedPart] {
+        try await self.reading { db in
             try Row.fetchAll(
                 cached: db, sql: "SELECT * FROM session_part WHERE session_id = ? ORDER BY number", arguments: [sessionID]
             ).map { StagedPart(number: $0["number"], end: $0["end_offset"], etag: $0["etag"], sha1: $0["sha1"]) }
         }
     }
 
-    public func completeStripe(sessionID: String, index: Int, bytes: Int64) throws {
-        try self.database.write { db in
+    public func completeStripe(sessionID: String, index: Int, bytes: Int64) async throws {
+        try await self.database.write { db in
             // Also keeps a striped upload whose main stream waits from expiring while its stripes arrive.
             try db.execute(cached: "UPDATE session SET updated_at = ? WHERE id = ?", arguments: [Date().timeIntervalSince1970, sessionID])
             guard db.changesCount > 0 else { throw CatalogError.unknownSession(sessionID) }
@@ -337,8 +365,8 @@ public final class SQLiteCatalog: Catalog {
         }
     }
 
-    public func completeStripes(sessionID: String) throws -> Set<Int> {
-        try self.reading { db in
+    public func completeStripes(sessionID: String) async throws -> Set<Int> {
+        try await self.reading { db in
             Set(
                 try Row.fetchAll(cached: db, sql: "SELECT stripe FROM session_stripe WHERE session_id = ?", arguments: [sessionID]).map {
                     $0["stripe"] as Int
@@ -346,14 +374,14 @@ public final class SQLiteCatalog: Catalog {
         }
     }
 
-    public func deleteSession(id: String) throws {
-        try self.database.write { db in
+    public func deleteSession(id: String) async throws {
+        try await self.database.write { db in
             try db.execute(cached: "DELETE FROM session WHERE id = ?", arguments: [id])
         }
     }
 
-    public func sessions(updatedBefore date: Date) throws -> [UploadSession] {
-        try self.reading { db in
+    public func sessions(updatedBefore date: Date) async throws -> [UploadSession] {
+        try await self.reading { db in
             try Row.fetchAll(cached: db, sql: "SELECT * FROM session WHERE updated_at < ?", arguments: [date.timeIntervalSince1970])
                 .map(Self.session)
         }
@@ -372,15 +400,15 @@ public final class SQLiteCatalog: Catalog {
         )
     }
 
-    public func object(account: String, key: String) throws -> StoredObject? {
-        try self.reading { db in
+    public func object(account: String, key: String) async throws -> StoredObject? {
+        try await self.reading { db in
             try Row.fetchOne(cached: db, sql: "SELECT * FROM object WHERE account = ? AND key = ?", arguments: [account, key])
                 .map(Self.object)
         }
     }
 
-    public func object(account: String, size: Int64, sha1: String) throws -> [StoredObject] {
-        try self.reading { db in
+    public func object(account: String, size: Int64, sha1: String) async throws -> [StoredObject] {
+        try await self.reading { db in
             try Row.fetchAll(
                 cached: db, sql: "SELECT * FROM object WHERE account = ? AND size = ? AND sha1 = ? LIMIT 8",
                 arguments: [account, size, sha1]
@@ -388,8 +416,8 @@ public final class SQLiteCatalog: Catalog {
         }
     }
 
-    public func probeCandidates(account: String, size: Int64, probe: String) throws -> [StoredObject] {
-        try self.reading { db in
+    public func probeCandidates(account: String, size: Int64, probe: String) async throws -> [StoredObject] {
+        try await self.reading { db in
             try Row.fetchAll(
                 cached: db,
                 sql: "SELECT * FROM object WHERE account = ? AND size = ? AND (probe_sha1 = ? OR probe_sha1 IS NULL) LIMIT 8",
@@ -398,15 +426,15 @@ public final class SQLiteCatalog: Catalog {
         }
     }
 
-    public func objects() throws -> [StoredObject] {
-        try self.reading { db in
+    public func objects() async throws -> [StoredObject] {
+        try await self.reading { db in
             try Row.fetchAll(cached: db, sql: "SELECT * FROM object").map(Self.object)
         }
     }
 
     // SQLite compares text as bytes (BINARY): the UTF-8 order. `substr` and `length` count characters on both sides.
-    public func objects(account: String, prefix: String, after: String?, limit: Int) throws -> [StoredObject] {
-        try self.reading { db in
+    public func objects(account: String, prefix: String, after: String?, limit: Int) async throws -> [StoredObject] {
+        try await self.reading { db in
             try Row.fetchAll(
                 cached: db, sql: "SELECT * FROM object WHERE \(Self.keyPage) ORDER BY key LIMIT ?",
                 arguments: Self.keyPage(account, prefix, after, limit)
@@ -415,8 +443,8 @@ public final class SQLiteCatalog: Catalog {
         }
     }
 
-    public func sessions(account: String, prefix: String, after: String?, limit: Int) throws -> [UploadSession] {
-        try self.reading { db in
+    public func sessions(account: String, prefix: String, after: String?, limit: Int) async throws -> [UploadSession] {
+        try await self.reading { db in
             try Row.fetchAll(
                 cached: db, sql: "SELECT * FROM session WHERE \(Self.keyPage) ORDER BY key LIMIT ?",
                 arguments: Self.keyPage(account, prefix, after, limit)

@@ -6,7 +6,7 @@ import UploadRelayBackends
 
 /// `upload-relay ls`: what the catalog holds, stored and under way (uploads in progress are visible to every client of
 /// the account).
-struct ListCommand: ParsableCommand {
+struct ListCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "ls",
         abstract: "List stored objects and uploads under way, with their bytes.",
@@ -42,19 +42,19 @@ struct ListCommand: ParsableCommand {
         var sha1: String?
     }
 
-    func run() throws {
-        let catalog = try self.options.openCatalog()
-        if let account = self.account, try catalog.account(named: account) == nil {
+    func run() async throws {
+        let catalog = try await self.options.openCatalog()
+        if let account = self.account, try await catalog.account(named: account) == nil {
             throw ValidationError(CatalogError.unknownAccount(account).description)
         }
         var entries: [Entry] = []
         if !self.inProgress {
-            for object in try catalog.objects() where self.account == nil || object.account == self.account {
+            for object in try await catalog.objects() where self.account == nil || object.account == self.account {
                 entries.append(
                     Entry(account: object.account, key: object.key, status: "stored", bytes: object.size, size: object.size, sha1: object.sha1))
             }
         }
-        for session in try catalog.sessions(updatedBefore: .distantFuture) where self.account == nil || session.account == self.account {
+        for session in try await catalog.sessions(updatedBefore: .distantFuture) where self.account == nil || session.account == self.account {
             entries.append(
                 Entry(
                     account: session.account, key: session.key, status: "uploading", bytes: session.durableOffset, size: session.declaredSize,

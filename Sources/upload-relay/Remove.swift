@@ -57,7 +57,7 @@ enum S3Setup {
 }
 
 /// `upload-relay rm --account A KEY...`: objects out of the store and the catalog together.
-struct Remove: ParsableCommand {
+struct Remove: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "rm",
         abstract: "Remove stored objects of an account: the object in the store and its catalog row together.",
@@ -86,10 +86,10 @@ struct Remove: ParsableCommand {
         guard !self.keys.isEmpty else { throw ValidationError("name at least one key (upload-relay ls --account \(self.account) lists them)") }
     }
 
-    func run() throws {
-        let catalog = try self.options.openCatalog()
+    func run() async throws {
+        let catalog = try await self.options.openCatalog()
         defer { (catalog as? PostgresCatalog)?.shutdown() }
-        guard try catalog.account(named: self.account) != nil else {
+        guard try await catalog.account(named: self.account) != nil else {
             throw ValidationError(CatalogError.unknownAccount(self.account).description)
         }
         let logger = Logger(label: "upload-relay")
@@ -98,7 +98,7 @@ struct Remove: ParsableCommand {
         for key in self.keys {
             let outcome: RelayAdmin.Removal
             do {
-                outcome = try RelayAdmin.remove(key: key, account: self.account, catalog: catalog, store: store, logger: logger)
+                outcome = try await RelayAdmin.remove(key: key, account: self.account, catalog: catalog, store: store, logger: logger)
             } catch {
                 outcome = .refused("\(error)")
             }

@@ -221,7 +221,7 @@ struct Serve: AsyncParsableCommand {
 
     @Option(
         name: .long,
-        help: "Threads for storage and catalog work (writes, fsyncs, commits, lookups); each upload uses one at a time."
+        help: "Threads for the relay's storage and catalog work (chunk checks, SHA-1, writes, fsyncs, commits, lookups)."
     )
     var ioThreads: Int = 4
 
@@ -299,7 +299,7 @@ struct Serve: AsyncParsableCommand {
         let catalogURL = self.catalog ?? ProcessInfo.processInfo.environment["UPLOAD_RELAY_CATALOG"]
         let catalog: any Catalog
         do {
-            catalog = try RelayRuntime.openCatalog(dataDirectory: self.dataDirectory, url: catalogURL, logger: logger, modes: modes)
+            catalog = try await RelayRuntime.openCatalog(dataDirectory: self.dataDirectory, url: catalogURL, logger: logger, modes: modes)
         } catch let error as CatalogFailure {
             throw ValidationError("--catalog: \(error)")
         }
@@ -310,7 +310,7 @@ struct Serve: AsyncParsableCommand {
         var devSetup: RelayRuntime.DevSetup? = nil
         if self.dev {
             let names = (everyAddress ? localNames : [host]) + self.devHost
-            let setup = try RelayRuntime.prepareDev(dataDirectory: self.dataDirectory, catalog: catalog, names: names)
+            let setup = try await RelayRuntime.prepareDev(dataDirectory: self.dataDirectory, catalog: catalog, names: names)
             if certificate == nil {
                 certificate = setup.paths.serverCertificate
                 privateKey = setup.paths.serverKey
@@ -328,7 +328,7 @@ struct Serve: AsyncParsableCommand {
             FileHandle.standardError.write(Data("upload-relay: \(error)\n".utf8))
             throw ExitCode(1)
         }
-        let services = try RelayRuntime.makeServices(configuration: configuration, catalog: catalog, logger: logger)
+        let services = try await RelayRuntime.makeServices(configuration: configuration, catalog: catalog, logger: logger)
         let group = MultiThreadedEventLoopGroup(numberOfThreads: System.coreCount)
         let server = try RelayServer(services: services, group: group)
         let statusServer = try configuration.status.map { try RelayStatusServer(services: services, endpoint: $0, group: group) }

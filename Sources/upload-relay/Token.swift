@@ -6,7 +6,7 @@ import UploadRelay
 import UploadRelayBackends
 import UploadRelayPostgres
 
-struct Token: ParsableCommand {
+struct Token: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Manage agent accounts and their tokens.",
         discussion: "Tokens are shown once, when made, and stored only hashed in the catalog (<data>/catalog.sqlite, or --catalog).",
@@ -31,20 +31,20 @@ struct Token: ParsableCommand {
 
         var dataDirectory: String { DataDirectory.resolve(self.data, environment: ProcessInfo.processInfo.environment) ?? "" }
 
-        func openCatalog() throws -> any Catalog {
+        func openCatalog() async throws -> any Catalog {
             let url = self.catalog ?? ProcessInfo.processInfo.environment["UPLOAD_RELAY_CATALOG"]
             guard let data = DataDirectory.resolve(self.data, environment: ProcessInfo.processInfo.environment) else { throw DataDirectory.missing }
             // The data directory and catalog a first `token add` creates are private, as `serve` makes them.
             umask(FileModes.private.umask)
             do {
-                return try RelayRuntime.openCatalog(dataDirectory: data, url: url, logger: Logger(label: "upload-relay"))
+                return try await RelayRuntime.openCatalog(dataDirectory: data, url: url, logger: Logger(label: "upload-relay"))
             } catch let error as CatalogFailure {
                 throw ValidationError("--catalog: \(error)")
             }
         }
     }
 
-    struct Add: ParsableCommand {
+    struct Add: AsyncParsableCommand {
         static let configuration = CommandConfiguration(abstract: "Make an account and print its new token (once).")
 
         @Argument(help: "Account name, such as the device's name.")
@@ -55,12 +55,12 @@ struct Token: ParsableCommand {
 
         @OptionGroup var options: Options
 
-        func run() throws {
-            let catalog = try self.options.openCatalog()
+        func run() async throws {
+            let catalog = try await self.options.openCatalog()
             let quota = try self.quota.map { try ByteCount.parse($0, option: "--quota") }
             let token = Tokens.generate()
             do {
-                try catalog.addAccount(name: self.name, tokenHash: Tokens.hash(Array(token.utf8)), quota: quota)
+                try await catalog.addAccount(name: self.name, tokenHash: Tokens.hash(Array(token.utf8)), quota: quota)
             } catch let error as CatalogError {
                 throw ValidationError(error.description)
             }
@@ -70,7 +70,7 @@ struct Token: ParsableCommand {
         }
     }
 
-    struct List: ParsableCommand {
+    struct List: AsyncParsableCommand {
         static let configuration = CommandConfiguration(abstract: "List accounts, their quotas and use.")
 
         @OptionGroup var options: Options
@@ -85,17 +85,17 @@ struct Token: ParsableCommand {
         @Flag(name: .long, help: "Exact byte counts in the table instead of KiB, MiB, GiB.")
         var bytes = false
 
-        func run() throws {
-            let catalog = try self.options.openCatalog()
-            let accounts = try catalog.accounts()
+        func run() async throws {
+            let catalog = try await self.options.openCatalog()
+            let accounts = try await catalog.accounts()
             // What each account stores and has under way, from the catalog's rows.
             var objects: [String: (count: Int, bytes: Int64)] = [:]
-            for object in try catalog.objects() {
+            for object in try await catalog.objects() {
                 objects[object.account, default: (0, 0)].count += 1
                 objects[object.account, default: (0, 0)].bytes += object.size
             }
             var uploading: [String: (count: Int, bytes: Int64)] = [:]
-            for session in try catalog.sessions(updatedBefore: .distantFuture) {
+            for session in try await catalog.sessions(updatedBefore: .distantFuture) {
                 uploading[session.account, default: (0, 0)].count += 1
                 uploading[session.account, default: (0, 0)].bytes += session.durableOffset
             }
@@ -126,9 +126,9 @@ struct Token: ParsableCommand {
     }
 
     /// Applies a change to account `name`, or fails naming it when there is no such account.
-    static func update(_ name: String, _ options: Options, quota: Int64?? = nil, tokenHash: [UInt8]? = nil, revoked: Bool? = nil) throws {
-        let catalog = try options.openCatalog()
-        guard try catalog.updateAccount(named: name, quota: quota, tokenHash: tokenHash, revoked: revoked) else {
+    static func update(_ name: String, _ options: Options, quota: Int64?? = nil, tokenHash: [UInt8]? = nil, revoked: Bool? = nil) async throws {
+        let catalog = try await options.openCatalog()
+        guard try await catalog.updateAccount(named: name, quota: quota, tokenHash: tokenHash, revoked: revoked) else {
             throw ValidationError(CatalogError.unknownAccount(name).description)
         }
     }
@@ -137,7 +137,7 @@ struct Token: ParsableCommand {
         FileHandle.standardError.write(Data((text + "\n").utf8))
     }
 
-    struct Rotate: ParsableCommand {
+    struct Rotate: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Give an account a new token and print it (once); the old one is refused from then on.",
             discussion:
@@ -149,15 +149,15 @@ struct Token: ParsableCommand {
 
         @OptionGroup var options: Options
 
-        func run() throws {
+        func run() async throws {
             let token = Tokens.generate()
-            try Token.update(self.name, self.options, tokenHash: Tokens.hash(Array(token.utf8)))
+            try await Token.update(self.name, self.options, tokenHash: Tokens.hash(Array(token.utf8)))
             print(token)
             Token.say("new token for account \"\(self.name)\" (shown once); the old one is refused from now on")
         }
     }
 
-    struct Quota: ParsableCommand {
+    struct Quota: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Set or remove an account's quota.",
             discussion: "A quota below what the account stores already keeps what is stored and refuses what would add to it."
@@ -171,14 +171,14 @@ struct Token: ParsableCommand {
 
         @OptionGroup var options: Options
 
-        func run() throws {
+        func run() async throws {
             let quota: Int64? = self.size == "none" ? nil : try ByteCount.parse(self.size, option: "SIZE")
-            try Token.update(self.name, self.options, quota: .some(quota))
+            try await Token.update(self.name, self.options, quota: .some(quota))
             Token.say("account \"\(self.name)\": quota \(quota.map { "\(Format.bytes($0)) (\($0) bytes)" } ?? "none")")
         }
     }
 
-    struct Disable: ParsableCommand {
+    struct Disable: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Refuse an account's token until enable: new connections are refused, open ones close within seconds."
         )
@@ -188,13 +188,13 @@ struct Token: ParsableCommand {
 
         @OptionGroup var options: Options
 
-        func run() throws {
-            try Token.update(self.name, self.options, revoked: true)
+        func run() async throws {
+            try await Token.update(self.name, self.options, revoked: true)
             Token.say("account \"\(self.name)\" disabled: its token is refused until `token enable`")
         }
     }
 
-    struct Enable: ParsableCommand {
+    struct Enable: AsyncParsableCommand {
         static let configuration = CommandConfiguration(abstract: "Accept a disabled (or revoked) account's token again.")
 
         @Argument(help: "Account name.")
@@ -202,13 +202,13 @@ struct Token: ParsableCommand {
 
         @OptionGroup var options: Options
 
-        func run() throws {
-            try Token.update(self.name, self.options, revoked: false)
+        func run() async throws {
+            try await Token.update(self.name, self.options, revoked: false)
             Token.say("account \"\(self.name)\" enabled: its token is accepted again")
         }
     }
 
-    struct Revoke: ParsableCommand {
+    struct Revoke: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Revoke an account's token: new connections are refused, open ones close within seconds (as disable; enable undoes it)."
         )
@@ -218,16 +218,16 @@ struct Token: ParsableCommand {
 
         @OptionGroup var options: Options
 
-        func run() throws {
-            let catalog = try self.options.openCatalog()
-            guard try catalog.revokeAccount(named: self.name) else {
+        func run() async throws {
+            let catalog = try await self.options.openCatalog()
+            guard try await catalog.revokeAccount(named: self.name) else {
                 throw ValidationError(CatalogError.unknownAccount(self.name).description)
             }
             FileHandle.standardError.write(Data("revoked the token of account \"\(self.name)\"\n".utf8))
         }
     }
 
-    struct Delete: ParsableCommand {
+    struct Delete: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Delete an account: its token, its uploads under way and, as you choose, its objects.",
             discussion: """
@@ -256,14 +256,14 @@ struct Token: ParsableCommand {
             guard !(self.deleteObjects && self.keepObjects) else { throw ValidationError("--delete-objects or --keep-objects, not both") }
         }
 
-        func run() throws {
-            let catalog = try self.options.openCatalog()
+        func run() async throws {
+            let catalog = try await self.options.openCatalog()
             defer { (catalog as? PostgresCatalog)?.shutdown() }
-            guard try catalog.account(named: self.name) != nil else {
+            guard try await catalog.account(named: self.name) != nil else {
                 throw ValidationError(CatalogError.unknownAccount(self.name).description)
             }
             guard self.deleteObjects || self.keepObjects else {
-                let objects = try catalog.objects().filter { $0.account == self.name }
+                let objects = try await catalog.objects().filter { $0.account == self.name }
                 let bytes = objects.reduce(Int64(0)) { $0 + $1.size }
                 throw ValidationError(
                     "account \"\(self.name)\" has \(objects.count) objects (\(Format.bytes(bytes))): say what happens to them, --delete-objects (removed from the store) or --keep-objects (left in the store, forgotten); nothing was changed"
@@ -271,7 +271,7 @@ struct Token: ParsableCommand {
             }
             let logger = Logger(label: "upload-relay")
             let store = try self.storeOptions.openStore(data: self.options.dataDirectory, catalog: catalog, logger: logger)
-            let outcome = try RelayAdmin.deleteAccount(
+            let outcome = try await RelayAdmin.deleteAccount(
                 self.name, objects: self.deleteObjects ? .delete : .keep, catalog: catalog, store: store, logger: logger
             )
             var words: [String] = []

@@ -10,8 +10,8 @@ import UploadTestSupport
 /// a file changed by hand is left alone; deleting an account asks what happens to its objects.
 @Suite("End to end: rm and token delete", .serialized)
 struct AdminTests {
-    static func send(_ files: [String], token: String, port: Int, ca: String, prefix: String? = nil) throws -> Int32 {
-        let run = try CommandLineTests.run(
+    static func send(_ files: [String], token: String, port: Int, ca: String, prefix: String? = nil) async throws -> Int32 {
+        let run = try await CommandLineTests.run(
             try CommandLineTests.agentBinary(),
             ["send", "--no-state", "--relay", "127.0.0.1:\(port)", "--ca", ca, "--token", token] + (prefix.map { ["--prefix", $0] } ?? []) + files
         )
@@ -21,8 +21,8 @@ struct AdminTests {
     @Test(
         "SQLite and the local store: rm removes objects and rows (its empty folders too), says which keys were not stored, leaves a hand-changed file and another account's same key; token delete asks, then keeps or deletes the objects, and the name can be given again"
     )
-    func localStore() throws {
-        let relay = try CommandLineTests.DevRelay()
+    func localStore() async throws {
+        let relay = try await CommandLineTests.DevRelay()
         defer { relay.stop() }
         let source = TestRelay.makeDirectory()
         defer { try? FileManager.default.removeItem(atPath: source) }
@@ -32,13 +32,14 @@ struct AdminTests {
         let a = makeFile(source, "a.jpg", size: 10_000, seed: 1)
         _ = makeFile(source + "/trip", "b.jpg", size: 20_000, seed: 2)
         let c = makeFile(source, "c.jpg", size: 30_000, seed: 3)
-        #expect(try Self.send([a.path, source + "/trip", c.path], token: token, port: port, ca: ca) == 0)
-        let other = try CommandLineTests.run(binary, ["token", "add", "other", "--data", data]).stdout.trimmingCharacters(in: .whitespacesAndNewlines)
-        #expect(try Self.send([a.path], token: other, port: port, ca: ca) == 0)
+        await #expect(try Self.send([a.path, source + "/trip", c.path], token: token, port: port, ca: ca) == 0)
+        let other = try await CommandLineTests.run(binary, ["token", "add", "other", "--data", data]).stdout.trimmingCharacters(
+            in: .whitespacesAndNewlines)
+        await #expect(try Self.send([a.path], token: other, port: port, ca: ca) == 0)
         let store = data + "/store"
         #expect(FileManager.default.fileExists(atPath: store + "/dev/trip/b.jpg") && FileManager.default.fileExists(atPath: store + "/other/a.jpg"))
 
-        let removed = try CommandLineTests.run(binary, ["rm", "--json", "--data", data, "--account", "dev", "a.jpg", "trip/b.jpg", "nope.jpg"])
+        let removed = try await CommandLineTests.run(binary, ["rm", "--json", "--data", data, "--account", "dev", "a.jpg", "trip/b.jpg", "nope.jpg"])
         #expect(removed.status == 1, "nope.jpg was not stored: exit 1; \(removed.stderr)")
         let lines = try CommandLineTests.jsonLines(removed.stdout)
         #expect(lines.map { $0["status"] as? String } == ["removed", "removed", "not_stored"], "\(lines)")
@@ -46,30 +47,30 @@ struct AdminTests {
         #expect(!FileManager.default.fileExists(atPath: store + "/dev/a.jpg"))
         #expect(!FileManager.default.fileExists(atPath: store + "/dev/trip"), "the key's empty folder stayed")
         #expect(FileManager.default.contents(atPath: store + "/other/a.jpg") == a.data, "another account's same key was touched")
-        let listed = try CommandLineTests.run(binary, ["ls", "--json", "--data", data, "--account", "dev"]).stdout
+        let listed = try await CommandLineTests.run(binary, ["ls", "--json", "--data", data, "--account", "dev"]).stdout
         #expect(!listed.contains("\"a.jpg\"") && !listed.contains("trip/b.jpg") && listed.contains("c.jpg"), "\(listed)")
 
         // A file changed by hand is not what the relay committed: left as it is.
         try Data("changed by hand".utf8).write(to: URL(fileURLWithPath: store + "/dev/c.jpg"))
-        let changed = try CommandLineTests.run(binary, ["rm", "--data", data, "--account", "dev", "c.jpg"])
+        let changed = try await CommandLineTests.run(binary, ["rm", "--data", data, "--account", "dev", "c.jpg"])
         #expect(changed.status == 1 && changed.stdout.contains("left") && changed.stdout.contains("changed by hand"), "\(changed.stdout)")
         #expect(FileManager.default.contents(atPath: store + "/dev/c.jpg") == Data("changed by hand".utf8))
 
         // token delete asks what happens to the objects, and changes nothing until told.
-        let asked = try CommandLineTests.run(binary, ["token", "delete", "other", "--data", data])
+        let asked = try await CommandLineTests.run(binary, ["token", "delete", "other", "--data", data])
         #expect(asked.status == 2 && asked.stderr.contains("1 objects") && asked.stderr.contains("--delete-objects"), "\(asked.stderr)")
         #expect(FileManager.default.fileExists(atPath: store + "/other/a.jpg"))
-        let deleted = try CommandLineTests.run(binary, ["token", "delete", "other", "--delete-objects", "--data", data])
+        let deleted = try await CommandLineTests.run(binary, ["token", "delete", "other", "--delete-objects", "--data", data])
         #expect(deleted.status == 0 && deleted.stderr.contains("1 objects removed"), "\(deleted.stderr)")
         #expect(!FileManager.default.fileExists(atPath: store + "/other/a.jpg"))
-        #expect(try Self.send([a.path], token: other, port: port, ca: ca) == 3, "the deleted account's token still works")
+        await #expect(try Self.send([a.path], token: other, port: port, ca: ca) == 3, "the deleted account's token still works")
         // Kept: the files stay, the catalog forgets them, the name is free again.
-        let kept = try CommandLineTests.run(binary, ["token", "delete", "dev", "--keep-objects", "--data", data])
+        let kept = try await CommandLineTests.run(binary, ["token", "delete", "dev", "--keep-objects", "--data", data])
         #expect(kept.status == 0 && kept.stderr.contains("1 objects left in the store"), "\(kept.stderr)")
         #expect(FileManager.default.fileExists(atPath: store + "/dev/c.jpg"))
-        let accounts = try CommandLineTests.run(binary, ["token", "list", "--json", "--data", data]).stdout
+        let accounts = try await CommandLineTests.run(binary, ["token", "list", "--json", "--data", data]).stdout
         #expect(!accounts.contains("\"dev\"") && !accounts.contains("\"other\""), "\(accounts)")
-        #expect(try CommandLineTests.run(binary, ["token", "add", "other", "--data", data]).status == 0, "the name could not be given again")
+        await #expect(try CommandLineTests.run(binary, ["token", "add", "other", "--data", data]).status == 0, "the name could not be given again")
     }
 
     @Test(
@@ -101,27 +102,27 @@ struct AdminTests {
                     relay.kill(SIGTERM)
                     _ = relay.waitForExit()
                 }
-                let port = try relay.waitUntilReady()
+                let port = try await relay.waitUntilReady()
                 let token = try String(contentsOfFile: data + "/dev/token", encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
                 let x = makeFile(source, "x.mov", size: 200_000, seed: 7)
                 let y = makeFile(source, "y.mov", size: 300_000, seed: 8)
-                #expect(try Self.send([x.path, y.path], token: token, port: port, ca: data + "/dev/ca.pem") == 0)
+                await #expect(try Self.send([x.path, y.path], token: token, port: port, ca: data + "/dev/ca.pem") == 0)
                 // Another writer's object where the relay would put one of its own: not the relay's.
                 _ = try await client.putObject(bucket: bucket, key: "relay/dev/foreign.bin", body: ByteBuffer(string: "someone else's"))
-                let removed = try CommandLineTests.run(
+                let removed = try await CommandLineTests.run(
                     binary, ["rm", "--data", data, "--account", "dev", "x.mov", "foreign.bin"] + storeOptions, environment: environment
                 )
                 #expect(removed.status == 1, "\(removed.stdout) \(removed.stderr)")
                 #expect(removed.stdout.contains("removed     x.mov") && removed.stdout.contains("not stored  foreign.bin"), "\(removed.stdout)")
                 #expect(try await client.headObject(bucket: bucket, key: "relay/dev/x.mov") == nil)
                 #expect(try await client.headObject(bucket: bucket, key: "relay/dev/foreign.bin") != nil, "another writer's object was removed")
-                let deleted = try CommandLineTests.run(
+                let deleted = try await CommandLineTests.run(
                     binary, ["token", "delete", "dev", "--delete-objects", "--data", data] + storeOptions, environment: environment
                 )
                 #expect(deleted.status == 0 && deleted.stderr.contains("1 objects removed"), "\(deleted.stderr)")
                 #expect(try await client.headObject(bucket: bucket, key: "relay/dev/y.mov") == nil)
                 #expect(try await client.headObject(bucket: bucket, key: "relay/dev/foreign.bin") != nil)
-                let accounts = try CommandLineTests.run(binary, ["token", "list", "--json", "--data", data], environment: environment).stdout
+                let accounts = try await CommandLineTests.run(binary, ["token", "list", "--json", "--data", data], environment: environment).stdout
                 #expect(!accounts.contains("\"dev\""), "\(accounts)")
             }
         }

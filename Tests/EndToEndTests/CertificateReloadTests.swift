@@ -42,13 +42,13 @@ struct CertificateReloadTests {
             relay.kill(SIGTERM)
             _ = relay.waitForExit()
         }
-        let port = try relay.waitUntilReady()
-        let add = try CommandLineTests.run(try relayBinary(), ["token", "add", "cam", "--data", data])
+        let port = try await relay.waitUntilReady()
+        let add = try await CommandLineTests.run(try relayBinary(), ["token", "add", "cam", "--data", data])
         let token = add.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
         #expect(add.status == 0 && token.hasPrefix("upl_"), "\(add.stderr)")
         let environment = ["UPLOAD_RELAY": "127.0.0.1:\(port)", "UPLOAD_TOKEN": token]
-        func send(_ file: String, ca: String) throws -> (status: Int32, stdout: String, stderr: String) {
-            let run = try CommandLineTests.run(
+        func send(_ file: String, ca: String) async throws -> (status: Int32, stdout: String, stderr: String) {
+            let run = try await CommandLineTests.run(
                 try CommandLineTests.agentBinary(), ["send", "--json", "--no-state", "--retry-for", "2s", "--ca", ca, file], environment: environment
             )
             return (run.status, run.stdout, run.stderr)
@@ -62,30 +62,30 @@ struct CertificateReloadTests {
         )
         defer { uploading.stop(SIGKILL) }
         #expect(
-            try AgentProcess.waitUntil {
-                try CommandLineTests.run(try relayBinary(), ["ls", "--in-progress", "--json", "--data", data]).stdout.contains("large.mov")
+            try await AgentProcess.waitUntil {
+                try CommandLineTests.runNow(try relayBinary(), ["ls", "--in-progress", "--json", "--data", data]).stdout.contains("large.mov")
             }, "\(uploading.child.log)"
         )
 
         try install(second)
         relay.kill(SIGHUP)
-        #expect(AgentProcess.waitUntil { relay.log.contains("certificate reloaded") }, "\(relay.log)")
+        await #expect(AgentProcess.waitUntil { relay.log.contains("certificate reloaded") }, "\(relay.log)")
         let small = makeFile(home, "small.jpg", size: 20_000, seed: 4)
-        let withSecond = try send(small.path, ca: second.caCertificate)
+        let withSecond = try await send(small.path, ca: second.caCertificate)
         #expect(withSecond.status == 0, "the renewed certificate is not served: \(withSecond.stderr)")
-        let withFirst = try send(small.path, ca: first.caCertificate)
+        let withFirst = try await send(small.path, ca: first.caCertificate)
         #expect(withFirst.status == 3 && withFirst.stdout.contains("\"error_code\":\"TLS_UNTRUSTED\""), "\(withFirst.stdout) \(withFirst.stderr)")
 
         // The upload on the old connection was never dropped.
-        #expect(uploading.child.waitForExit() == 0, "\(uploading.child.log)")
+        #expect(await uploading.child.exited() == 0, "\(uploading.child.log)")
         #expect(FileManager.default.contents(atPath: data + "/store/cam/large.mov") == large.data)
         #expect(!uploading.child.log.contains("resuming"), "the upload was cut and resumed: \(uploading.child.log)")
 
         // A renewal that cannot be read: said in the log, and the certificate in use stays.
         try Data("not a certificate".utf8).write(to: URL(fileURLWithPath: live + "/cert.pem"))
         relay.kill(SIGHUP)
-        #expect(AgentProcess.waitUntil { relay.log.contains("could not reload the certificate") }, "\(relay.log)")
-        let after = try send(small.path, ca: second.caCertificate)
+        await #expect(AgentProcess.waitUntil { relay.log.contains("could not reload the certificate") }, "\(relay.log)")
+        let after = try await send(small.path, ca: second.caCertificate)
         #expect(after.status == 0, "\(after.stderr)")
     }
 }

@@ -134,7 +134,7 @@ struct ClientTests {
             makeFile(directory, "CLIP000\($0.offset + 1).MP4", size: $0.element, seed: UInt64($0.offset))
         }
         let environment = ["UPLOAD_RELAY": "127.0.0.1:\(relay.port)", "UPLOAD_TOKEN": relay.token, "UPLOAD_CA": relay.caPath]
-        let run = try CommandLineTests.run(binary, ["clips/joined.mp4"] + pieces.map(\.path), environment: environment)
+        let run = try await CommandLineTests.run(binary, ["clips/joined.mp4"] + pieces.map(\.path), environment: environment)
         #expect(run.status == 0, "\(run.stderr)")
         let joined = pieces.reduce(Data()) { $0 + $1.data }
         #expect(relay.stored("clips/joined.mp4") == joined)
@@ -142,7 +142,8 @@ struct ClientTests {
             run.stdout.contains("stored clips/joined.mp4 \(joined.count) bytes sha1 \(SHA1.hash(joined).map { String(format: "%02x", $0) }.joined())")
         )
         #expect(run.stderr.contains("100% on the relay"))
-        let missing = try CommandLineTests.run(binary, ["clips/missing.mp4", pieces[0].path, directory + "/CLIP0009.MP4"], environment: environment)
+        let missing = try await CommandLineTests.run(
+            binary, ["clips/missing.mp4", pieces[0].path, directory + "/CLIP0009.MP4"], environment: environment)
         #expect(missing.status == 1)
         #expect(missing.stderr.contains("CLIP0009.MP4"), "\(missing.stderr)")
         #expect(relay.stored("clips/missing.mp4") == nil)

@@ -16,7 +16,17 @@ struct CommandLineTests {
         var stderr: String
     }
 
-    static func run(_ executable: String, _ arguments: [String], environment: [String: String] = [:], in directory: String? = nil) throws -> Run {
+    /// Runs `executable` to its end, its output read whole; waited for on a thread of its own.
+    static func run(
+        _ executable: String, _ arguments: [String], environment: [String: String] = [:], in directory: String? = nil
+    ) async throws -> Run {
+        try await onThreadOfItsOwn { try Self.runNow(executable, arguments, environment: environment, in: directory) }
+    }
+
+    /// ``run(_:_:environment:in:)`` waited for on the caller's thread: for a command that answers at once.
+    static func runNow(
+        _ executable: String, _ arguments: [String], environment: [String: String] = [:], in directory: String? = nil
+    ) throws -> Run {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: executable)
         process.arguments = arguments
@@ -51,7 +61,7 @@ struct CommandLineTests {
         let port: Int
         let environment: [String: String]
 
-        init(_ options: [String] = ["--log-level", "warning"]) throws {
+        init(_ options: [String] = ["--log-level", "warning"]) async throws {
             self.data = TestRelay.makeDirectory()
             self.child = try ChildProcess(
                 try relayBinary(),
@@ -59,7 +69,7 @@ struct CommandLineTests {
                 readyFile: data + "/ready", logFile: data + "/relay.log"
             )
             do {
-                self.port = try self.child.waitUntilReady()
+                self.port = try await self.child.waitUntilReady()
                 let token = try String(contentsOfFile: data + "/dev/token", encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
                 self.environment = ["UPLOAD_RELAY": "127.0.0.1:\(port)", "UPLOAD_CA": data + "/dev/ca.pem", "UPLOAD_TOKEN": token]
             } catch {
@@ -93,8 +103,8 @@ struct CommandLineTests {
     @Test(
         "send --json: exit 0, one JSON object per item with the documented fields; then dedup; then exit 3 and error_code UNAUTHENTICATED on a bad token"
     )
-    func sendJSON() throws {
-        let relay = try DevRelay()
+    func sendJSON() async throws {
+        let relay = try await DevRelay()
         defer { relay.stop() }
         let (data, port, environment) = (relay.data, relay.port, relay.environment)
         // --dev prints the command to use, with the address and port it listens on (issue 6 finding 22).
@@ -104,7 +114,7 @@ struct CommandLineTests {
         _ = makeFile(source + "/trip", "notes.txt", size: 12, seed: 32)
         let agent = try Self.agentBinary()
 
-        let first = try Self.run(agent, ["send", "--json", source + "/trip"], environment: environment)
+        let first = try await Self.run(agent, ["send", "--json", source + "/trip"], environment: environment)
         #expect(first.status == 0, "\(first.stderr)")
         let lines = first.stdout.split(separator: "\n").map { try! JSONSerialization.jsonObject(with: Data($0.utf8)) as! [String: Any] }
         #expect(lines.count == 2)
@@ -117,14 +127,14 @@ struct CommandLineTests {
         #expect(photo["error"] == nil && photo["error_code"] == nil)
         #expect(FileManager.default.contents(atPath: data + "/store/dev/trip/day1/IMG_1.jpg") == file.data)
 
-        let again = try Self.run(agent, ["send", "--json", source + "/trip"], environment: environment)
+        let again = try await Self.run(agent, ["send", "--json", source + "/trip"], environment: environment)
         #expect(again.status == 0)
         #expect(again.stdout.components(separatedBy: "\"status\":\"deduplicated\"").count == 3)
         #expect(again.stdout.contains("\"sent_bytes\":0"))
 
         var wrong = environment
         wrong["UPLOAD_TOKEN"] = "upl_wrong"
-        let refused = try Self.run(agent, ["send", "--json", file.path], environment: wrong)
+        let refused = try await Self.run(agent, ["send", "--json", file.path], environment: wrong)
         #expect(refused.status == 3, "\(refused.stderr)")
         #expect(refused.stdout.contains("\"status\":\"failed\""))
         #expect(refused.stdout.contains("\"error\""))
@@ -135,14 +145,15 @@ struct CommandLineTests {
     @Test(
         "serve refuses a limit below 1 (--io-threads, --commit-group, ...) or a --status-listen that is no host:port with a usage error naming it, before it creates anything"
     )
-    func serveRefusesZeroLimits() throws {
+    func serveRefusesZeroLimits() async throws {
         let data = TestRelay.makeDirectory() + "/relay"
         for option in ["--io-threads", "--commit-group", "--max-connections", "--status-max-connections"] {
-            let run = try Self.run(try relayBinary(), ["serve", "--dev", "--data", data, "--listen", "127.0.0.1:0", option, "0"])
+            let run = try await Self.run(try relayBinary(), ["serve", "--dev", "--data", data, "--listen", "127.0.0.1:0", option, "0"])
             #expect(run.status == 2, "\(option): exit \(run.status)")
             #expect(run.stderr.contains(option) && run.stderr.contains("must be at least 1"), "\(option): \(run.stderr)")
         }
-        let status = try Self.run(try relayBinary(), ["serve", "--dev", "--data", data, "--listen", "127.0.0.1:0", "--status-listen", "nowhere"])
+        let status = try await Self.run(
+            try relayBinary(), ["serve", "--dev", "--data", data, "--listen", "127.0.0.1:0", "--status-listen", "nowhere"])
         #expect(status.status == 2 && status.stderr.contains("--status-listen"), "\(status.stderr)")
         #expect(!FileManager.default.fileExists(atPath: data), "a refused serve created its data directory")
     }
@@ -150,23 +161,23 @@ struct CommandLineTests {
     @Test(
         "no data directory named (--data or UPLOAD_RELAY_DATA): serve, token and ls are usage errors that say what to pass, and nothing is written in the current directory; UPLOAD_RELAY_DATA alone serves"
     )
-    func dataDirectoryRequired() throws {
+    func dataDirectoryRequired() async throws {
         let cwd = TestRelay.makeDirectory()
         for arguments in [["serve", "--dev", "--listen", "127.0.0.1:0"], ["token", "add", "cam"], ["token", "list"], ["ls"]] {
-            let run = try Self.run(try relayBinary(), arguments, in: cwd)
+            let run = try await Self.run(try relayBinary(), arguments, in: cwd)
             #expect(run.status == 2, "\(arguments): exit \(run.status) \(run.stderr)")
             #expect(run.stderr.contains("--data DIR") && run.stderr.contains("UPLOAD_RELAY_DATA"), "\(arguments): \(run.stderr)")
         }
         #expect(try FileManager.default.contentsOfDirectory(atPath: cwd).isEmpty, "written in the current directory")
         let data = cwd + "/named"
-        let made = try Self.run(try relayBinary(), ["token", "add", "cam"], environment: ["UPLOAD_RELAY_DATA": data], in: cwd)
+        let made = try await Self.run(try relayBinary(), ["token", "add", "cam"], environment: ["UPLOAD_RELAY_DATA": data], in: cwd)
         #expect(made.status == 0 && made.stdout.hasPrefix("upl_"), "\(made.stderr)")
-        let listed = try Self.run(try relayBinary(), ["token", "list"], environment: ["UPLOAD_RELAY_DATA": data], in: cwd)
+        let listed = try await Self.run(try relayBinary(), ["token", "list"], environment: ["UPLOAD_RELAY_DATA": data], in: cwd)
         #expect(listed.status == 0 && listed.stdout.contains("cam"), "\(listed.stderr)")
         // token list --json: one object per account.
-        _ = try Self.run(try relayBinary(), ["token", "add", "quota-cam", "--quota", "5M", "--data", data], in: cwd)
-        _ = try Self.run(try relayBinary(), ["token", "revoke", "cam", "--data", data], in: cwd)
-        let json = try Self.jsonLines(try Self.run(try relayBinary(), ["token", "list", "--json", "--data", data], in: cwd).stdout)
+        _ = try await Self.run(try relayBinary(), ["token", "add", "quota-cam", "--quota", "5M", "--data", data], in: cwd)
+        _ = try await Self.run(try relayBinary(), ["token", "revoke", "cam", "--data", data], in: cwd)
+        let json = try await Self.jsonLines(try Self.run(try relayBinary(), ["token", "list", "--json", "--data", data], in: cwd).stdout)
         let byName = Dictionary(uniqueKeysWithValues: json.compactMap { line in (line["name"] as? String).map { ($0, line) } })
         #expect(byName["cam"]?["state"] as? String == "revoked" && byName["cam"]?["quota_bytes"] is NSNull, "\(json)")
         #expect(byName["quota-cam"]?["quota_bytes"] as? Int == 5 << 20 && byName["quota-cam"]?["used_bytes"] as? Int == 0, "\(json)")
@@ -174,14 +185,15 @@ struct CommandLineTests {
     }
 
     @Test("agent --log-level: a level that is none is a usage error naming the levels; debug shows the agent's own log lines on stderr")
-    func agentLogLevel() throws {
+    func agentLogLevel() async throws {
         let file = TestRelay.makeDirectory() + "/a.bin"
         #expect(FileManager.default.createFile(atPath: file, contents: Data("x".utf8)))
-        let wrong = try Self.run(try Self.agentBinary(), ["send", "--relay", "127.0.0.1:1", "--token", "t", "--log-level", "loud", file])
+        let wrong = try await Self.run(try Self.agentBinary(), ["send", "--relay", "127.0.0.1:1", "--token", "t", "--log-level", "loud", file])
         #expect(wrong.status == 2 && wrong.stderr.contains("--log-level must be one of"), "\(wrong.stderr)")
         // Nothing listens on port 1: the connection is refused, which the agent logs at debug.
-        let quiet = try Self.run(try Self.agentBinary(), ["send", "--relay", "127.0.0.1:1", "--token", "t", "--retry-for", "0s", "--json", file])
-        let loud = try Self.run(
+        let quiet = try await Self.run(
+            try Self.agentBinary(), ["send", "--relay", "127.0.0.1:1", "--token", "t", "--retry-for", "0s", "--json", file])
+        let loud = try await Self.run(
             try Self.agentBinary(), ["send", "--relay", "127.0.0.1:1", "--token", "t", "--retry-for", "0s", "--json", "--log-level", "trace", file]
         )
         #expect(quiet.status != 0 && loud.status != 0)
@@ -192,24 +204,24 @@ struct CommandLineTests {
     @Test(
         "token rotate, quota, disable and enable on a running relay: the old token is refused and its open connection closes; a quota refuses what does not fit and none lifts it; a disabled account is refused until enabled"
     )
-    func tokenAdministration() throws {
-        let relay = try DevRelay()
+    func tokenAdministration() async throws {
+        let relay = try await DevRelay()
         defer { relay.stop() }
         let home = TestRelay.makeDirectory()
         let small = home + "/small.bin"
         #expect(FileManager.default.createFile(atPath: small, contents: Data(repeating: 7, count: 4096)))
-        func admin(_ arguments: [String]) throws -> Run {
-            try Self.run(try relayBinary(), ["token"] + arguments + ["--data", relay.data])
+        func admin(_ arguments: [String]) async throws -> Run {
+            try await Self.run(try relayBinary(), ["token"] + arguments + ["--data", relay.data])
         }
-        func send(_ path: String, token: String? = nil, _ extra: [String] = []) throws -> [String: Any] {
+        func send(_ path: String, token: String? = nil, _ extra: [String] = []) async throws -> [String: Any] {
             var environment = relay.environment
             if let token { environment["UPLOAD_TOKEN"] = token }
-            let run = try Self.run(
+            let run = try await Self.run(
                 try Self.agentBinary(), ["send", "--json", "--no-state", "--retry-for", "0s", "--overwrite"] + extra + [path],
                 environment: environment)
             return try #require(try Self.jsonLines(run.stdout).first, "\(run.stderr)")
         }
-        #expect(try send(small)["status"] as? String == "stored")
+        await #expect(try send(small)["status"] as? String == "stored")
 
         // A large upload under way with the old token, throttled: the rotation closes its connection.
         let large = home + "/large.bin"
@@ -219,64 +231,64 @@ struct CommandLineTests {
         )
         defer { uploading.stop(SIGKILL) }
         #expect(
-            try AgentProcess.waitUntil {
-                try Self.run(try relayBinary(), ["ls", "--in-progress", "--json", "--data", relay.data]).stdout.contains("large.bin")
+            try await AgentProcess.waitUntil {
+                try Self.runNow(try relayBinary(), ["ls", "--in-progress", "--json", "--data", relay.data]).stdout.contains("large.bin")
             }, "\(uploading.child.log)"
         )
-        let rotated = try admin(["rotate", "dev"])
+        let rotated = try await admin(["rotate", "dev"])
         #expect(rotated.status == 0 && rotated.stdout.hasPrefix("upl_"), "\(rotated.stderr)")
         let newToken = rotated.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
         // Nothing of that run went up and the relay no longer takes its token: exit 3.
-        #expect(uploading.child.waitForExit() == 3)
+        #expect(await uploading.child.exited() == 3)
         #expect(uploading.child.log.contains("was replaced (token rotate)"), "\(uploading.child.log)")
-        let refused = try send(small)
+        let refused = try await send(small)
         #expect(refused["status"] as? String == "failed" && (refused["error"] as? String ?? "").contains("token"), "\(refused)")
-        #expect(try send(small, token: newToken)["status"] as? String != "failed")
+        await #expect(try send(small, token: newToken)["status"] as? String != "failed")
 
         // Quota: 1 KiB refuses a 4 KiB file that is new; none lifts it.
         let other = home + "/other.bin"
         #expect(FileManager.default.createFile(atPath: other, contents: Data(repeating: 9, count: 4096)))
-        #expect(try admin(["quota", "dev", "1K"]).status == 0)
-        let json = try Self.jsonLines(try Self.run(try relayBinary(), ["token", "list", "--json", "--data", relay.data]).stdout)
+        await #expect(try admin(["quota", "dev", "1K"]).status == 0)
+        let json = try await Self.jsonLines(try Self.run(try relayBinary(), ["token", "list", "--json", "--data", relay.data]).stdout)
         #expect(json.first { $0["name"] as? String == "dev" }?["quota_bytes"] as? Int == 1024, "\(json)")
-        let over = try send(other, token: newToken)
+        let over = try await send(other, token: newToken)
         #expect((over["error"] as? String ?? "").contains("QUOTA_EXCEEDED"), "\(over)")
         #expect(over["error_code"] as? String == "QUOTA_EXCEEDED", "\(over)")
-        #expect(try admin(["quota", "dev", "none"]).status == 0)
-        #expect(try send(other, token: newToken)["status"] as? String == "stored")
+        await #expect(try admin(["quota", "dev", "none"]).status == 0)
+        await #expect(try send(other, token: newToken)["status"] as? String == "stored")
 
         // Disable, enable.
-        #expect(try admin(["disable", "dev"]).status == 0)
-        let disabled = try send(small, token: newToken)
+        await #expect(try admin(["disable", "dev"]).status == 0)
+        let disabled = try await send(small, token: newToken)
         #expect((disabled["error"] as? String ?? "").contains("revoked"), "\(disabled)")
-        #expect(try admin(["enable", "dev"]).status == 0)
-        #expect(try send(small, token: newToken)["status"] as? String != "failed")
-        #expect(try admin(["rotate", "nobody"]).status == 2)
+        await #expect(try admin(["enable", "dev"]).status == 0)
+        await #expect(try send(small, token: newToken)["status"] as? String != "failed")
+        await #expect(try admin(["rotate", "nobody"]).status == 2)
     }
 
     @Test(
         "send checks the whole selection against the quota first: nothing is sent when it does not fit, each file said why; --send-what-fits sends what fits; files the relay holds count for nothing; --no-quota-check leaves it to the relay"
     )
-    func quotaCheckedFirst() throws {
-        let relay = try DevRelay()
+    func quotaCheckedFirst() async throws {
+        let relay = try await DevRelay()
         defer { relay.stop() }
         let home = TestRelay.makeDirectory()
         let a = makeFile(home + "/sel", "a.bin", size: 30_000, seed: 41)
-        func send(_ extra: [String], _ paths: [String]) throws -> (status: Int32, lines: [[String: Any]], stderr: String) {
-            let run = try Self.run(
+        func send(_ extra: [String], _ paths: [String]) async throws -> (status: Int32, lines: [[String: Any]], stderr: String) {
+            let run = try await Self.run(
                 try Self.agentBinary(), ["send", "--json", "--no-state", "--retry-for", "0s"] + extra + paths, environment: relay.environment
             )
             return (run.status, try Self.jsonLines(run.stdout), run.stderr)
         }
         func stored(_ name: String) -> Data? { FileManager.default.contents(atPath: relay.data + "/store/dev/sel/" + name) }
-        #expect(try send([], [home + "/sel"]).status == 0)
+        await #expect(try send([], [home + "/sel"]).status == 0)
         #expect(stored("a.bin") == a.data)
         let b = makeFile(home + "/sel", "b.bin", size: 30_000, seed: 42)
         _ = makeFile(home + "/sel", "c.bin", size: 50_000, seed: 43)
         // 100 000 bytes, 30 000 used: the selection needs 80 000 (a.bin is there already), its sizes 110 000.
-        #expect(try Self.run(try relayBinary(), ["token", "quota", "dev", "100000", "--data", relay.data]).status == 0)
+        await #expect(try Self.run(try relayBinary(), ["token", "quota", "dev", "100000", "--data", relay.data]).status == 0)
 
-        let refused = try send([], [home + "/sel"])
+        let refused = try await send([], [home + "/sel"])
         #expect(refused.status == 1, "\(refused.stderr)")
         #expect(refused.lines.count == 3, "\(refused.lines)")
         for line in refused.lines {
@@ -293,7 +305,7 @@ struct CommandLineTests {
         #expect(refused.stderr.contains("account \"dev\" has 68.4 KiB of its 97.7 KiB quota left"), "\(refused.stderr)")
         #expect(stored("b.bin") == nil)
 
-        let fits = try send(["--send-what-fits"], [home + "/sel"])
+        let fits = try await send(["--send-what-fits"], [home + "/sel"])
         #expect(fits.status == 1)
         let status = Dictionary(uniqueKeysWithValues: fits.lines.map { ($0["key"] as? String ?? "", $0["status"] as? String ?? "") })
         #expect(status == ["sel/a.bin": "deduplicated", "sel/b.bin": "stored", "sel/c.bin": "failed"], "\(fits.lines)")
@@ -301,13 +313,13 @@ struct CommandLineTests {
         #expect(fits.stderr.contains("1 of 3 files do not fit"), "\(fits.stderr)")
 
         // The quota now equals what is stored: sending what the relay holds again is not refused for its sizes.
-        #expect(try Self.run(try relayBinary(), ["token", "quota", "dev", "60000", "--data", relay.data]).status == 0)
-        let again = try send(["--prefix", "sel"], [a.path, b.path])
+        await #expect(try Self.run(try relayBinary(), ["token", "quota", "dev", "60000", "--data", relay.data]).status == 0)
+        let again = try await send(["--prefix", "sel"], [a.path, b.path])
         #expect(again.status == 0, "\(again.lines) \(again.stderr)")
         #expect(again.lines.allSatisfy { $0["status"] as? String == "deduplicated" }, "\(again.lines)")
 
         // Without the check the relay refuses c.bin at OPEN, as before.
-        let unchecked = try send(["--no-quota-check"], [home + "/sel"])
+        let unchecked = try await send(["--no-quota-check"], [home + "/sel"])
         #expect(unchecked.status == 1)
         let late = unchecked.lines.first { $0["key"] as? String == "sel/c.bin" }
         #expect(
@@ -317,17 +329,18 @@ struct CommandLineTests {
     @Test(
         "a relay that cannot be reached: one line naming the address and what to check, said once however often it is retried, then counted; never NIO's own description"
     )
-    func unreachableRelayMessages() throws {
+    func unreachableRelayMessages() async throws {
         let file = TestRelay.makeDirectory() + "/a.bin"
         #expect(FileManager.default.createFile(atPath: file, contents: Data("x".utf8)))
-        let refused = try Self.run(try Self.agentBinary(), ["send", "--json", "--relay", "127.0.0.1:1", "--token", "t", "--retry-for", "2s", file])
+        let refused = try await Self.run(
+            try Self.agentBinary(), ["send", "--json", "--relay", "127.0.0.1:1", "--token", "t", "--retry-for", "2s", file])
         #expect(refused.status == 3, "nothing went up, the relay unreachable: exit 3")
         #expect(refused.stdout.contains("\"error_code\":\"RELAY_UNREACHABLE\""), "\(refused.stdout)")
         #expect(
             refused.stderr.contains("cannot connect to the relay at 127.0.0.1:1: connection refused: is upload-relay running"), "\(refused.stderr)")
         #expect(refused.stderr.components(separatedBy: "reconnecting in").count == 2, "said more than once:\n\(refused.stderr)")
         #expect(refused.stderr.contains("times)"), "\(refused.stderr)")
-        let unknown = try Self.run(
+        let unknown = try await Self.run(
             try Self.agentBinary(), ["send", "--relay", "no-such-host.invalid:7443", "--token", "t", "--retry-for", "0s", file])
         #expect(unknown.status == 3)
         #expect(unknown.stderr.contains("no-such-host.invalid"), "\(unknown.stderr)")
@@ -337,8 +350,8 @@ struct CommandLineTests {
     }
 
     @Test("serve whose --listen or --status-listen address is taken ends at once with exit 1, naming the option and the address")
-    func serveAddressTaken() throws {
-        let holder = try DevRelay()
+    func serveAddressTaken() async throws {
+        let holder = try await DevRelay()
         defer { holder.stop() }
         let taken = "127.0.0.1:\(holder.port)"
         for (option, listen, status) in [
@@ -348,7 +361,7 @@ struct CommandLineTests {
             let data = TestRelay.makeDirectory()
             defer { try? FileManager.default.removeItem(atPath: data) }
             // Killed after 60 s if it does not end by itself (a relay that kept serving without its endpoint did not).
-            let run = try Self.run(
+            let run = try await Self.run(
                 "/usr/bin/timeout",
                 ["-s", "KILL", "60", try relayBinary(), "serve", "--dev", "--data", data, "--listen", listen, "--status-listen", status]
             )
@@ -360,7 +373,7 @@ struct CommandLineTests {
     @Test(
         "what serve creates is private to its user whatever the umask (directories 0700, files 0600); --group-access lets the group read; relay and agent run without root's capabilities"
     )
-    func fileModes() throws {
+    func fileModes() async throws {
         for groupAccess in [false, true] {
             let data = TestRelay.makeDirectory() + "/relay"
             defer { try? FileManager.default.removeItem(atPath: data) }
@@ -375,12 +388,12 @@ struct CommandLineTests {
                 ] + (groupAccess ? ["--group-access"] : []),
                 readyFile: data + ".ready", logFile: data + ".log"
             )
-            let port = try child.waitUntilReady()
+            let port = try await child.waitUntilReady()
             let token = try String(contentsOfFile: data + "/dev/token", encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
             let source = TestRelay.makeDirectory()
             defer { try? FileManager.default.removeItem(atPath: source) }
             _ = makeFile(source + "/album", "2026/IMG_1.jpg", size: 200_000, seed: 41)
-            let sent = try Self.run(
+            let sent = try await Self.run(
                 "/usr/bin/setpriv", ["--bounding-set=-all", try Self.agentBinary(), "send", "--no-state", "--quiet", source + "/album"],
                 environment: ["UPLOAD_RELAY": "127.0.0.1:\(port)", "UPLOAD_CA": data + "/dev/ca.pem", "UPLOAD_TOKEN": token]
             )
@@ -399,12 +412,12 @@ struct CommandLineTests {
                 #expect(mode(file) == fileMode, "\(file): \(String(mode(file) ?? 0, radix: 8))")
             }
             child.kill(SIGTERM)
-            #expect(child.waitForExit() == 0)
+            #expect(await child.exited() == 0)
         }
     }
 
     @Test("serve with an S3 store: no keys, no bucket, or S3 options without one are usage errors that say what to set, before anything is created")
-    func serveS3UsageErrors() throws {
+    func serveS3UsageErrors() async throws {
         let data = TestRelay.makeDirectory() + "/relay"
         // Empty keys count as none (tools/test exports the test server's).
         var environment = ["AWS_SHARED_CREDENTIALS_FILE": TestRelay.makeDirectory() + "/none"]
@@ -418,7 +431,7 @@ struct CommandLineTests {
             (["--store", "S3://photos", "--s3-endpoint", "http://127.0.0.1:9/s3"], "no path"),
         ]
         for (options, hint) in cases {
-            let run = try Self.run(try relayBinary(), base + options, environment: environment)
+            let run = try await Self.run(try relayBinary(), base + options, environment: environment)
             #expect(run.status == 2, "\(options): exit \(run.status)")
             #expect(run.stderr.contains(hint), "\(options): \(run.stderr)")
         }
@@ -428,52 +441,52 @@ struct CommandLineTests {
     @Test(
         "relay ls and token list: stored objects and uploads under way, by account, as a table in KiB/MiB (--bytes: exact) or JSON lines; an unknown account is a usage error"
     )
-    func relayList() throws {
-        let relay = try DevRelay()
+    func relayList() async throws {
+        let relay = try await DevRelay()
         let source = TestRelay.makeDirectory()
         let photo = makeFile(source, "IMG_1.jpg", size: 12_345, seed: 3)
-        let sent = try Self.run(try Self.agentBinary(), ["send", "--no-state", photo.path], environment: relay.environment)
+        let sent = try await Self.run(try Self.agentBinary(), ["send", "--no-state", photo.path], environment: relay.environment)
         #expect(sent.status == 0, "\(sent.stderr)")
         relay.stop()
         let binary = try relayBinary()
-        #expect(try Self.run(binary, ["token", "add", "other", "--data", relay.data]).status == 0)
+        await #expect(try Self.run(binary, ["token", "add", "other", "--data", relay.data]).status == 0)
         // An upload of "other" under way: its session, as a relay records it at its first durable sync.
         let catalog = try SQLiteCatalog(path: relay.data + "/catalog.sqlite")
-        try catalog.putSession(
+        try await catalog.putSession(
             UploadSession(
                 id: "s1", account: "other", key: "videos/big one.mov", resumeToken: [1], fingerprint: [2], declaredSize: 999_999,
                 durableOffset: 123_456, sha1State: SHA1().exportState(), stagingName: "s1"
             )
         )
-        let table = try Self.run(binary, ["ls", "--data", relay.data])
+        let table = try await Self.run(binary, ["ls", "--data", relay.data])
         #expect(table.status == 0, "\(table.stderr)")
         #expect(table.stdout.contains("dev\tstored\t12.1 KiB\t12.1 KiB\tIMG_1.jpg"), "\(table.stdout)")
         #expect(table.stdout.contains("other\tuploading\t120.6 KiB\t976.6 KiB\tvideos/big one.mov"), "\(table.stdout)")
-        let exact = try Self.run(binary, ["ls", "--bytes", "--data", relay.data])
+        let exact = try await Self.run(binary, ["ls", "--bytes", "--data", relay.data])
         #expect(exact.stdout.contains("dev\tstored\t12345\t12345\tIMG_1.jpg"), "\(exact.stdout)")
         #expect(exact.stdout.contains("other\tuploading\t123456\t999999\tvideos/big one.mov"), "\(exact.stdout)")
-        let accounts = try Self.jsonLines(try Self.run(binary, ["token", "list", "--json", "--data", relay.data]).stdout)
+        let accounts = try await Self.jsonLines(try Self.run(binary, ["token", "list", "--json", "--data", relay.data]).stdout)
         let dev0 = try #require(accounts.first { $0["name"] as? String == "dev" })
         #expect(dev0["objects"] as? Int == 1 && dev0["stored_bytes"] as? Int == 12_345 && dev0["uploading"] as? Int == 0, "\(dev0)")
         let other = try #require(accounts.first { $0["name"] as? String == "other" })
         #expect(other["objects"] as? Int == 0 && other["uploading"] as? Int == 1 && other["uploading_bytes"] as? Int == 123_456, "\(other)")
-        let accountTable = try Self.run(binary, ["token", "list", "--data", relay.data]).stdout
+        let accountTable = try await Self.run(binary, ["token", "list", "--data", relay.data]).stdout
         #expect(accountTable.contains("dev\t12.1 KiB\t-\t1\t0\tactive"), "\(accountTable)")
-        let underWay = try Self.jsonLines(try Self.run(binary, ["ls", "--data", relay.data, "--in-progress", "--json"]).stdout)
+        let underWay = try await Self.jsonLines(try Self.run(binary, ["ls", "--data", relay.data, "--in-progress", "--json"]).stdout)
         #expect(underWay.count == 1)
         #expect(underWay.first?["key"] as? String == "videos/big one.mov")
         #expect(underWay.first?["status"] as? String == "uploading")
         #expect(underWay.first?["bytes"] as? Int == 123_456 && underWay.first?["size"] as? Int == 999_999)
-        let dev = try Self.jsonLines(try Self.run(binary, ["ls", "--data", relay.data, "--account", "dev", "--json"]).stdout)
+        let dev = try await Self.jsonLines(try Self.run(binary, ["ls", "--data", relay.data, "--account", "dev", "--json"]).stdout)
         #expect(dev.map { $0["key"] as? String } == ["IMG_1.jpg"])
         #expect(dev.first?["sha1"] as? String == SHA1.hash(photo.data).map { String(format: "%02x", $0) }.joined())
-        let unknown = try Self.run(binary, ["ls", "--data", relay.data, "--account", "nobody"])
+        let unknown = try await Self.run(binary, ["ls", "--data", relay.data, "--account", "nobody"])
         #expect(unknown.status == 2 && unknown.stderr.contains("no account named \"nobody\""), "\(unknown.stderr)")
     }
 
     @Test("send --deflate --json: wire_bytes shows what deflate saved on text, and nothing on random bytes; both stored exactly")
-    func wireBytes() throws {
-        let relay = try DevRelay()
+    func wireBytes() async throws {
+        let relay = try await DevRelay()
         defer { relay.stop() }
         let (data, environment) = (relay.data, relay.environment)
         let source = TestRelay.makeDirectory()
@@ -481,7 +494,8 @@ struct CommandLineTests {
         try FileManager.default.createDirectory(atPath: source + "/logs", withIntermediateDirectories: true)
         try text.write(to: URL(fileURLWithPath: source + "/logs/app.log"))
         let random = makeFile(source + "/logs", "clip.bin", size: 3_000_000, seed: 77)
-        let run = try Self.run(try Self.agentBinary(), ["send", "--deflate", "--no-dedup", "--json", source + "/logs"], environment: environment)
+        let run = try await Self.run(
+            try Self.agentBinary(), ["send", "--deflate", "--no-dedup", "--json", source + "/logs"], environment: environment)
         #expect(run.status == 0, "\(run.stderr)")
         let lines = try Self.jsonLines(run.stdout)
         let log = try #require(lines.first { $0["key"] as? String == "logs/app.log" })
@@ -496,18 +510,18 @@ struct CommandLineTests {
     @Test(
         "dedup probe: a new 3 MiB file is hashed over its first 256 KiB only and sent in one read; a copy of it is confirmed, hashed whole and not sent; the file itself again is known by its fingerprint, not read"
     )
-    func dedupProbe() throws {
-        let relay = try DevRelay()
+    func dedupProbe() async throws {
+        let relay = try await DevRelay()
         defer { relay.stop() }
         let (data, environment) = (relay.data, relay.environment)
         let source = TestRelay.makeDirectory()
         let clip = makeFile(source, "clip.mp4", size: 3 << 20, seed: 88)
-        func send(_ arguments: [String]) throws -> [String: Any] {
-            let run = try Self.run(try Self.agentBinary(), ["send", "--json"] + arguments, environment: environment)
+        func send(_ arguments: [String]) async throws -> [String: Any] {
+            let run = try await Self.run(try Self.agentBinary(), ["send", "--json"] + arguments, environment: environment)
             #expect(run.status == 0, "\(run.stderr)")
             return try #require(try Self.jsonLines(run.stdout).first)
         }
-        let first = try send([clip.path])
+        let first = try await send([clip.path])
         #expect(first["status"] as? String == "stored")
         #expect(first["hashed_bytes"] as? Int == Int(Frame.Open.probeLength), "only the probe is read before OPEN: \(first)")
         #expect(first["sent_bytes"] as? Int == 3 << 20)
@@ -515,28 +529,28 @@ struct CommandLineTests {
         // A copy: the same bytes under another fingerprint, so the agent's hash cache cannot know them.
         try FileManager.default.createDirectory(atPath: source + "/copy", withIntermediateDirectories: true)
         try clip.data.write(to: URL(fileURLWithPath: source + "/copy/clip.mp4"))
-        let again = try send(["--prefix", "copy", source + "/copy/clip.mp4"])
+        let again = try await send(["--prefix", "copy", source + "/copy/clip.mp4"])
         #expect(again["status"] as? String == "deduplicated", "\(again)")
         #expect(again["sent_bytes"] as? Int == 0)
         #expect(again["hashed_bytes"] as? Int == Int(Frame.Open.probeLength) + (3 << 20), "probe, then the whole file after CONFIRM: \(again)")
         #expect(FileManager.default.contents(atPath: data + "/store/dev/copy/clip.mp4") == clip.data)
         // The first file again: its upload taught the hash cache its SHA-1, so nothing is read at all.
-        let third = try send(["--prefix", "third", clip.path])
+        let third = try await send(["--prefix", "third", clip.path])
         #expect(third["status"] as? String == "deduplicated", "\(third)")
         #expect(third["sent_bytes"] as? Int == 0 && third["hashed_bytes"] as? Int == 0, "\(third)")
         #expect(FileManager.default.contents(atPath: data + "/store/dev/third/clip.mp4") == clip.data)
     }
 
     @Test("send --json: names with quotes and accents come out as valid JSON, byte for byte")
-    func jsonEscapes() throws {
-        let relay = try DevRelay()
+    func jsonEscapes() async throws {
+        let relay = try await DevRelay()
         defer { relay.stop() }
         let environment = relay.environment
         let source = TestRelay.makeDirectory()
         // (Names with control characters or backslashes are refused before anything is sent: not valid keys.)
         let names = ["say \"hi\" & 'bye'.txt", "ünïcødé 写真.jpg", "dir/x {y}: [z].txt"]
         for (index, name) in names.enumerated() { _ = makeFile(source + "/odd", name, size: 100 + index, seed: UInt64(40 + index)) }
-        let run = try Self.run(try Self.agentBinary(), ["send", "--json", source + "/odd"], environment: environment)
+        let run = try await Self.run(try Self.agentBinary(), ["send", "--json", source + "/odd"], environment: environment)
         let lines = try Self.jsonLines(run.stdout)
         #expect(run.status == 0 && lines.count == names.count, "\(run.stdout) \(run.stderr)")
         for name in names {
@@ -574,9 +588,9 @@ struct CommandLineTests {
         agent.kill(SIGKILL)
         _ = agent.waitForExit()
         #expect(staged >= size * 2 / 5, "the agent did not get far enough: \(agent.log)")
-        let durable = try relay.services.catalog.session(account: "dev", key: "big.bin")?.durableOffset ?? 0
+        let durable = try await relay.services.catalog.session(account: "dev", key: "big.bin")?.durableOffset ?? 0
         #expect(durable > 0)
-        let rerun = try Self.run(try Self.agentBinary(), arguments)
+        let rerun = try await Self.run(try Self.agentBinary(), arguments)
         #expect(rerun.status == 0, "\(rerun.stderr)")
         let result = try #require(try JSONSerialization.jsonObject(with: Data(rerun.stdout.utf8)) as? [String: Any])
         let sent = try #require(result["sent_bytes"] as? Int)
@@ -589,8 +603,8 @@ struct CommandLineTests {
     @Test(
         "send DIR: every path gets a result; links, unreadable directories, FIFOs and names that are not UTF-8 are skipped with why; names no key may have fail alone; the rest are stored; exit 1, or 0 with --allow-skipped for skips alone; -L follows links"
     )
-    func sendReportsEveryPath() throws {
-        let relay = try DevRelay()
+    func sendReportsEveryPath() async throws {
+        let relay = try await DevRelay()
         defer { relay.stop() }
         let source = TestRelay.makeDirectory()
         defer {
@@ -623,7 +637,7 @@ struct CommandLineTests {
         }
         // As root the directory would be readable: the agent runs without its capabilities, as a user would.
         let agent = ["--bounding-set=-all", try Self.agentBinary()]
-        let run = try Self.run("/usr/bin/setpriv", agent + ["send", "--json", album], environment: relay.environment)
+        let run = try await Self.run("/usr/bin/setpriv", agent + ["send", "--json", album], environment: relay.environment)
         #expect(run.status == 1, "\(run.stderr)")
         let lines = try Self.jsonLines(run.stdout)
         func line(_ suffix: String) -> [String: Any]? { lines.first { ($0["path"] as? String ?? "").hasSuffix(suffix) } }
@@ -647,18 +661,18 @@ struct CommandLineTests {
         // Skipped paths alone: exit 0 with --allow-skipped, 1 without; -L uploads a link's target under the link's name.
         for name in ["back\\slash.jpg", "new\nline.jpg", "tab\t.jpg"] { try FileManager.default.removeItem(atPath: album + "/" + name) }
         chmod(album + "/listed", 0o755)
-        let strict = try Self.run("/usr/bin/setpriv", agent + ["send", "--json", album], environment: relay.environment)
+        let strict = try await Self.run("/usr/bin/setpriv", agent + ["send", "--json", album], environment: relay.environment)
         #expect(strict.status == 1, "\(strict.stderr)")
-        let lenient = try Self.run("/usr/bin/setpriv", agent + ["send", "--json", "--allow-skipped", album], environment: relay.environment)
+        let lenient = try await Self.run("/usr/bin/setpriv", agent + ["send", "--json", "--allow-skipped", album], environment: relay.environment)
         #expect(lenient.status == 0, "\(lenient.stderr)")
-        let followed = try Self.run(try Self.agentBinary(), ["send", "--json", "-L", album + "/link.jpg"], environment: relay.environment)
+        let followed = try await Self.run(try Self.agentBinary(), ["send", "--json", "-L", album + "/link.jpg"], environment: relay.environment)
         #expect(followed.status == 0, "\(followed.stderr)")
         #expect(FileManager.default.contents(atPath: relay.data + "/store/dev/link.jpg") == Data("private".utf8))
     }
 
     @Test("a path named on the command line that is not UTF-8 is skipped with that reason, not reported missing")
-    func argumentNotUTF8() throws {
-        let relay = try DevRelay()
+    func argumentNotUTF8() async throws {
+        let relay = try await DevRelay()
         defer { relay.stop() }
         let source = TestRelay.makeDirectory()
         defer { try? FileManager.default.removeItem(atPath: source) }
@@ -668,7 +682,7 @@ struct CommandLineTests {
         }
         #expect(fd >= 0)
         close(fd)
-        let run = try Self.run(
+        let run = try await Self.run(
             "/bin/sh", ["-c", "exec \"$0\" send --json --no-state \"$(printf '%s/bad\\377.jpg' \"$1\")\"", try Self.agentBinary(), source],
             environment: relay.environment
         )
@@ -680,8 +694,8 @@ struct CommandLineTests {
     }
 
     @Test("the same send twice at once, on one state: each prints exactly one result per file, and every file is stored once")
-    func twoSendsAtOnce() throws {
-        let relay = try DevRelay()
+    func twoSendsAtOnce() async throws {
+        let relay = try await DevRelay()
         defer { relay.stop() }
         let source = TestRelay.makeDirectory()
         defer { try? FileManager.default.removeItem(atPath: source) }
@@ -710,8 +724,8 @@ struct CommandLineTests {
     }
 
     @Test("a file queued by a send that was killed, changed since: the next send uploads it as it is now and says stored")
-    func changedSinceQueued() throws {
-        let relay = try DevRelay()
+    func changedSinceQueued() async throws {
+        let relay = try await DevRelay()
         defer { relay.stop() }
         let source = TestRelay.makeDirectory()
         defer { try? FileManager.default.removeItem(atPath: source) }
@@ -726,7 +740,7 @@ struct CommandLineTests {
             [QueueEntry(key: "clip.mov", path: file.path, size: 40_000, fingerprint: [1, 2, 3], overwrite: false)],
             target: AgentStateStore.target(of: configuration), skipUnchanged: false, external: false
         )
-        let run = try Self.run(try Self.agentBinary(), ["send", "--json", "--state", state, file.path], environment: relay.environment)
+        let run = try await Self.run(try Self.agentBinary(), ["send", "--json", "--state", state, file.path], environment: relay.environment)
         #expect(run.status == 0, "\(run.stdout) \(run.stderr)")
         let lines = try Self.jsonLines(run.stdout)
         #expect(lines.count == 1 && lines.first?["status"] as? String == "stored", "\(run.stdout)")
@@ -734,8 +748,8 @@ struct CommandLineTests {
     }
 
     @Test("a wrong token: every one of 300 files gets a failed result line, the queue's window of 256 and those beyond it alike; none stays queued")
-    func wrongTokenReportsEveryFile() throws {
-        let relay = try DevRelay()
+    func wrongTokenReportsEveryFile() async throws {
+        let relay = try await DevRelay()
         defer { relay.stop() }
         let source = TestRelay.makeDirectory()
         defer { try? FileManager.default.removeItem(atPath: source) }
@@ -743,7 +757,7 @@ struct CommandLineTests {
         var wrong = relay.environment
         wrong["UPLOAD_TOKEN"] = "upl_wrong"
         let state = TestRelay.makeDirectory()
-        let run = try Self.run(try Self.agentBinary(), ["send", "--json", "--state", state, source + "/many"], environment: wrong)
+        let run = try await Self.run(try Self.agentBinary(), ["send", "--json", "--state", state, source + "/many"], environment: wrong)
         #expect(run.status == 3)
         let lines = try Self.jsonLines(run.stdout)
         #expect(lines.count == 300, "\(lines.count) result lines for 300 files")
@@ -757,13 +771,13 @@ struct CommandLineTests {
     @Test(
         "serve --log-format json: every log line is one JSON object with time, level, label, message and the event's metadata (a key with quotes escaped); a format that is none is a usage error"
     )
-    func jsonLogs() throws {
-        let relay = try DevRelay(["--log-level", "info", "--log-format", "json"])
+    func jsonLogs() async throws {
+        let relay = try await DevRelay(["--log-level", "info", "--log-format", "json"])
         defer { relay.stop() }
         let source = TestRelay.makeDirectory()
         defer { try? FileManager.default.removeItem(atPath: source) }
         let file = makeFile(source, "say \"hi\".txt", size: 1000, seed: 5)
-        let sent = try Self.run(try Self.agentBinary(), ["send", "--no-state", file.path], environment: relay.environment)
+        let sent = try await Self.run(try Self.agentBinary(), ["send", "--no-state", file.path], environment: relay.environment)
         #expect(sent.status == 0, "\(sent.stderr)")
         relay.stop()
         let lines = relay.child.log.split(separator: "\n").filter { $0.hasPrefix("{") }
@@ -779,12 +793,12 @@ struct CommandLineTests {
         #expect(committed?["account"] as? String == "dev")
         let scratch = TestRelay.makeDirectory()
         defer { try? FileManager.default.removeItem(atPath: scratch) }
-        let bad = try Self.run(try relayBinary(), ["serve", "--dev", "--data", scratch, "--log-format", "xml"])
+        let bad = try await Self.run(try relayBinary(), ["serve", "--dev", "--data", scratch, "--log-format", "xml"])
         #expect(bad.status == 2 && bad.stderr.contains("--log-format must be text or json"), "\(bad.stderr)")
     }
 
     @Test("a certificate, key, CA or configuration file that cannot be used is named, with what is wrong with it, never a library's error name")
-    func unusableFilesNamed() throws {
+    func unusableFilesNamed() async throws {
         let home = TestRelay.makeDirectory()
         defer { try? FileManager.default.removeItem(atPath: home) }
         let garbage = home + "/garbage.pem"
@@ -825,7 +839,7 @@ struct CommandLineTests {
             ),
         ]
         for (binary, arguments, says) in cases {
-            let run = try Self.run(binary, arguments)
+            let run = try await Self.run(binary, arguments)
             #expect(run.status == 1 || run.status == 2, "\(arguments): exit \(run.status)")
             #expect(run.stderr.contains(says), "\(arguments): \(run.stderr)")
             #expect(!run.stderr.contains("failedToLoad") && !run.stderr.contains("NSCocoaErrorDomain"), "\(run.stderr)")
@@ -833,29 +847,29 @@ struct CommandLineTests {
     }
 
     @Test("usage errors exit 2 and say what is missing")
-    func usageErrors() throws {
+    func usageErrors() async throws {
         let agent = try Self.agentBinary()
-        let noPath = try Self.run(agent, ["send", "--relay", "127.0.0.1:1", "--token", "t"])
+        let noPath = try await Self.run(agent, ["send", "--relay", "127.0.0.1:1", "--token", "t"])
         #expect(noPath.status == 2)
         #expect(noPath.stderr.contains("path"))
-        let noToken = try Self.run(agent, ["send", "--relay", "127.0.0.1:1", "/etc/hostname"])
+        let noToken = try await Self.run(agent, ["send", "--relay", "127.0.0.1:1", "/etc/hostname"])
         #expect(noToken.status == 2)
         #expect(noToken.stderr.contains("UPLOAD_TOKEN"))
         // A path that is not there is an item that failed, not a usage error (the others would go up).
-        let missing = try Self.run(agent, ["send", "--relay", "127.0.0.1:1", "--token", "t", "--no-state", "/no/such/file"])
+        let missing = try await Self.run(agent, ["send", "--relay", "127.0.0.1:1", "--token", "t", "--no-state", "/no/such/file"])
         #expect(missing.status == 1)
         #expect(missing.stderr.contains("/no/such/file") && missing.stderr.contains("no such file"), "\(missing.stderr)")
-        let stdinWithoutName = try Self.run(agent, ["send", "--relay", "127.0.0.1:1", "--token", "t", "-"])
+        let stdinWithoutName = try await Self.run(agent, ["send", "--relay", "127.0.0.1:1", "--token", "t", "-"])
         #expect(stdinWithoutName.status == 2)
         #expect(stdinWithoutName.stderr.contains("--name"))
-        let relay = try Self.run(try relayBinary(), ["serve", "--data", TestRelay.makeDirectory()])
+        let relay = try await Self.run(try relayBinary(), ["serve", "--data", TestRelay.makeDirectory()])
         #expect(relay.status == 2)
         #expect(relay.stderr.contains("--dev"))
     }
 
     @Test("--help teaches: examples, environment, exit status")
-    func help() throws {
-        let help = try Self.run(try Self.agentBinary(), ["send", "--help"])
+    func help() async throws {
+        let help = try await Self.run(try Self.agentBinary(), ["send", "--help"])
         #expect(help.status == 0)
         for needle in ["UPLOAD_TOKEN", "Exit status", "--retry-for", "--json", "--name"] {
             #expect(help.stdout.contains(needle), "help lacks \(needle)")

@@ -24,24 +24,24 @@ struct ConfigFileTests {
         )
         let agent = try CommandLineTests.agentBinary()
         // The file's token is wrong: the run fails for it (exit 3: nothing went up, the account refused), so the file was read.
-        let refused = try CommandLineTests.run(agent, ["send", "--config", config, file.path])
+        let refused = try await CommandLineTests.run(agent, ["send", "--config", config, file.path])
         #expect(refused.status == 3, "\(refused.stderr)")
         #expect(refused.stderr.contains("UNAUTHENTICATED"), "\(refused.stderr)")
         // The command line's token wins; --json comes from the "send" section.
-        let run = try CommandLineTests.run(agent, ["send", "--config=\(config)", "--token", relay.token, file.path])
+        let run = try await CommandLineTests.run(agent, ["send", "--config=\(config)", "--token", relay.token, file.path])
         #expect(run.status == 0, "\(run.stderr)")
         let line = try #require(try JSONSerialization.jsonObject(with: Data(run.stdout.utf8)) as? [String: Any], "\(run.stdout)")
         #expect(line["status"] as? String == "stored")
         #expect(relay.stored("notes.txt") == file.data)
         // "state" reaches status too; the queue it shows is the file's state directory.
-        let status = try CommandLineTests.run(agent, ["status", "--config", config, "--all", "--json"])
+        let status = try await CommandLineTests.run(agent, ["status", "--config", config, "--all", "--json"])
         #expect(status.status == 0, "\(status.stderr)")
         #expect(status.stdout.contains("notes.txt"), "\(status.stdout)")
         await relay.stop()
     }
 
     @Test("a bad file is a usage error that names the file and the fix", arguments: ["missing", "not-json", "misplaced"])
-    func badFile(kind: String) throws {
+    func badFile(kind: String) async throws {
         let home = TestRelay.makeDirectory()
         let config = home + "/agent.json"
         switch kind {
@@ -49,22 +49,22 @@ struct ConfigFileTests {
         case "misplaced": try self.write(["settle": "3s"], to: config)
         default: break
         }
-        let run = try CommandLineTests.run(try CommandLineTests.agentBinary(), ["send", "--config", config, "x"])
+        let run = try await CommandLineTests.run(try CommandLineTests.agentBinary(), ["send", "--config", config, "x"])
         #expect(run.status == 2)
         #expect(run.stderr.contains(config), "\(run.stderr)")
         if kind == "misplaced" { #expect(run.stderr.contains("{\"watch\": {\"settle\""), "\(run.stderr)") }
     }
 
     @Test("Examples/upload-agent.json, which sets every option, parses for send and watch")
-    func sampleFile() throws {
+    func sampleFile() async throws {
         let sample = packageRoot + "/Examples/upload-agent.json"
         let agent = try CommandLineTests.agentBinary()
         // The file was read when what stops the command is the command line itself: no paths, no such directory.
-        let send = try CommandLineTests.run(agent, ["send", "--config", sample])
+        let send = try await CommandLineTests.run(agent, ["send", "--config", sample])
         #expect(send.status == 2)
         #expect(send.stderr.contains("Missing expected argument '<path> ...'"), "\(send.stderr)")
         #expect(!send.stderr.contains(sample), "\(send.stderr)")
-        let watch = try CommandLineTests.run(agent, ["watch", "--config", sample, "/nonexistent-directory"])
+        let watch = try await CommandLineTests.run(agent, ["watch", "--config", sample, "/nonexistent-directory"])
         #expect(watch.status == 2)
         #expect(watch.stderr.contains("not a directory"), "\(watch.stderr)")
     }
@@ -76,13 +76,14 @@ struct ConfigFileTests {
         let file = makeFile(home, "video.mp4", size: 3 << 20, seed: 5)
         let environment = AgentProcess.environment(relay, state: home + "/state")
         let started = ContinuousClock.now
-        let run = try CommandLineTests.run(
+        let run = try await CommandLineTests.run(
             try CommandLineTests.agentBinary(), ["send", "--bwlimit", "1M", "--no-state", file.path], environment: environment)
         let elapsed = ContinuousClock.now - started
         #expect(run.status == 0, "\(run.stderr)")
         #expect(elapsed >= .milliseconds(2500), "\(elapsed)")
         #expect(relay.stored("video.mp4") == file.data)
-        let invalid = try CommandLineTests.run(try CommandLineTests.agentBinary(), ["send", "--bwlimit", "0", file.path], environment: environment)
+        let invalid = try await CommandLineTests.run(
+            try CommandLineTests.agentBinary(), ["send", "--bwlimit", "0", file.path], environment: environment)
         #expect(invalid.status == 2)
         #expect(invalid.stderr.contains("--bwlimit"))
         await relay.stop()
@@ -92,13 +93,18 @@ struct ConfigFileTests {
         "upload-relay serve runs from a configuration file alone, its catalog URL read from a file (PostgreSQL when the tests have one) and never on its command line; UPLOAD_RELAY_* overrides the file, the command line both; a key no option has is a usage error"
     )
     func relayFromFile() async throws {
+        // A database of its own: another run's objects under the same keys would make this upload "already there".
+        if ProcessInfo.processInfo.environment["UPLOAD_TEST_POSTGRES_URL"] == nil {
+            try await self.relayFromFile(catalogURL: nil)
+        } else {
+            try await PostgresTestDatabase.with { url in try await self.relayFromFile(catalogURL: url) }
+        }
+    }
+
+    private func relayFromFile(catalogURL: String?) async throws {
         let home = TestRelay.makeDirectory()
         defer { try? FileManager.default.removeItem(atPath: home) }
         let data = home + "/data"
-        // A database of its own: another run's objects under the same keys would make this upload "already there".
-        let database = ProcessInfo.processInfo.environment["UPLOAD_TEST_POSTGRES_URL"] == nil ? nil : try PostgresTestDatabase.make()
-        defer { database?.drop() }
-        let catalogURL = database?.url
         var object: [String: Any] = [
             "data": data, "dev": true, "listen": "127.0.0.1:0", "ready-file": home + "/ready", "log-level": "warning",
             "min-free": "1M", "metrics-listen": 0, "dev-host": ["relay.example", "relay2.example"],
@@ -121,7 +127,7 @@ struct ConfigFileTests {
             relay.kill(SIGTERM)
             _ = relay.waitForExit()
         }
-        let port = try relay.waitUntilReady()
+        let port = try await relay.waitUntilReady()
         let commandLine = try String(contentsOfFile: "/proc/\(relay.process.processIdentifier)/cmdline", encoding: .utf8)
         if let catalogURL {
             #expect(!commandLine.contains(catalogURL), "the catalog URL is on the relay's command line")
@@ -131,7 +137,7 @@ struct ConfigFileTests {
         #expect(relay.log.contains("info upload-relay"), "UPLOAD_RELAY_LOG_LEVEL did not override the file: \(relay.log)")
         let token = try String(contentsOfFile: data + "/dev/token", encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
         let file = makeFile(home, "clip.mp4", size: 3 << 20, seed: 12)
-        let sent = try CommandLineTests.run(
+        let sent = try await CommandLineTests.run(
             try CommandLineTests.agentBinary(),
             ["send", "--json", "--no-state", "--relay", "127.0.0.1:\(port)", "--ca", data + "/dev/ca.pem", "--token", token, file.path]
         )
@@ -139,15 +145,16 @@ struct ConfigFileTests {
         #expect(FileManager.default.contents(atPath: data + "/store/dev/clip.mp4") == file.data)
         if let catalogURL {
             // The object is in the PostgreSQL catalog: `ls` with the same URL lists it.
-            let listed = try CommandLineTests.run(try relayBinary(), ["ls", "--json", "--data", data, "--catalog", catalogURL])
+            let listed = try await CommandLineTests.run(try relayBinary(), ["ls", "--json", "--data", data, "--catalog", catalogURL])
             #expect(listed.stdout.contains("clip.mp4"), "\(listed.stdout) \(listed.stderr)")
         }
 
         try self.write(["data": data, "listen-addr": "127.0.0.1:0"], to: home + "/bad.json")
-        let bad = try CommandLineTests.run(try relayBinary(), ["serve", "--config", home + "/bad.json"])
+        let bad = try await CommandLineTests.run(try relayBinary(), ["serve", "--config", home + "/bad.json"])
         #expect(bad.status == 2)
         #expect(bad.stderr.contains("\"listen-addr\" is not an option of upload-relay serve"), "\(bad.stderr)")
-        let unreadable = try CommandLineTests.run(try relayBinary(), ["serve", "--config", home + "/relay.json", "--catalog-file", home + "/none"])
+        let unreadable = try await CommandLineTests.run(
+            try relayBinary(), ["serve", "--config", home + "/relay.json", "--catalog-file", home + "/none"])
         #expect(unreadable.status == 2)
         #expect(unreadable.stderr.contains("--catalog-file: cannot read \(home)/none"), "\(unreadable.stderr)")
     }

@@ -38,7 +38,7 @@ struct LifecycleTests {
     @Test("a relay that cannot bind says why to whoever waits for it to listen, instead of leaving them waiting", .timeLimit(.minutes(1)))
     func bindFailureReachesWaiters() async throws {
         let first = try await TestRelay().start()
-        let second = try TestRelay { $0.port = first.port }
+        let second = try await TestRelay { $0.port = first.port }
         let server = second.server
         let waiter = Task { try await server.waitUntilListening() }
         await #expect(throws: (any Error).self) { try await second.server.run() }

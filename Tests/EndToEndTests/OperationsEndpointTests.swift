@@ -11,8 +11,8 @@ import UploadTestSupport
 /// counting what agents really did; nothing else is served there.
 @Suite("End to end: the operations endpoint")
 struct OperationsEndpointTests {
-    static func relay() throws -> TestRelay {
-        try TestRelay { configuration in
+    static func relay() async throws -> TestRelay {
+        try await TestRelay { configuration in
             configuration.operations = .operations(host: "127.0.0.1", port: 0)
             configuration.syncBytes = 256 << 10
         }
@@ -77,7 +77,7 @@ struct OperationsEndpointTests {
                 }
             )
             #expect(results.map(\.status) == [.stored, .deduplicated], "\(results)")
-            let small = try relay.addAccount("small", quota: 1000)
+            let small = try await relay.addAccount("small", quota: 1000)
             let refused = try await upload(
                 [UploadItem(key: "big.bin", displayPath: video.path, source: FileSource(path: video.path))],
                 port: relay.port, token: small, ca: relay.caPath, configure: { $0.retryFor = .zero }

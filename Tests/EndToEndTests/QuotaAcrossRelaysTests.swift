@@ -19,7 +19,7 @@ struct QuotaAcrossRelaysEndToEndTests {
             let directoryB = TestRelay.makeDirectory()
             try FileManager.default.copyItem(atPath: a.directory + "/dev", toPath: directoryB + "/dev")
             let b = try await TestRelay(directory: directoryB, catalogURL: url).start()
-            let token = try a.addAccount("phone", quota: 5 << 20)
+            let token = try await a.addAccount("phone", quota: 5 << 20)
             let source = TestRelay.makeDirectory()
             defer { try? FileManager.default.removeItem(atPath: source) }
             let video = makeFile(source, "clip.mp4", size: 3 << 20, seed: 21)

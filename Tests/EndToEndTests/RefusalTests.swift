@@ -40,8 +40,8 @@ struct RefusalTests {
     @Test("a revoked token is refused")
     func revokedToken() async throws {
         let relay = try await TestRelay().start()
-        let token = try relay.addAccount("cam-7")
-        #expect(try relay.services.catalog.revokeAccount(named: "cam-7"))
+        let token = try await relay.addAccount("cam-7")
+        #expect(try await relay.services.catalog.revokeAccount(named: "cam-7"))
         let (item, _) = self.oneFile()
         let results = try await upload([item], port: relay.port, token: token, ca: relay.caPath)
         #expect(results.first?.status == .failed)
@@ -53,7 +53,7 @@ struct RefusalTests {
     @Test("a CA that does not match gives a TLS error that says so")
     func wrongCA() async throws {
         let relay = try await TestRelay().start()
-        let other = try TestRelay()
+        let other = try await TestRelay()
         let (item, _) = self.oneFile()
         let results = try await upload([item], port: relay.port, token: relay.token, ca: other.caPath)
         #expect(results.first?.status == .failed)
@@ -86,7 +86,7 @@ struct RefusalTests {
     }
 
     @Test("the agent's own planner refuses such names before connecting, naming the file")
-    func plannerRefuses() throws {
+    func plannerRefuses() async throws {
         let directory = TestRelay.makeDirectory()
         _ = makeFile(directory, "ok", size: 1)
         #expect(throws: ItemPlanner.PlanError.self) {
@@ -120,7 +120,7 @@ struct RefusalTests {
     @Test("quota: a blob larger than what is left is refused at OPEN, before any byte moves")
     func quota() async throws {
         let relay = try await TestRelay().start()
-        let token = try relay.addAccount("small", quota: 1 << 20)
+        let token = try await relay.addAccount("small", quota: 1 << 20)
         let (item, _) = self.oneFile(size: 2 << 20)
         let results = try await upload([item], port: relay.port, token: token, ca: relay.caPath)
         #expect(results.first?.status == .failed)

@@ -10,7 +10,7 @@ import UploadTestSupport
 struct ResumeTests {
 
     /// `upload-relay serve --dev` on `data`, at `port` (0: any), with `options`: the process and the port it listens on.
-    static func startRelay(_ binary: String, data: String, port: Int, _ options: [String] = []) throws -> (ChildProcess, Int) {
+    static func startRelay(_ binary: String, data: String, port: Int, _ options: [String] = []) async throws -> (ChildProcess, Int) {
         let child = try ChildProcess(
             binary,
             ["serve", "--dev", "--data", data, "--listen", "127.0.0.1:\(port)", "--ready-file", data + "/ready"] + options + [
@@ -18,7 +18,7 @@ struct ResumeTests {
             ],
             readyFile: data + "/ready", logFile: data + "/relay.log"
         )
-        return (child, try child.waitUntilReady())
+        return await (child, try child.waitUntilReady())
     }
 
     @Test(
@@ -29,7 +29,7 @@ struct ResumeTests {
         let directory = TestRelay.makeDirectory()
         let size = 24 << 20
         let file = makeFile(directory, "video.mp4", size: size, seed: seed)
-        let (proxy, proxyPort) = try startProxy(
+        let (proxy, proxyPort) = try await startProxy(
             target: relay.port, directory: directory,
             ["--cut-random", String(seed), "--cut-min", String(4 << 20), "--cut-max", String(20 << 20)]
         )
@@ -57,7 +57,7 @@ struct ResumeTests {
         let relay = try await TestRelay().start()
         let directory = TestRelay.makeDirectory()
         let file = makeFile(directory, "doc.pdf", size: 6 << 20, seed: 5)
-        let (proxy, proxyPort) = try startProxy(target: relay.port, directory: directory, ["--corrupt-at", String(3 << 20)])
+        let (proxy, proxyPort) = try await startProxy(target: relay.port, directory: directory, ["--corrupt-at", String(3 << 20)])
         defer { proxy.kill(SIGTERM) }
         let results = try await upload(
             [UploadItem(key: "doc.pdf", displayPath: file.path, source: FileSource(path: file.path))],
@@ -76,7 +76,7 @@ struct ResumeTests {
         let directory = TestRelay.makeDirectory()
         let file = makeFile(directory, "silent.bin", size: 2 << 20, seed: 21)
         // The first connection delays everything by 10 minutes: a black hole. Later connections are clean.
-        let (proxy, proxyPort) = try startProxy(target: relay.port, directory: directory, ["--delay-ms", "600000"])
+        let (proxy, proxyPort) = try await startProxy(target: relay.port, directory: directory, ["--delay-ms", "600000"])
         defer { proxy.kill(SIGTERM) }
         let reasons = EventLog()
         let results = try await upload(
@@ -101,10 +101,10 @@ struct ResumeTests {
         let source = TestRelay.makeDirectory()
         let size = 48 << 20
         let file = makeFile(source, "raw.dng", size: size, seed: 8)
-        func startRelay(port: Int) throws -> (ChildProcess, Int) {
-            try Self.startRelay(binary, data: data, port: port, ["--sync-bytes", "1M"])
+        func startRelay(port: Int) async throws -> (ChildProcess, Int) {
+            try await Self.startRelay(binary, data: data, port: port, ["--sync-bytes", "1M"])
         }
-        var (relay, port) = try startRelay(port: 0)
+        var (relay, port) = try await startRelay(port: 0)
         let token = try String(contentsOfFile: data + "/dev/token", encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
         let sent = SentCounter()
         let objectPath = data + "/store/dev/raw.dng"
@@ -131,7 +131,7 @@ struct ResumeTests {
         relay.kill(SIGKILL)
         _ = relay.waitForExit()
         #expect(!FileManager.default.fileExists(atPath: objectPath), "an object appeared before the upload finished")
-        (relay, port) = try startRelay(port: port)
+        (relay, port) = try await startRelay(port: port)
         let results = try await uploadTask.value
         watcher.stop()
         #expect(results.first?.status == .stored, "\(results.first?.error ?? "")")
@@ -140,7 +140,7 @@ struct ResumeTests {
         // The resumed upload did not start over: less than the whole file was sent twice.
         #expect(Int(results.first!.sentBytes) < 2 * size)
         relay.kill(SIGTERM)
-        #expect(relay.waitForExit() == 0, "relay did not exit 0 on SIGTERM: \(relay.log)")
+        #expect(await relay.exited() == 0, "relay did not exit 0 on SIGTERM: \(relay.log)")
     }
 
     @Test(
@@ -152,10 +152,10 @@ struct ResumeTests {
         let source = TestRelay.makeDirectory()
         let size = (20 << 20) + 5
         let file = makeFile(source, "long.mov", size: size, seed: 21)
-        func startRelay(port: Int) throws -> (ChildProcess, Int) {
-            try Self.startRelay(binary, data: data, port: port, ["--sync-bytes", "1M"])
+        func startRelay(port: Int) async throws -> (ChildProcess, Int) {
+            try await Self.startRelay(binary, data: data, port: port, ["--sync-bytes", "1M"])
         }
-        var (relay, port) = try startRelay(port: 0)
+        var (relay, port) = try await startRelay(port: 0)
         let token = try String(contentsOfFile: data + "/dev/token", encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
         let path = file.path
         let items = [UploadItem(key: "long.mov", displayPath: path, source: FileSource(path: path))]
@@ -182,7 +182,7 @@ struct ResumeTests {
         _ = relay.waitForExit()
         let failed = try await first.value
         #expect(failed.first?.status == .failed)
-        (relay, port) = try startRelay(port: port)
+        (relay, port) = try await startRelay(port: port)
         let results = try await upload(
             [UploadItem(key: "long.mov", displayPath: path, source: FileSource(path: path))], port: port, token: token,
             ca: data + "/dev/ca.pem",
@@ -197,7 +197,7 @@ struct ResumeTests {
         #expect((results.first?.sentBytes ?? .max) <= UInt64(size - (8 << 20)))
         #expect(FileManager.default.contents(atPath: data + "/store/dev/long.mov") == file.data)
         relay.kill(SIGTERM)
-        #expect(relay.waitForExit() == 0, "relay did not exit 0 on SIGTERM: \(relay.log)")
+        #expect(await relay.exited() == 0, "relay did not exit 0 on SIGTERM: \(relay.log)")
     }
 
     @Test("SIGTERM: the relay says GOAWAY, makes in-flight bytes durable, exits 0; the agent resumes on a restart")
@@ -207,8 +207,8 @@ struct ResumeTests {
         let source = TestRelay.makeDirectory()
         let size = 32 << 20
         let file = makeFile(source, "clip.mov", size: size, seed: 12)
-        func startRelay(port: Int) throws -> (ChildProcess, Int) { try Self.startRelay(binary, data: data, port: port) }
-        var (relay, port) = try startRelay(port: 0)
+        func startRelay(port: Int) async throws -> (ChildProcess, Int) { try await Self.startRelay(binary, data: data, port: port) }
+        var (relay, port) = try await startRelay(port: 0)
         let token = try String(contentsOfFile: data + "/dev/token", encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
         let sent = SentCounter()
         let firstPort = port
@@ -223,8 +223,8 @@ struct ResumeTests {
         }
         await sent.wait(for: 8 << 20)
         relay.kill(SIGTERM)
-        #expect(relay.waitForExit() == 0, "relay did not exit 0 on SIGTERM: \(relay.log)")
-        (relay, port) = try startRelay(port: port)
+        #expect(await relay.exited() == 0, "relay did not exit 0 on SIGTERM: \(relay.log)")
+        (relay, port) = try await startRelay(port: port)
         let results = try await uploadTask.value
         #expect(results.first?.status == .stored, "\(results.first?.error ?? "")")
         #expect(FileManager.default.contents(atPath: data + "/store/dev/clip.mov") == file.data)

@@ -25,7 +25,7 @@ struct S3StoreTests {
     /// Kills `relay` with SIGKILL once its catalog records a part (5 MiB or more durable), from a process of its own
     /// (tools/s3/kill-after-part.py): on a loaded machine this test process may not look in time, and the upload would
     /// end first. Waits for the relay to exit; whether the watcher killed it (and what it said, when not).
-    static func killAfterPart(_ relay: ChildProcess, catalog: [String]) -> (killed: Bool, said: String) {
+    static func killAfterPart(_ relay: ChildProcess, catalog: [String]) async -> (killed: Bool, said: String) {
         let watcher = Process()
         watcher.executableURL = URL(fileURLWithPath: "/usr/bin/env")
         watcher.arguments =
@@ -69,15 +69,15 @@ struct S3StoreTests {
             }
             var seen: UploadSession? = nil
             let recorded = try await Polling.eventually(timeout: 30) {
-                seen = try relay.services.catalog.session(account: "dev", key: "long.mov")
+                seen = try await relay.services.catalog.session(account: "dev", key: "long.mov")
                 return (seen?.durableOffset ?? 0) > 0
             }
             #expect(recorded, "no durable bytes recorded: \(String(describing: seen))")
             if let session = seen {
                 #expect(
-                    try relay.services.store.hasStaging(session.stagingName),
+                    try await relay.services.store.hasStaging(session.stagingName),
                     "the catalog names a staging the store does not have: \(session.stagingName)")
-                #expect(try !relay.services.catalog.stagedParts(sessionID: session.id).isEmpty)
+                #expect(try await !relay.services.catalog.stagedParts(sessionID: session.id).isEmpty)
             }
             #expect(try await sending.value.first?.status == .stored)
             await relay.stop()
@@ -182,20 +182,20 @@ struct S3StoreTests {
                 environment: AgentProcess.environment(relay, state: source + "/state"), log: source + "/agent.log"
             )
             let catalog = relay.services.catalog
-            func session() -> UploadSession? { (try? catalog.sessions(updatedBefore: .distantFuture))?.first }
+            func session() async -> UploadSession? { (try? await catalog.sessions(updatedBefore: .distantFuture))?.first }
             // Killed once a part is acknowledged: its session and multipart upload stay behind.
-            let acknowledged = try await Polling.eventually(timeout: 30) { (session()?.durableOffset ?? 0) >= 5 << 20 }
+            let acknowledged = try await Polling.eventually(timeout: 30) { (await session()?.durableOffset ?? 0) >= 5 << 20 }
             agent.stop(SIGKILL)
             #expect(acknowledged, "no part was acknowledged: \(agent.child.log)")
             // The relay lets go of the cut upload (whole parts made durable on the way out), then stops.
             await relay.stop()
-            let left = try #require(session())
-            #expect(try catalog.stagedParts(sessionID: left.id).last?.end == left.durableOffset)
+            let left = try #require(await session())
+            #expect(try await catalog.stagedParts(sessionID: left.id).last?.end == left.durableOffset)
             #expect(try await client.listMultipartUploads(bucket: bucket, prefix: "").count == 1)
             var logger = Logger(label: "test-expiry")
             logger.logLevel = .critical
-            try RelayRuntime.cleanUp(catalog: catalog, store: relay.services.store, expiry: .zero, logger: logger)
-            #expect(session() == nil)
+            try await RelayRuntime.cleanUp(catalog: catalog, store: relay.services.store, expiry: .zero, logger: logger)
+            #expect(await session() == nil)
             #expect(try await client.listMultipartUploads(bucket: bucket, prefix: "").isEmpty)
             #expect(try await client.headObject(bucket: bucket, key: "relay/dev/long.mov") == nil)
         }
@@ -215,7 +215,7 @@ struct S3StoreTests {
             var environment = ProcessInfo.processInfo.environment
             environment["AWS_ACCESS_KEY_ID"] = server.credentials.accessKeyID
             environment["AWS_SECRET_ACCESS_KEY"] = server.credentials.secretAccessKey
-            func startRelay(port: Int) throws -> (ChildProcess, Int) {
+            func startRelay(port: Int) async throws -> (ChildProcess, Int) {
                 let child = try ChildProcess(
                     binary,
                     [
@@ -225,9 +225,9 @@ struct S3StoreTests {
                     ],
                     readyFile: data + "/ready", logFile: data + "/relay.log", environment: environment
                 )
-                return (child, try child.waitUntilReady())
+                return await (child, try child.waitUntilReady())
             }
-            var (relay, port) = try startRelay(port: 0)
+            var (relay, port) = try await startRelay(port: 0)
             let token = try String(contentsOfFile: data + "/dev/token", encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
             let (firstPort, path) = (port, file.path)
             let uploadTask = Task {
@@ -242,7 +242,7 @@ struct S3StoreTests {
                 )
             }
             // Killed once the relay recorded a part (its catalog says so; the agent's events may lag on a loaded machine).
-            let kill = Self.killAfterPart(relay, catalog: ["--sqlite", data + "/catalog.sqlite"])
+            let kill = await Self.killAfterPart(relay, catalog: ["--sqlite", data + "/catalog.sqlite"])
             #expect(kill.killed, "no part recorded: \(kill.said) \(relay.log)")
             // The acknowledged bytes are in the parts of the one open multipart upload; no object yet.
             let open = try await client.listMultipartUploads(bucket: bucket, prefix: "relay/dev/")
@@ -251,7 +251,7 @@ struct S3StoreTests {
                 #expect(try await client.listParts(bucket: bucket, key: upload.key, uploadID: upload.uploadID).count >= 1)
             }
             #expect(try await client.headObject(bucket: bucket, key: "relay/dev/raw.dng") == nil)
-            (relay, port) = try startRelay(port: port)
+            (relay, port) = try await startRelay(port: port)
             let results = try await uploadTask.value
             #expect(results.first?.status == .stored, "\(results.first?.error ?? "")")
             #expect(try await Self.object(client, bucket, "relay/dev/raw.dng") == file.data)
@@ -260,7 +260,7 @@ struct S3StoreTests {
             let resent = Int(results.first?.sentBytes ?? 0) - size
             #expect(resent <= (8 << 20) + (8 << 20) + (1 << 20), "re-sent \(resent) bytes")
             relay.kill(SIGTERM)
-            #expect(relay.waitForExit() == 0, "relay did not exit 0 on SIGTERM: \(relay.log)")
+            #expect(await relay.exited() == 0, "relay did not exit 0 on SIGTERM: \(relay.log)")
         }
     }
 
@@ -281,10 +281,10 @@ struct S3StoreTests {
                 environment["AWS_SECRET_ACCESS_KEY"] = server.credentials.secretAccessKey
                 environment["UPLOAD_RELAY_CATALOG"] = catalogURL
                 // The account, in the shared catalog: either relay knows its token.
-                let made = try CommandLineTests.run(binary, ["token", "add", "camera", "--data", dataA], environment: environment)
+                let made = try await CommandLineTests.run(binary, ["token", "add", "camera", "--data", dataA], environment: environment)
                 #expect(made.status == 0, "\(made.stderr)")
                 let token = made.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
-                func startRelay(data: String, port: Int, _ tls: [String]) throws -> (ChildProcess, Int) {
+                func startRelay(data: String, port: Int, _ tls: [String]) async throws -> (ChildProcess, Int) {
                     let child = try ChildProcess(
                         binary,
                         [
@@ -294,10 +294,10 @@ struct S3StoreTests {
                         ] + tls,
                         readyFile: data + "/ready", logFile: data + "/relay.log", environment: environment
                     )
-                    return (child, try child.waitUntilReady())
+                    return await (child, try child.waitUntilReady())
                 }
                 // Relay A makes the certificates (--dev) that relay B serves too: the agent trusts one CA.
-                var (relay, port) = try startRelay(data: dataA, port: 0, ["--dev"])
+                var (relay, port) = try await startRelay(data: dataA, port: 0, ["--dev"])
                 let tls = ["--cert", dataA + "/dev/server.pem", "--key", dataA + "/dev/server-key.pem"]
                 // The agent as its own process: nothing it does waits for this test process's threads.
                 let agent = try AgentProcess(
@@ -309,12 +309,12 @@ struct S3StoreTests {
                     ],
                     log: source + "/agent.log"
                 )
-                let kill = Self.killAfterPart(relay, catalog: ["--postgres", catalogURL])
+                let kill = await Self.killAfterPart(relay, catalog: ["--postgres", catalogURL])
                 #expect(kill.killed, "no part recorded: \(kill.said) \(relay.log)")
                 let open = try await client.listMultipartUploads(bucket: bucket, prefix: "relay/camera/")
                 #expect(open.count == 1, "relay A's multipart upload is open")
-                (relay, port) = try startRelay(data: dataB, port: port, tls)
-                #expect(agent.child.waitForExit() == 0, "\(agent.child.log)")
+                (relay, port) = try await startRelay(data: dataB, port: port, tls)
+                #expect(await agent.child.exited() == 0, "\(agent.child.log)")
                 let result = try #require(agent.events.first { $0["key"] as? String == "take.mov" }, "\(agent.child.log)")
                 #expect(result["status"] as? String == "stored", "\(result)")
                 #expect(try await Self.object(client, bucket, "relay/camera/take.mov") == file.data)
@@ -322,10 +322,10 @@ struct S3StoreTests {
                 let resent = (result["sent_bytes"] as? Int ?? 0) - size
                 #expect(resent <= (8 << 20) + (8 << 20) + (1 << 20), "re-sent \(resent) bytes")
                 // Relay B recorded the object in the shared catalog.
-                let listed = try CommandLineTests.run(binary, ["token", "list", "--bytes", "--data", dataB], environment: environment)
+                let listed = try await CommandLineTests.run(binary, ["token", "list", "--bytes", "--data", dataB], environment: environment)
                 #expect(listed.stdout.contains("camera\t\(size)\t"), "\(listed.stdout)")
                 relay.kill(SIGTERM)
-                #expect(relay.waitForExit() == 0, "relay B did not exit 0 on SIGTERM: \(relay.log)")
+                #expect(await relay.exited() == 0, "relay B did not exit 0 on SIGTERM: \(relay.log)")
             }
         }
     }

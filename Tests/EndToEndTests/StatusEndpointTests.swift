@@ -16,8 +16,8 @@ import UploadTestSupport
 @Suite("End to end: the status endpoint")
 struct StatusEndpointTests {
     /// A relay with a status endpoint on a free port, quick to acknowledge (so an upload shows its bytes early).
-    static func relay(catalogURL: String? = nil, directory: String? = nil, requestTimeout: Duration = .seconds(30)) throws -> TestRelay {
-        try TestRelay(directory: directory, catalogURL: catalogURL) { configuration in
+    static func relay(catalogURL: String? = nil, directory: String? = nil, requestTimeout: Duration = .seconds(30)) async throws -> TestRelay {
+        try await TestRelay(directory: directory, catalogURL: catalogURL) { configuration in
             var endpoint = StatusEndpoint(host: "127.0.0.1", port: 0)
             endpoint.maxConnections = 8
             endpoint.requestTimeout = requestTimeout
@@ -136,7 +136,7 @@ struct StatusEndpointTests {
             do {
                 first = try await Self.poll(client, port: relay.statusPort, key: "long.mov", token: relay.token) { $0.status == 200 }
                 // What ls --in-progress reads: the session.
-                sessions = try relay.services.catalog.sessions(updatedBefore: .distantFuture)
+                sessions = try await relay.services.catalog.sessions(updatedBefore: .distantFuture)
             } catch {
                 video.release()
                 _ = try? await sending.value
@@ -154,7 +154,7 @@ struct StatusEndpointTests {
                 [UploadItem(key: "p.jpg", displayPath: photo.path, source: FileSource(path: photo.path))], port: relay.port, token: relay.token,
                 ca: relay.caPath
             )
-            #expect(try relay.services.catalog.sessions(updatedBefore: .distantFuture).isEmpty)
+            #expect(try await relay.services.catalog.sessions(updatedBefore: .distantFuture).isEmpty)
 
             // An agent killed after its OPEN, before anything was durable: its session goes with its connection (it
             // would otherwise show as uploading, 0 bytes, until the expiry).
@@ -166,12 +166,12 @@ struct StatusEndpointTests {
             defer { agent.stop(SIGKILL) }
             #expect(
                 try await Polling.eventually(timeout: 30) {
-                    try relay.services.catalog.session(account: "dev", key: "dropped.mov")?.durableOffset == 0
+                    try await relay.services.catalog.session(account: "dev", key: "dropped.mov")?.durableOffset == 0
                 }, "the OPEN was never recorded: \(agent.child.log)"
             )
             agent.stop(SIGKILL)
             #expect(
-                try await Polling.eventually(timeout: 30) { try relay.services.catalog.session(account: "dev", key: "dropped.mov") == nil },
+                try await Polling.eventually(timeout: 30) { try await relay.services.catalog.session(account: "dev", key: "dropped.mov") == nil },
                 "the session of an OPEN with nothing durable stayed after its connection went"
             )
         } catch {
@@ -189,7 +189,7 @@ struct StatusEndpointTests {
     func sqlite() async throws {
         let relay = try await Self.relay().start()
         let client = Self.client(ca: relay.caPath)
-        let other = try relay.addAccount("other")
+        let other = try await relay.addAccount("other")
         let source = TestRelay.makeDirectory()
         defer { try? FileManager.default.removeItem(atPath: source) }
 
@@ -249,7 +249,7 @@ struct StatusEndpointTests {
         #expect(post.status == 405 && post.header("allow") == "GET, HEAD")
         let head = try await Self.get(client, port: relay.statusPort, "key=videos/clip.mp4", token: relay.token, method: .HEAD)
         #expect(head.status == 200 && head.json.isEmpty)
-        _ = try relay.services.catalog.revokeAccount(named: "other")
+        _ = try await relay.services.catalog.revokeAccount(named: "other")
         let revoked = try await Self.get(client, port: relay.statusPort, "key=photos/a%20b%2Bc.jpg", token: other)
         #expect(revoked.status == 401 && (revoked.json["error"] as? String ?? "").contains("revoked"))
 

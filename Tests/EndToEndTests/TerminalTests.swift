@@ -9,17 +9,18 @@ struct TerminalTests {
     struct Tmux {
         let socket = "upload-test-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
 
+        /// A tmux command: it answers at once, so it is waited for in line (also from `defer`).
         func run(_ arguments: [String]) throws -> String {
-            try CommandLineTests.run("/usr/bin/tmux", ["-L", self.socket] + arguments).stdout
+            try CommandLineTests.runNow("/usr/bin/tmux", ["-L", self.socket] + arguments).stdout
         }
 
         /// Starts the session. Through python3's subprocess, which closes every other descriptor: tmux's server, which
         /// outlives the call, must not inherit this process's pipes (Foundation's Process passes them on, and the
         /// call then waited for the session to end).
-        func start(_ command: String) throws {
+        func start(_ command: String) async throws {
             let launcher =
                 "import subprocess, sys; sys.exit(subprocess.run(sys.argv[1:], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode)"
-            let started = try CommandLineTests.run(
+            let started = try await CommandLineTests.run(
                 "/usr/bin/env",
                 ["python3", "-c", launcher, "/usr/bin/tmux", "-L", self.socket, "new-session", "-d", "-s", "agent", "-x", "120", "-y", "30", command]
             )
@@ -40,12 +41,12 @@ struct TerminalTests {
     @Test(
         "send on a terminal: a line per upload under way with its percentage, bytes and rate, a total line with the items done, bytes and percent; messages above it; all of it gone once the run ends, leaving the results and the summary"
     )
-    func liveProgress() throws {
+    func liveProgress() async throws {
         guard FileManager.default.isExecutableFile(atPath: "/usr/bin/tmux") else {
             Issue.record("tmux is missing (apt-get install tmux): the terminal cannot be tested")
             return
         }
-        let relay = try CommandLineTests.DevRelay()
+        let relay = try await CommandLineTests.DevRelay()
         defer { relay.stop() }
         let source = TestRelay.makeDirectory()
         defer { try? FileManager.default.removeItem(atPath: source) }
@@ -54,11 +55,11 @@ struct TerminalTests {
         defer { tmux.stop() }
         let environment = relay.environment.map { "\($0.key)='\($0.value)'" }.joined(separator: " ")
         let command = "env \(environment) \(try CommandLineTests.agentBinary()) send --no-state --bwlimit 3M \(source)/clips; sleep 60"
-        try tmux.start(command)
+        try await tmux.start(command)
 
         // Under way: a line per upload and the total line, below the messages.
         var during = ""
-        let sawBlock = AgentProcess.waitUntil(timeout: 10) {
+        let sawBlock = await AgentProcess.waitUntil(timeout: 10) {
             during = tmux.screen()
             let uploads = during.split(separator: "\n").filter {
                 $0.range(of: #"^  +\d+% +[0-9.]+ [KM]?i?B / [0-9.]+ MiB +[0-9.]+ MB/s +clips/clip\d\.mov$"#, options: .regularExpression) != nil
@@ -66,13 +67,13 @@ struct TerminalTests {
             let total = during.range(of: #"\[\d/4\] [0-9.]+ [KM]?i?B / 1[23]\.[0-9] MiB  \d+%  [0-9.]+ MB/s"#, options: .regularExpression) != nil
             return uploads.count >= 2 && total
         }
-        let sessions = try CommandLineTests.run("/usr/bin/tmux", ["-L", tmux.socket, "list-sessions"])
+        let sessions = try await CommandLineTests.run("/usr/bin/tmux", ["-L", tmux.socket, "list-sessions"])
         #expect(sawBlock, "no live block:\n\(during)\ntmux: \(sessions.stdout) \(sessions.stderr)")
         #expect(during.contains("connected to 127.0.0.1"), "the messages are not above the block:\n\(during)")
 
         // Over: the results and the summary, no progress line left.
         var after = ""
-        #expect(
+        await #expect(
             AgentProcess.waitUntil(timeout: 60) {
                 after = tmux.screen(); return after.contains("4 stored, 0 already there, 0 failed")
             }, "\(after)")

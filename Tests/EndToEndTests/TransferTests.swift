@@ -167,7 +167,7 @@ struct TransferTests {
     }
 
     @Test("--connections shares --concurrency, reads in flight and socket buffers: never a connection without a place, never more than asked")
-    func connectionShares() {
+    func connectionShares() async {
         func shares(_ connections: Int, _ concurrency: Int) -> [AgentConfiguration] {
             var configuration = AgentConfiguration(relayHost: "relay", relayPort: 1, token: "t", caPath: nil)
             configuration.connections = connections

@@ -10,10 +10,10 @@ import UploadTestSupport
 struct WatchTests {
     /// Waits (60 s at most) until the relay acknowledged a quarter of the first item of `store`, as `agent` recorded it;
     /// returns what it acknowledged then.
-    static func waitForQuarter(of size: Int, store: AgentStateStore, agent: AgentProcess) -> UInt64 {
+    static func waitForQuarter(of size: Int, store: AgentStateStore, agent: AgentProcess) async -> UInt64 {
         var acked: UInt64 = 0
         #expect(
-            AgentProcess.waitUntil(timeout: 60) {
+            await AgentProcess.waitUntil(timeout: 60) {
                 acked = (try? store.items().first?.acked) ?? 0
                 return acked >= UInt64(size / 4)
             }, "\(agent.child.log)"
@@ -45,13 +45,13 @@ struct WatchTests {
             log: home + "/agent.log"
         )
         defer { agent.stop() }
-        #expect(AgentProcess.waitUntil { agent.child.log.contains("watching") }, "\(agent.child.log)")
+        await #expect(AgentProcess.waitUntil { agent.child.log.contains("watching") }, "\(agent.child.log)")
 
         // Closed after writing: uploaded within 2 s of the close.
         let photo = Self.bytes(700_000, seed: 1)
         try Self.write(photo, to: watched + "/IMG_0001.jpg")
         let closed = Date()
-        #expect(AgentProcess.waitUntil(timeout: 10) { agent.finished("DCIM/IMG_0001.jpg") != nil }, "\(agent.child.log)")
+        await #expect(AgentProcess.waitUntil(timeout: 10) { agent.finished("DCIM/IMG_0001.jpg") != nil }, "\(agent.child.log)")
         #expect(Date().timeIntervalSince(closed) < 2, "uploaded \(Date().timeIntervalSince(closed)) s after the close")
         #expect(relay.stored("DCIM/IMG_0001.jpg") == photo)
 
@@ -64,7 +64,7 @@ struct WatchTests {
             usleep(300_000)  // The writer's pace, not synchronisation.
         }
         try handle.close()
-        #expect(AgentProcess.waitUntil(timeout: 10) { agent.finished("DCIM/VID_0002.mp4") != nil }, "\(agent.child.log)")
+        await #expect(AgentProcess.waitUntil(timeout: 10) { agent.finished("DCIM/VID_0002.mp4") != nil }, "\(agent.child.log)")
         #expect(agent.started("DCIM/VID_0002.mp4") == 1, "\(agent.child.log)")
         #expect(relay.stored("DCIM/VID_0002.mp4") == video)
 
@@ -72,7 +72,7 @@ struct WatchTests {
         let shared = Self.bytes(1_500_000, seed: 3)
         try Self.write(shared, to: watched + "/IMG_0003.jpg")
         try Self.write(shared, to: watched + "/copy of IMG_0003.jpg")
-        #expect(
+        await #expect(
             AgentProcess.waitUntil(timeout: 10) {
                 agent.finished("DCIM/IMG_0003.jpg") != nil && agent.finished("DCIM/copy of IMG_0003.jpg") != nil
             }, "\(agent.child.log)"
@@ -93,18 +93,18 @@ struct WatchTests {
         let watched = home + "/Videos"
         let environment = AgentProcess.environment(relay, state: home + "/state")
         let refused = try AgentProcess(["watch", watched], environment: environment, log: home + "/refused.log")
-        #expect(refused.child.waitForExit() == 2)
+        #expect(await refused.child.exited() == 2)
         #expect(refused.child.log.contains(watched), "\(refused.child.log)")
 
         let agent = try AgentProcess(
             ["watch", "--json", "--settle", "1s", "--wait-for-directories", watched], environment: environment, log: home + "/agent.log"
         )
         defer { agent.stop() }
-        #expect(AgentProcess.waitUntil { agent.child.log.contains("waiting for \(watched) to exist") }, "\(agent.child.log)")
+        await #expect(AgentProcess.waitUntil { agent.child.log.contains("waiting for \(watched) to exist") }, "\(agent.child.log)")
         // The card is mounted: its folder appears with a clip in it.
         let clip = Self.bytes(300_000, seed: 9)
         try Self.write(clip, to: watched + "/clip.mp4")
-        #expect(AgentProcess.waitUntil(timeout: 20) { agent.finished("Videos/clip.mp4") != nil }, "\(agent.child.log)")
+        await #expect(AgentProcess.waitUntil(timeout: 20) { agent.finished("Videos/clip.mp4") != nil }, "\(agent.child.log)")
         #expect(relay.stored("Videos/clip.mp4") == clip)
         #expect(agent.child.log.components(separatedBy: "waiting for \(watched)").count == 2, "said more than once: \(agent.child.log)")
         #expect(agent.stop() == 0)
@@ -119,7 +119,7 @@ struct WatchTests {
         let state = home + "/state"
         let environment = AgentProcess.environment(relay, state: state)
         try FileManager.default.createDirectory(atPath: watched, withIntermediateDirectories: true)
-        let paused = try CommandLineTests.run(try CommandLineTests.agentBinary(), ["pause"], environment: environment)
+        let paused = try await CommandLineTests.run(try CommandLineTests.agentBinary(), ["pause"], environment: environment)
         #expect(paused.status == 0)
 
         var agent = try AgentProcess(["watch", "--json", "--settle", "1s", watched], environment: environment, log: home + "/agent1.log")
@@ -127,30 +127,30 @@ struct WatchTests {
         try Self.write(Self.bytes(100_000, seed: 4), to: watched + "/keep.jpg")
         try Self.write(Self.bytes(100_000, seed: 5), to: watched + "/gone.jpg")
         let store = try AgentStateStore(directory: state + "/upload-agent")
-        #expect(AgentProcess.waitUntil { (try? store.items().filter { $0.status == .queued }.count) == 2 }, "\(agent.child.log)")
+        await #expect(AgentProcess.waitUntil { (try? store.items().filter { $0.status == .queued }.count) == 2 }, "\(agent.child.log)")
         #expect(agent.stop() == 0)
 
         // Restarted, still paused: the queue is as it was, nothing moved.
         agent = try AgentProcess(["watch", "--json", "--settle", "1s", watched], environment: environment, log: home + "/agent2.log")
-        #expect(AgentProcess.waitUntil { agent.child.log.contains("watching") })
-        let status = try CommandLineTests.run(try CommandLineTests.agentBinary(), ["status", "--json"], environment: environment)
+        await #expect(AgentProcess.waitUntil { agent.child.log.contains("watching") })
+        let status = try await CommandLineTests.run(try CommandLineTests.agentBinary(), ["status", "--json"], environment: environment)
         let object = try #require(try JSONSerialization.jsonObject(with: Data(status.stdout.utf8)) as? [String: Any], "\(status.stderr)")
         #expect(object["paused"] as? Bool == true)
         #expect((object["totals"] as? [String: Int])?["queued"] == 2)
 
         // Deleted while queued: dropped.
         try FileManager.default.removeItem(atPath: watched + "/gone.jpg")
-        #expect(AgentProcess.waitUntil { (try? store.items().first { $0.key == "cam/gone.jpg" }?.status) == .dropped })
+        await #expect(AgentProcess.waitUntil { (try? store.items().first { $0.key == "cam/gone.jpg" }?.status) == .dropped })
 
-        let resumed = try CommandLineTests.run(try CommandLineTests.agentBinary(), ["resume"], environment: environment)
+        let resumed = try await CommandLineTests.run(try CommandLineTests.agentBinary(), ["resume"], environment: environment)
         #expect(resumed.status == 0)
-        #expect(AgentProcess.waitUntil { agent.finished("cam/keep.jpg") != nil }, "\(agent.child.log)")
+        await #expect(AgentProcess.waitUntil { agent.finished("cam/keep.jpg") != nil }, "\(agent.child.log)")
         #expect(relay.stored("cam/keep.jpg") != nil)
         #expect(relay.stored("cam/gone.jpg") == nil)
         #expect(agent.started("cam/gone.jpg") == 0)
         // The agent records an end within 50 ms of reporting it.
-        #expect(AgentProcess.waitUntil { (try? store.items().first { $0.key == "cam/keep.jpg" }?.status) == .done })
-        let text = try CommandLineTests.run(try CommandLineTests.agentBinary(), ["status", "--all"], environment: environment)
+        await #expect(AgentProcess.waitUntil { (try? store.items().first { $0.key == "cam/keep.jpg" }?.status) == .done })
+        let text = try await CommandLineTests.run(try CommandLineTests.agentBinary(), ["status", "--all"], environment: environment)
         #expect(text.stdout.contains("done       cam/keep.jpg"), "\(text.stdout)")
         #expect(text.stdout.contains("dropped    cam/gone.jpg"), "\(text.stdout)")
         #expect(agent.stop() == 0)
@@ -179,26 +179,26 @@ struct WatchTests {
             environment: AgentProcess.environment(relay, state: home + "/state"), log: home + "/agent.log"
         )
         defer { agent.stop() }
-        #expect(AgentProcess.waitUntil { agent.child.log.contains("watching") }, "\(agent.child.log)")
+        await #expect(AgentProcess.waitUntil { agent.child.log.contains("watching") }, "\(agent.child.log)")
         let store = try AgentStateStore(directory: home + "/state/upload-agent")
         try Self.write(Self.bytes(300_000, seed: 8), to: watched + "/a.jpg")
-        #expect(
+        await #expect(
             AgentProcess.waitUntil {
                 (try? store.items().first?.status) == .queued && (try? store.holdReason())??.contains("mains power") == true
             }, "\(agent.child.log)"
         )
         // Plugged in: it goes on by itself.
         try supply("AC", ["online": "1"])
-        #expect(AgentProcess.waitUntil(timeout: 10) { agent.finished("cam/a.jpg") != nil }, "\(agent.child.log)")
+        await #expect(AgentProcess.waitUntil(timeout: 10) { agent.finished("cam/a.jpg") != nil }, "\(agent.child.log)")
 
         // The network turns metered (--when fails): new files wait, and go once it is back.
         try FileManager.default.removeItem(atPath: home + "/unmetered")
-        #expect(AgentProcess.waitUntil { (try? store.holdReason())??.contains("--when") == true })
+        await #expect(AgentProcess.waitUntil { (try? store.holdReason())??.contains("--when") == true })
         try Self.write(Self.bytes(300_000, seed: 9), to: watched + "/b.jpg")
-        #expect(AgentProcess.waitUntil { (try? store.items().first { $0.key == "cam/b.jpg" }?.status) == .queued })
+        await #expect(AgentProcess.waitUntil { (try? store.items().first { $0.key == "cam/b.jpg" }?.status) == .queued })
         #expect(agent.started("cam/b.jpg") == 0)
         #expect(FileManager.default.createFile(atPath: home + "/unmetered", contents: nil))
-        #expect(AgentProcess.waitUntil(timeout: 10) { agent.finished("cam/b.jpg") != nil }, "\(agent.child.log)")
+        await #expect(AgentProcess.waitUntil(timeout: 10) { agent.finished("cam/b.jpg") != nil }, "\(agent.child.log)")
         #expect(relay.stored("cam/b.jpg") != nil)
         #expect(agent.stop() == 0)
         await relay.stop()
@@ -241,21 +241,21 @@ struct WatchTests {
             environment: AgentProcess.environment(relay, state: home + "/state"), log: home + "/agent.log"
         )
         defer { agent.stop() }
-        #expect(AgentProcess.waitUntil { agent.child.log.contains("watching") }, "\(agent.child.log)")
+        await #expect(AgentProcess.waitUntil { agent.child.log.contains("watching") }, "\(agent.child.log)")
         let store = try AgentStateStore(directory: home + "/state/upload-agent")
-        func held(_ words: String) -> Bool {
-            AgentProcess.waitUntil { (try? store.holdReason())??.contains(words) == true }
+        func held(_ words: String) async -> Bool {
+            await AgentProcess.waitUntil { (try? store.holdReason())??.contains(words) == true }
         }
         try Self.write(Self.bytes(200_000, seed: 31), to: watched + "/a.jpg")
-        #expect(held("goes through eth0, which is not wireless"), "\(String(describing: try? store.holdReason()))")
+        #expect(await held("goes through eth0, which is not wireless"), "\(String(describing: try? store.holdReason()))")
         try route(nil)
-        #expect(held("no default route"), "\(String(describing: try? store.holdReason()))")
+        #expect(await held("no default route"), "\(String(describing: try? store.holdReason()))")
         try metered("yes (guessed)")
         try route("wlp2s0")
-        #expect(held("NetworkManager calls wlp2s0's metered"), "\(String(describing: try? store.holdReason()))")
+        #expect(await held("NetworkManager calls wlp2s0's metered"), "\(String(describing: try? store.holdReason()))")
         #expect(agent.started("cam/a.jpg") == 0, "an upload started while a condition held")
         try metered("no")
-        #expect(AgentProcess.waitUntil(timeout: 10) { agent.finished("cam/a.jpg") != nil }, "\(agent.child.log)")
+        await #expect(AgentProcess.waitUntil(timeout: 10) { agent.finished("cam/a.jpg") != nil }, "\(agent.child.log)")
         #expect(relay.stored("cam/a.jpg") != nil)
         #expect(agent.stop() == 0)
         await relay.stop()
@@ -266,7 +266,7 @@ struct WatchTests {
     )
     func quotaWaits() async throws {
         let relay = try await TestRelay().start()
-        let token = try relay.addAccount("small", quota: 1_000_000)
+        let token = try await relay.addAccount("small", quota: 1_000_000)
         let home = TestRelay.makeDirectory()
         let watched = home + "/cam"
         try FileManager.default.createDirectory(atPath: watched, withIntermediateDirectories: true)
@@ -276,17 +276,17 @@ struct WatchTests {
             ["watch", "--json", "--settle", "500ms", "--relay-full-backoff", "200ms", watched], environment: environment, log: home + "/agent.log"
         )
         defer { agent.stop() }
-        #expect(AgentProcess.waitUntil { agent.child.log.contains("watching") }, "\(agent.child.log)")
+        await #expect(AgentProcess.waitUntil { agent.child.log.contains("watching") }, "\(agent.child.log)")
         let store = try AgentStateStore(directory: home + "/state/upload-agent")
         try Self.write(Self.bytes(600_000, seed: 21), to: watched + "/a.jpg")
-        #expect(AgentProcess.waitUntil { agent.finished("cam/a.jpg") != nil }, "\(agent.child.log)")
+        await #expect(AgentProcess.waitUntil { agent.finished("cam/a.jpg") != nil }, "\(agent.child.log)")
         // 600 + 600 KB do not fit 1 MB: b waits, said with the relay's reason, in --json and in the state database.
         let second = Self.bytes(600_000, seed: 22)
         try Self.write(second, to: watched + "/b.jpg")
         func waits(_ key: String) -> [[String: Any]] {
             agent.events.filter { $0["event"] as? String == "waiting" && $0["key"] as? String == key }
         }
-        #expect(AgentProcess.waitUntil { waits("cam/b.jpg").count >= 2 }, "\(agent.child.log)")
+        await #expect(AgentProcess.waitUntil { waits("cam/b.jpg").count >= 2 }, "\(agent.child.log)")
         #expect(waits("cam/b.jpg").allSatisfy { ($0["reason"] as? String ?? "").contains("QUOTA_EXCEEDED") }, "\(waits("cam/b.jpg"))")
         #expect(agent.finished("cam/b.jpg") == nil, "an item failed for the relay's lack of room")
         let row = try store.items().first { $0.key == "cam/b.jpg" }
@@ -294,12 +294,12 @@ struct WatchTests {
         // A file that fits goes up while b waits: one refusal holds nothing else up.
         let third = Self.bytes(300_000, seed: 23)
         try Self.write(third, to: watched + "/c.jpg")
-        #expect(AgentProcess.waitUntil { agent.finished("cam/c.jpg") != nil }, "\(agent.child.log)")
+        await #expect(AgentProcess.waitUntil { agent.finished("cam/c.jpg") != nil }, "\(agent.child.log)")
         #expect(agent.finished("cam/c.jpg")?["status"] as? String == "stored")
         #expect(relay.stored("cam/c.jpg", account: "small") == third)
         // Room again (an operator removed an object): b goes up by itself.
-        try relay.services.catalog.deleteObject(account: "small", key: "cam/a.jpg")
-        #expect(AgentProcess.waitUntil(timeout: 30) { agent.finished("cam/b.jpg") != nil }, "\(agent.child.log)")
+        try await relay.services.catalog.deleteObject(account: "small", key: "cam/a.jpg")
+        await #expect(AgentProcess.waitUntil(timeout: 30) { agent.finished("cam/b.jpg") != nil }, "\(agent.child.log)")
         #expect(agent.finished("cam/b.jpg")?["status"] as? String == "stored")
         #expect(relay.stored("cam/b.jpg", account: "small") == second)
         #expect(agent.stop() == 0)
@@ -324,7 +324,7 @@ struct WatchTests {
             log: home + "/agent.log"
         )
         defer { agent.stop() }
-        #expect(AgentProcess.waitUntil { agent.child.log.contains("watching") }, "\(agent.child.log)")
+        await #expect(AgentProcess.waitUntil { agent.child.log.contains("watching") }, "\(agent.child.log)")
         // Made after the start, and moved in.
         try FileManager.default.createSymbolicLink(atPath: watched + "/late.txt", withDestinationPath: secret)
         try FileManager.default.createSymbolicLink(atPath: home + "/moved.txt", withDestinationPath: secret)
@@ -332,11 +332,11 @@ struct WatchTests {
         // And a real file after them, to know the watcher got that far.
         let real = Self.bytes(5_000, seed: 31)
         try Self.write(real, to: watched + "/real.jpg")
-        #expect(AgentProcess.waitUntil { agent.finished("cam/real.jpg") != nil }, "\(agent.child.log)")
+        await #expect(AgentProcess.waitUntil { agent.finished("cam/real.jpg") != nil }, "\(agent.child.log)")
         func skipped(_ name: String) -> [String: Any]? {
             agent.events.first { $0["event"] as? String == "skipped" && ($0["path"] as? String ?? "").hasSuffix("/" + name) }
         }
-        #expect(
+        await #expect(
             AgentProcess.waitUntil(timeout: 10) { skipped("early.txt") != nil && skipped("late.txt") != nil && skipped("moved.txt") != nil },
             "\(agent.child.log)")
         let lateReason = (skipped("late.txt")?["reason"] as? String) ?? ""
@@ -354,7 +354,7 @@ struct WatchTests {
             log: home + "/agent2.log"
         )
         defer { following.stop() }
-        #expect(AgentProcess.waitUntil { following.finished("cam/late.txt") != nil }, "\(following.child.log)")
+        await #expect(AgentProcess.waitUntil { following.finished("cam/late.txt") != nil }, "\(following.child.log)")
         #expect(relay.stored("cam/late.txt") == Data("not for the relay".utf8))
         #expect(following.stop() == 0)
         await relay.stop()
@@ -374,7 +374,7 @@ struct WatchTests {
             log: home + "/agent.log"
         )
         defer { agent.stop() }
-        #expect(AgentProcess.waitUntil { agent.finished("cam/sub/a.jpg") != nil }, "\(agent.child.log)")
+        await #expect(AgentProcess.waitUntil { agent.finished("cam/sub/a.jpg") != nil }, "\(agent.child.log)")
         #expect(rename(watched + "/sub", home + "/moved") == 0)
         try FileManager.default.createSymbolicLink(atPath: watched + "/sub", withDestinationPath: home + "/private")
         // Events in the moved directory name files by its old path, which now leads through the link.
@@ -382,8 +382,8 @@ struct WatchTests {
         try Self.write(Data("touched again".utf8), to: home + "/moved/passwd.txt")
         // A file after them, to know the watcher got that far.
         try Self.write(Self.bytes(2_000, seed: 42), to: watched + "/after.jpg")
-        #expect(AgentProcess.waitUntil { agent.finished("cam/after.jpg") != nil }, "\(agent.child.log)")
-        #expect(AgentProcess.waitUntil(timeout: 5) { agent.child.log.contains("symbolic link") }, "\(agent.child.log)")
+        await #expect(AgentProcess.waitUntil { agent.finished("cam/after.jpg") != nil }, "\(agent.child.log)")
+        await #expect(AgentProcess.waitUntil(timeout: 5) { agent.child.log.contains("symbolic link") }, "\(agent.child.log)")
         #expect(agent.started("cam/sub/passwd.txt") == 0, "\(agent.child.log)")
         #expect(relay.stored("cam/sub/passwd.txt") == nil, "a file was uploaded through the link")
         #expect(agent.stop() == 0)
@@ -411,8 +411,8 @@ struct WatchTests {
             watch.kill(SIGTERM)
             _ = watch.waitForExit()
         }
-        #expect(AgentProcess.waitUntil { watch.log.contains("watching") }, "\(watch.log)")
-        let send = try CommandLineTests.run(
+        await #expect(AgentProcess.waitUntil { watch.log.contains("watching") }, "\(watch.log)")
+        let send = try await CommandLineTests.run(
             "/bin/sh",
             [
                 "-c", "cd \"$0\" && exec timeout -s KILL 60 \"$1\" send --json --prefix p sub/doc.txt", home + "/wb",
@@ -434,9 +434,9 @@ struct WatchTests {
         try FileManager.default.createDirectory(atPath: home + "/watched", withIntermediateDirectories: true)
         let agent = try AgentProcess(["watch", "--json", home + "/watched"], environment: environment, log: home + "/agent.log")
         defer { agent.stop() }
-        #expect(AgentProcess.waitUntil { agent.child.log.contains("watching") })
+        await #expect(AgentProcess.waitUntil { agent.child.log.contains("watching") })
         let file = makeFile(home, "report.pdf", size: 900_000, seed: 6)
-        let send = try CommandLineTests.run(try CommandLineTests.agentBinary(), ["send", "--json", file.path], environment: environment)
+        let send = try await CommandLineTests.run(try CommandLineTests.agentBinary(), ["send", "--json", file.path], environment: environment)
         #expect(send.status == 0, "\(send.stderr)")
         #expect(send.stderr.contains("handed to it"), "\(send.stderr)")
         let line = try #require(try JSONSerialization.jsonObject(with: Data(send.stdout.utf8)) as? [String: Any], "\(send.stdout)")
@@ -451,7 +451,7 @@ struct WatchTests {
             configuration: AgentConfiguration(relayHost: "127.0.0.1", relayPort: relay.port, token: relay.token, caPath: relay.caPath))
         let queued = makeFile(home, "queued.mov", size: 300_000, seed: 7)
         #expect(try client.enqueue(paths: [queued.path], into: store).count == 1)
-        #expect(AgentProcess.waitUntil { agent.finished("queued.mov") != nil }, "\(agent.child.log)")
+        await #expect(AgentProcess.waitUntil { agent.finished("queued.mov") != nil }, "\(agent.child.log)")
         #expect(relay.stored("queued.mov") == queued.data)
         try await client.shutdown()
         await relay.stop()
@@ -469,10 +469,11 @@ struct WatchTests {
         let first = try AgentProcess(["send", "--json"] + flags + [file.path], environment: environment, log: home + "/first.log")
         defer { first.stop(SIGKILL) }
         // Killed once the relay acknowledged a quarter: from the status the agent records.
-        let acked = Self.waitForQuarter(of: size, store: try AgentStateStore(directory: state + "/upload-agent"), agent: first)
+        let acked = await Self.waitForQuarter(of: size, store: try AgentStateStore(directory: state + "/upload-agent"), agent: first)
         first.stop(SIGKILL)
         try #require(acked < UInt64(size), "the upload finished before the kill")
-        let again = try CommandLineTests.run(try CommandLineTests.agentBinary(), ["send", "--json"] + flags + [file.path], environment: environment)
+        let again = try await CommandLineTests.run(
+            try CommandLineTests.agentBinary(), ["send", "--json"] + flags + [file.path], environment: environment)
         #expect(again.status == 0, "\(again.stderr)")
         let line = try #require(try JSONSerialization.jsonObject(with: Data(again.stdout.utf8)) as? [String: Any], "\(again.stdout)")
         #expect(line["status"] as? String == "stored")
@@ -501,7 +502,7 @@ struct WatchTests {
             environment: AgentProcess.environment(relay, state: home + "/state"), log: home + "/agent.log"
         )
         defer { agent.stop() }
-        #expect(AgentProcess.waitUntil { agent.child.log.contains("watching") }, "\(agent.child.log)")
+        await #expect(AgentProcess.waitUntil { agent.child.log.contains("watching") }, "\(agent.child.log)")
         // Written elsewhere, then moved in together, as a card reader's copy lands.
         var files: [String: Data] = [:]
         for i in 0..<500 {
@@ -513,7 +514,7 @@ struct WatchTests {
         for name in try FileManager.default.contentsOfDirectory(atPath: home + "/card") {
             try FileManager.default.moveItem(atPath: home + "/card/" + name, toPath: watched + "/" + name)
         }
-        #expect(
+        await #expect(
             AgentProcess.waitUntil(timeout: 120) { agent.events.filter { $0["event"] as? String == "finished" }.count >= 500 },
             "\(agent.events.filter { $0["event"] as? String == "finished" }.count) finished"
         )
@@ -561,7 +562,7 @@ struct WatchTests {
             relay.kill(SIGKILL)
             _ = relay.waitForExit()
         }
-        let port = try relay.waitUntilReady()
+        let port = try await relay.waitUntilReady()
         let environment = [
             "UPLOAD_RELAY": "127.0.0.1:\(port)", "UPLOAD_CA": data + "/dev/ca.pem", "XDG_STATE_HOME": home + "/state",
             "UPLOAD_TOKEN": try String(contentsOfFile: data + "/dev/token", encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines),
@@ -572,7 +573,7 @@ struct WatchTests {
         try Self.write(video, to: watched + "/trip.mp4")
         let first = try AgentProcess(["watch", "--json", "--bwlimit", "16M", watched], environment: environment, log: home + "/first.log")
         defer { first.stop(SIGKILL) }
-        let acked = Self.waitForQuarter(of: size, store: try AgentStateStore(directory: home + "/state/upload-agent"), agent: first)
+        let acked = await Self.waitForQuarter(of: size, store: try AgentStateStore(directory: home + "/state/upload-agent"), agent: first)
         // The power goes: both die at once.
         first.stop(SIGKILL)
         relay.kill(SIGKILL)
@@ -586,8 +587,8 @@ struct WatchTests {
         #expect(second.finished("videos/trip.mp4") == nil, "\(second.child.log)")
         #expect(second.child.log.contains("reconnecting"), "\(second.child.log)")
         relay = try startRelay(port: port)
-        _ = try relay.waitUntilReady()
-        #expect(AgentProcess.waitUntil(timeout: 60) { second.finished("videos/trip.mp4") != nil }, "\(second.child.log)")
+        _ = try await relay.waitUntilReady()
+        await #expect(AgentProcess.waitUntil(timeout: 60) { second.finished("videos/trip.mp4") != nil }, "\(second.child.log)")
         let result = try #require(second.finished("videos/trip.mp4"))
         #expect(result["status"] as? String == "stored")
         // What the relay acknowledged before the kill was not sent again (a window of slack for the last ACKs).

@@ -58,8 +58,8 @@ struct WorkloadTests {
     @Test("two accounts with the same key names: separate objects, no dedup or STORED across accounts (finding 2)")
     func accountsAreSeparate() async throws {
         let relay = try await TestRelay().start()
-        let alice = try relay.addAccount("alice")
-        let bob = try relay.addAccount("bob")
+        let alice = try await relay.addAccount("alice")
+        let bob = try await relay.addAccount("bob")
         let source = TestRelay.makeDirectory()
         let a = makeFile(source, "a.jpg", size: 300_000, seed: 1)
         let b = makeFile(source, "b.jpg", size: 300_000, seed: 2)
@@ -105,31 +105,31 @@ struct WorkloadTests {
     }
 
     @Test("two commits of one account at once never pass its quota, and nothing refused is renamed into place (finding 3)")
-    func quotaCommitsAreAtomic() throws {
+    func quotaCommitsAreAtomic() async throws {
         let directory = TestRelay.makeDirectory()
         let catalog = try SQLiteCatalog(path: directory + "/catalog.sqlite")
-        try catalog.addAccount(name: "small", tokenHash: [1], quota: 100)
+        try await catalog.addAccount(name: "small", tokenHash: [1], quota: 100)
         let first = PendingCommit(account: "small", key: "k2", size: 60, sha1: "a", sessionID: nil)
         let second = PendingCommit(account: "small", key: "k1", size: 60, sha1: "b", sessionID: nil)
-        try catalog.beginCommit(first)
-        #expect(throws: CatalogError.self) { try catalog.beginCommit(second) }
-        try catalog.finishCommit(first, identity: ObjectIdentity(device: 1, inode: 2, size: 60, modified: 3))
-        #expect(try catalog.account(named: "small")?.usedBytes == 60)
+        try await catalog.beginCommit(first)
+        await #expect(throws: CatalogError.self) { try await catalog.beginCommit(second) }
+        try await catalog.finishCommit(first, identity: ObjectIdentity(device: 1, inode: 2, size: 60, modified: 3))
+        #expect(try await catalog.account(named: "small")?.usedBytes == 60)
         // An abandoned commit gives its reservation back.
         let third = PendingCommit(account: "small", key: "k3", size: 40, sha1: "c", sessionID: nil)
-        try catalog.beginCommit(third)
-        #expect(try catalog.quotaUse(account: "small", excludingKey: "x").left == 0)
-        try catalog.abandonCommit(account: "small", key: "k3")
-        #expect(try catalog.quotaUse(account: "small", excludingKey: "x").left == 40)
+        try await catalog.beginCommit(third)
+        #expect(try await catalog.quotaUse(account: "small", excludingKey: "x").left == 0)
+        try await catalog.abandonCommit(account: "small", key: "k3")
+        #expect(try await catalog.quotaUse(account: "small", excludingKey: "x").left == 40)
     }
 
     @Test("unfinished uploads count against the quota; past it OPEN is refused, naming what holds the quota (finding 4)")
-    func stagedBytesCountAgainstQuota() throws {
+    func stagedBytesCountAgainstQuota() async throws {
         let directory = TestRelay.makeDirectory()
         let catalog = try SQLiteCatalog(path: directory + "/catalog.sqlite")
-        try catalog.addAccount(name: "small", tokenHash: [1], quota: 100)
+        try await catalog.addAccount(name: "small", tokenHash: [1], quota: 100)
         for i in 0..<3 {
-            try catalog.putSession(
+            try await catalog.putSession(
                 UploadSession(
                     id: "s\(i)", account: "small", key: "k\(i)", resumeToken: [], fingerprint: [], declaredSize: i == 2 ? nil : 30,
                     durableOffset: 15, sha1State: [], stagingName: "s\(i)"
@@ -137,52 +137,52 @@ struct WorkloadTests {
             )
         }
         // Left behind, the sessions hold their durable bytes; an open upload (k1) will hold what it announced.
-        #expect(try catalog.quotaUse(account: "small", excludingKey: "k0").staged == 30)
-        let use = try catalog.quotaUse(account: "small", excludingKey: "k0", active: ["k1": 0])
+        #expect(try await catalog.quotaUse(account: "small", excludingKey: "k0").staged == 30)
+        let use = try await catalog.quotaUse(account: "small", excludingKey: "k0", active: ["k1": 0])
         #expect(use.staged == 45)
         #expect(use.left == 55)
         #expect(use.refusal(account: "small", needed: 60).contains("held by unfinished uploads"))
     }
 
     /// A catalog whose account "small" (quota 100) holds the object `key` of `size` bytes.
-    static func catalog(holding key: String, size: Int64) throws -> SQLiteCatalog {
+    static func catalog(holding key: String, size: Int64) async throws -> SQLiteCatalog {
         let catalog = try SQLiteCatalog(path: TestRelay.makeDirectory() + "/catalog.sqlite")
-        try catalog.addAccount(name: "small", tokenHash: [1], quota: 100)
+        try await catalog.addAccount(name: "small", tokenHash: [1], quota: 100)
         let stored = PendingCommit(account: "small", key: key, size: size, sha1: "a", sessionID: nil)
-        try catalog.beginCommit(stored)
-        try catalog.finishCommit(stored, identity: ObjectIdentity(device: 1, inode: 2, size: size, modified: 3))
+        try await catalog.beginCommit(stored)
+        try await catalog.finishCommit(stored, identity: ObjectIdentity(device: 1, inode: 2, size: size, modified: 3))
         return catalog
     }
 
     @Test("an open upload whose session is not recorded yet holds what it announced, beyond the object it replaces")
-    func openUploadWithoutSessionCounts() throws {
-        let catalog = try Self.catalog(holding: "old", size: 30)
+    func openUploadWithoutSessionCounts() async throws {
+        let catalog = try await Self.catalog(holding: "old", size: 30)
         // "new" announced 40 and replaces nothing; "old" announced 50 and replaces its 30; "stdin" announced nothing.
-        var use = try catalog.quotaUse(account: "small", excludingKey: "asking", active: ["new": 40, "old": 50, "stdin": 0, "asking": 99])
+        var use = try await catalog.quotaUse(account: "small", excludingKey: "asking", active: ["new": 40, "old": 50, "stdin": 0, "asking": 99])
         #expect(use.staged == 60)
         #expect(use.left == 10)
         // "new" commits: its reservation counts it, its announcement no more.
-        try catalog.beginCommit(PendingCommit(account: "small", key: "new", size: 40, sha1: "b", sessionID: nil))
-        use = try catalog.quotaUse(account: "small", excludingKey: "asking", active: ["new": 40, "old": 50, "stdin": 0, "asking": 99])
+        try await catalog.beginCommit(PendingCommit(account: "small", key: "new", size: 40, sha1: "b", sessionID: nil))
+        use = try await catalog.quotaUse(account: "small", excludingKey: "asking", active: ["new": 40, "old": 50, "stdin": 0, "asking": 99])
         #expect(use.staged == 20 && use.committing == 40, "\(use)")
     }
 
     @Test("an upload that will replace an object counts only what it adds to it (soak seed 424242 round 21)")
-    func replacingUploadCountsItsGrowth() throws {
-        let catalog = try Self.catalog(holding: "big", size: 80)
+    func replacingUploadCountsItsGrowth() async throws {
+        let catalog = try await Self.catalog(holding: "big", size: 80)
         // The same key sent again from stdin (size unknown), 70 bytes in: the commit will charge nothing.
-        try catalog.putSession(
+        try await catalog.putSession(
             UploadSession(
                 id: "again", account: "small", key: "big", resumeToken: [], fingerprint: [], declaredSize: nil,
                 durableOffset: 70, sha1State: [], stagingName: "again"
             )
         )
-        var use = try catalog.quotaUse(account: "small", excludingKey: "photo", active: ["big": 0])
+        var use = try await catalog.quotaUse(account: "small", excludingKey: "photo", active: ["big": 0])
         #expect(use.staged == 0)
         #expect(use.left == 20)
         // Past the old object's size, the session holds its growth.
-        try catalog.updateDurable(sessionID: "again", offset: 90, sha1State: [])
-        use = try catalog.quotaUse(account: "small", excludingKey: "photo", active: ["big": 0])
+        try await catalog.updateDurable(sessionID: "again", offset: 90, sha1State: [])
+        use = try await catalog.quotaUse(account: "small", excludingKey: "photo", active: ["big": 0])
         #expect(use.staged == 10)
         #expect(use.left == 10)
     }
@@ -193,10 +193,10 @@ struct WorkloadTests {
             $0.sessionExpiry = .seconds(1)
             $0.maintenanceInterval = .milliseconds(100)
         }.start()
-        let staging = try relay.services.store.openStaging(.named("abandoned"))
-        try staging.write(ByteBuffer(string: "half an upload"), at: 0)
+        let staging = try await relay.services.store.openStaging(.named("abandoned"))
+        try await staging.write(ByteBuffer(string: "half an upload"), at: 0)
         staging.close()
-        try relay.services.catalog.putSession(
+        try await relay.services.catalog.putSession(
             UploadSession(
                 id: "abandoned", account: "dev", key: "old.bin", resumeToken: [1], fingerprint: [], declaredSize: 100,
                 durableOffset: 14, sha1State: [], stagingName: "abandoned", updatedAt: Date().addingTimeInterval(-5)
@@ -204,12 +204,12 @@ struct WorkloadTests {
         )
         // The relay's own housekeeping, observed with a deadline.
         let deadline = ContinuousClock.now + .seconds(20)
-        while ContinuousClock.now < deadline, try relay.services.catalog.session(account: "dev", key: "old.bin") != nil {
+        while ContinuousClock.now < deadline, try await relay.services.catalog.session(account: "dev", key: "old.bin") != nil {
             try await Task.sleep(for: .milliseconds(50))
         }
-        #expect(try relay.services.catalog.session(account: "dev", key: "old.bin") == nil)
-        #expect(try !relay.services.store.hasStaging("abandoned"))
-        #expect(try relay.services.catalog.quotaUse(account: "dev", excludingKey: "x").staged == 0)
+        #expect(try await relay.services.catalog.session(account: "dev", key: "old.bin") == nil)
+        #expect(try await !relay.services.store.hasStaging("abandoned"))
+        #expect(try await relay.services.catalog.quotaUse(account: "dev", excludingKey: "x").staged == 0)
         await relay.stop()
     }
 
@@ -282,7 +282,7 @@ struct WorkloadTests {
     @Test("a token revoked while its agent uploads: the connection closes within seconds and nothing more is stored (finding 6)")
     func revokedWhileUploading() async throws {
         let relay = try await TestRelay { $0.maintenanceInterval = .milliseconds(100) }.start()
-        let token = try relay.addAccount("stolen")
+        let token = try await relay.addAccount("stolen")
         let pipe = Pipe()
         let sent = SentCounter()
         let task = Task {
@@ -298,7 +298,7 @@ struct WorkloadTests {
         let writer = Thread { pipe.fileHandleForWriting.write(Data(repeating: 1, count: 4 << 20)) }
         writer.start()
         await sent.wait(for: 1 << 20)
-        #expect(try relay.services.catalog.revokeAccount(named: "stolen"))
+        #expect(try await relay.services.catalog.revokeAccount(named: "stolen"))
         // The agent is told at once (UNAUTHENTICATED is not retried), even though its source never ended.
         let results = try await task.value
         try? pipe.fileHandleForWriting.close()

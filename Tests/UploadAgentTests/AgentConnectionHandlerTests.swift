@@ -35,8 +35,8 @@ struct AgentConnectionHandlerTests {
         }
         try await channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1))
 
-        var relay = RelayDriver(backend: try RelayBackend())
-        var toAgent = relay.start()
+        var relay = await RelayDriver(backend: try RelayBackend())
+        var toAgent = await relay.start()
         while channel.isActive {
             if !toAgent.isEmpty {
                 var bytes = ByteBuffer()
@@ -46,12 +46,12 @@ struct AgentConnectionHandlerTests {
                 continue
             }
             var written = try await channel.waitForOutboundWrite(as: ByteBuffer.self)
-            toAgent = relay.receive(&written)
+            toAgent = await relay.receive(&written)
         }
         let outcome = try await done.futureResult.get()
         #expect(outcome.reason == nil && !outcome.fatal && outcome.madeProgress)
         #expect(job.result?.status == .stored)
-        #expect(relay.backend.object("clips/clip.bin") == Array(file.data))
+        await #expect(relay.backend.object("clips/clip.bin") == Array(file.data))
         #expect(events.withLockedValue { $0 }.contains { if case .connected = $0 { true } else { false } })
     }
 }

@@ -79,7 +79,7 @@ struct AgentHarness {
 @Suite("Agent session: connection decisions without sockets")
 struct AgentSessionTests {
     @Test("reads of several streams reserve credit before they start: together never more than the connection window")
-    func readsReserveCredit() {
+    func readsReserveCredit() async {
         var h = AgentHarness(files: 3)
         let ids = h.connect(connectionWindow: 3 << 20, streamWindow: 2 << 20)
         #expect(ids.count == 3)
@@ -99,7 +99,7 @@ struct AgentSessionTests {
     }
 
     @Test("with deflate, a chunk that did not shrink sends the next 15 reads raw, then deflate is tried again; one that shrank keeps it")
-    func deflateBacksOffOnIncompressibleData() throws {
+    func deflateBacksOffOnIncompressibleData() async throws {
         var h = AgentHarness(files: 1, size: 64 << 20) { $0.deflate = true }
         let id = h.connect(connectionWindow: 1 << 30, streamWindow: 1 << 30, features: .deflate)[0]
         var request = try #require(AgentHarness.reads(h.receive(.offset(Frame.Offset(streamID: id, disposition: .start, offset: 0)))).first)
@@ -121,7 +121,7 @@ struct AgentSessionTests {
     }
 
     @Test("--concurrency: a job being prepared takes a whole place; once small (<= 256 KiB) it takes an eighth; large ones a place each")
-    func smallUploadsShareAPlace() {
+    func smallUploadsShareAPlace() async {
         // 2 places: 16 shares.
         var small = AgentHarness(files: 40, size: 100_000) { $0.concurrency = 2 }
         _ = small.session.connected()
@@ -158,7 +158,7 @@ struct AgentSessionTests {
     }
 
     @Test("a job whose HASH went out gives its place back: the next job is prepared while the relay commits")
-    func hashSentFreesThePlace() {
+    func hashSentFreesThePlace() async {
         var h = AgentHarness(files: 2, size: 3 << 20) { $0.concurrency = 1 }
         let ids = h.connect(connectionWindow: 32 << 20, streamWindow: 8 << 20)
         #expect(ids.count == 1)
@@ -176,7 +176,7 @@ struct AgentSessionTests {
     }
 
     @Test("dedup probe: a large file is opened with its first MiB's SHA-1; CONFIRM prepares it again, hashed whole, and opens it with its SHA-1")
-    func probeThenConfirm() throws {
+    func probeThenConfirm() async throws {
         var h = AgentHarness(files: 1, size: 8 << 20) { $0.dedup = true }
         _ = h.session.connected()
         let welcome = h.receive(
@@ -217,7 +217,7 @@ struct AgentSessionTests {
         "a HASH answered by an error (the commit's answer lost): the next OPEN of the unchanged source states that SHA-1, and STORED is reported stored; a changed source opens without it",
         arguments: [false, true]
     )
-    func undecidedCommitReopensWithItsSHA1(changed: Bool) throws {
+    func undecidedCommitReopensWithItsSHA1(changed: Bool) async throws {
         var h = AgentHarness(files: 1, size: 1 << 20)
         let id = h.connect(connectionWindow: 8 << 20, streamWindow: 8 << 20)[0]
         var actions = h.receive(.offset(Frame.Offset(streamID: id, disposition: .start, offset: 0)))
@@ -252,7 +252,7 @@ struct AgentSessionTests {
     }
 
     @Test("a full socket pauses reads though credit remains; once it drains they go on, every stream")
-    func fullSocketPausesReads() {
+    func fullSocketPausesReads() async {
         var h = AgentHarness(files: 2)
         let ids = h.connect(connectionWindow: 32 << 20, streamWindow: 8 << 20)
         let first = AgentHarness.reads(h.receive(.offset(Frame.Offset(streamID: ids[0], disposition: .start, offset: 0))))
@@ -270,7 +270,7 @@ struct AgentSessionTests {
     }
 
     @Test("the offset of a stream lives in the state machine: a read starts where the relay's OFFSET said")
-    func resumeOffset() {
+    func resumeOffset() async {
         var h = AgentHarness(files: 1)
         let id = h.connect(connectionWindow: 8 << 20, streamWindow: 8 << 20)[0]
         // A resume at an offset this run never sent, from a seekable source: the prefix is hashed locally first.
@@ -281,7 +281,7 @@ struct AgentSessionTests {
     }
 
     @Test("a stream source cannot resume at bytes it no longer holds: CANCEL, and the item fails saying why")
-    func streamSourceCannotResume() {
+    func streamSourceCannotResume() async {
         var h = AgentHarness(files: 1, seekable: false)
         let id = h.connect(connectionWindow: 8 << 20, streamWindow: 8 << 20)[0]
         let actions = h.receive(.offset(Frame.Offset(streamID: id, disposition: .resume, offset: 1000)))
@@ -290,7 +290,7 @@ struct AgentSessionTests {
     }
 
     @Test("KEY_BUSY waits out a backoff, then the job is prepared again; it is not counted as an attempt")
-    func keyBusyBacksOff() {
+    func keyBusyBacksOff() async {
         var h = AgentHarness(files: 1)
         let id = h.connect(connectionWindow: 8 << 20, streamWindow: 8 << 20)[0]
         let busy = h.receive(.error(Frame.Error(streamID: id, code: .keyBusy, message: "busy")))
@@ -305,7 +305,7 @@ struct AgentSessionTests {
     }
 
     @Test("GOAWAY: streams above its last id go back to the queue; the connection closes once nothing is in flight")
-    func goAwayRequeues() {
+    func goAwayRequeues() async {
         var h = AgentHarness(files: 2)
         let ids = h.connect(connectionWindow: 8 << 20, streamWindow: 8 << 20)
         let away = h.receive(.goAway(Frame.GoAway(lastStreamID: ids[0], code: .noError, message: "bye")))
@@ -317,7 +317,7 @@ struct AgentSessionTests {
     }
 
     @Test("a job whose preparation ends after its connection closed wakes the next connection (else it idles forever)")
-    func latePreparationWakesNextConnection() {
+    func latePreparationWakesNextConnection() async {
         let welcome = Frame.welcome(
             Frame.Welcome(
                 version: 1, maxFrameSize: 1 << 20, features: [], maxStreams: 64, connectionWindow: 1 << 20,
@@ -347,7 +347,7 @@ struct AgentSessionTests {
     }
 
     @Test("the queue's listener survives any number of jobs coming back (soak seed 5511 round 16: the agent crashed at exit)")
-    func queueListenerDoesNotGrow() {
+    func queueListenerDoesNotGrow() async {
         let job = UploadJob(item: UploadItem(key: "k", displayPath: "k", source: FileSource(path: "/nonexistent")))
         let queue = JobQueue([job])
         let told = NIOLockedValueBox(0)
@@ -362,7 +362,7 @@ struct AgentSessionTests {
     }
 
     @Test("--connections: every running connection hears that a job came back, and one that closed hears nothing more")
-    func everyConnectionIsTold() {
+    func everyConnectionIsTold() async {
         let jobs = (0..<2).map { UploadJob(item: UploadItem(key: "k\($0)", displayPath: "k\($0)", source: FileSource(path: "/nonexistent"))) }
         let queue = JobQueue(jobs)
         final class Owner: Sendable {}
@@ -379,7 +379,7 @@ struct AgentSessionTests {
 
     @Test(
         "stripes in the queue: dropping the key drops the main job, not a stripe; giving up the waiting jobs fails the striped upload they belong to")
-    func stripesInTheQueue() throws {
+    func stripesInTheQueue() async throws {
         let main = UploadJob(item: UploadItem(key: "v.mov", displayPath: "v.mov", source: FileSource(path: "/nonexistent")))
         main.info = SourceInfo(size: 40 << 20, fingerprint: [1])
         main.striped = true
@@ -401,7 +401,7 @@ struct AgentSessionTests {
     }
 
     @Test("keepalive: one silent period sends PING, the second takes the link for dead")
-    func keepalive() {
+    func keepalive() async {
         var h = AgentHarness(files: 1)
         _ = h.connect(connectionWindow: 8 << 20, streamWindow: 8 << 20)
         #expect(AgentHarness.frames(h.session.silentPeriod()).map(\.type) == [.ping])
@@ -419,7 +419,7 @@ struct AgentSessionTests {
     /// Seeded: reads finish in random orders and sizes while the relay grants credit in random amounts; no CHUNK is
     /// ever refused for credit (the reservation covers it), and every stream's chunks are contiguous.
     @Test("random read completions and credit never overrun a window", arguments: 0..<30)
-    func randomCredit(round: Int) {
+    func randomCredit(round: Int) async {
         let seed = UInt64(0xA6E7_0000) + UInt64(round)
         var rng = SeededGenerator(seed: seed)
         var h = AgentHarness(files: Int.random(in: 1...5, using: &rng), size: UInt64.random(in: 1...(3 << 20), using: &rng))

@@ -12,7 +12,7 @@ import Glibc
 @Suite("Connection failures, in words")
 struct ConnectMessagesTests {
     @Test("refused, timed out, unroutable, unresolvable: each says what to check; anything else stays as it is")
-    func connectErrors() {
+    func connectErrors() async {
         #expect(Uploader.reason(connectError: IOError(errnoCode: ECONNREFUSED, reason: "connect"), host: "h").contains("is upload-relay running"))
         #expect(Uploader.reason(connectError: IOError(errnoCode: EHOSTUNREACH, reason: "connect"), host: "h").contains("no route"))
         #expect(Uploader.reason(connectError: ChannelError.connectTimeout(.seconds(10)), host: "h").contains("no answer within 10 s"))
@@ -23,7 +23,7 @@ struct ConnectMessagesTests {
     }
 
     @Test("a TLS handshake that fails says whether the server is no upload-relay, speaks no TLS, or what BoringSSL's code was")
-    func handshakeReasons() {
+    func handshakeReasons() async {
         let alpn =
             "handshakeFailed(NIOSSL.BoringSSLError.sslError([Error: 268436576 error:10000460:SSL routines:OPENSSL_internal:TLSV1_ALERT_NO_APPLICATION_PROTOCOL at /x/ssl/tls_record.cc:491]))"
         #expect(TransportFailure.handshakeReason(alpn).contains("not an upload-relay"))

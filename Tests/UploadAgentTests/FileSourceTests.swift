@@ -10,7 +10,7 @@ import UploadTestSupport
 @Suite("File source")
 struct FileSourceTests {
     @Test("reads at random offsets and lengths return the file's bytes (from a start offset, too)", arguments: [(7, 0), (8, 0), (9, 12_345)])
-    func randomReads(seed: UInt64, start: Int) throws {
+    func randomReads(seed: UInt64, start: Int) async throws {
         var rng = SeededGenerator(seed: seed)
         let directory = TemporaryDirectories.make()
         let file = makeFile(directory, "f.bin", size: 1_000_003, seed: seed)
@@ -32,7 +32,7 @@ struct FileSourceTests {
     }
 
     @Test("a block's memory is used again only once no chunk of it is alive: a chunk kept keeps its bytes")
-    func blockReuse() throws {
+    func blockReuse() async throws {
         let file = makeFile(TemporaryDirectories.make(), "v.bin", size: 4 << 16, seed: 11)
         let source = FileSource(path: file.path, blockSize: 1 << 16)
         _ = try source.open()
@@ -57,7 +57,7 @@ struct FileSourceTests {
     @Test(
         "files read one after another share recycled blocks: every read returns its own file's bytes, and a chunk kept from an earlier file keeps its own"
     )
-    func recycledBlocks() throws {
+    func recycledBlocks() async throws {
         let directory = TemporaryDirectories.make()
         let allocator = ByteBufferAllocator()
         var kept: [(ByteBuffer, Data)] = []
@@ -78,7 +78,7 @@ struct FileSourceTests {
     }
 
     @Test("the read of a file's last bytes lets go of its block: an upload waiting for its commit holds no block")
-    func lastReadLetsGoOfTheBlock() throws {
+    func lastReadLetsGoOfTheBlock() async throws {
         let file = makeFile(TemporaryDirectories.make(), "v.bin", size: 4 << 14, seed: 12)
         let source = FileSource(path: file.path, blockSize: 1 << 20)
         _ = try source.open()
@@ -99,7 +99,7 @@ struct FileSourceTests {
     }
 
     @Test("a read from the start with the probe's SHA-1 state (its first 256 KiB) hashes on from there: the whole SHA-1, once")
-    func readAfterProbe() throws {
+    func readAfterProbe() async throws {
         let file = makeFile(TemporaryDirectories.make(), "p.bin", size: 600_000, seed: 13)
         let bytes = [UInt8](file.data)
         let source = FileSource(path: file.path)
@@ -122,14 +122,14 @@ struct FileSourceTests {
     }
 
     @Test("a start offset past the end is refused with the sizes")
-    func startPastEnd() throws {
+    func startPastEnd() async throws {
         let file = makeFile(TemporaryDirectories.make(), "short.bin", size: 100, seed: 3)
         let error = #expect(throws: SourceError.self) { try FileSource(path: file.path, startOffset: 101).open() }
         #expect(error?.description.contains("shorter than the start offset 101") == true)
     }
 
     @Test("a file that grows after open is read only up to its size at open")
-    func grownFile() throws {
+    func grownFile() async throws {
         let directory = TemporaryDirectories.make()
         let file = makeFile(directory, "g.bin", size: 5000, seed: 9)
         let source = FileSource(path: file.path)

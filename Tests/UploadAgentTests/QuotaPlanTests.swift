@@ -38,7 +38,7 @@ struct AgentQuotaPlanTests {
     }
 
     @Test("first a PLAN with no entry; when the sizes of the whole selection fit in what is left, that is the answer")
-    func probeAnswers() throws {
+    func probeAnswers() async throws {
         var (harness, actions) = Self.session([("a", 400), ("b", 500)], features: .quotaPlan)
         let probe = try #require(Self.plans(actions).first)
         #expect(probe.entries.isEmpty)
@@ -50,7 +50,7 @@ struct AgentQuotaPlanTests {
     }
 
     @Test("when the sizes do not fit, the entries follow, 1000 per PLAN and one PLAN at a time, and the needs come back in order")
-    func entriesFollow() throws {
+    func entriesFollow() async throws {
         let entries = (0..<2500).map { (key: "p/\($0).jpg", size: UInt64(10)) }
         var (harness, actions) = Self.session(entries, features: .quotaPlan)
         var plan = try #require(Self.plans(actions).first)
@@ -75,7 +75,7 @@ struct AgentQuotaPlanTests {
     }
 
     @Test("a relay without QUOTA_PLAN: no PLAN, no answer, the connection closes as an idle one")
-    func relayWithoutFeature() {
+    func relayWithoutFeature() async {
         let (harness, actions) = Self.session([("a", 1)], features: [])
         #expect(Self.plans(actions).isEmpty)
         #expect(Self.closes(actions))
@@ -83,7 +83,7 @@ struct AgentQuotaPlanTests {
     }
 
     @Test("overflow: in order, passing over what does not fit and taking smaller ones after it; nothing when all fit")
-    func overflow() {
+    func overflow() async {
         #expect(QuotaPlan(quota: nil, used: 5, needs: [1, 2]).overflow.isEmpty)
         #expect(QuotaPlan(quota: 10, used: 7, needs: [3, 0]).overflow.isEmpty)
         #expect(QuotaPlan(quota: 10, used: 2, needs: [5, 4, 1, 0, 2]).overflow == [1])

@@ -30,7 +30,7 @@ struct SessionPump {
     /// Connections made, the first included.
     var connections = 1
 
-    init(items: [UploadItem], backend: RelayBackend, seed: UInt64, maxCuts: Int = 0, configure: (inout AgentConfiguration) -> Void = { _ in }) {
+    init(items: [UploadItem], backend: RelayBackend, seed: UInt64, maxCuts: Int = 0, configure: (inout AgentConfiguration) -> Void = { _ in }) async {
         var configuration = AgentConfiguration(relayHost: "relay", relayPort: 1, token: "good-token", caPath: nil)
         configure(&configuration)
         self.queue = JobQueue(items.map { UploadJob(item: $0) })
@@ -38,13 +38,13 @@ struct SessionPump {
         self.relay = RelayDriver(backend: backend)
         self.rng = SeededGenerator(seed: seed)
         self.maxCuts = maxCuts
-        self.send(toAgent: self.relay.start())
+        await self.send(toAgent: self.relay.start())
         self.run(self.agent.connected())
     }
 
     /// A new connection for what the queue still holds, as the uploader makes after a break: the old session's source
     /// work finished first (against it, as the pool would), its timers dropped (it requeued what they held).
-    mutating func reconnect() {
+    mutating func reconnect() async {
         while !self.work.isEmpty {
             let completion = self.work.removeFirst()
             self.run(completion(&self.agent))
@@ -57,7 +57,7 @@ struct SessionPump {
         self.outcome = nil
         self.agentClosed = false
         self.connections += 1
-        self.send(toAgent: self.relay.start())
+        await self.send(toAgent: self.relay.start())
         self.run(self.agent.connected())
     }
 
@@ -104,7 +104,7 @@ struct SessionPump {
     }
 
     /// One step of the schedule; false once nothing can move.
-    mutating func step() -> Bool {
+    mutating func step() async -> Bool {
         var choices: [Int] = []
         if self.toRelay.readableBytes > 0 && !self.relay.closed { choices.append(0) }
         if self.toAgent.readableBytes > 0 && !self.agentClosed { choices.append(1) }
@@ -113,7 +113,7 @@ struct SessionPump {
         if self.cuts < self.maxCuts && !choices.isEmpty && Int.random(in: 0..<80, using: &self.rng) == 0 { choices = [4] }
         guard let choice = choices.randomElement(using: &self.rng) else {
             if self.outcome != nil && !self.queue.isDone && self.connections < 20 {
-                self.reconnect()
+                await self.reconnect()
                 return true
             }
             if !self.timers.isEmpty, !self.agentClosed {
@@ -128,34 +128,34 @@ struct SessionPump {
             // Some of what the agent wrote, cut anywhere.
             let count = Int.random(in: 1...self.toRelay.readableBytes, using: &self.rng)
             var piece = self.toRelay.readSlice(length: count)!
-            self.send(toAgent: self.relay.receive(&piece))
-            if self.relay.closed { self.closeBoth() }
+            await self.send(toAgent: self.relay.receive(&piece))
+            if self.relay.closed { await self.closeBoth() }
         case 1:
             let count = Int.random(in: 1...self.toAgent.readableBytes, using: &self.rng)
             let piece = self.toAgent.readSlice(length: count)!
             self.agent.received(piece)
             while let actions = self.agent.nextFrame(now: .now) { self.run(actions) }
-            if self.agentClosed { self.closeBoth() }
+            if self.agentClosed { await self.closeBoth() }
         case 2:
             let index = Int.random(in: 0..<self.work.count, using: &self.rng)
             let completion = self.work.remove(at: index)
             self.run(completion(&self.agent))
         case 3:
-            self.send(toAgent: self.relay.runStorage(limit: Int.random(in: 1...3, using: &self.rng)))
+            await self.send(toAgent: self.relay.runStorage(limit: Int.random(in: 1...3, using: &self.rng)))
         default:
             // The link breaks: what is in flight is lost; the agent connects again for what is left.
             self.cuts += 1
-            self.closeBoth()
+            await self.closeBoth()
         }
         return true
     }
 
     /// Either side closed: what is in flight is lost, both sessions hear the connection is gone.
-    mutating func closeBoth() {
+    mutating func closeBoth() async {
         guard self.outcome == nil else { return }
         self.toRelay.clear()
         self.toAgent.clear()
-        self.relay.connectionClosed()
+        await self.relay.connectionClosed()
         self.run(self.agent.connectionClosed())
     }
 }
@@ -168,7 +168,7 @@ struct SessionPumpTests {
     )
     // Rounds 166 and 190: a large file's twin parked while its stream awaited a probe's CONFIRM was never released (the
     // stream left without ending, and came back under its SHA-1), so the connection never closed.
-    func seeded(_ round: Int) throws {
+    func seeded(_ round: Int) async throws {
         let seed = UInt64(truncatingIfNeeded: Int(ProcessInfo.processInfo.environment["PUMP_SEED"] ?? "").map { $0 + round } ?? (71_000 + round))
         print("session pump seed \(seed) (PUMP_SEED=\(seed) replays it)")
         var rng = SeededGenerator(seed: seed)
@@ -188,13 +188,13 @@ struct SessionPumpTests {
             files.append(("pump/f\(index).bin", file.data))
             items.append(UploadItem(key: "pump/f\(index).bin", displayPath: file.path, source: FileSource(path: file.path)))
         }
-        let backend = try RelayBackend { $0.syncBytes = Int.random(in: 4096...(1 << 20), using: &rng) }
-        var pump = SessionPump(items: items, backend: backend, seed: seed, maxCuts: round % 2 == 0 ? 0 : 3) { configuration in
+        let backend = try await RelayBackend { $0.syncBytes = Int.random(in: 4096...(1 << 20), using: &rng) }
+        var pump = await SessionPump(items: items, backend: backend, seed: seed, maxCuts: round % 2 == 0 ? 0 : 3) { configuration in
             configuration.chunkSize = [16 << 10, 64 << 10, 256 << 10][Int.random(in: 0..<3, using: &rng)]
             configuration.dedup = true
         }
         var steps = 0
-        while pump.step() {
+        while await pump.step() {
             steps += 1
             try #require(steps < 2_000_000, "seed \(seed): the sessions never settle")
         }
@@ -213,13 +213,13 @@ struct SessionPumpTests {
             #expect(results.contains { $0.status == .deduplicated && $0.sentBytes == 0 }, "seed \(seed): no file was deduplicated")
         }
         for (key, data) in files {
-            let stored = backend.object(key)
+            let stored = await backend.object(key)
             #expect(
                 stored.map { $0 == Array(data) } ?? false,
                 "seed \(seed): \(key) is not stored exactly (\(stored.map { "\($0.count) bytes" } ?? "absent"), \(data.count) bytes sent)")
         }
         print("session pump seed \(seed): \(steps) steps, \(pump.cuts) links broken, \(pump.connections) connections")
-        if !pump.agentClosed { pump.closeBoth() }
+        if !pump.agentClosed { await pump.closeBoth() }
         #expect(!backend.holdsResources, "seed \(seed): the relay holds resources after the connection closed")
     }
 }

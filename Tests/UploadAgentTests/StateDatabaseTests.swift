@@ -8,7 +8,7 @@ import UploadTestSupport
 @Suite("The agent's state database on SQLite's C API, and the numbers its commands print")
 struct StateDatabaseTests {
     @Test("a state database GRDB made (schema v1, its migrations table) opens as it is: its items are read, v2 is applied, v1 is not run again")
-    func opensWhatGRDBMade() throws {
+    func opensWhatGRDBMade() async throws {
         let directory = TemporaryDirectories.make()
         // As the agent before 1.0 left it: GRDB's migrator applied "v1", and one item was queued.
         do {
@@ -16,7 +16,7 @@ struct StateDatabaseTests {
             var migrator = DatabaseMigrator()
             migrator.registerMigration("v1") { db in try db.execute(sql: AgentStateStore.migrations[0].sql) }
             try migrator.migrate(queue)
-            try queue.write { db in
+            try await queue.write { db in
                 try db.execute(
                     sql: """
                         INSERT INTO item (target, key, path, status, size, fingerprint, acked, added_at, updated_at)
@@ -33,7 +33,7 @@ struct StateDatabaseTests {
         #expect(items.first?.followSymlinks == false)
         // v2 failed the item queued with a relative path, and recorded itself once.
         #expect(items.last?.status == .failed && items.last?.error?.contains("relative path") == true)
-        let applied = try DatabaseQueue(path: directory + "/state.sqlite").read { db in
+        let applied = try await DatabaseQueue(path: directory + "/state.sqlite").read { db in
             try String.fetchAll(db, sql: "SELECT identifier FROM grdb_migrations ORDER BY identifier")
         }
         #expect(applied == ["v1", "v2: absolute paths, symbolic links"])
@@ -42,7 +42,7 @@ struct StateDatabaseTests {
     }
 
     @Test("values round-trip: blobs (empty ones too, never NULL), integers past 2^53, doubles, NULL, text with NUL-free UTF-8")
-    func valuesRoundTrip() throws {
+    func valuesRoundTrip() async throws {
         let directory = TemporaryDirectories.make()
         let database = try StateDatabase(path: directory + "/t.sqlite", busyTimeoutMillis: 1000)
         try database.inTransaction { db in
@@ -67,7 +67,7 @@ struct StateDatabaseTests {
     }
 
     @Test("numbers as the terminal lines print them: %.1f, %.0f, %02d and clocks, without String(format:)")
-    func formats() {
+    func formats() async {
         #expect(Format.fixed(0) == "0.0")
         #expect(Format.fixed(12.345) == "12.3")
         #expect(Format.fixed(0.05) == "0.1")

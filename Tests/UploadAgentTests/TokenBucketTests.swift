@@ -7,7 +7,7 @@ import UploadTestSupport
 @Suite("Token bucket")
 struct TokenBucketTests {
     @Test("a quarter second's burst goes at once; beyond it, each byte waits its share of a second")
-    func burstThenRate() {
+    func burstThenRate() async {
         let start = ContinuousClock().now
         var bucket = TokenBucket(bytesPerSecond: 1000, now: start)
         #expect(bucket.take(250, now: start) == .zero)
@@ -20,7 +20,7 @@ struct TokenBucketTests {
     }
 
     @Test("over any long run, bytes divided by the waits is the rate", arguments: [1, 7, 42])
-    func longRun(seed: UInt64) {
+    func longRun(seed: UInt64) async {
         var generator = SeededGenerator(seed: seed)
         let rate = 1 << 20
         var now = ContinuousClock().now

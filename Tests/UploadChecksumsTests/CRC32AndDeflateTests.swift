@@ -5,14 +5,14 @@ import UploadTestSupport
 @Suite("CRC32 and deflate from zlib")
 struct CRC32AndDeflateTests {
     @Test("CRC-32 check value and empty input")
-    func checkValue() {
+    func checkValue() async {
         #expect(CRC32.checksum(Array("123456789".utf8)) == 0xCBF4_3926)
         #expect(CRC32.checksum([UInt8]()) == 0)
         #expect(CRC32.checksum(Array("The quick brown fox jumps over the lazy dog".utf8)) == 0x414F_A339)
     }
 
     @Test("incremental CRC equals one-shot")
-    func incremental() {
+    func incremental() async {
         var rng = SeededGenerator(seed: 3)
         let data = (0..<5000).map { _ in UInt8.random(in: 0...255, using: &rng) }
         var crc = CRC32()
@@ -38,7 +38,7 @@ struct CRC32AndDeflateTests {
     }
 
     @Test("compressible data round-trips and shrinks")
-    func roundTrip() throws {
+    func roundTrip() async throws {
         let text = Array(String(repeating: "photo gallery upload ", count: 500).utf8)
         let packed = try #require(Self.compress(text))
         #expect(packed.count < text.count / 10)
@@ -46,14 +46,14 @@ struct CRC32AndDeflateTests {
     }
 
     @Test("incompressible data is left raw")
-    func incompressible() {
+    func incompressible() async {
         var rng = SeededGenerator(seed: 5)
         let noise = (0..<4096).map { _ in UInt8.random(in: 0...255, using: &rng) }
         #expect(Self.compress(noise) == nil)
     }
 
     @Test("a wrong raw length, corrupt or trailing data is refused")
-    func badInput() throws {
+    func badInput() async throws {
         let text = Array(String(repeating: "abc", count: 300).utf8)
         let packed = try #require(Self.compress(text))
         #expect(throws: Deflate.InflateError.self) { try Self.inflate(packed, rawLength: text.count - 1) }

@@ -15,12 +15,12 @@ struct SHA1Tests {
             ("abc", "a9993e364706816aba3e25717850c26c9cd0d89d"),
             ("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq", "84983e441c3bd26ebaae4aa1f95129e5e54670f1"),
         ])
-    func publishedVectors(input: String, expected: String) {
+    func publishedVectors(input: String, expected: String) async {
         #expect(Self.hex(SHA1.hash(Array(input.utf8))) == expected)
     }
 
     @Test("the million \"a\" vector, fed in uneven pieces")
-    func millionA() {
+    func millionA() async {
         var sha = SHA1()
         let piece = [UInt8](repeating: UInt8(ascii: "a"), count: 999)
         var left = 1_000_000
@@ -34,7 +34,7 @@ struct SHA1Tests {
     }
 
     @Test("random splits give the one-shot digest")
-    func randomSplits() {
+    func randomSplits() async {
         var rng = SeededGenerator(seed: 7)
         let data = (0..<10_000).map { _ in UInt8.random(in: 0...255, using: &rng) }
         let expected = SHA1.hash(data)
@@ -51,7 +51,7 @@ struct SHA1Tests {
     }
 
     @Test("hash half, export, import in a fresh value, finish == one-shot, at every offset of a few blocks")
-    func exportImportRoundTrip() throws {
+    func exportImportRoundTrip() async throws {
         var rng = SeededGenerator(seed: 11)
         let data = (0..<300).map { _ in UInt8.random(in: 0...255, using: &rng) }
         let expected = SHA1.hash(data)
@@ -68,7 +68,7 @@ struct SHA1Tests {
     }
 
     @Test("finalize does not disturb a hash that goes on")
-    func finalizeIsNonDestructive() {
+    func finalizeIsNonDestructive() async {
         var sha = SHA1()
         sha.update(Array("ab".utf8))
         _ = sha.finalize()
@@ -77,7 +77,7 @@ struct SHA1Tests {
     }
 
     @Test("malformed exported state is refused")
-    func malformedState() {
+    func malformedState() async {
         var sha = SHA1()
         sha.update(Array("hello".utf8))
         let good = sha.exportState()

@@ -15,7 +15,7 @@ struct FrameCodecTests {
     }
 
     @Test("every sample frame round-trips", arguments: SampleFrames.all)
-    func roundTrip(frame: Frame) throws {
+    func roundTrip(frame: Frame) async throws {
         var bytes = frame.encoded()
         let length = bytes.getInteger(at: 0, as: UInt32.self)!
         #expect(Int(length) == bytes.readableBytes)
@@ -26,7 +26,7 @@ struct FrameCodecTests {
     }
 
     @Test("a message past 1024 bytes is cut at a character boundary, so ERROR, CANCEL and GOAWAY always decode (SPEC §12.1)")
-    func longMessagesFit() throws {
+    func longMessagesFit() async throws {
         let long = String(repeating: "é€a", count: 400) + " the end"  // 2,408 bytes of 1-, 2- and 3-byte characters
         let frames: [Frame] = [
             .error(Frame.Error(streamID: StreamID(rawValue: 1), code: .invalidKey, message: long)),
@@ -53,7 +53,7 @@ struct FrameCodecTests {
     }
 
     @Test("the chunk encoder returns the payload itself, uncopied")
-    func chunkPayloadIsNotCopied() {
+    func chunkPayloadIsNotCopied() async {
         let data = ByteBuffer(repeating: 7, count: 1 << 20)
         let chunk = Frame.Chunk(streamID: 1, offset: 0, crc32: 0, data: data)
         var header = ByteBuffer()
@@ -65,7 +65,7 @@ struct FrameCodecTests {
     }
 
     @Test("the decoder slices chunk data out of the input without copying")
-    func chunkDecodeIsSlice() throws {
+    func chunkDecodeIsSlice() async throws {
         var bytes = Frame.chunk(Frame.Chunk(streamID: 1, offset: 0, crc32: 0, data: ByteBuffer(repeating: 1, count: 4096))).encoded()
         let base = bytes.withUnsafeReadableBytes { $0.baseAddress! }
         let frames = try Self.decodeAll(&bytes)
@@ -78,7 +78,7 @@ struct FrameCodecTests {
     }
 
     @Test("byte-at-a-time drip feeding yields each frame exactly when its last byte arrives")
-    func dripFeed() throws {
+    func dripFeed() async throws {
         var all = ByteBuffer()
         var ends: [Int] = []
         for frame in SampleFrames.all {
@@ -104,7 +104,7 @@ struct FrameCodecTests {
     @Test(
         "FrameReader: frames of 1 MiB and a few bytes cut into random pieces come out whole and in order; a payload handed out keeps its bytes while more arrive",
         arguments: [31, 32, 33] as [UInt64])
-    func readerRandomPieces(seed: UInt64) throws {
+    func readerRandomPieces(seed: UInt64) async throws {
         var rng = SeededGenerator(seed: seed)
         var expected: [Frame] = []
         var stream = ByteBuffer()
@@ -138,7 +138,7 @@ struct FrameCodecTests {
     }
 
     @Test("FrameReader: a length above the limit is refused as soon as its four bytes are in, however the bytes come")
-    func readerRefusesOversized() throws {
+    func readerRefusesOversized() async throws {
         var reader = FrameReader(decoder: FrameDecoder(maxFrameSize: 1 << 16))
         var header = ByteBuffer()
         header.writeInteger(UInt32(1 << 30))
@@ -149,7 +149,7 @@ struct FrameCodecTests {
     }
 
     @Test("many frames in one buffer")
-    func manyFramesInOneBuffer() throws {
+    func manyFramesInOneBuffer() async throws {
         var all = ByteBuffer()
         var expected: [Frame] = []
         for i in 0..<1000 {
@@ -162,7 +162,7 @@ struct FrameCodecTests {
     }
 
     @Test("randomized frames round-trip in random pieces")
-    func randomized() throws {
+    func randomized() async throws {
         var rng = SeededGenerator(seed: 42)
         var expected: [Frame] = []
         var all = ByteBuffer()
@@ -186,7 +186,7 @@ struct FrameCodecTests {
     }
 
     @Test("a length above the maximum is refused from its four bytes alone")
-    func lengthCheckedAtHeader() {
+    func lengthCheckedAtHeader() async {
         var decoder = FrameDecoder(maxFrameSize: 65_536)
         var bytes = ByteBuffer(bytes: [0x00, 0x01, 0x00, 0x01])
         #expect(throws: ProtocolError.connection(.frameSizeError, "frame length 65537 is above the maximum frame size 65536")) {
@@ -198,7 +198,7 @@ struct FrameCodecTests {
     }
 
     @Test("need-more-bytes consumes nothing")
-    func needMoreConsumesNothing() throws {
+    func needMoreConsumesNothing() async throws {
         var decoder = FrameDecoder()
         let whole = SampleFrames.all[0].encoded()
         var partial = whole.getSlice(at: 0, length: whole.readableBytes - 1)!
@@ -207,7 +207,7 @@ struct FrameCodecTests {
     }
 
     @Test("extension frames skip; unknown core types are connection errors")
-    func unknownTypes() throws {
+    func unknownTypes() async throws {
         var ext = ByteBuffer(bytes: [0, 0, 0, 12, 0xC3, 0xFF, 0, 0, 0, 0, 1, 2])
         #expect(try Self.decodeAll(&ext).count == 1)
         for type: UInt8 in [0x00, 0x11, 0x7F] {
@@ -217,7 +217,7 @@ struct FrameCodecTests {
     }
 
     @Test("payload rules: trailing bytes, short payload, reserved flags, stream placement")
-    func payloadRules() throws {
+    func payloadRules() async throws {
         var ack = Frame.ack(Frame.Ack(streamID: 1, offset: 5)).encoded()
         ack.writeInteger(UInt8(0))
         ack.setInteger(UInt32(ack.readableBytes), at: 0)
@@ -244,7 +244,7 @@ struct FrameCodecTests {
     }
 
     @Test("every error code has a name that maps back")
-    func errorCodeNames() {
+    func errorCodeNames() async {
         for code in WireErrorCode.allDefined {
             #expect(WireErrorCode(name: code.name) == code)
         }

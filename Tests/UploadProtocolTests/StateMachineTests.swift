@@ -38,7 +38,7 @@ struct StateMachineTests {
     }
 
     @Test("reads planned at once on two streams never promise the same connection credit; what a read leaves is given back")
-    func reservationsShareConnectionCredit() {
+    func reservationsShareConnectionCredit() async {
         // Issue 6 finding 1: two batches used to plan against the same connection credit, and the second trapped.
         var agent = Self.readyAgent(connectionWindow: 65_536, streamWindow: 65_536, streams: 2)
         let one = StreamID(rawValue: 1)
@@ -68,7 +68,7 @@ struct StateMachineTests {
     }
 
     @Test("randomized: any order of reserve, send, release, credit and close keeps credit within what the relay granted")
-    func reservationsRandomized() {
+    func reservationsRandomized() async {
         var rng = SystemRandomNumberGenerator()
         let seed = UInt64.random(in: 0...UInt64.max, using: &rng)
         var random = SeededGenerator(seed: seed)
@@ -102,7 +102,7 @@ struct StateMachineTests {
     }
 
     @Test("ten PINGs a second are answered; the eleventh within the second is ENHANCE_YOUR_CALM")
-    func pingFlood() {
+    func pingFlood() async {
         var relay = Self.readyRelay()
         let start = NIODeadline.uptimeNanoseconds(1_000_000_000)
         for i in 0..<10 {
@@ -117,7 +117,7 @@ struct StateMachineTests {
     }
 
     @Test("more refused OPENs in a second than the limit is a flood: ENHANCE_YOUR_CALM")
-    func refusalFlood() {
+    func refusalFlood() async {
         var limits = ProtocolLimits()
         limits.maxRefusalsPerSecond = 5
         var relay = Self.readyRelay(limits: limits)
@@ -140,7 +140,7 @@ struct StateMachineTests {
     }
 
     @Test("PINGs spread over time are never a flood")
-    func pingsOverTime() {
+    func pingsOverTime() async {
         var relay = Self.readyRelay()
         for i in 0..<100 {
             let now = NIODeadline.uptimeNanoseconds(UInt64(i) * 200_000_000)
@@ -150,7 +150,7 @@ struct StateMachineTests {
     }
 
     @Test("credit goes back only when storage consumed half the window, never on arrival")
-    func creditBatching() {
+    func creditBatching() async {
         var limits = ProtocolLimits()
         limits.streamWindow = 1000
         limits.connectionWindow = 4000
@@ -172,7 +172,7 @@ struct StateMachineTests {
     }
 
     @Test("window arithmetic refuses to pass 2^31-1")
-    func windowOverflow() {
+    func windowOverflow() async {
         var window = OutboundWindow(initial: ProtocolLimits.maxWindow - 10)
         let result7 = window.grant(10)
         #expect(result7)
@@ -189,7 +189,7 @@ struct StateMachineTests {
     }
 
     @Test("a stream reset by the relay returns its buffered bytes to the connection window at once")
-    func resetReturnsBufferedCredit() {
+    func resetReturnsBufferedCredit() async {
         var relay = Self.readyRelay()
         _ = relay.receive(.open(Frame.Open(streamID: 1, key: "k")))
         _ = relay.sendOffset(Frame.Offset(streamID: 1, disposition: .start, offset: 0))
@@ -214,12 +214,12 @@ struct StateMachineTests {
             ("./a", false), ("/abs", false), ("a//b", false), ("a/", false), ("", false), ("a\u{0}b", false),
             ("a\u{7F}", false), ("a\\b", false), ("a\nb", false),
         ])
-    func keyRules(key: String, valid: Bool) {
+    func keyRules(key: String, valid: Bool) async {
         #expect(((try? ObjectKey(validating: key)) != nil) == valid)
     }
 
     @Test("key length limits")
-    func keyLimits() {
+    func keyLimits() async {
         #expect((try? ObjectKey(validating: String(repeating: "a", count: 255))) != nil)
         #expect((try? ObjectKey(validating: String(repeating: "a", count: 256))) == nil)
         let long = Array(repeating: String(repeating: "a", count: 200), count: 6).joined(separator: "/")

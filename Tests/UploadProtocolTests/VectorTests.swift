@@ -29,7 +29,7 @@ struct VectorTests {
     }
 
     @Test("there are vectors for every frame type, and at least 15 invalid inputs")
-    func coverage() {
+    func coverage() async {
         let types = Set(Self.names("valid").compactMap { (Self.load("valid", $0)["frame"] as? [String: Any])?["type"] as? String })
         for type in [
             "HELLO", "WELCOME", "OPEN", "OFFSET", "CHUNK", "ACK", "CREDIT", "HASH", "RESULT", "ERROR", "CANCEL", "PING", "PONG", "GOAWAY", "PLAN",
@@ -41,7 +41,7 @@ struct VectorTests {
     }
 
     @Test("valid vectors decode to their JSON and encode back to their bytes", arguments: Self.names("valid"))
-    func validVector(name: String) throws {
+    func validVector(name: String) async throws {
         let vector = Self.load("valid", name)
         var input = Self.bytes(vector["hex"])
         let original = input
@@ -55,7 +55,7 @@ struct VectorTests {
     }
 
     @Test("invalid vectors produce exactly their error, and other streams stay open", arguments: Self.names("invalid"))
-    func invalidVector(name: String) throws {
+    func invalidVector(name: String) async throws {
         let vector = Self.load("invalid", name)
         let expected = vector["error"] as! [String: Any]
         let code = try #require(WireErrorCode(name: expected["code"] as! String))

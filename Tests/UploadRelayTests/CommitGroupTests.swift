@@ -14,21 +14,21 @@ import UploadTestSupport
 /// Group commit (issue 9): many uploads' commits made durable together, each with its own outcome.
 @Suite("Group commit")
 struct CommitGroupTests {
-    /// A relay's services on a real catalog and store in a temporary directory, with a pool of its own.
-    static func services(pool: NIOThreadPool, quota: Int64? = nil) throws -> RelayServices {
+    /// A relay's services on a real catalog and store in a temporary directory, the store's system calls on `pool`.
+    static func services(pool: NIOThreadPool, quota: Int64? = nil) async throws -> RelayServices {
         let root = TemporaryDirectories.make(prefix: "upload-commit-group-")
         let configuration = RelayConfiguration(certificatePath: "-", privateKeyPath: "-", dataDirectory: root)
         let catalog = try SQLiteCatalog(path: configuration.catalogPath)
-        try catalog.addAccount(name: "cam-7", tokenHash: Tokens.hash(Array("t".utf8)), quota: quota)
-        let store = try LocalDirectoryStore(root: configuration.storePath, stagingDirectory: configuration.stagingDirectory)
+        try await catalog.addAccount(name: "cam-7", tokenHash: Tokens.hash(Array("t".utf8)), quota: quota)
+        let store = try LocalDirectoryStore(root: configuration.storePath, stagingDirectory: configuration.stagingDirectory, threadPool: pool)
         return RelayServices(configuration: configuration, catalog: catalog, store: store, threadPool: pool, logger: Logger(label: "test"))
     }
 
     /// Stages `bytes` as a new upload of `key` and returns its commit request.
-    static func staged(_ key: String, _ bytes: [UInt8], services: RelayServices, overwrite: Bool = false) throws -> UploadPolicy.CommitRequest {
+    static func staged(_ key: String, _ bytes: [UInt8], services: RelayServices, overwrite: Bool = false) async throws -> UploadPolicy.CommitRequest {
         let name = UploadPolicy.randomID()
-        let staging = try services.store.openStaging(.named(name))
-        try staging.write(ByteBuffer(bytes: bytes), at: 0)
+        let staging = try await services.store.openStaging(.named(name))
+        try await staging.write(ByteBuffer(bytes: bytes), at: 0)
         let sha1 = try #require(SHA1Digest(bytes: SHA1.hash(bytes)))
         return UploadPolicy.CommitRequest(
             staging: staging, key: try ObjectKey(validating: key), account: "cam-7", sessionID: name, sessionRecorded: false,
@@ -37,8 +37,8 @@ struct CommitGroupTests {
     }
 
     /// The quota as an OPEN of `key` sees it now, with the uploads open beside it.
-    static func quotaUse(_ services: RelayServices, openingAnother key: String) throws -> QuotaUse {
-        try services.catalog.quotaUse(account: "cam-7", excludingKey: key, active: services.claims.activeUploads(of: "cam-7"))
+    static func quotaUse(_ services: RelayServices, openingAnother key: String) async throws -> QuotaUse {
+        try await services.catalog.quotaUse(account: "cam-7", excludingKey: key, active: services.claims.activeUploads(of: "cam-7"))
     }
 
     static func stored(_ key: String, services: RelayServices) -> [UInt8]? {
@@ -46,31 +46,31 @@ struct CommitGroupTests {
     }
 
     @Test("one group of many: each upload gets its own outcome, refusals harm none of the others, nothing is left pending")
-    func mixedGroup() throws {
-        let services = try Self.services(pool: .singleton, quota: 10_000)
+    func mixedGroup() async throws {
+        let services = try await Self.services(pool: .singleton, quota: 10_000)
         let policy = UploadPolicy(services: services)
         // Already there: "taken" (other bytes) and "folder" (an object, so "folder/x" cannot be stored).
-        let before = [
+        let before = await [
             try Self.staged("taken", Array(repeating: 1, count: 10), services: services),
             try Self.staged("folder", Array(repeating: 2, count: 10), services: services),
         ]
-        #expect(policy.commit(before).allSatisfy { (try? $0.get()) == .stored })
+        await #expect(policy.commit(before).allSatisfy { (try? $0.get()) == .stored })
 
         var requests: [UploadPolicy.CommitRequest] = []
         var expected: [String: [UInt8]] = [:]
         for i in 0..<20 {
             let bytes = (0..<(100 + i)).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ i) }
             expected["photos/\(i).jpg"] = bytes
-            requests.append(try Self.staged("photos/\(i).jpg", bytes, services: services))
+            await requests.append(try Self.staged("photos/\(i).jpg", bytes, services: services))
         }
-        requests.insert(try Self.staged("taken", Array(repeating: 3, count: 10), services: services), at: 5)
-        requests.insert(try Self.staged("folder/x", Array(repeating: 4, count: 10), services: services), at: 9)
+        await requests.insert(try Self.staged("taken", Array(repeating: 3, count: 10), services: services), at: 5)
+        await requests.insert(try Self.staged("folder/x", Array(repeating: 4, count: 10), services: services), at: 9)
         // Past the quota (10,000 bytes; the photos and the two objects take about 2,200).
-        requests.insert(try Self.staged("huge", Array(repeating: 5, count: 9_000), services: services), at: 14)
+        await requests.insert(try Self.staged("huge", Array(repeating: 5, count: 9_000), services: services), at: 14)
         // The same bytes as an object the key holds: unchanged.
-        requests.append(try Self.staged("folder", Array(repeating: 2, count: 10), services: services))
+        await requests.append(try Self.staged("folder", Array(repeating: 2, count: 10), services: services))
 
-        let results = policy.commit(requests)
+        let results = await policy.commit(requests)
         #expect(results.count == requests.count)
         for (request, result) in zip(requests, results) {
             switch request.key.value {
@@ -87,97 +87,94 @@ struct CommitGroupTests {
         }
         for (key, bytes) in expected {
             #expect(Self.stored(key, services: services) == bytes, "\(key)")
-            #expect(try services.catalog.object(account: "cam-7", key: key)?.sha1 == SHA1Digest(bytes: SHA1.hash(bytes))?.hex)
+            #expect(try await services.catalog.object(account: "cam-7", key: key)?.sha1 == SHA1Digest(bytes: SHA1.hash(bytes))?.hex)
         }
         #expect(Self.stored("taken", services: services) == Array(repeating: 1, count: 10))
         #expect(Self.stored("huge", services: services) == nil)
-        #expect(try services.catalog.pendingCommits().isEmpty)
-        let used = try services.catalog.account(named: "cam-7")?.usedBytes
+        #expect(try await services.catalog.pendingCommits().isEmpty)
+        let used = try await services.catalog.account(named: "cam-7")?.usedBytes
         #expect(used == Int64(expected.values.map(\.count).reduce(20, +)))
     }
 
     @Test("an upload whose commit finished, with its RESULT not yet sent, counts once against the quota, not twice")
-    func committedUploadCountsOnce() throws {
-        let services = try Self.services(pool: .singleton, quota: 1000)
+    func committedUploadCountsOnce() async throws {
+        let services = try await Self.services(pool: .singleton, quota: 1000)
         let bytes = [UInt8](repeating: 7, count: 600)
         let name = KeyClaims.name(account: "cam-7", key: "a.bin")
         // The upload's OPEN claimed the key and announced its size; its stream stays open until RESULT goes out.
         #expect(services.claims.claim(name, whenFree: {}) == .claimed)
         services.claims.announce(name, size: 600)
-        let results = UploadPolicy(services: services).commit([try Self.staged("a.bin", bytes, services: services)])
+        let results = await UploadPolicy(services: services).commit([try Self.staged("a.bin", bytes, services: services)])
         guard case .success(.stored)? = results.first else {
             Issue.record("\(results)")
             return
         }
-        let use = try Self.quotaUse(services, openingAnother: "b.bin")
+        let use = try await Self.quotaUse(services, openingAnother: "b.bin")
         #expect(use.left == 400, "\(use)")
         services.claims.release(name)
     }
 
     @Test("an OPEN refused for the quota does not count against the OPENs beside it while its stream closes")
-    func refusedOpenCountsNothing() throws {
-        let services = try Self.services(pool: .singleton, quota: 1000)
-        let account = try #require(try services.catalog.account(named: "cam-7"))
+    func refusedOpenCountsNothing() async throws {
+        let services = try await Self.services(pool: .singleton, quota: 1000)
+        let account = try await #require(try services.catalog.account(named: "cam-7"))
         let name = KeyClaims.name(account: "cam-7", key: "big.bin")
         #expect(services.claims.claim(name, whenFree: {}) == .claimed)
         let open = Frame.Open(streamID: 1, key: "big.bin", size: 5000)
         guard
-            case .refuse(.quotaExceeded, _) = UploadPolicy(services: services).open(
+            case .refuse(.quotaExceeded, _) = await UploadPolicy(services: services).open(
                 account: account, open: open, key: try ObjectKey(validating: "big.bin"))
         else {
             Issue.record("not refused")
             return
         }
         // Its claim lives until the refusal has gone out; meanwhile a 900-byte file still fits.
-        let use = try Self.quotaUse(services, openingAnother: "small.bin")
+        let use = try await Self.quotaUse(services, openingAnother: "small.bin")
         #expect(use.left == 1000, "\(use)")
         services.claims.release(name)
     }
 
-    @Test("commits that arrive while a group runs wait for the next one: 64 commits behind a busy pool make one group")
-    func commitsGroupWhileBusy() throws {
+    @Test("commits that arrive while a group runs wait for the next one: 64 commits behind a busy store make at most two groups")
+    func commitsGroupWhileBusy() async throws {
         let pool = NIOThreadPool(numberOfThreads: 1)
         pool.start()
-        defer { try? pool.syncShutdownGracefully() }
-        let services = try Self.services(pool: pool)
-        // The pool's only thread is busy until every commit has been submitted.
+        let services = try await Self.services(pool: pool)
+        var requests: [(String, UploadPolicy.CommitRequest)] = []
+        for i in 0..<64 {
+            requests.append(("clip/\(i)", try await Self.staged("clip/\(i)", [UInt8](repeating: UInt8(i), count: 4096), services: services)))
+        }
+        // The store's only thread is busy until every commit has been asked for: the first group waits on it, the
+        // others wait for the next group.
         let release = DispatchSemaphore(value: 0)
         pool.submit { _ in release.wait() }
-        let done = DispatchGroup()
-        let outcomes = NIOLockedValueBox<[String: Result<Frame.Result.Status, UploadPolicy.Refusal>]>([:])
-        for i in 0..<64 {
-            let request = try Self.staged("clip/\(i)", [UInt8](repeating: UInt8(i), count: 4096), services: services)
-            done.enter()
-            services.commits.submit(request, services: services) { result in
-                outcomes.withLockedValue { $0["clip/\(i)"] = result }
-                done.leave()
+        let all = await withTaskGroup(of: (String, Result<Frame.Result.Status, UploadPolicy.Refusal>).self) { group in
+            for (key, request) in requests {
+                group.addTask { (key, await services.commits.commit(request, services: services)) }
             }
+            let asked = await Polling.waitUntil(timeout: 30) { () async -> Bool in services.commits.submitted == 64 }
+            release.signal()
+            #expect(asked, "\(services.commits.submitted) of 64 commits asked for")
+            var outcomes: [String: Result<Frame.Result.Status, UploadPolicy.Refusal>] = [:]
+            for await (key, result) in group { outcomes[key] = result }
+            return outcomes
         }
-        release.signal()
-        done.wait()
-        #expect(services.commits.groupsRun == 1)
-        let all = outcomes.withLockedValue { $0 }
+        try await pool.shutdownGracefully()
+        #expect(services.commits.groupsRun <= 2, "\(services.commits.groupsRun) groups")
         #expect(all.count == 64 && all.values.allSatisfy { (try? $0.get()) == .stored })
         for i in 0..<64 {
             #expect(Self.stored("clip/\(i)", services: services) == [UInt8](repeating: UInt8(i), count: 4096))
         }
     }
 
-    @Test("a stopped pool refuses the waiting commits, keeping their sessions, and stores nothing")
-    func stoppedPool() throws {
+    @Test("a store whose thread pool stopped refuses the waiting commits, keeping their sessions, and stores nothing")
+    func stoppedPool() async throws {
         let pool = NIOThreadPool(numberOfThreads: 1)
         pool.start()
-        try pool.syncShutdownGracefully()
-        let services = try Self.services(pool: pool)
-        let request = try Self.staged("late", [1, 2, 3], services: services)
-        let outcome = NIOLockedValueBox<Result<Frame.Result.Status, UploadPolicy.Refusal>?>(nil)
-        let done = DispatchSemaphore(value: 0)
-        services.commits.submit(request, services: services) { result in
-            outcome.withLockedValue { $0 = result }
-            done.signal()
-        }
-        done.wait()
-        guard case .failure(let refusal)? = outcome.withLockedValue({ $0 }) else {
+        let services = try await Self.services(pool: pool)
+        let request = try await Self.staged("late", [1, 2, 3], services: services)
+        try await pool.shutdownGracefully()
+        let outcome = await services.commits.commit(request, services: services)
+        guard case .failure(let refusal) = outcome else {
             Issue.record("expected a refusal")
             return
         }
@@ -189,37 +186,37 @@ struct CommitGroupTests {
         "a commit the store made visible but the relay never recorded (its answer lost) is settled at the next OPEN of the key: the object is recorded and the OPEN answered STORED, not started over into a second commit; a resume by token or fingerprint alone too (fault matrix seed 330)",
         arguments: ["sha1", "token", "fingerprint"]
     )
-    func undecidedCommitSettledAtOpen(naming: String) throws {
-        let services = try Self.services(pool: .singleton)
+    func undecidedCommitSettledAtOpen(naming: String) async throws {
+        let services = try await Self.services(pool: .singleton)
         let bytes = [UInt8](repeating: 42, count: 70_000)
-        let request = try Self.staged("clip.mp4", bytes, services: services)
+        let request = try await Self.staged("clip.mp4", bytes, services: services)
         let pending = PendingCommit(
             account: "cam-7", key: "clip.mp4", size: Int64(bytes.count), sha1: request.sha1.hex, sessionID: "s-lost"
         )
         // The session the upload had, its staging now gone (made into the object), and the commit begun and placed,
         // as when S3 completed the upload and its answer never came.
-        try services.catalog.putSession(
+        try await services.catalog.putSession(
             UploadSession(
                 id: "s-lost", account: "cam-7", key: "clip.mp4", resumeToken: [7], fingerprint: [1], declaredSize: Int64(bytes.count),
                 durableOffset: 65_536, sha1State: SHA1().exportState(), stagingName: request.staging.name
             )
         )
-        try services.catalog.beginCommit(pending)
-        _ = try services.store.commit(request.staging, as: request.key, account: "cam-7")
-        let account = try #require(try services.catalog.account(named: "cam-7"))
+        try await services.catalog.beginCommit(pending)
+        _ = try await services.store.commit(request.staging, as: request.key, account: "cam-7")
+        let account = try await #require(try services.catalog.account(named: "cam-7"))
         let open = Frame.Open(
             streamID: 1, key: "clip.mp4", size: UInt64(bytes.count), sha1: naming == "sha1" ? request.sha1 : nil,
             fingerprint: naming == "token" ? [] : [1],
             resumeToken: naming == "fingerprint" ? [] : [7]
         )
-        let answer = UploadPolicy(services: services).open(account: account, open: open, key: request.key)
+        let answer = await UploadPolicy(services: services).open(account: account, open: open, key: request.key)
         guard case .stored(let size) = answer else {
             Issue.record("the OPEN after an undecided commit was answered \(answer)")
             return
         }
         #expect(size == UInt64(bytes.count))
-        #expect(try services.catalog.pendingCommits().isEmpty)
-        #expect(try services.catalog.object(account: "cam-7", key: "clip.mp4")?.sha1 == request.sha1.hex)
-        #expect(try services.catalog.session(account: "cam-7", key: "clip.mp4") == nil)
+        #expect(try await services.catalog.pendingCommits().isEmpty)
+        #expect(try await services.catalog.object(account: "cam-7", key: "clip.mp4")?.sha1 == request.sha1.hex)
+        #expect(try await services.catalog.session(account: "cam-7", key: "clip.mp4") == nil)
     }
 }

@@ -20,14 +20,14 @@ struct DedupProbeTests {
         Frame.Open(streamID: 1, key: key, size: UInt64(size), overwrite: overwrite, probe: Self.digest(probe))
     }
 
-    static func decide(_ open: Frame.Open, _ services: RelayServices) throws -> String {
-        let account = try #require(try services.catalog.account(named: "cam-7"))
-        switch UploadPolicy(services: services).open(account: account, open: open, key: try ObjectKey(validating: open.key ?? "")) {
+    static func decide(_ open: Frame.Open, _ services: RelayServices) async throws -> String {
+        let account = try await #require(try services.catalog.account(named: "cam-7"))
+        switch await UploadPolicy(services: services).open(account: account, open: open, key: try ObjectKey(validating: open.key ?? "")) {
         case .confirm: return "confirm"
         case .stored: return "stored"
         case .upload(_, let staging, _, _, _, _):
             staging.close()
-            try services.store.removeStaging(staging.name)
+            try await services.store.removeStaging(staging.name)
             return "upload"
         case .stripe(_, let staging, _):
             staging.close()
@@ -39,40 +39,40 @@ struct DedupProbeTests {
     @Test(
         "CONFIRM for an object of that size with that probe digest, or with none recorded; START otherwise; ALREADY_EXISTS for a key that cannot hold it"
     )
-    func decisions() throws {
-        let services = try CommitGroupTests.services(pool: .singleton)
+    func decisions() async throws {
+        let services = try await CommitGroupTests.services(pool: .singleton)
         let policy = UploadPolicy(services: services)
         var first = [UInt8](repeating: 7, count: 2 * Self.probeLength + 10)
         first[Self.probeLength + 5] = 1  // past the probe: the probe digest is that of the first 256 KiB only
-        var a = try CommitGroupTests.staged("a.mp4", first, services: services)
+        var a = try await CommitGroupTests.staged("a.mp4", first, services: services)
         a.probeSHA1 = Self.digest(Array(first.prefix(Self.probeLength))).hex
-        var c = try CommitGroupTests.staged("c.mp4", [UInt8](repeating: 9, count: 3 * Self.probeLength), services: services)
+        var c = try await CommitGroupTests.staged("c.mp4", [UInt8](repeating: 9, count: 3 * Self.probeLength), services: services)
         c.probeSHA1 = nil  // committed before probes existed
-        #expect(policy.commit([a, c]).allSatisfy { (try? $0.get()) == .stored })
+        await #expect(policy.commit([a, c]).allSatisfy { (try? $0.get()) == .stored })
 
         let prefix = Array(first.prefix(Self.probeLength))
-        #expect(try Self.decide(Self.open("b.mp4", size: first.count, probe: prefix), services) == "confirm")
-        #expect(try Self.decide(Self.open("a.mp4", size: first.count, probe: prefix), services) == "confirm", "the key's own object")
-        #expect(try Self.decide(Self.open("b.mp4", size: first.count, probe: [1]), services) == "upload", "other first bytes")
-        #expect(try Self.decide(Self.open("b.mp4", size: first.count + 1, probe: prefix), services) == "upload", "another size")
-        #expect(try Self.decide(Self.open("d.mp4", size: 3 * Self.probeLength, probe: [2]), services) == "confirm", "no probe recorded")
-        #expect(try Self.decide(Self.open("a.mp4", size: 5 * Self.probeLength, probe: [3]), services) == "refuse ALREADY_EXISTS")
-        #expect(try Self.decide(Self.open("a.mp4", size: 5 * Self.probeLength, probe: [3], overwrite: true), services) == "upload")
+        await #expect(try Self.decide(Self.open("b.mp4", size: first.count, probe: prefix), services) == "confirm")
+        await #expect(try Self.decide(Self.open("a.mp4", size: first.count, probe: prefix), services) == "confirm", "the key's own object")
+        await #expect(try Self.decide(Self.open("b.mp4", size: first.count, probe: [1]), services) == "upload", "other first bytes")
+        await #expect(try Self.decide(Self.open("b.mp4", size: first.count + 1, probe: prefix), services) == "upload", "another size")
+        await #expect(try Self.decide(Self.open("d.mp4", size: 3 * Self.probeLength, probe: [2]), services) == "confirm", "no probe recorded")
+        await #expect(try Self.decide(Self.open("a.mp4", size: 5 * Self.probeLength, probe: [3]), services) == "refuse ALREADY_EXISTS")
+        await #expect(try Self.decide(Self.open("a.mp4", size: 5 * Self.probeLength, probe: [3], overwrite: true), services) == "upload")
     }
 
     @Test("an upload records the SHA-1 of its first 256 KiB as it writes, whatever the chunk boundaries; none for a blob of 256 KiB or less")
-    func recordsProbeDigest() throws {
-        let services = try CommitGroupTests.services(pool: .singleton)
+    func recordsProbeDigest() async throws {
+        let services = try await CommitGroupTests.services(pool: .singleton)
         var rng = SeededGenerator(seed: 91)
         for (key, size, chunkSize) in [
             ("big.bin", 3 * Self.probeLength + 123, 100_000), ("even.bin", 2 * Self.probeLength, 1 << 16), ("small.bin", Self.probeLength, 100_000),
         ] {
             let bytes = (0..<size).map { _ in UInt8.random(in: 0...255, using: &rng) }
-            let account = try #require(try services.catalog.account(named: "cam-7"))
+            let account = try await #require(try services.catalog.account(named: "cam-7"))
             let open = Frame.Open(streamID: 1, key: key, size: UInt64(size))
             guard
                 case .upload(let session, let staging, let sha1, let recorded, _, _) =
-                    UploadPolicy(services: services).open(account: account, open: open, key: try ObjectKey(validating: key))
+                    await UploadPolicy(services: services).open(account: account, open: open, key: try ObjectKey(validating: key))
             else {
                 Issue.record("\(key): not an upload")
                 continue
@@ -89,20 +89,14 @@ struct DedupProbeTests {
                 chunks.append(ChunkPayload.seal(ByteBuffer(bytes: bytes[offset..<end]), streamID: 1, offset: UInt64(offset), deflate: false))
                 offset = end
             }
-            let done = DispatchSemaphore(value: 0)
-            let outcome = NIOLockedValueBox<RelaySession.StorageCompletion?>(nil)
-            storage.perform(.write(chunks, at: 0)) { _ in done.signal() }
-            done.wait()
-            storage.perform(.commit(Frame.Hash(streamID: 1, size: UInt64(size), sha1: Self.digest(bytes)), written: Int64(size))) { completion in
-                outcome.withLockedValue { $0 = completion }
-                done.signal()
-            }
-            done.wait()
-            guard case .committed(.success(.stored))? = outcome.withLockedValue({ $0 }) else {
-                Issue.record("\(key): \(String(describing: outcome.withLockedValue { $0 }))")
+            _ = await storage.perform(.write(chunks, at: 0))
+            let hash = Frame.Hash(streamID: 1, size: UInt64(size), sha1: Self.digest(bytes))
+            let outcome = await storage.perform(.commit(hash, written: Int64(size)))
+            guard case .committed(.success(.stored)) = outcome else {
+                Issue.record("\(key): \(outcome)")
                 continue
             }
-            let object = try #require(try services.catalog.object(account: "cam-7", key: key))
+            let object = try await #require(try services.catalog.object(account: "cam-7", key: key))
             #expect(object.probeSHA1 == (size > Self.probeLength ? Self.digest(Array(bytes.prefix(Self.probeLength))).hex : nil), "\(key)")
         }
     }

@@ -28,7 +28,7 @@ struct DevCertificatesTests {
     @Test(
         "the server certificate verifies against the CA for serverAuth, names every DNS name and IP address asked for, and the CA is kept when the names change"
     )
-    func chainAndNames() throws {
+    func chainAndNames() async throws {
         let data = TemporaryDirectories.make()
         let paths = DevCertificates.Paths(dataDirectory: data)
         #expect(try DevCertificates.ensure(paths, names: ["relay.example.net", "10.1.2.3", "fd00::7", "odd,name=x"]))
@@ -60,7 +60,7 @@ struct DevCertificatesTests {
     }
 
     @Test("a CA key that cannot be read makes a new CA, never a certificate its ca.pem does not verify")
-    func unreadableCAKey() throws {
+    func unreadableCAKey() async throws {
         let data = TemporaryDirectories.make()
         let paths = DevCertificates.Paths(dataDirectory: data)
         try DevCertificates.ensure(paths)
@@ -73,7 +73,7 @@ struct DevCertificatesTests {
     }
 
     @Test("SHA-256 and HMAC-SHA-256 from libcrypto match FIPS 180-4's and RFC 4231's vectors")
-    func sha256AndHMAC() {
+    func sha256AndHMAC() async {
         #expect(SHA256.hash(Array("abc".utf8)).hexString == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad")
         #expect(SHA256.hash([UInt8]()).hexString == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855")
         var split = SHA256()

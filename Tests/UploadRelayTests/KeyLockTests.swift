@@ -17,48 +17,48 @@ import UploadTestSupport
 @Suite("Key locks across relays (PostgreSQL)")
 struct KeyLockTests {
     /// Two catalogs on one new database (two relays' views), shut down after `body`.
-    static func withTwoCatalogs(_ body: (PostgresCatalog, PostgresCatalog) throws -> Void) throws {
-        try PostgresTestDatabase.with { url in
-            let first = try PostgresCatalog(url: url, logger: PostgresTestDatabase.quietLogger)
+    static func withTwoCatalogs(_ body: (PostgresCatalog, PostgresCatalog) async throws -> Void) async throws {
+        try await PostgresTestDatabase.with { url in
+            let first = try await PostgresCatalog(url: url, logger: PostgresTestDatabase.quietLogger)
             defer { first.shutdown() }
-            let second = try PostgresCatalog(url: url, logger: PostgresTestDatabase.quietLogger)
+            let second = try await PostgresCatalog(url: url, logger: PostgresTestDatabase.quietLogger)
             defer { second.shutdown() }
-            try body(first, second)
+            try await body(first, second)
         }
     }
 
     @Test("a key locked by one relay is refused to another, per account; let go, or its connection cut, the other takes it")
-    func locks() throws {
-        try Self.withTwoCatalogs { first, second in
+    func locks() async throws {
+        try await Self.withTwoCatalogs { first, second in
             let a = try #require(first.keyLocks)
             let b = try #require(second.keyLocks)
-            let held = try #require(try a.tryLock(account: "alice", key: "clips/1.mov"))
-            #expect(try b.tryLock(account: "alice", key: "clips/1.mov") == nil)
+            let held = try await #require(try a.tryLock(account: "alice", key: "clips/1.mov"))
+            #expect(try await b.tryLock(account: "alice", key: "clips/1.mov") == nil)
             // Another key, or the same key of another account, is another lock.
-            let other = try #require(try b.tryLock(account: "alice", key: "clips/2.mov"))
-            let bobs = try #require(try b.tryLock(account: "bob", key: "clips/1.mov"))
+            let other = try await #require(try b.tryLock(account: "alice", key: "clips/2.mov"))
+            let bobs = try await #require(try b.tryLock(account: "bob", key: "clips/1.mov"))
             a.unlock(held)
-            #expect(Polling.waitUntil(timeout: 10) { (try? b.tryLock(account: "alice", key: "clips/1.mov")) != nil })
-            #expect(try a.tryLock(account: "alice", key: "clips/1.mov") == nil)
+            #expect(await Polling.waitUntil(timeout: 10) { (try? await b.tryLock(account: "alice", key: "clips/1.mov")) != nil })
+            #expect(try await a.tryLock(account: "alice", key: "clips/1.mov") == nil)
 
             // Relay B's connection dies (as when its process is killed): PostgreSQL lets its locks go, and B is told.
-            let lost = DispatchSemaphore(value: 0)
-            b.whenLost { _ in lost.signal() }
+            let lost = NIOLockedValueBox(false)
+            b.whenLost { _ in lost.withLockedValue { $0 = true } }
             // This database's only: other tests run beside this one.
-            try first.execute(
+            try await first.execute(
                 """
                 SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid()
                 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
                 """
             )
-            #expect(lost.wait(timeout: .now() + 10) == .success, "relay B was not told its locks were lost")
-            #expect(Polling.waitUntil(timeout: 10) { (try? a.tryLock(account: "alice", key: "clips/1.mov")) != nil })
-            #expect(try a.tryLock(account: "alice", key: "clips/2.mov") != nil)
+            #expect(await Polling.waitUntil(timeout: 10) { lost.withLockedValue { $0 } }, "relay B was not told its locks were lost")
+            #expect(await Polling.waitUntil(timeout: 10) { (try? await a.tryLock(account: "alice", key: "clips/1.mov")) != nil })
+            #expect(try await a.tryLock(account: "alice", key: "clips/2.mov") != nil)
             // B takes new locks on a new connection; letting go of the old ones touches nothing of A's.
             b.unlock(other)
             b.unlock(bobs)
-            #expect(try b.tryLock(account: "alice", key: "clips/2.mov") == nil)
-            #expect(try b.tryLock(account: "alice", key: "clips/3.mov") != nil)
+            #expect(try await b.tryLock(account: "alice", key: "clips/2.mov") == nil)
+            #expect(try await b.tryLock(account: "alice", key: "clips/3.mov") != nil)
         }
         // A catalog of one relay has none.
         let sqlite = try SQLiteCatalog(path: TemporaryDirectories.make(prefix: "upload-keylock-") + "/catalog.sqlite")
@@ -74,23 +74,23 @@ struct KeyLockTests {
     }
 
     @Test("relay B answers KEY_BUSY to an OPEN of a key relay A uploads, and its recovery leaves A's commit alone until A lets the key go")
-    func relays() throws {
-        try Self.withTwoCatalogs { first, second in
-            try first.addAccount(name: "cam-7", tokenHash: Tokens.hash(Array("t".utf8)), quota: nil)
+    func relays() async throws {
+        try await Self.withTwoCatalogs { first, second in
+            try await first.addAccount(name: "cam-7", tokenHash: Tokens.hash(Array("t".utf8)), quota: nil)
             let (relayA, relayB) = (try Self.services(first), try Self.services(second))
-            let account = try #require(try first.account(named: "cam-7"))
+            let account = try await #require(try first.account(named: "cam-7"))
             let key = try ObjectKey(validating: "DCIM/0001.mov")
             let name = KeyClaims.name(account: "cam-7", key: key.value)
             let open = Frame.Open(streamID: 1, key: key.value, size: 100)
 
             #expect(relayA.claims.claim(name, whenFree: {}) == .claimed)
-            guard case .upload(_, let staging, _, _, _, _) = UploadPolicy(services: relayA).open(account: account, open: open, key: key) else {
+            guard case .upload(_, let staging, _, _, _, _) = await UploadPolicy(services: relayA).open(account: account, open: open, key: key) else {
                 Issue.record("relay A did not take the upload")
                 return
             }
             staging.close()
             #expect(relayB.claims.claim(name, whenFree: {}) == .claimed, "relay B's own claims know nothing of A's")
-            let answer = UploadPolicy(services: relayB).open(account: account, open: open, key: key)
+            let answer = await UploadPolicy(services: relayB).open(account: account, open: open, key: key)
             guard case .refuse(.keyBusy, let message) = answer else {
                 Issue.record("relay B answered \(answer), not KEY_BUSY")
                 return
@@ -99,19 +99,20 @@ struct KeyLockTests {
             relayB.claims.release(name)
 
             // A commit relay A has under way: relay B's recovery, as at its start or in its maintenance, leaves it.
-            try first.beginCommit(PendingCommit(account: "cam-7", key: key.value, size: 100, sha1: String(repeating: "a", count: 40), sessionID: nil))
-            try RelayRuntime.recover(
+            try await first.beginCommit(
+                PendingCommit(account: "cam-7", key: key.value, size: 100, sha1: String(repeating: "a", count: 40), sessionID: nil))
+            try await RelayRuntime.recover(
                 catalog: second, store: relayB.store, logger: relayB.logger, keys: .claiming(relayB.claims), objects: false
             )
-            #expect(try second.pendingCommits().count == 1, "relay B settled a commit relay A was making")
+            #expect(try await second.pendingCommits().count == 1, "relay B settled a commit relay A was making")
             // Relay A lets the key go (or dies): B settles the commit A left (its object is not in the store: given up).
             relayA.claims.release(name)
             #expect(
-                try Polling.waitUntil(timeout: 10) {
-                    try RelayRuntime.recover(
+                try await Polling.waitUntil(timeout: 10) {
+                    try await RelayRuntime.recover(
                         catalog: second, store: relayB.store, logger: relayB.logger, keys: .claiming(relayB.claims), objects: false
                     )
-                    return try second.pendingCommits().isEmpty
+                    return try await second.pendingCommits().isEmpty
                 }
             )
             #expect(relayB.claims.count == 0 && relayA.claims.count == 0)

@@ -161,7 +161,7 @@ struct OpenPlannerTests {
     ]
 
     @Test("facts to plan", arguments: Self.cases)
-    func table(_ row: Case) {
+    func table(_ row: Case) async {
         #expect(OpenPlanner.plan(row.open, key: Self.key, row.facts) == row.plan, "\(row.name)")
     }
 }

@@ -26,7 +26,7 @@ struct PostgresURLTests {
     }
 
     @Test("libpq's six sslmode values are taken, any other value or parameter is refused with what is allowed; each mode's TLS settings")
-    func modes() throws {
+    func modes() async throws {
         let base = "postgres://u:p@db.example:5432/upload"
         let ca = try Self.ca()
         for mode in ["disable", "allow", "prefer", "require", "verify-ca", "verify-full"] {
@@ -69,9 +69,9 @@ struct PostgresURLTests {
     }
 
     /// Whether the catalog's pooled connection runs over TLS, by the server's own account.
-    static func usesTLS(_ catalog: PostgresCatalog) throws -> Bool {
+    static func usesTLS(_ catalog: PostgresCatalog) async throws -> Bool {
         let logger = PostgresTestDatabase.quietLogger
-        return try catalog.run { connection in
+        return try await catalog.run { connection in
             let rows = try await connection.query("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()", logger: logger).collect()
             return try rows.first?.makeRandomAccess()["ssl"].decode(Bool.self) ?? false
         }
@@ -80,31 +80,32 @@ struct PostgresURLTests {
     @Test(
         "against a server with TLS: disable is plain text; allow, prefer, require, verify-ca and verify-full (with its CA) are TLS, never a silent downgrade"
     )
-    func liveModes() throws {
+    func liveModes() async throws {
         let ca = try Self.ca()
         for (query, tls) in [
             ("sslmode=disable", false), ("sslmode=allow", true), ("sslmode=prefer", true), ("", true), ("sslmode=require", true),
             ("sslmode=verify-ca&sslrootcert=" + ca, true), ("sslmode=verify-full&sslrootcert=" + ca, true),
         ] {
-            let catalog = try PostgresCatalog(url: try Self.url(query), logger: PostgresTestDatabase.quietLogger)
+            let catalog = try await PostgresCatalog(url: try Self.url(query), logger: PostgresTestDatabase.quietLogger)
             defer { catalog.shutdown() }
-            #expect(try Self.usesTLS(catalog) == tls, "\(query)")
+            await #expect(try Self.usesTLS(catalog) == tls, "\(query)")
         }
     }
 
     @Test("a certificate that does not verify, a wrong password: said as such at once, not as a database that did not answer")
-    func failures() throws {
+    func failures() async throws {
         let started = Date()
         // The server's certificate is signed by the test CA, which the system does not trust.
         do {
-            let catalog = try PostgresCatalog(url: try Self.url("sslmode=verify-full&sslrootcert=system"), logger: PostgresTestDatabase.quietLogger)
+            let catalog = try await PostgresCatalog(
+                url: try Self.url("sslmode=verify-full&sslrootcert=system"), logger: PostgresTestDatabase.quietLogger)
             catalog.shutdown()
             Issue.record("verify-full connected with a certificate from a CA the system does not trust")
         } catch let error as CatalogFailure {
             #expect(error.description.contains("TLS") && !error.description.contains("did not answer"), "\(error)")
         }
         do {
-            let catalog = try PostgresCatalog(url: try Self.url("sslmode=disable", password: "wrong"), logger: PostgresTestDatabase.quietLogger)
+            let catalog = try await PostgresCatalog(url: try Self.url("sslmode=disable", password: "wrong"), logger: PostgresTestDatabase.quietLogger)
             catalog.shutdown()
             Issue.record("a wrong password connected")
         } catch let error as CatalogFailure {

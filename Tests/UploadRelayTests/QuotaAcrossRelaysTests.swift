@@ -26,13 +26,13 @@ struct QuotaAcrossRelaysTests {
             self.account = account
         }
 
-        func open(_ key: String, size: UInt64) throws -> UploadPolicy.OpenDecision {
+        func open(_ key: String, size: UInt64) async throws -> UploadPolicy.OpenDecision {
             let key = try ObjectKey(validating: key)
             let name = KeyClaims.name(account: self.account.name, key: key.value)
             guard self.services.claims.claim(name, whenFree: {}) == .claimed else {
                 throw TestSetupError(description: "\(key) is claimed already")
             }
-            let answer = UploadPolicy(services: self.services).open(
+            let answer = await UploadPolicy(services: self.services).open(
                 account: self.account, open: Frame.Open(streamID: 1, key: key.value, size: size), key: key
             )
             if case .upload(_, let staging, _, _, _, _) = answer {
@@ -54,8 +54,8 @@ struct QuotaAcrossRelaysTests {
         }
 
         /// What is left of the quota for a new key, as this relay sees it.
-        func left() throws -> Int64 {
-            try self.services.catalog.quotaUse(
+        func left() async throws -> Int64 {
+            try await self.services.catalog.quotaUse(
                 account: self.account.name, excludingKey: "no/such/key", active: self.services.claims.activeUploads(of: self.account.name)
             ).left
         }
@@ -67,66 +67,83 @@ struct QuotaAcrossRelaysTests {
     }
 
     /// Two relays on one new database, the account `cam-7` with `quota`.
-    static func withTwoRelays(quota: Int64, _ body: (Opener, Opener, PostgresCatalog) throws -> Void) throws {
-        try KeyLockTests.withTwoCatalogs { first, second in
-            try first.addAccount(name: "cam-7", tokenHash: Tokens.hash(Array("t".utf8)), quota: quota)
-            let account = try #require(try first.account(named: "cam-7"))
+    static func withTwoRelays(quota: Int64, _ body: (Opener, Opener, PostgresCatalog) async throws -> Void) async throws {
+        try await KeyLockTests.withTwoCatalogs { first, second in
+            try await first.addAccount(name: "cam-7", tokenHash: Tokens.hash(Array("t".utf8)), quota: quota)
+            let account = try await #require(try first.account(named: "cam-7"))
             let a = Opener(try KeyLockTests.services(first), account)
             defer { a.close() }
             let b = Opener(try KeyLockTests.services(second), account)
             defer { b.close() }
-            try body(a, b, first)
+            try await body(a, b, first)
         }
     }
 
     @Test("an upload open on relay A holds what it announced on relay B, until A lets its key go or A's connection dies")
-    func reservations() throws {
-        try Self.withTwoRelays(quota: 10_000_000) { a, b, catalog in
-            #expect(Self.isUpload(try a.open("clips/big.mov", size: 8_000_000)))
+    func reservations() async throws {
+        try await Self.withTwoRelays(quota: 10_000_000) { a, b, catalog in
+            #expect(Self.isUpload(try await a.open("clips/big.mov", size: 8_000_000)))
             // Nothing of it is durable yet, and relay B holds no session of it: only the reservation tells B.
-            let refused = try b.open("photos/1.jpg", size: 5_000_000)
+            let refused = try await b.open("photos/1.jpg", size: 5_000_000)
             guard case .refuse(.quotaExceeded, let message) = refused else {
                 Issue.record("relay B admitted 5 MB beside relay A's open 8 MB in a 10 MB quota: \(refused)")
                 return
             }
             #expect(message.contains("8000000 held by unfinished uploads"), "\(message)")
-            #expect(Self.isUpload(try b.open("photos/2.jpg", size: 2_000_000)), "2 MB fits beside the 8 MB")
-            let (leftOnA, leftOnB) = (try a.left(), try b.left())
+            #expect(Self.isUpload(try await b.open("photos/2.jpg", size: 2_000_000)), "2 MB fits beside the 8 MB")
+            let (leftOnA, leftOnB) = (try await a.left(), try await b.left())
             #expect(leftOnA == 0 && leftOnB == 0)
 
             // Relay A's upload is cancelled: its key let go, its reservation goes with it.
             a.letGo("clips/big.mov")
-            #expect(Polling.waitUntil(timeout: 10) { (try? b.left()) == 8_000_000 }, "relay B still counts A's cancelled upload")
-            #expect(Self.isUpload(try b.open("photos/1.jpg", size: 5_000_000)))
+            #expect(await Polling.waitUntil(timeout: 10) { (try? await b.left()) == 8_000_000 }, "relay B still counts A's cancelled upload")
+            #expect(Self.isUpload(try await b.open("photos/1.jpg", size: 5_000_000)))
 
             // Relay A's connection to the database dies (as when the relay is killed) while it holds an upload open.
-            #expect(Self.isUpload(try a.open("clips/small.mov", size: 3_000_000)))
-            guard case .refuse(.quotaExceeded, _) = try b.open("photos/3.jpg", size: 1_000_000) else {
+            #expect(Self.isUpload(try await a.open("clips/small.mov", size: 3_000_000)))
+            guard case .refuse(.quotaExceeded, _) = try await b.open("photos/3.jpg", size: 1_000_000) else {
                 Issue.record("relay B admitted 1 MB into a full quota")
                 return
             }
             let lock = PostgresKeyLocks.lockID(account: "cam-7", key: "clips/small.mov")
-            try catalog.execute(
+            try await catalog.execute(
                 """
                 SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1
                 AND classid::BIGINT = \((lock >> 32) & 0xFFFF_FFFF) AND objid::BIGINT = \(lock & 0xFFFF_FFFF)
                 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
                 """
             )
-            #expect(Polling.waitUntil(timeout: 10) { (try? b.left()) == 3_000_000 }, "relay B still counts a dead relay's upload")
-            #expect(Self.isUpload(try b.open("photos/3.jpg", size: 1_000_000)))
+            #expect(await Polling.waitUntil(timeout: 10) { (try? await b.left()) == 3_000_000 }, "relay B still counts a dead relay's upload")
+            #expect(Self.isUpload(try await b.open("photos/3.jpg", size: 1_000_000)))
             // Relay A stops the upload whose lock it lost; what B holds open still counts on A.
             a.letGo("clips/small.mov")
-            #expect(try a.left() == 2_000_000)
+            #expect(try await a.left() == 2_000_000)
         }
     }
 
     static let raceQuota: Int64 = 40_000_000
 
-    /// Two threads making 20 OPENs each of 1 to 4 MB at once, about twice ``raceQuota`` together, through `openers`
+    /// One OPEN of the race, its outcome noted.
+    static func raceOpen(
+        _ opener: Opener, thread: Int, index: Int, size: UInt64, outcomes: NIOLockedValueBox<[(size: UInt64, admitted: Bool)]>,
+        failures: NIOLockedValueBox<[String]>
+    ) async {
+        do {
+            let answer = try await opener.open("thread\(thread)/\(index).mov", size: size)
+            switch answer {
+            case .upload: outcomes.withLockedValue { $0.append((size, true)) }
+            case .refuse(.quotaExceeded, _): outcomes.withLockedValue { $0.append((size, false)) }
+            default: failures.withLockedValue { $0.append("thread \(thread), OPEN \(index): \(answer)") }
+            }
+        } catch {
+            failures.withLockedValue { $0.append("thread \(thread), OPEN \(index): \(error)") }
+        }
+    }
+
+    /// Two tasks making 20 OPENs each of 1 to 4 MB at once, about twice ``raceQuota`` together, through `openers`
     /// (two relays, or one relay twice): never more admitted than the quota, nothing refused that fitted, and every
     /// opener agrees on what is left.
-    static func race(_ openers: [Opener], name: String) throws {
+    static func race(_ openers: [Opener], name: String) async throws {
         let seed = ProcessInfo.processInfo.environment["QUOTA_RACE_SEED"].flatMap(UInt64.init) ?? UInt64.random(in: 1...1_000_000)
         print("quota race (\(name)) seed \(seed) (QUOTA_RACE_SEED=\(seed) replays its sizes)")
         var generator = SeededGenerator(seed: seed)
@@ -134,17 +151,12 @@ struct QuotaAcrossRelaysTests {
         let sizes = (0..<2).map { _ in (0..<20).map { _ in UInt64.random(in: 1_000_000...4_000_000, using: &generator) } }
         let outcomes = NIOLockedValueBox<[(size: UInt64, admitted: Bool)]>([])
         let failures = NIOLockedValueBox<[String]>([])
-        DispatchQueue.concurrentPerform(iterations: 2) { thread in
-            for (index, size) in sizes[thread].enumerated() {
-                do {
-                    let answer = try openers[thread].open("thread\(thread)/\(index).mov", size: size)
-                    switch answer {
-                    case .upload: outcomes.withLockedValue { $0.append((size, true)) }
-                    case .refuse(.quotaExceeded, _): outcomes.withLockedValue { $0.append((size, false)) }
-                    default: failures.withLockedValue { $0.append("thread \(thread), OPEN \(index): \(answer)") }
+        await withTaskGroup(of: Void.self) { group in
+            for thread in 0..<2 {
+                group.addTask {
+                    for (index, size) in sizes[thread].enumerated() {
+                        await Self.raceOpen(openers[thread], thread: thread, index: index, size: size, outcomes: outcomes, failures: failures)
                     }
-                } catch {
-                    failures.withLockedValue { $0.append("thread \(thread), OPEN \(index): \(error)") }
                 }
             }
         }
@@ -160,22 +172,22 @@ struct QuotaAcrossRelaysTests {
             Issue.record("\(name), seed \(seed): nothing refused of about twice the quota")
         }
         for opener in openers {
-            #expect(try opener.left() == quota - admitted)
+            await #expect(try opener.left() == quota - admitted)
         }
     }
 
     @Test("two relays admitting at once never admit more than the quota, and refuse only what did not fit (seeded)")
-    func race() throws {
-        try Self.withTwoRelays(quota: Self.raceQuota) { a, b, _ in try Self.race([a, b], name: "two relays") }
+    func race() async throws {
+        try await Self.withTwoRelays(quota: Self.raceQuota) { a, b, _ in try await Self.race([a, b], name: "two relays") }
     }
 
     @Test("one relay's OPENs of one account at once, on either catalog, never admit more than the quota (seeded)")
-    func oneRelayRace() throws {
+    func oneRelayRace() async throws {
         let sqlite = try SQLiteCatalog(path: TemporaryDirectories.make(prefix: "upload-quota-race-") + "/catalog.sqlite")
-        try sqlite.addAccount(name: "cam-7", tokenHash: Tokens.hash(Array("t".utf8)), quota: Self.raceQuota)
-        let onSQLite = Opener(try KeyLockTests.services(sqlite), try #require(try sqlite.account(named: "cam-7")))
+        try await sqlite.addAccount(name: "cam-7", tokenHash: Tokens.hash(Array("t".utf8)), quota: Self.raceQuota)
+        let onSQLite = await Opener(try KeyLockTests.services(sqlite), try #require(try sqlite.account(named: "cam-7")))
         defer { onSQLite.close() }
-        try Self.race([onSQLite, onSQLite], name: "one relay, SQLite")
-        try Self.withTwoRelays(quota: Self.raceQuota) { a, _, _ in try Self.race([a, a], name: "one relay, PostgreSQL") }
+        try await Self.race([onSQLite, onSQLite], name: "one relay, SQLite")
+        try await Self.withTwoRelays(quota: Self.raceQuota) { a, _, _ in try await Self.race([a, a], name: "one relay, PostgreSQL") }
     }
 }

@@ -51,7 +51,7 @@ struct RelayConnectionHandlerTests {
 
     @Test("HELLO, OPEN, CHUNK, HASH: WELCOME after the catalog, OFFSET, and RESULT after storage on the pool, the object stored")
     func upload() async throws {
-        let backend = try RelayBackend()
+        let backend = try await RelayBackend()
         let channel = try await Self.connectedChannel(backend)
         try await Self.send(Self.hello, to: channel)
         let welcome = try await Self.frames(from: channel) { $0.type == .welcome }
@@ -69,7 +69,7 @@ struct RelayConnectionHandlerTests {
         try await Self.send(.chunk(chunk), .hash(Frame.Hash(streamID: 1, size: UInt64(bytes.readableBytes), sha1: sha1)), to: channel)
         let answers = try await Self.frames(from: channel) { $0.type == .result }
         #expect(answers.last == .result(Frame.Result(streamID: 1, status: .stored, size: UInt64(bytes.readableBytes), sha1: sha1, key: "docs/h.txt")))
-        #expect(backend.object("docs/h.txt") == Array(bytes.readableBytesView))
+        await #expect(backend.object("docs/h.txt") == Array(bytes.readableBytesView))
         try await channel.close()
     }
 
@@ -80,7 +80,7 @@ struct RelayConnectionHandlerTests {
 
     @Test("TLS without the protocol's ALPN id: closed before any frame is read or written")
     func wrongALPN() async throws {
-        let backend = try RelayBackend()
+        let backend = try await RelayBackend()
         let channel = try await Self.connectedChannel(backend, alpn: nil)
         try await channel.closeFuture.get()
         #expect(try await channel.readOutbound(as: ByteBuffer.self) == nil)
@@ -88,7 +88,7 @@ struct RelayConnectionHandlerTests {
 
     @Test("no HELLO within the handshake timeout: the timer on the loop's clock fires, ERROR TIMEOUT, closed")
     func handshakeTimeout() async throws {
-        let backend = try RelayBackend { $0.limits.handshakeTimeout = .seconds(5) }
+        let backend = try await RelayBackend { $0.limits.handshakeTimeout = .seconds(5) }
         let channel = try await Self.connectedChannel(backend)
         await channel.testingEventLoop.advanceTime(by: .seconds(4))
         #expect(channel.isActive)

@@ -83,7 +83,7 @@ struct RelaySessionTests {
     }
 
     @Test("nothing is read before TLS selects the protocol; a connection without it closes unanswered")
-    func alpnGate() {
+    func alpnGate() async {
         var h = SessionHarness()
         let started = h.take(h.session.started(now: h.now))
         #expect(started.contains { if case .schedule(.handshake, _) = $0 { return true } else { return false } })
@@ -94,7 +94,7 @@ struct RelaySessionTests {
     }
 
     @Test("HELLO is authenticated, WELCOME takes a share of the memory budget, and the frame limit rises only then")
-    func handshake() {
+    func handshake() async {
         let memory = ResourceBudget(total: 1 << 30)
         var h = SessionHarness(memory: memory)
         _ = h.take(h.session.started(now: h.now))
@@ -112,7 +112,7 @@ struct RelaySessionTests {
     }
 
     @Test("an unknown token, a revoked one, and a handshake that takes too long each close with their own error")
-    func handshakeFailures() {
+    func handshakeFailures() async {
         for outcome in 0..<3 {
             var h = SessionHarness()
             _ = h.take(h.session.started(now: h.now))
@@ -132,7 +132,7 @@ struct RelaySessionTests {
     }
 
     @Test("an upload end to end: key claimed, slot taken, OFFSET, storage steps, credit, ACK, RESULT; all given back")
-    func uploadFlow() {
+    func uploadFlow() async {
         var h = SessionHarness()
         h.handshake()
         let opened = h.send(Self.open(Self.s1, "k"))
@@ -158,7 +158,7 @@ struct RelaySessionTests {
     }
 
     @Test("CANCEL during the lookup, then the connection closes: the session is still dropped when the lookup returns")
-    func cancelThenCloseWhileLookingUp() throws {
+    func cancelThenCloseWhileLookingUp() async throws {
         var h = SessionHarness()
         h.handshake()
         h.send(Self.open(Self.s1, "k"))
@@ -172,7 +172,7 @@ struct RelaySessionTests {
     }
 
     @Test("a second OPEN of an open key is KEY_BUSY; of a closing key it waits and is woken when the key is free")
-    func keyClaims() throws {
+    func keyClaims() async throws {
         let claims = KeyClaims()
         var first = SessionHarness(claims: claims)
         var second = SessionHarness(claims: claims)
@@ -196,7 +196,7 @@ struct RelaySessionTests {
     }
 
     @Test("a frame trickled byte by byte is cut off by the frame timeout, also with the idle timeout off", arguments: [Duration.seconds(120), .zero])
-    func frameTimeout(idle: Duration) {
+    func frameTimeout(idle: Duration) async {
         var h = SessionHarness {
             $0.limits.frameTimeout = .seconds(5)
             $0.limits.idleTimeout = idle
@@ -213,7 +213,7 @@ struct RelaySessionTests {
     }
 
     @Test("GOAWAY drains: open uploads go on; after the drain period they are made durable, then the connection closes")
-    func shutdownDrain() throws {
+    func shutdownDrain() async throws {
         var h = SessionHarness()
         h.handshake()
         h.send(Self.open(Self.s1, "k"))
@@ -234,7 +234,7 @@ struct RelaySessionTests {
     }
 
     @Test("a revoked account's connection closes with UNAUTHENTICATED; other accounts' do not")
-    func revocation() {
+    func revocation() async {
         var h = SessionHarness()
         h.handshake(account: "a")
         #expect(h.session.accountRevoked("b").isEmpty)
@@ -245,7 +245,7 @@ struct RelaySessionTests {
     @Test(
         "token rotate: a connection made with the old token closes with UNAUTHENTICATED saying so; one made with the new token, and other accounts', do not"
     )
-    func rotation() {
+    func rotation() async {
         var old = SessionHarness()
         old.handshake(account: "a", tokenHash: [1])
         #expect(old.session.accountToken("b", is: [2]).isEmpty)
@@ -261,7 +261,7 @@ struct RelaySessionTests {
     /// Seeded: streams opened, fed, cancelled and completed in random orders, the link cut at a random point; at the
     /// end every key claim, upload slot and byte of the memory budget is back.
     @Test("random orders of frames and completions leave no claim, slot or memory behind", arguments: 0..<30)
-    func randomOrders(round: Int) throws {
+    func randomOrders(round: Int) async throws {
         let seed = UInt64(0xC1A1_0000) + UInt64(round)
         var rng = SeededGenerator(seed: seed)
         let claims = KeyClaims()

@@ -17,9 +17,9 @@ struct S3OrphanTests {
     static func begin(
         _ objectKey: String, account: String, key: String, ledger: any MultipartLedger, client: S3Client, bucket: String, recordID: Bool = true
     ) async throws -> String {
-        let intent = try ledger.recordMultipartIntent(account: account, key: key, objectKey: objectKey)
+        let intent = try await ledger.recordMultipartIntent(account: account, key: key, objectKey: objectKey)
         let id = try await client.createMultipartUpload(bucket: bucket, key: objectKey)
-        if recordID { try ledger.recordMultipartUpload(intent: intent, uploadID: id) }
+        if recordID { try await ledger.recordMultipartUpload(intent: intent, uploadID: id) }
         return id
     }
 
@@ -31,7 +31,7 @@ struct S3OrphanTests {
         try await S3TestServer.withBucket { client, bucket in
             let root = TemporaryDirectories.make(prefix: "upload-s3-orphans-")
             let catalog = try SQLiteCatalog(path: root + "/catalog.sqlite")
-            try catalog.addAccount(name: "cam-7", tokenHash: [1], quota: nil)
+            try await catalog.addAccount(name: "cam-7", tokenHash: [1], quota: nil)
             let store = try S3Store(
                 client: S3Client(endpoint: server.endpoint, credentials: server.credentials, http: .shared), bucket: bucket,
                 prefix: prefix, spoolDirectory: root + "/spool", ledger: catalog
@@ -61,9 +61,9 @@ struct S3OrphanTests {
             // Another tool's uploads under the same prefix, one of a key that reads as the account's.
             _ = try await client.createMultipartUpload(bucket: bucket, key: "relay/cam-7/foreign.mov")
             _ = try await client.createMultipartUpload(bucket: bucket, key: "relay/not-a-key")
-            let recordedID = try #require(try catalog.multipartIntents().first { $0.key == "recorded.mov" }?.uploadID)
+            let recordedID = try await #require(try catalog.multipartIntents().first { $0.key == "recorded.mov" }?.uploadID)
             let recorded = S3Store.name(uploadID: recordedID, key: "relay/cam-7/recorded.mov")
-            try catalog.putSession(
+            try await catalog.putSession(
                 UploadSession(
                     id: "s1", account: "cam-7", key: "recorded.mov", resumeToken: [1], fingerprint: [], declaredSize: nil,
                     durableOffset: 0, sha1State: [], stagingName: recorded
@@ -74,7 +74,7 @@ struct S3OrphanTests {
             let held = KeyClaims.name(account: "cam-7", key: "held.mov")
             #expect(claims.claim(held, whenFree: {}) == .claimed)
             // As the relay's maintenance runs it: sessions expire after an hour, nameless stagings after that too.
-            try RelayRuntime.cleanUp(
+            try await RelayRuntime.cleanUp(
                 catalog: catalog, store: store, expiry: .seconds(3600), logger: Self.quiet, keys: .claiming(claims),
                 orphansBefore: Date().addingTimeInterval(-3600)
             )
@@ -82,7 +82,7 @@ struct S3OrphanTests {
             #expect(left == ["relay/cam-7/held.mov", "relay/cam-7/recorded.mov", "relay/cam-7/foreign.mov", "relay/not-a-key"])
             // Once the key is let go, the next pass takes its orphan too; the other writer's stay, whatever their key.
             claims.release(held)
-            try RelayRuntime.cleanUp(
+            try await RelayRuntime.cleanUp(
                 catalog: catalog, store: store, expiry: .seconds(3600), logger: Self.quiet, keys: .claiming(claims),
                 orphansBefore: Date().addingTimeInterval(-3600)
             )
@@ -90,7 +90,7 @@ struct S3OrphanTests {
             #expect(after == ["relay/cam-7/recorded.mov", "relay/cam-7/foreign.mov", "relay/not-a-key"])
             // The ledger keeps what is still there (the recorded session's upload), and the intent whose id was never
             // heard until it is older than the grace (its upload may still be on its way); the others are forgotten.
-            #expect(try catalog.multipartIntents().map(\.key).sorted() == ["recorded.mov", "unheard.mov"])
+            #expect(try await catalog.multipartIntents().map(\.key).sorted() == ["recorded.mov", "unheard.mov"])
         }
     }
 
@@ -101,8 +101,8 @@ struct S3OrphanTests {
             for key in others { _ = try await client.createMultipartUpload(bucket: bucket, key: key) }
             _ = try await Self.begin("cam-7/orphan.mov", account: "cam-7", key: "orphan.mov", ledger: catalog, client: client, bucket: bucket)
             // At startup (every staging an orphan whatever its age), then as maintenance.
-            try RelayRuntime.cleanUp(catalog: catalog, store: store, expiry: .seconds(3600), logger: Self.quiet)
-            try RelayRuntime.cleanUp(
+            try await RelayRuntime.cleanUp(catalog: catalog, store: store, expiry: .seconds(3600), logger: Self.quiet)
+            try await RelayRuntime.cleanUp(
                 catalog: catalog, store: store, expiry: .seconds(3600), logger: Self.quiet, orphansBefore: Date().addingTimeInterval(-3600)
             )
             let left = Set(try await client.listMultipartUploads(bucket: bucket, prefix: "").map(\.key))

@@ -22,20 +22,20 @@ struct ScenarioTests {
     }
 
     /// A connected pump with small windows whose storage runs only when the test says (a stalled disk).
-    static func stalledPump() throws -> Pump {
-        var pump = try Pump(limits: Self.smallWindows)
+    static func stalledPump() async throws -> Pump {
+        var pump = try await Pump(limits: Self.smallWindows)
         pump.relay.storageAtOnce = false
-        pump.connect()
+        await pump.connect()
         return pump
     }
 
     @Test("a new upload: chunks within credit, ACKs, HASH, RESULT, byte-identical in the store")
-    func newUpload() throws {
-        var pump = try Pump(limits: Self.smallWindows)
-        pump.connect()
+    func newUpload() async throws {
+        var pump = try await Pump(limits: Self.smallWindows)
+        await pump.connect()
         let bytes = Self.data(50_000)
         let id = pump.upload(MemoryAgent.Job(key: "photos/IMG_0001.jpg", data: bytes))
-        pump.run()
+        await pump.run()
         let outcome = try #require(pump.agent.outcomes[id])
         guard case .stored(let result) = outcome else {
             Issue.record("expected stored, got \(outcome)")
@@ -43,7 +43,7 @@ struct ScenarioTests {
         }
         #expect(result.key == "photos/IMG_0001.jpg")
         #expect(result.sha1 == SHA1Digest(bytes: SHA1.hash(bytes)))
-        #expect(pump.relay.backend.object("photos/IMG_0001.jpg") == bytes)
+        await #expect(pump.relay.backend.object("photos/IMG_0001.jpg") == bytes)
         #expect(pump.agent.sentPayload[id] == bytes.count)
         // RESULT says the bytes are durable; an ACK is never past them.
         #expect(pump.agent.acked[id] ?? 0 <= UInt64(bytes.count))
@@ -55,40 +55,40 @@ struct ScenarioTests {
     }
 
     @Test("empty, one-byte and unknown-length blobs")
-    func edgeSizes() throws {
-        var pump = try Pump()
-        pump.connect()
+    func edgeSizes() async throws {
+        var pump = try await Pump()
+        await pump.connect()
         let empty = pump.upload(MemoryAgent.Job(key: "empty", data: []))
         let one = pump.upload(MemoryAgent.Job(key: "one", data: [42]))
         let unknown = pump.upload(MemoryAgent.Job(key: "stdin", data: Self.data(3333), announceSize: false))
-        pump.run()
+        await pump.run()
         for id in [empty, one, unknown] {
             guard case .stored = pump.agent.outcomes[id] else {
                 Issue.record("stream \(id): \(String(describing: pump.agent.outcomes[id]))")
                 continue
             }
         }
-        #expect(pump.relay.backend.object("empty") == [])
-        #expect(pump.relay.backend.object("one") == [42])
-        #expect(pump.relay.backend.object("stdin") == Self.data(3333))
+        await #expect(pump.relay.backend.object("empty") == [])
+        await #expect(pump.relay.backend.object("one") == [42])
+        await #expect(pump.relay.backend.object("stdin") == Self.data(3333))
     }
 
     @Test("many uploads share one connection as concurrent streams")
-    func concurrentStreams() throws {
-        var pump = try Pump(limits: Self.smallWindows)
-        pump.connect()
+    func concurrentStreams() async throws {
+        var pump = try await Pump(limits: Self.smallWindows)
+        await pump.connect()
         var ids: [StreamID: [UInt8]] = [:]
         for i in 0..<20 {
             let bytes = Self.data(5000 + i * 97, seed: UInt64(i))
             ids[pump.upload(MemoryAgent.Job(key: "dir/\(i).bin", data: bytes))] = bytes
         }
-        pump.run()
+        await pump.run()
         for (id, bytes) in ids {
             guard case .stored(let result) = pump.agent.outcomes[id] else {
                 Issue.record("stream \(id) not stored")
                 continue
             }
-            #expect(pump.relay.backend.object(result.key) == bytes)
+            await #expect(pump.relay.backend.object(result.key) == bytes)
         }
     }
 
@@ -97,30 +97,30 @@ struct ScenarioTests {
     /// the stream and the durable offset the agent was told.
     static func interruptedUpload(
         _ bytes: [UInt8], delivered: @escaping (Frame.Chunk) -> Bool
-    ) throws -> (pump: Pump, id: StreamID, durable: UInt64) {
-        var pump = try Pump(limits: Self.smallWindows)
-        pump.connect()
+    ) async throws -> (pump: Pump, id: StreamID, durable: UInt64) {
+        var pump = try await Pump(limits: Self.smallWindows)
+        await pump.connect()
         pump.tamper = { frame in
             if case .chunk(let chunk) = frame { return delivered(chunk) ? frame : nil }
             if case .hash = frame { return nil }
             return frame
         }
         let id = pump.upload(MemoryAgent.Job(key: "big.bin", data: bytes, fingerprint: [7, 7]))
-        pump.run()
-        pump.advance(by: .seconds(1))
+        await pump.run()
+        await pump.advance(by: .seconds(1))
         #expect(pump.agent.outcomes[id] == nil)
         let durable = try #require(pump.agent.acked[id])
-        #expect(pump.relay.backend.durableOffset("big.bin") == Int64(durable))
-        pump.relay.connectionClosed()
+        await #expect(pump.relay.backend.durableOffset("big.bin") == Int64(durable))
+        await pump.relay.connectionClosed()
         return (pump, id, durable)
     }
 
     @Test("resume: a second connection continues from the durable offset and sends only the rest")
-    func resumeAtOffset() throws {
+    func resumeAtOffset() async throws {
         let bytes = Self.data(40_000)
         var forwarded = 0
         // The link dies after 12,000 payload bytes: nothing more reaches the relay.
-        let (first, id1, durable) = try Self.interruptedUpload(bytes) { chunk in
+        let (first, id1, durable) = try await Self.interruptedUpload(bytes) { chunk in
             forwarded += chunk.payloadLength
             return forwarded <= 12_000
         }
@@ -128,55 +128,55 @@ struct ScenarioTests {
         #expect(durable <= 12_000 && durable > 11_000)
         let token = try #require(first.agent.resumeTokens[id1])
 
-        var second = Pump(backend: first.relay.backend)
-        second.connect()
+        var second = await Pump(backend: first.relay.backend)
+        await second.connect()
         let id2 = second.upload(MemoryAgent.Job(key: "big.bin", data: bytes, resumeToken: token))
-        second.run()
+        await second.run()
         #expect(second.agent.startedAt[id2] == durable)
         #expect(second.agent.sentPayload[id2] == bytes.count - Int(durable))
         guard case .stored = second.agent.outcomes[id2] else {
             Issue.record("not stored: \(String(describing: second.agent.outcomes[id2]))")
             return
         }
-        #expect(second.relay.backend.object("big.bin") == bytes)
+        await #expect(second.relay.backend.object("big.bin") == bytes)
     }
 
     @Test("resume by fingerprint alone, without the token")
-    func resumeByFingerprint() throws {
+    func resumeByFingerprint() async throws {
         let bytes = Self.data(40_000)
-        let (first, _, durable) = try Self.interruptedUpload(bytes) { $0.offset < 20_000 }
+        let (first, _, durable) = try await Self.interruptedUpload(bytes) { $0.offset < 20_000 }
         #expect(durable >= 20_000)
 
-        var second = Pump(backend: first.relay.backend)
-        second.connect()
+        var second = await Pump(backend: first.relay.backend)
+        await second.connect()
         let id = second.upload(MemoryAgent.Job(key: "big.bin", data: bytes, fingerprint: [7, 7]))
-        second.run()
+        await second.run()
         #expect(second.agent.startedAt[id] == durable)
-        #expect(second.relay.backend.object("big.bin") == bytes)
+        await #expect(second.relay.backend.object("big.bin") == bytes)
     }
 
     @Test("dedup: OPEN with size and SHA-1 of stored content gets OFFSET STORED, no byte is sent")
-    func dedupHit() throws {
-        var pump = try Pump()
+    func dedupHit() async throws {
+        var pump = try await Pump()
         let bytes = Self.data(10_000)
-        pump.connect()
+        await pump.connect()
         let first = pump.upload(MemoryAgent.Job(key: "same.jpg", data: bytes))
-        pump.run()
+        await pump.run()
         guard case .stored = pump.agent.outcomes[first] else {
             Issue.record("first upload: \(String(describing: pump.agent.outcomes[first]))")
             return
         }
         let id = pump.upload(MemoryAgent.Job(key: "same.jpg", data: bytes, announceSHA1: true))
-        pump.run()
+        await pump.run()
         #expect(pump.agent.outcomes[id] == .deduplicated)
         #expect(pump.agent.sentPayload[id] == nil)
         #expect(!pump.agentSent.contains { if case .chunk(let chunk) = $0 { chunk.streamID == id } else { false } })
     }
 
     @Test("CRC mismatch: the corrupted chunk is refused, nothing is committed, the other stream completes")
-    func crcMismatch() throws {
-        var pump = try Pump(limits: Self.smallWindows)
-        pump.connect()
+    func crcMismatch() async throws {
+        var pump = try await Pump(limits: Self.smallWindows)
+        await pump.connect()
         pump.tamper = { frame in
             guard case .chunk(var chunk) = frame, chunk.streamID == 1, chunk.offset == 2000 else { return frame }
             var bytes = Array(chunk.data.readableBytesView)
@@ -186,43 +186,43 @@ struct ScenarioTests {
         }
         let bad = pump.upload(MemoryAgent.Job(key: "bad", data: Self.data(9000)))
         pump.upload(MemoryAgent.Job(key: "good", data: Self.data(9000, seed: 2)))
-        pump.run()
+        await pump.run()
         #expect(pump.agent.outcomes[bad] == .failed(.crcMismatch))
-        #expect(pump.relay.backend.object("bad") == nil)
-        #expect(pump.relay.backend.object("good") == Self.data(9000, seed: 2))
+        await #expect(pump.relay.backend.object("bad") == nil)
+        await #expect(pump.relay.backend.object("good") == Self.data(9000, seed: 2))
         // Chunks in flight on the reset stream were discarded and their connection credit returned.
         #expect(pump.relay.machine.bufferedBytes == 0)
         #expect(pump.agent.machine.connectionCredit == Self.smallWindows.connectionWindow)
     }
 
     @Test("SHA-1 mismatch: an agent that lies about the hash gets HASH_MISMATCH and nothing is committed")
-    func sha1Mismatch() throws {
-        var pump = try Pump()
-        pump.connect()
+    func sha1Mismatch() async throws {
+        var pump = try await Pump()
+        await pump.connect()
         let liar = pump.upload(MemoryAgent.Job(key: "liar", data: Self.data(3000), lie: SHA1Digest.empty))
-        pump.run()
+        await pump.run()
         #expect(pump.agent.outcomes[liar] == .failed(.hashMismatch))
-        #expect(pump.relay.backend.object("liar") == nil)
-        #expect(pump.relay.backend.durableOffset("liar") == nil)
+        await #expect(pump.relay.backend.object("liar") == nil)
+        await #expect(pump.relay.backend.durableOffset("liar") == nil)
     }
 
     @Test("cancel: the relay forgets the session; frames already in flight are discarded")
-    func cancel() throws {
-        var pump = try Self.stalledPump()
+    func cancel() async throws {
+        var pump = try await Self.stalledPump()
         let id = pump.upload(MemoryAgent.Job(key: "cancelled", data: Self.data(30_000)))
-        pump.run()
+        await pump.run()
         // The relay holds a full window of unconsumed chunks; the agent cancels meanwhile.
         #expect(pump.relay.machine.bufferedBytes == Self.smallWindows.streamWindow)
         let cancel = pump.agent.machine.sendCancel(id, .cancelled, "user stopped it")
         #expect(cancel != nil)
         pump.agentSends(cancel.map { [$0] } ?? [])
-        pump.runStorage()
+        await pump.runStorage()
         // The storage steps the CANCEL asked for (the release) run too.
-        pump.runStorage()
+        await pump.runStorage()
         #expect(pump.relay.logs.contains { $0.hasPrefix("agent closed stream") && $0.contains("user stopped it") })
         #expect(pump.agent.machine.connectionCredit == Self.smallWindows.connectionWindow)
-        #expect(pump.relay.backend.durableOffset("cancelled") == nil)
-        #expect(pump.relay.backend.object("cancelled") == nil)
+        await #expect(pump.relay.backend.durableOffset("cancelled") == nil)
+        await #expect(pump.relay.backend.object("cancelled") == nil)
         #expect(!pump.agent.closed && !pump.relay.closed)
     }
 
@@ -230,11 +230,11 @@ struct ScenarioTests {
         "CANCEL or ERROR(N) of a stream whose bytes storage has not consumed gives them back to the connection at once (SPEC §5.4)",
         arguments: [true, false]
     )
-    func agentCloseReturnsHeldCredit(cancel: Bool) throws {
-        var pump = try Self.stalledPump()
+    func agentCloseReturnsHeldCredit(cancel: Bool) async throws {
+        var pump = try await Self.stalledPump()
         for round in 0..<4 {
             let id = pump.upload(MemoryAgent.Job(key: "k\(round)", data: Self.data(30_000)))
-            pump.run()
+            await pump.run()
             #expect(pump.relay.machine.bufferedBytes == Self.smallWindows.streamWindow)
             let close: Frame? =
                 cancel
@@ -243,10 +243,10 @@ struct ScenarioTests {
                     .error(Frame.Error(streamID: id, code: .cancelled, message: "stop"))
                 }
             pump.agentSends(close.map { [$0] } ?? [])
-            pump.run()
+            await pump.run()
             // Every byte the stream held is returned; storage consuming them later returns nothing twice.
             #expect(pump.agent.machine.connectionCredit == Self.smallWindows.connectionWindow)
-            pump.runStorage()
+            await pump.runStorage()
             #expect(pump.agent.machine.connectionCredit == Self.smallWindows.connectionWindow)
             #expect(pump.relay.machine.bufferedBytes == 0)
         }
@@ -254,31 +254,31 @@ struct ScenarioTests {
     }
 
     @Test("backpressure: with storage stalled the agent stops at its credit, and resumes when storage consumes")
-    func creditExhaustedThenRefilled() throws {
-        var pump = try Self.stalledPump()
+    func creditExhaustedThenRefilled() async throws {
+        var pump = try await Self.stalledPump()
         let bytes = Self.data(20_000)
         let id = pump.upload(MemoryAgent.Job(key: "slow", data: bytes))
-        pump.run()
+        await pump.run()
         #expect(pump.agent.sentPayload[id] == Self.smallWindows.streamWindow)
         #expect(pump.agent.machine.sendableBytes(on: id) == 0)
         var rounds = 0
         while pump.agent.outcomes[id] == nil {
             rounds += 1
             #expect(pump.relay.machine.bufferedBytes <= Self.smallWindows.streamWindow)
-            pump.runStorage()
+            await pump.runStorage()
             if rounds > 100 { break }
         }
         #expect(rounds > 3)
-        #expect(pump.relay.backend.object("slow") == bytes)
+        await #expect(pump.relay.backend.object("slow") == bytes)
     }
 
     @Test("GOAWAY with uploads in flight: open streams finish, new ones are refused")
-    func goAwayWithUploadsInFlight() throws {
-        var pump = try Self.stalledPump()
+    func goAwayWithUploadsInFlight() async throws {
+        var pump = try await Self.stalledPump()
         let inFlight = pump.upload(MemoryAgent.Job(key: "in-flight", data: Self.data(10_000)))
-        pump.run()
-        pump.relaySends(pump.relay.shutdown())
-        pump.run()
+        await pump.run()
+        await pump.relaySends(pump.relay.shutdown())
+        await pump.run()
         #expect(pump.agent.goingAway?.lastStreamID == inFlight)
         #expect(!pump.agent.machine.canOpenStream)
         // An agent that opens anyway (it had not seen GOAWAY yet) is refused on that stream only.
@@ -291,7 +291,7 @@ struct ScenarioTests {
                     connectionCredit: nil
                 ))
         while pump.agent.outcomes[inFlight] == nil && pump.relay.pendingStorageCount > 0 {
-            pump.runStorage()
+            await pump.runStorage()
         }
         guard case .stored = pump.agent.outcomes[inFlight] else {
             Issue.record("in-flight upload did not finish: \(String(describing: pump.agent.outcomes[inFlight]))")
@@ -300,43 +300,43 @@ struct ScenarioTests {
     }
 
     @Test("a bad token closes the connection with UNAUTHENTICATED before any stream")
-    func badToken() throws {
-        var pump = try Pump()
+    func badToken() async throws {
+        var pump = try await Pump()
         pump.agent.token = "wrong"
-        pump.connect()
+        await pump.connect()
         #expect(pump.agent.events.contains(.peerClosed(.unauthenticated, "unknown token (check --token or UPLOAD_TOKEN)")))
         #expect(pump.agent.closed)
     }
 
     @Test("deflate, when negotiated, carries compressible chunks and the store gets the raw bytes")
-    func deflate() throws {
-        var pump = try Pump()
-        pump.connect(features: .deflate)
+    func deflate() async throws {
+        var pump = try await Pump()
+        await pump.connect(features: .deflate)
         #expect(pump.relay.machine.negotiatedFeatures == .deflate)
         let text = Array(String(repeating: "all work and no play ", count: 2000).utf8)
         let id = pump.upload(MemoryAgent.Job(key: "text.txt", data: text, deflate: true))
-        pump.run()
+        await pump.run()
         guard case .stored = pump.agent.outcomes[id] else {
             Issue.record("not stored")
             return
         }
-        #expect(pump.relay.backend.object("text.txt") == text)
+        await #expect(pump.relay.backend.object("text.txt") == text)
         #expect(pump.agentSent.contains { if case .chunk(let c) = $0 { c.isDeflated } else { false } })
     }
 
     @Test("a hostile key is refused on its stream; the connection and other streams go on")
-    func hostileKey() throws {
-        var pump = try Pump()
-        pump.connect()
+    func hostileKey() async throws {
+        var pump = try await Pump()
+        await pump.connect()
         let bad = pump.upload(MemoryAgent.Job(key: "../../etc/passwd", data: [1]))
         let good = pump.upload(MemoryAgent.Job(key: "ok", data: [2]))
-        pump.run()
+        await pump.run()
         #expect(pump.agent.outcomes[bad] == .failed(.invalidKey))
         guard case .stored = pump.agent.outcomes[good] else {
             Issue.record("good stream failed")
             return
         }
-        #expect(pump.relay.backend.objectKeys() == ["ok"])
+        await #expect(pump.relay.backend.objectKeys() == ["ok"])
     }
 }
 
@@ -345,25 +345,25 @@ struct ScenarioTests {
 @Suite("Agent against relay, random schedules")
 struct RandomScheduleTests {
     @Test("every upload is stored byte for byte, whatever the order of frames, storage and timers; nothing is left held")
-    func randomSchedules() throws {
+    func randomSchedules() async throws {
         let base = ProcessInfo.processInfo.environment["SCENARIO_SEED"].flatMap(UInt64.init) ?? UInt64.random(in: 1...1_000_000)
         for round in 0..<12 {
             let seed = base &+ UInt64(round)
             print("random schedule seed \(seed) (SCENARIO_SEED=\(seed) replays it)")
-            try Self.run(seed: seed)
+            try await Self.run(seed: seed)
         }
     }
 
-    static func run(seed: UInt64) throws {
+    static func run(seed: UInt64) async throws {
         var rng = SeededGenerator(seed: seed)
         var limits = ProtocolLimits()
         limits.connectionWindow = Int.random(in: 4096...65_536, using: &rng)
         limits.streamWindow = Int.random(in: 1024...16_384, using: &rng)
         let syncBytes = Int.random(in: 1...20_000, using: &rng)
-        var pump = try Pump(limits: limits) { $0.syncBytes = syncBytes }
+        var pump = try await Pump(limits: limits) { $0.syncBytes = syncBytes }
         pump.relay.storageAtOnce = false
         pump.agent.chunkSize = Int.random(in: 100...3000, using: &rng)
-        pump.connect()
+        await pump.connect()
         var expected: [StreamID: (String, [UInt8])] = [:]
         for i in 0..<Int.random(in: 1...12, using: &rng) {
             let size = [0, 1, Int.random(in: 2...50_000, using: &rng)].randomElement(using: &rng)!
@@ -387,7 +387,7 @@ struct RandomScheduleTests {
                 // Some of the agent's bytes reach the relay, cut anywhere (even inside a frame).
                 let n = min(pump.toRelay.readableBytes, Int.random(in: 1...8192, using: &rng))
                 guard n > 0, var piece = pump.toRelay.readSlice(length: n) else { break }
-                pump.relaySends(pump.relay.receive(&piece))
+                await pump.relaySends(pump.relay.receive(&piece))
             case 4..<6:
                 // The agent's decoder takes whole frames from what it is given: the rest waits in its inbox.
                 let n = min(pump.toAgent.readableBytes, Int.random(in: 1...8192, using: &rng))
@@ -395,15 +395,15 @@ struct RandomScheduleTests {
                 agentInbox.writeBuffer(&piece)
                 pump.agentSends(pump.agent.receive(&agentInbox))
             case 6..<9:
-                pump.relaySends(pump.relay.runStorage(limit: Int.random(in: 1...3, using: &rng)))
+                await pump.relaySends(pump.relay.runStorage(limit: Int.random(in: 1...3, using: &rng)))
             default:
-                pump.relaySends(pump.relay.advance(by: .milliseconds(Int64.random(in: 1...400, using: &rng))))
+                await pump.relaySends(pump.relay.advance(by: .milliseconds(Int64.random(in: 1...400, using: &rng))))
             }
             if pump.toRelay.readableBytes == 0 && pump.toAgent.readableBytes == 0 && agentInbox.readableBytes == 0
                 && pump.relay.pendingStorageCount == 0
             {
                 // Nothing in flight: only a timer can move things on.
-                pump.relaySends(pump.relay.advance(by: .seconds(1)))
+                await pump.relaySends(pump.relay.advance(by: .seconds(1)))
                 pump.agentSends(pump.agent.sendWhatCreditAllows())
             }
         }
@@ -417,12 +417,12 @@ struct RandomScheduleTests {
                 continue
             }
             #expect(result.key == key, "seed \(seed)")
-            #expect(pump.relay.backend.object(key) == bytes, "seed \(seed): \(key) differs in the store")
+            await #expect(pump.relay.backend.object(key) == bytes, "seed \(seed): \(key) differs in the store")
             #expect(pump.agent.acked[id] ?? 0 <= UInt64(bytes.count), "seed \(seed): \(key) acknowledged past its end")
         }
         #expect(pump.relay.machine.openStreamCount == 0, "seed \(seed)")
         #expect(pump.agent.machine.connectionCredit == limits.connectionWindow, "seed \(seed): connection credit not all back")
-        pump.relay.connectionClosed()
+        await pump.relay.connectionClosed()
         #expect(!pump.relay.backend.holdsResources, "seed \(seed): a claim, slot or memory is still held")
     }
 }

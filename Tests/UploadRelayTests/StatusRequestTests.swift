@@ -15,7 +15,7 @@ struct StatusRequestTests {
     }
 
     @Test("a key, a listing, HEAD; values percent-decoded, + kept a plus")
-    func accepted() throws {
+    func accepted() async throws {
         #expect(try Self.parse("/v1/status?key=photos/a%20b%2Bc+d.jpg").query == .key("photos/a b+c+d.jpg"))
         #expect(try Self.parse("/v1/status?key=%C3%A9t%C3%A9.jpg").query == .key("été.jpg"))
         #expect(try Self.parse("/v1/status/?key=x").query == .key("x"))
@@ -62,7 +62,7 @@ struct StatusRequestTests {
             ("GET", "/v1/status?key=x", ["Bearer a", "Bearer b"], .badRequest),
         ] as [(String, String, [String], StatusRefusal.Code)]
     )
-    func refused(method: String, uri: String, authorization: [String], code: StatusRefusal.Code) {
+    func refused(method: String, uri: String, authorization: [String], code: StatusRefusal.Code) async {
         #expect(throws: StatusRefusal.self) { try Self.parse(uri, method: method, authorization: authorization) }
         do {
             _ = try Self.parse(uri, method: method, authorization: authorization)
@@ -73,7 +73,7 @@ struct StatusRequestTests {
     }
 
     @Test("random URIs never trap, and every valid key, percent-encoded at random, reads back as itself", arguments: [21, 22, 23] as [UInt64])
-    func random(seed: UInt64) {
+    func random(seed: UInt64) async {
         var rng = SeededGenerator(seed: seed)
         let alphabet = Array("ab/%?&=+.é _-0F\u{7f}\\".unicodeScalars)
         for _ in 0..<2000 {

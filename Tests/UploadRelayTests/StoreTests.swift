@@ -15,80 +15,80 @@ import UploadTestSupport
 @Suite("Local store")
 struct StoreTests {
     @Test("commit makes the object appear whole under its key; staging is gone")
-    func commit() throws {
+    func commit() async throws {
         let root = TemporaryDirectories.make()
         let store = try LocalDirectoryStore(root: root + "/store", stagingDirectory: root + "/staging")
-        let staging = try store.openStaging(.named("s1"))
-        try staging.write(ByteBuffer(string: "hello "), at: 0)
-        try staging.write(ByteBuffer(string: "world"), at: 6)
+        let staging = try await store.openStaging(.named("s1"))
+        try await staging.write(ByteBuffer(string: "hello "), at: 0)
+        try await staging.write(ByteBuffer(string: "world"), at: 6)
         let key = try ObjectKey(validating: "a/b/c.txt")
         #expect(!FileManager.default.fileExists(atPath: root + "/store/a1/a/b/c.txt"))
-        _ = try store.commit(staging, as: key, account: "a1")
+        _ = try await store.commit(staging, as: key, account: "a1")
         #expect(FileManager.default.contents(atPath: root + "/store/a1/a/b/c.txt") == Data("hello world".utf8))
-        #expect(try store.stagingFiles().isEmpty)
-        #expect(try store.identity(of: key, account: "a1")?.size == 11)
-        #expect(try store.identity(of: key, account: "a2") == nil)
+        #expect(try await store.stagingFiles().isEmpty)
+        #expect(try await store.identity(of: key, account: "a1")?.size == 11)
+        #expect(try await store.identity(of: key, account: "a2") == nil)
     }
 
     @Test(
         "startup recovery: a commit renamed but not recorded is recorded; one not renamed is given up; an object whose file is gone is forgotten (finding 12)"
     )
-    func recovery() throws {
+    func recovery() async throws {
         let root = TemporaryDirectories.make()
         let store = try LocalDirectoryStore(root: root + "/store", stagingDirectory: root + "/staging")
         let catalog = try SQLiteCatalog(path: root + "/catalog.sqlite")
-        try catalog.addAccount(name: "cam", tokenHash: [1], quota: 1000)
+        try await catalog.addAccount(name: "cam", tokenHash: [1], quota: 1000)
         // 1. Crash between the rename and the record.
-        let renamed = try store.openStaging(.named("s1"))
-        try renamed.write(ByteBuffer(string: "hello"), at: 0)
+        let renamed = try await store.openStaging(.named("s1"))
+        try await renamed.write(ByteBuffer(string: "hello"), at: 0)
         let hello = SHA1Digest(bytes: SHA1.hash(Array("hello".utf8)))!.hex
         let first = PendingCommit(account: "cam", key: "a.txt", size: 5, sha1: hello, sessionID: nil)
-        try catalog.beginCommit(first)
-        _ = try store.commit(renamed, as: ObjectKey(validating: "a.txt"), account: "cam")
+        try await catalog.beginCommit(first)
+        _ = try await store.commit(renamed, as: ObjectKey(validating: "a.txt"), account: "cam")
         // 2. Crash before the rename: the reservation must not outlive it.
         let second = PendingCommit(account: "cam", key: "b.txt", size: 900, sha1: hello, sessionID: nil)
-        try catalog.beginCommit(second)
+        try await catalog.beginCommit(second)
         // 3. An object whose file went away.
         let gone = PendingCommit(account: "cam", key: "c.txt", size: 7, sha1: hello, sessionID: nil)
-        try catalog.beginCommit(gone)
-        try catalog.finishCommit(gone, identity: ObjectIdentity(device: 0, inode: 0, size: 7, modified: 0))
+        try await catalog.beginCommit(gone)
+        try await catalog.finishCommit(gone, identity: ObjectIdentity(device: 0, inode: 0, size: 7, modified: 0))
         var quiet = Logger(label: "test")
         quiet.logLevel = .critical
-        try RelayRuntime.recover(catalog: catalog, store: store, logger: quiet)
-        let a = try #require(try catalog.object(account: "cam", key: "a.txt"))
-        #expect(a.identity == (try store.identity(of: ObjectKey(validating: "a.txt"), account: "cam")))
-        #expect(try catalog.object(account: "cam", key: "b.txt") == nil)
-        #expect(try catalog.object(account: "cam", key: "c.txt") == nil)
-        #expect(try catalog.pendingCommits().isEmpty)
-        #expect(try catalog.account(named: "cam")?.usedBytes == 5)
-        #expect(try catalog.quotaUse(account: "cam", excludingKey: "x").left == 995)
+        try await RelayRuntime.recover(catalog: catalog, store: store, logger: quiet)
+        let a = try await #require(try catalog.object(account: "cam", key: "a.txt"))
+        #expect(a.identity == (try await store.identity(of: ObjectKey(validating: "a.txt"), account: "cam")))
+        #expect(try await catalog.object(account: "cam", key: "b.txt") == nil)
+        #expect(try await catalog.object(account: "cam", key: "c.txt") == nil)
+        #expect(try await catalog.pendingCommits().isEmpty)
+        #expect(try await catalog.account(named: "cam")?.usedBytes == 5)
+        #expect(try await catalog.quotaUse(account: "cam", excludingKey: "x").left == 995)
     }
 
     @Test("a resume needs its staging file with at least the durable bytes; a missing one is never recreated as zeros")
-    func resumeNeedsStaging() throws {
+    func resumeNeedsStaging() async throws {
         let root = TemporaryDirectories.make()
         let store = try LocalDirectoryStore(root: root + "/store", stagingDirectory: root + "/staging")
-        #expect(throws: StoreError.self) { try store.openStaging(.named("gone", offset: 4096)) }
+        await #expect(throws: StoreError.self) { try await store.openStaging(.named("gone", offset: 4096)) }
         #expect(!FileManager.default.fileExists(atPath: root + "/staging/gone"))
-        let staging = try store.openStaging(.named("short"))
-        try staging.write(ByteBuffer(string: "abc"), at: 0)
+        let staging = try await store.openStaging(.named("short"))
+        try await staging.write(ByteBuffer(string: "abc"), at: 0)
         staging.close()
-        #expect(throws: StoreError.self) { try store.openStaging(.named("short", offset: 10)) }
-        let resumed = try store.openStaging(.named("short", offset: 2))
+        await #expect(throws: StoreError.self) { try await store.openStaging(.named("short", offset: 10)) }
+        let resumed = try await store.openStaging(.named("short", offset: 2))
         resumed.close()
         #expect(FileManager.default.contents(atPath: root + "/staging/short") == Data("ab".utf8))
     }
 
     @Test("a symbolic link inside the store cannot lead a key outside it")
-    func symlinkEscape() throws {
+    func symlinkEscape() async throws {
         let root = TemporaryDirectories.make()
         let outside = TemporaryDirectories.make()
         let store = try LocalDirectoryStore(root: root + "/store", stagingDirectory: root + "/staging")
         try FileManager.default.createDirectory(atPath: root + "/store/a1", withIntermediateDirectories: true)
         try FileManager.default.createSymbolicLink(atPath: root + "/store/a1/evil", withDestinationPath: outside)
-        let staging = try store.openStaging(.named("s"))
-        try staging.write(ByteBuffer(string: "x"), at: 0)
-        #expect(throws: StoreError.self) { try store.commit(staging, as: try ObjectKey(validating: "evil/file"), account: "a1") }
+        let staging = try await store.openStaging(.named("s"))
+        try await staging.write(ByteBuffer(string: "x"), at: 0)
+        await #expect(throws: StoreError.self) { try await store.commit(staging, as: try ObjectKey(validating: "evil/file"), account: "a1") }
         #expect(!FileManager.default.fileExists(atPath: outside + "/file"))
     }
 }
@@ -97,13 +97,13 @@ struct StoreTests {
 @Suite("Staging with direct I/O")
 struct DirectStagingTests {
     /// Writes `data` in random pieces with random syncs, through a store with a small direct buffer.
-    func stage(_ data: [UInt8], from start: Int = 0, into staging: any StagingFile, rng: inout SeededGenerator) throws {
+    func stage(_ data: [UInt8], from start: Int = 0, into staging: any StagingFile, rng: inout SeededGenerator) async throws {
         var offset = start
         while offset < data.count {
             let n = min(data.count - offset, Int(rng.next() % 20_000) + 1)
-            try staging.write(ByteBuffer(bytes: data[offset..<offset + n]), at: Int64(offset))
+            try await staging.write(ByteBuffer(bytes: data[offset..<offset + n]), at: Int64(offset))
             offset += n
-            if rng.next() % 4 == 0 { try staging.sync() }
+            if rng.next() % 4 == 0 { try await staging.sync() }
         }
     }
 
@@ -128,129 +128,129 @@ struct DirectStagingTests {
     }
 
     @Test("random pieces and syncs, then commit: the object is exactly the bytes, and the writes went direct", arguments: [1, 2, 3])
-    func randomPieces(seed: UInt64) throws {
+    func randomPieces(seed: UInt64) async throws {
         var rng = SeededGenerator(seed: seed)
         let (root, store) = try Self.makeStore(directBuffer: 64 << 10)
         let data = self.randomBytes(300_000 + Int(rng.next() % 10_000), &rng)
-        let staging = try store.openStaging(.named("s"))
+        let staging = try await store.openStaging(.named("s"))
         // Where the file system takes O_DIRECT, the staging file must really use it (elsewhere it falls back).
         #expect((staging as? LocalStagingFile)?.isDirect == Self.supportsDirectIO(root), "direct I/O not in use in \(root)")
-        try self.stage(data, into: staging, rng: &rng)
-        _ = try store.commit(staging, as: ObjectKey(validating: "o.bin"), account: "a1")
+        try await self.stage(data, into: staging, rng: &rng)
+        _ = try await store.commit(staging, as: ObjectKey(validating: "o.bin"), account: "a1")
         #expect(FileManager.default.contents(atPath: root + "/store/a1/o.bin") == Data(data))
     }
 
     @Test("a resume inside a block keeps the durable bytes before it and the object is whole", arguments: [4, 5, 6])
-    func resumeInsideBlock(seed: UInt64) throws {
+    func resumeInsideBlock(seed: UInt64) async throws {
         var rng = SeededGenerator(seed: seed)
         let (root, store) = try Self.makeStore(directBuffer: 64 << 10)
         let data = self.randomBytes(200_000, &rng)
         let durable = 4096 * 17 + 1 + Int(rng.next() % 4000)
         // First run: the durable prefix, synced; then bytes that were never acknowledged, then the connection dies.
-        let first = try store.openStaging(.named("s"))
-        try self.stage(Array(data[..<durable]), into: first, rng: &rng)
-        try first.sync()
-        try first.write(ByteBuffer(bytes: self.randomBytes(10_000, &rng)), at: Int64(durable))
+        let first = try await store.openStaging(.named("s"))
+        try await self.stage(Array(data[..<durable]), into: first, rng: &rng)
+        try await first.sync()
+        try await first.write(ByteBuffer(bytes: self.randomBytes(10_000, &rng)), at: Int64(durable))
         first.close()
-        try self.resumeAndCommit(store, root: root, data, durable: durable, rng: &rng)
+        try await self.resumeAndCommit(store, root: root, data, durable: durable, rng: &rng)
     }
 
     /// Reopens staging file "s" at `durable`, writes the rest of `data` and commits: the object must be `data`.
-    func resumeAndCommit(_ store: LocalDirectoryStore, root: String, _ data: [UInt8], durable: Int, rng: inout SeededGenerator) throws {
+    func resumeAndCommit(_ store: LocalDirectoryStore, root: String, _ data: [UInt8], durable: Int, rng: inout SeededGenerator) async throws {
         // The resume cuts back to the durable offset and goes on from there.
-        let resumed = try store.openStaging(.named("s", offset: Int64(durable)))
+        let resumed = try await store.openStaging(.named("s", offset: Int64(durable)))
         #expect((resumed as? LocalStagingFile)?.isDirect == Self.supportsDirectIO(root))
-        try self.stage(data, from: durable, into: resumed, rng: &rng)
-        _ = try store.commit(resumed, as: ObjectKey(validating: "o.bin"), account: "a1")
+        try await self.stage(data, from: durable, into: resumed, rng: &rng)
+        _ = try await store.commit(resumed, as: ObjectKey(validating: "o.bin"), account: "a1")
         #expect(FileManager.default.contents(atPath: root + "/store/a1/o.bin") == Data(data))
     }
 
     @Test(
         "direct writes: each open upload holds one block between writes, whatever its size, and the writes borrow shared buffers; 40 uploads written in odd pieces, interleaved, are each exact"
     )
-    func directTailPerUpload() throws {
+    func directTailPerUpload() async throws {
         var rng = SeededGenerator(seed: 17)
         let (root, store) = try Self.makeStore(directBuffer: 1 << 20)
         let direct = Self.supportsDirectIO(root)
         var files: [(LocalStagingFile, [UInt8])] = []
         for index in 0..<40 {
-            let staging = try store.openStaging(.named("s\(index)")) as! LocalStagingFile
+            let staging = try await store.openStaging(.named("s\(index)")) as! LocalStagingFile
             files.append((staging, self.randomBytes((1 << 20) + Int(rng.next() % 50_000), &rng)))
         }
         var written = [Int](repeating: 0, count: files.count)
         while let index = written.indices.filter({ written[$0] < files[$0].1.count }).randomElement(using: &rng) {
             let (staging, data) = files[index]
             let length = min(data.count - written[index], Int(rng.next() % 300_000) + 1)
-            try staging.write(ByteBuffer(bytes: data[written[index]..<(written[index] + length)]), at: Int64(written[index]))
+            try await staging.write(ByteBuffer(bytes: data[written[index]..<(written[index] + length)]), at: Int64(written[index]))
             written[index] += length
             #expect(staging.directBufferBytes == (direct ? LocalStagingFile.block : 0))
         }
         #expect(DirectScratch.idleCount <= DirectScratch.maxIdle)
         for (index, (staging, data)) in files.enumerated() {
-            try staging.sync()
-            _ = try store.commit(staging, as: ObjectKey(validating: "f\(index)"), account: "a1")
+            try await staging.sync()
+            _ = try await store.commit(staging, as: ObjectKey(validating: "f\(index)"), account: "a1")
             #expect(FileManager.default.contents(atPath: root + "/store/a1/f\(index)") == Data(data), "f\(index)")
         }
     }
 
     @Test("an upload that announces fewer bytes than the direct buffer writes through the page cache; one of unknown size or more goes direct")
-    func smallAnnouncedUploadsSkipDirectIO() throws {
+    func smallAnnouncedUploadsSkipDirectIO() async throws {
         let (root, store) = try Self.makeStore(directBuffer: 1 << 20)
         let direct = Self.supportsDirectIO(root)
-        let small = try store.openStaging(.named("small", expectedSize: 16_384)) as! LocalStagingFile
-        let unknown = try store.openStaging(.named("unknown", expectedSize: nil)) as! LocalStagingFile
-        let large = try store.openStaging(.named("large", expectedSize: 1 << 20)) as! LocalStagingFile
+        let small = try await store.openStaging(.named("small", expectedSize: 16_384)) as! LocalStagingFile
+        let unknown = try await store.openStaging(.named("unknown", expectedSize: nil)) as! LocalStagingFile
+        let large = try await store.openStaging(.named("large", expectedSize: 1 << 20)) as! LocalStagingFile
         #expect(!small.isDirect)
         #expect(unknown.isDirect == direct && large.isDirect == direct)
         let bytes = (0..<16_384).map { UInt8(truncatingIfNeeded: $0 &* 31) }
-        try small.write(ByteBuffer(bytes: bytes), at: 0)
-        _ = try store.commit(small, as: ObjectKey(validating: "photos/small.jpg"), account: "a1")
+        try await small.write(ByteBuffer(bytes: bytes), at: 0)
+        _ = try await store.commit(small, as: ObjectKey(validating: "photos/small.jpg"), account: "a1")
         #expect(FileManager.default.contents(atPath: root + "/store/a1/photos/small.jpg") == Data(bytes))
         unknown.close()
         large.close()
     }
 
     @Test("a crash after a sync leaves a padded file; the resume cuts it to the durable offset and the object is whole")
-    func crashAfterSync() throws {
+    func crashAfterSync() async throws {
         var rng = SeededGenerator(seed: 11)
         let (root, store) = try Self.makeStore(directBuffer: 64 << 10)
         let data = self.randomBytes(150_000, &rng)
         let durable = 4096 * 9 + 1234
-        let first = try store.openStaging(.named("s"))
-        try first.write(ByteBuffer(bytes: data[..<durable]), at: 0)
-        try first.sync()
-        try first.write(ByteBuffer(bytes: self.randomBytes(70_000, &rng)), at: Int64(durable))
+        let first = try await store.openStaging(.named("s"))
+        try await first.write(ByteBuffer(bytes: data[..<durable]), at: 0)
+        try await first.sync()
+        try await first.write(ByteBuffer(bytes: self.randomBytes(70_000, &rng)), at: Int64(durable))
         // What the disk holds at this moment is what a kill -9 leaves: keep it, and put it back after close.
         let path = root + "/staging/s"
         let onDisk = FileManager.default.contents(atPath: path)!
         #expect(onDisk.count >= durable && onDisk.prefix(durable) == Data(data[..<durable]))
         first.close()
         #expect(FileManager.default.createFile(atPath: path, contents: onDisk))
-        try self.resumeAndCommit(store, root: root, data, durable: durable, rng: &rng)
+        try await self.resumeAndCommit(store, root: root, data, durable: durable, rng: &rng)
     }
 
     @Test("after seal or close a staging file refuses writes and syncs instead of pretending")
-    func noUseAfterSealOrClose() throws {
+    func noUseAfterSealOrClose() async throws {
         let (root, store) = try Self.makeStore()
-        let sealed = try store.openStaging(.named("a"))
-        try sealed.write(ByteBuffer(string: "abc"), at: 0)
-        _ = try store.commit(sealed, as: ObjectKey(validating: "a.txt"), account: "a1")
-        #expect(throws: StoreError.self) { try sealed.write(ByteBuffer(string: "d"), at: 3) }
-        let closed = try store.openStaging(.named("b"))
+        let sealed = try await store.openStaging(.named("a"))
+        try await sealed.write(ByteBuffer(string: "abc"), at: 0)
+        _ = try await store.commit(sealed, as: ObjectKey(validating: "a.txt"), account: "a1")
+        await #expect(throws: StoreError.self) { try await sealed.write(ByteBuffer(string: "d"), at: 3) }
+        let closed = try await store.openStaging(.named("b"))
         closed.close()
-        #expect(throws: StoreError.self) { try closed.sync() }
+        await #expect(throws: StoreError.self) { try await closed.sync() }
         #expect(FileManager.default.contents(atPath: root + "/store/a1/a.txt") == Data("abc".utf8))
     }
 
     @Test("a write out of order turns the file to plain writes, with the same bytes")
-    func outOfOrder() throws {
+    func outOfOrder() async throws {
         let (root, store) = try Self.makeStore(directBuffer: 8192)
-        let staging = try store.openStaging(.named("s"))
-        try staging.write(ByteBuffer(repeating: 0x61, count: 10_000), at: 0)
-        try staging.write(ByteBuffer(repeating: 0x62, count: 100), at: 50)
+        let staging = try await store.openStaging(.named("s"))
+        try await staging.write(ByteBuffer(repeating: 0x61, count: 10_000), at: 0)
+        try await staging.write(ByteBuffer(repeating: 0x62, count: 100), at: 50)
         #expect((staging as? LocalStagingFile)?.isDirect == false)
-        try staging.write(ByteBuffer(repeating: 0x63, count: 5), at: 10_000)
-        _ = try store.commit(staging, as: ObjectKey(validating: "o.bin"), account: "a1")
+        try await staging.write(ByteBuffer(repeating: 0x63, count: 5), at: 10_000)
+        _ = try await store.commit(staging, as: ObjectKey(validating: "o.bin"), account: "a1")
         var expected = [UInt8](repeating: 0x61, count: 10_005)
         expected.replaceSubrange(50..<150, with: repeatElement(0x62, count: 100))
         expected.replaceSubrange(10_000..<10_005, with: repeatElement(0x63, count: 5))

@@ -26,27 +26,27 @@ struct StripeTests {
     }
 
     /// A connection to `backend` that negotiated stripes, sending 256 KiB chunks.
-    static func connection(_ backend: RelayBackend) -> Pump {
-        var pump = Pump(backend: backend)
+    static func connection(_ backend: RelayBackend) async -> Pump {
+        var pump = await Pump(backend: backend)
         pump.agent.chunkSize = 256 << 10
-        pump.connect(features: .stripes)
+        await pump.connect(features: .stripes)
         return pump
     }
 
     /// A new connection that opened `bytes` under `key` with STRIPED and sent stripe 0, its HASH held back: the connection,
     /// the stream, and the upload's token that PART streams name.
-    static func openStriped(_ backend: RelayBackend, _ key: String, _ bytes: [UInt8]) throws -> (Pump, StreamID, [UInt8]) {
-        var main = Self.connection(backend)
+    static func openStriped(_ backend: RelayBackend, _ key: String, _ bytes: [UInt8]) async throws -> (Pump, StreamID, [UInt8]) {
+        var main = await Self.connection(backend)
         let id = main.upload(MemoryAgent.Job(key: key, data: bytes, striped: true, holdHash: true))
-        main.run()
+        await main.run()
         return (main, id, try #require(main.agent.resumeTokens[id]))
     }
 
     /// The main stream's HASH goes out (its stripes are in, or the test says they are not).
-    static func sendHash(_ main: inout Pump, _ id: StreamID) {
+    static func sendHash(_ main: inout Pump, _ id: StreamID) async {
         main.agent.jobs[id]?.holdHash = false
         main.agentSends(main.agent.sendWhatCreditAllows())
-        main.run()
+        await main.run()
     }
 
     static func stored(_ outcome: MemoryAgent.Outcome?) -> Bool {
@@ -55,157 +55,157 @@ struct StripeTests {
     }
 
     @Test("a blob of three stripes: stripe 0 on one connection, 1 and 2 on another; HASH on the first commits the exact bytes")
-    func threeStripes() throws {
-        let backend = try RelayBackend()
+    func threeStripes() async throws {
+        let backend = try await RelayBackend()
         let bytes = Self.blob(32 * Self.mib + 100_000)
         #expect(Frame.Stripes(size: UInt64(bytes.count)).count == 3)
-        let (opened, id, token) = try Self.openStriped(backend, "clips/long.mp4", bytes)
+        let (opened, id, token) = try await Self.openStriped(backend, "clips/long.mp4", bytes)
         var main = opened
-        var parts = Self.connection(backend)
+        var parts = await Self.connection(backend)
         #expect(!token.isEmpty)
         #expect(main.agent.sentPayload[id] == 16 * Self.mib)
 
         let one = parts.upload(MemoryAgent.Job(key: "clips/long.mp4", data: bytes, resumeToken: token, part: 1))
         let two = parts.upload(MemoryAgent.Job(key: "clips/long.mp4", data: bytes, resumeToken: token, part: 2))
-        parts.run()
+        await parts.run()
         #expect(Self.stored(parts.agent.outcomes[one]))
         #expect(Self.stored(parts.agent.outcomes[two]))
         #expect(parts.agent.sentPayload[two] == 100_000)
         // A complete stripe opened again: nothing to send.
         let again = parts.upload(MemoryAgent.Job(key: "clips/long.mp4", data: bytes, resumeToken: token, part: 2))
-        parts.run()
+        await parts.run()
         #expect(parts.agent.outcomes[again] == .deduplicated)
-        #expect(backend.object("clips/long.mp4") == nil)
+        await #expect(backend.object("clips/long.mp4") == nil)
 
-        Self.sendHash(&main, id)
+        await Self.sendHash(&main, id)
         guard case .stored(let result) = main.agent.outcomes[id] else {
             Issue.record("main stream: \(String(describing: main.agent.outcomes[id]))")
             return
         }
         #expect(result.size == UInt64(bytes.count))
-        #expect(backend.object("clips/long.mp4") == bytes)
-        #expect(backend.durableOffset("clips/long.mp4") == nil)
+        await #expect(backend.object("clips/long.mp4") == bytes)
+        await #expect(backend.durableOffset("clips/long.mp4") == nil)
         // Committed: the token names no striped upload any more.
         let late = parts.upload(MemoryAgent.Job(key: "clips/long.mp4", data: bytes, resumeToken: token, part: 1))
-        parts.run()
+        await parts.run()
         #expect(parts.agent.outcomes[late] == .failed(.storageError))
-        main.relay.connectionClosed()
-        parts.relay.connectionClosed()
+        await main.relay.connectionClosed()
+        await parts.relay.connectionClosed()
         #expect(!backend.holdsResources)
     }
 
     @Test("HASH with a stripe missing is SIZE_MISMATCH and keeps stripe 0; once the stripe arrives the main stream resumes at its end")
-    func hashBeforeStripes() throws {
-        let backend = try RelayBackend()
+    func hashBeforeStripes() async throws {
+        let backend = try await RelayBackend()
         let bytes = Self.blob(16 * Self.mib + 5000, seed: 9)
-        var main = Self.connection(backend)
+        var main = await Self.connection(backend)
         let id = main.upload(MemoryAgent.Job(key: "v.mov", data: bytes, striped: true))
-        main.run()
+        await main.run()
         #expect(main.agent.outcomes[id] == .failed(.sizeMismatch))
         let token = try #require(main.agent.resumeTokens[id])
-        #expect(backend.durableOffset("v.mov") == Int64(16 * Self.mib))
+        await #expect(backend.durableOffset("v.mov") == Int64(16 * Self.mib))
 
-        var parts = Self.connection(backend)
+        var parts = await Self.connection(backend)
         let one = parts.upload(MemoryAgent.Job(key: "v.mov", data: bytes, resumeToken: token, part: 1))
-        parts.run()
+        await parts.run()
         #expect(Self.stored(parts.agent.outcomes[one]))
         // The session holds stripe 0's durable bytes and the complete stripe against the quota.
-        let use = try backend.services.catalog.quotaUse(account: "cam-7", excludingKey: "other", active: [:])
+        let use = try await backend.services.catalog.quotaUse(account: "cam-7", excludingKey: "other", active: [:])
         #expect(use.staged == Int64(bytes.count))
 
         let resumed = main.upload(MemoryAgent.Job(key: "v.mov", data: bytes, resumeToken: token, striped: true))
-        main.run()
+        await main.run()
         #expect(main.agent.startedAt[resumed] == UInt64(16 * Self.mib))
         #expect(Self.stored(main.agent.outcomes[resumed]))
-        #expect(backend.object("v.mov") == bytes)
+        await #expect(backend.object("v.mov") == bytes)
     }
 
     @Test("a stripe whose bytes differ from what was hashed fails the commit with HASH_MISMATCH, nothing visible")
-    func lyingStripe() throws {
-        let backend = try RelayBackend()
+    func lyingStripe() async throws {
+        let backend = try await RelayBackend()
         let bytes = Self.blob(16 * Self.mib + 4096, seed: 11)
         var other = bytes
         other[other.count - 1] ^= 0xFF
-        let (opened, id, token) = try Self.openStriped(backend, "x", bytes)
+        let (opened, id, token) = try await Self.openStriped(backend, "x", bytes)
         var main = opened
-        var parts = Self.connection(backend)
+        var parts = await Self.connection(backend)
         parts.upload(MemoryAgent.Job(key: "x", data: other, resumeToken: token, part: 1))
-        parts.run()
-        Self.sendHash(&main, id)
+        await parts.run()
+        await Self.sendHash(&main, id)
         #expect(main.agent.outcomes[id] == .failed(.hashMismatch))
-        #expect(backend.object("x") == nil)
-        #expect(backend.durableOffset("x") == nil)
+        await #expect(backend.object("x") == nil)
+        await #expect(backend.durableOffset("x") == nil)
     }
 
     @Test(
         "one stream per stripe: a second PART of an open stripe is KEY_BUSY; a PART of a key with no striped upload, or with another token, is STORAGE_ERROR"
     )
-    func refusals() throws {
-        let backend = try RelayBackend()
+    func refusals() async throws {
+        let backend = try await RelayBackend()
         let bytes = Self.blob(16 * Self.mib + 10, seed: 5)
-        let (opened, id, token) = try Self.openStriped(backend, "k", bytes)
+        let (opened, id, token) = try await Self.openStriped(backend, "k", bytes)
         var main = opened
-        var first = Self.connection(backend)
-        var second = Self.connection(backend)
+        var first = await Self.connection(backend)
+        var second = await Self.connection(backend)
         let open = first.upload(MemoryAgent.Job(key: "k", data: bytes, resumeToken: token, part: 1, holdHash: true))
-        first.run()
+        await first.run()
         #expect(first.agent.outcomes[open] == nil)
         let busy = second.upload(MemoryAgent.Job(key: "k", data: bytes, resumeToken: token, part: 1))
         let noUpload = second.upload(MemoryAgent.Job(key: "other", data: bytes, resumeToken: token, part: 1))
-        second.run()
+        await second.run()
         #expect(second.agent.outcomes[busy] == .failed(.keyBusy))
         #expect(second.agent.outcomes[noUpload] == .failed(.storageError))
         // The first PART's stream ends without HASH: its stripe is not complete, and a new stream sends it again.
-        first.relay.connectionClosed()
+        await first.relay.connectionClosed()
         let wrongToken = second.upload(MemoryAgent.Job(key: "k", data: bytes, resumeToken: [1, 2, 3], part: 1))
-        second.run()
+        await second.run()
         #expect(second.agent.outcomes[wrongToken] == .failed(.storageError))
         let retry = second.upload(MemoryAgent.Job(key: "k", data: bytes, resumeToken: token, part: 1))
-        second.run()
+        await second.run()
         #expect(Self.stored(second.agent.outcomes[retry]))
         #expect(second.agent.sentPayload[retry] == 10)
-        Self.sendHash(&main, id)
-        #expect(backend.object("k") == bytes)
+        await Self.sendHash(&main, id)
+        await #expect(backend.object("k") == bytes)
     }
 
     @Test("OPEN of a striped session without STRIPED starts over; CANCEL of a PART keeps the upload")
-    func sessionRules() throws {
-        let backend = try RelayBackend()
+    func sessionRules() async throws {
+        let backend = try await RelayBackend()
         let bytes = Self.blob(16 * Self.mib + 100, seed: 7)
-        let (opened, _, token) = try Self.openStriped(backend, "s", bytes)
+        let (opened, _, token) = try await Self.openStriped(backend, "s", bytes)
         var main = opened
-        var parts = Self.connection(backend)
+        var parts = await Self.connection(backend)
         let part = parts.upload(MemoryAgent.Job(key: "s", data: bytes, resumeToken: token, part: 1, holdHash: true))
-        parts.run()
+        await parts.run()
         parts.agentSends([parts.agent.machine.sendCancel(part, .cancelled, "test")].compactMap { $0 })
-        parts.run()
-        #expect(backend.durableOffset("s") != nil)
-        main.relay.connectionClosed()
-        var plain = Self.connection(backend)
+        await parts.run()
+        await #expect(backend.durableOffset("s") != nil)
+        await main.relay.connectionClosed()
+        var plain = await Self.connection(backend)
         let whole = plain.upload(MemoryAgent.Job(key: "s", data: bytes, resumeToken: token))
-        plain.run()
+        await plain.run()
         #expect(plain.agent.startedAt[whole] == 0)
         #expect(Self.stored(plain.agent.outcomes[whole]))
-        #expect(backend.object("s") == bytes)
+        await #expect(backend.object("s") == bytes)
     }
 
     @Test("expiry spares a striped session while a stream writes one of its stripes, its main stream away; then it expires")
-    func expiryWhileStriping() throws {
-        let backend = try RelayBackend()
+    func expiryWhileStriping() async throws {
+        let backend = try await RelayBackend()
         let bytes = Self.blob(16 * Self.mib + 300, seed: 13)
-        let (opened, _, token) = try Self.openStriped(backend, "e", bytes)
+        let (opened, _, token) = try await Self.openStriped(backend, "e", bytes)
         var main = opened
-        main.relay.connectionClosed()
-        var parts = Self.connection(backend)
+        await main.relay.connectionClosed()
+        var parts = await Self.connection(backend)
         parts.upload(MemoryAgent.Job(key: "e", data: bytes, resumeToken: token, part: 1, holdHash: true))
-        parts.run()
+        await parts.run()
         let services = backend.services
         let keys = RelayRuntime.KeyGuard.claiming(services.claims)
-        try RelayRuntime.cleanUp(catalog: services.catalog, store: services.store, expiry: .zero, logger: services.logger, keys: keys)
-        #expect(backend.durableOffset("e") != nil, "a session with a stripe being written expired")
-        parts.relay.connectionClosed()
-        try RelayRuntime.cleanUp(catalog: services.catalog, store: services.store, expiry: .zero, logger: services.logger, keys: keys)
-        #expect(backend.durableOffset("e") == nil)
+        try await RelayRuntime.cleanUp(catalog: services.catalog, store: services.store, expiry: .zero, logger: services.logger, keys: keys)
+        await #expect(backend.durableOffset("e") != nil, "a session with a stripe being written expired")
+        await parts.relay.connectionClosed()
+        try await RelayRuntime.cleanUp(catalog: services.catalog, store: services.store, expiry: .zero, logger: services.logger, keys: keys)
+        await #expect(backend.durableOffset("e") == nil)
         #expect(!backend.holdsResources)
     }
 }

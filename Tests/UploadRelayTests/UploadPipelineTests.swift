@@ -32,7 +32,7 @@ struct UploadPipelineTests {
     }
 
     @Test("chunks are written one batch at a time; a small remainder waits for the sync timer, then is acknowledged")
-    func writeBatchesThenTimedSync() {
+    func writeBatchesThenTimedSync() async {
         var p = Self.pipeline(batchBytes: 100)
         let first = p.enqueue(Self.chunk(at: 0, 60))
         #expect(Self.writes(first).map { $0.1 } == [0])
@@ -57,7 +57,7 @@ struct UploadPipelineTests {
     }
 
     @Test("past the sync threshold, durability comes before more writes (issue 6 finding 23)")
-    func syncBeforeMoreWrites() {
+    func syncBeforeMoreWrites() async {
         var p = Self.pipeline(syncBytes: 100, batchBytes: 100)
         _ = p.enqueue(Self.chunk(at: 0, 100))
         _ = p.enqueue(Self.chunk(at: 100, 50))
@@ -69,7 +69,7 @@ struct UploadPipelineTests {
     }
 
     @Test("HASH: the rest is written, then committed with no sync of its own; RESULT follows the key's closing and release")
-    func hashCommitsWithoutSync() {
+    func hashCommitsWithoutSync() async {
         var p = Self.pipeline()
         _ = p.enqueue(Self.chunk(at: 0, 10))
         let hash = Frame.Hash(streamID: Self.id, size: 10, sha1: SHA1Digest.empty)
@@ -88,7 +88,7 @@ struct UploadPipelineTests {
     }
 
     @Test("an upload of unknown size that passes the quota, or the relay's largest blob, fails and drops its session")
-    func byteLimit() {
+    func byteLimit() async {
         for (limit, code) in [(Int64(50), WireErrorCode.quotaExceeded), (60, .tooLarge)] {
             var p = Self.pipeline(byteLimit: limit, maxBlobSize: 60)
             // The first chunk is being written when the second passes the limit: in-flight bytes count.
@@ -102,7 +102,7 @@ struct UploadPipelineTests {
     }
 
     @Test("a link cut during a write keeps what arrived: written and synced, then released without reporting")
-    func abortKeepsReceivedBytes() {
+    func abortKeepsReceivedBytes() async {
         var p = Self.pipeline()
         _ = p.enqueue(Self.chunk(at: 0, 10))
         _ = p.enqueue(Self.chunk(at: 10, 10))
@@ -114,7 +114,7 @@ struct UploadPipelineTests {
     }
 
     @Test("a store that keeps a short tail back (S3 parts): no ACK for it, no second sync until more arrives, quiet, and a cut lets go")
-    func storeKeepsTailBack() {
+    func storeKeepsTailBack() async {
         var p = Self.pipeline(syncBytes: 100)
         _ = p.enqueue(Self.chunk(at: 0, 100))
         #expect(p.writeFinished(consumed: [100], error: nil) == [.report(.consumed(100)), .storage(.sync(through: 100))])
@@ -141,7 +141,7 @@ struct UploadPipelineTests {
     }
 
     @Test("a bad chunk is never written: the bytes before it are made durable for a resume, the error reported once")
-    func badChunkKeepsPrefix() {
+    func badChunkKeepsPrefix() async {
         var p = Self.pipeline()
         _ = p.enqueue(Self.chunk(at: 0, 10))
         let bad = p.writeFinished(consumed: [], error: (.crcMismatch, "chunk at offset 0"))
@@ -150,7 +150,7 @@ struct UploadPipelineTests {
     }
 
     @Test("a commit refused keeping the session makes the bytes durable on the way out, then lets go")
-    func refusedCommitKeepsBytes() {
+    func refusedCommitKeepsBytes() async {
         var p = Self.pipeline()
         _ = p.enqueue(Self.chunk(at: 0, 10))
         let hash = Frame.Hash(streamID: Self.id, size: 10, sha1: SHA1Digest.empty)
@@ -163,7 +163,7 @@ struct UploadPipelineTests {
     }
 
     @Test("a commit that crosses CANCEL reports nothing and lets go of the session")
-    func cancelCrossesCommit() {
+    func cancelCrossesCommit() async {
         var p = Self.pipeline()
         _ = p.finish(Frame.Hash(streamID: Self.id, size: 0, sha1: SHA1Digest.empty))
         #expect(p.abort(keepSession: false) == [.markClosing])
@@ -171,7 +171,7 @@ struct UploadPipelineTests {
     }
 
     @Test("a failed sync reports STORAGE_ERROR and lets go without trying again")
-    func syncFailure() {
+    func syncFailure() async {
         var p = Self.pipeline(syncBytes: 10)
         _ = p.enqueue(Self.chunk(at: 0, 10))
         #expect(p.writeFinished(consumed: [10], error: nil).last == .storage(.sync(through: 10)))
@@ -182,7 +182,7 @@ struct UploadPipelineTests {
 
     /// Seeded random inputs in any order the event loop could deliver them; prints the seed.
     @Test("random inputs in any order: one piece of work at a time, nothing reported after the end, one release", arguments: 0..<40)
-    func randomOrders(round: Int) {
+    func randomOrders(round: Int) async {
         let seed = UInt64(0x5EED_0000) + UInt64(round)
         var rng = SeededGenerator(seed: seed)
         let limit: Int64? = Bool.random(using: &rng) ? Int64.random(in: 1...400, using: &rng) : nil

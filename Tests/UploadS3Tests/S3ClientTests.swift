@@ -177,7 +177,7 @@ struct S3ClientTests {
 @Suite("S3 XML answers")
 struct S3XMLTests {
     @Test("values by element name: entities and numeric references decoded, prefixes of other names skipped, empty elements")
-    func values() {
+    func values() async {
         let xml = """
             <?xml version="1.0"?><ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><KeyCount>2</KeyCount>\
             <Contents><Key>a &amp; b &lt;c&gt; &#233;&#x20AC;</Key><Size>5</Size></Contents>\
@@ -194,7 +194,7 @@ struct S3XMLTests {
     }
 
     @Test("an error body: code, message, request id; a truncated body yields nil, never a crash")
-    func errors() {
+    func errors() async {
         let xml = "<Error><Code>NoSuchKey</Code><Message>The key does not exist.</Message><RequestId>r1</RequestId></Error>"
         #expect(S3XML.value(of: "Code", in: xml) == "NoSuchKey")
         #expect(S3XML.value(of: "RequestId", in: xml) == "r1")

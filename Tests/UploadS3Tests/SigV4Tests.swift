@@ -38,7 +38,7 @@ struct SigV4Tests {
     }()
 
     @Test("the vectors are there, and cover uploads=, an unsigned payload, a session token and encoded keys")
-    func coverage() {
+    func coverage() async {
         let names = Self.vectors.map(\.name)
         #expect(names.count >= 12)
         #expect(Self.vectors.contains { $0.canonical_request.contains("\nuploads=\n") })
@@ -48,7 +48,7 @@ struct SigV4Tests {
     }
 
     @Test("canonical request, string to sign, signature and headers: as botocore's", arguments: SigV4Tests.vectors.map(\.name))
-    func vector(_ name: String) throws {
+    func vector(_ name: String) async throws {
         let v = try #require(Self.vectors.first { $0.name == name })
         let signer = SigV4Signer(
             credentials: S3Credentials(accessKeyID: v.access_key_id, secretAccessKey: v.secret_access_key, sessionToken: v.token),
@@ -71,7 +71,7 @@ struct SigV4Tests {
     }
 
     @Test("a changed byte anywhere changes the signature: method, path, query, a header, the payload, the time, the key")
-    func sensitivity() throws {
+    func sensitivity() async throws {
         let signer = SigV4Signer(credentials: S3Credentials(accessKeyID: "AK", secretAccessKey: "SK"), region: "us-east-1")
         let base = SigV4Signer.Request(
             method: "PUT", path: "/b/k", query: [("partNumber", "1"), ("uploadId", "u")], headers: [("host", "h")],

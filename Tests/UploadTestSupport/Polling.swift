@@ -13,6 +13,16 @@ public enum Polling {
         return try condition()
     }
 
+    /// ``waitUntil(timeout:_:)`` for async work: the condition awaited, and the wait a task's sleep, never a thread's.
+    public static func waitUntil(timeout: Double = 30, _ condition: () async throws -> Bool) async rethrows -> Bool {
+        let deadline = Date().addingTimeInterval(timeout)
+        while Date() < deadline {
+            if try await condition() { return true }
+            try? await Task.sleep(for: .milliseconds(20))
+        }
+        return try await condition()
+    }
+
     /// ``waitUntil(timeout:_:)`` for async conditions, sleeping as a task.
     public static func eventually(timeout: Double = 10, _ condition: () async throws -> Bool) async throws -> Bool {
         let deadline = Date().addingTimeInterval(timeout)
@@ -21,5 +31,17 @@ public enum Polling {
             try await Task.sleep(for: .milliseconds(20))
         }
         return try await condition()
+    }
+}
+
+/// Runs blocking `body` (a wait for a child process, a read to the end of its pipe) on a thread of its own, so that the
+/// awaiting task holds none of the cooperative pool's few threads, which the in-process relays' and agents' tasks need.
+public func onThreadOfItsOwn<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+    try await withCheckedThrowingContinuation { continuation in
+        let thread = Thread {
+            continuation.resume(with: Result { try body() })
+        }
+        thread.stackSize = 1 << 20
+        thread.start()
     }
 }

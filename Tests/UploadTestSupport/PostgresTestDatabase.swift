@@ -19,7 +19,7 @@ public enum PostgresTestDatabase {
     }
 
     /// Makes a new, empty database; returns its URL and what drops it (its connections cut).
-    public static func make() throws -> (url: String, drop: @Sendable () -> Void) {
+    public static func make() async throws -> (url: String, drop: @Sendable () async -> Void) {
         guard let base = ProcessInfo.processInfo.environment["UPLOAD_TEST_POSTGRES_URL"] else {
             throw TestSetupError(description: Self.missing)
         }
@@ -27,33 +27,32 @@ public enum PostgresTestDatabase {
             throw TestSetupError(description: "UPLOAD_TEST_POSTGRES_URL names no database \"upload\" (.../upload?...): \(base)")
         }
         let name = "t_" + UUID().uuidString.replacingOccurrences(of: "-", with: "").prefix(16).lowercased()
-        let admin = try PostgresCatalog(url: base, logger: Self.quietLogger)
+        let admin = try await PostgresCatalog(url: base, logger: Self.quietLogger)
         do {
             // An ICU English collation, as production databases often have, rather than the cluster's C.UTF-8: no query
             // may rely on text ordering as bytes unless it says COLLATE "C".
-            try admin.execute("CREATE DATABASE \(name) TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LOCALE 'C.UTF-8'")
+            try await admin.execute("CREATE DATABASE \(name) TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LOCALE 'C.UTF-8'")
         } catch {
             admin.shutdown()
             throw error
         }
-        let drop: @Sendable () -> Void = {
-            try? admin.execute("DROP DATABASE \(name) WITH (FORCE)")
+        let drop: @Sendable () async -> Void = {
+            try? await admin.execute("DROP DATABASE \(name) WITH (FORCE)")
             admin.shutdown()
         }
         return (base.replacingCharacters(in: range, with: "/\(name)?"), drop)
     }
 
     /// Runs `body` with the URL of a new, empty database, then drops it, whether `body` threw or not.
-    public static func with<T>(_ body: (String) throws -> T) throws -> T {
-        let (url, drop) = try Self.make()
-        defer { drop() }
-        return try body(url)
-    }
-
-    /// ``with(_:)`` for async work.
     public static func with<T>(_ body: (String) async throws -> T) async throws -> T {
-        let (url, drop) = try Self.make()
-        defer { drop() }
-        return try await body(url)
+        let (url, drop) = try await Self.make()
+        do {
+            let value = try await body(url)
+            await drop()
+            return value
+        } catch {
+            await drop()
+            throw error
+        }
     }
 }

@@ -189,19 +189,19 @@ public struct Pump {
     public init(
         limits: ProtocolLimits = ProtocolLimits(), agentLimits: ProtocolLimits = ProtocolLimits(),
         configure: (inout RelayConfiguration) -> Void = { _ in }
-    ) throws {
-        let backend = try RelayBackend { configuration in
+    ) async throws {
+        let backend = try await RelayBackend { configuration in
             configuration.limits = limits
             configure(&configuration)
         }
-        self.init(backend: backend, agentLimits: agentLimits)
+        await self.init(backend: backend, agentLimits: agentLimits)
     }
 
     /// A new connection to `backend` (the relay of an earlier pump, say).
-    public init(backend: RelayBackend, agentLimits: ProtocolLimits = ProtocolLimits()) {
+    public init(backend: RelayBackend, agentLimits: ProtocolLimits = ProtocolLimits()) async {
         self.agent = MemoryAgent(limits: agentLimits)
         self.relay = RelayDriver(backend: backend)
-        self.relaySends(self.relay.start())
+        self.relaySends(await self.relay.start())
     }
 
     public mutating func agentSends(_ frames: [Frame]) {
@@ -221,31 +221,31 @@ public struct Pump {
     }
 
     /// Moves bytes both ways until neither side has anything more to say.
-    public mutating func run() {
+    public mutating func run() async {
         var rounds = 0
         while self.toRelay.readableBytes > 0 || self.toAgent.readableBytes > 0 {
             rounds += 1
             precondition(rounds < 100_000, "pump does not settle")
-            self.relaySends(self.relay.receive(&self.toRelay))
+            self.relaySends(await self.relay.receive(&self.toRelay))
             self.agentSends(self.agent.receive(&self.toAgent))
         }
     }
 
     /// Storage takes every waiting step (a stalled disk catches up), then the pump runs.
-    public mutating func runStorage(limit: Int = .max) {
-        self.relaySends(self.relay.runStorage(limit: limit))
-        self.run()
+    public mutating func runStorage(limit: Int = .max) async {
+        self.relaySends(await self.relay.runStorage(limit: limit))
+        await self.run()
     }
 
     /// The relay's clock moves on (sync timers, the drain, timeouts), then the pump runs.
-    public mutating func advance(by amount: TimeAmount) {
-        self.relaySends(self.relay.advance(by: amount))
-        self.run()
+    public mutating func advance(by amount: TimeAmount) async {
+        self.relaySends(await self.relay.advance(by: amount))
+        await self.run()
     }
 
-    public mutating func connect(features: Frame.Features = []) {
+    public mutating func connect(features: Frame.Features = []) async {
         self.agentSends(self.agent.hello(features: features))
-        self.run()
+        await self.run()
     }
 
     @discardableResult

@@ -17,14 +17,14 @@ public final class RelayBackend: Sendable {
     public let services: RelayServices
 
     /// A relay whose accounts are `tokens` (token → account name), with its configuration adjusted by `configure`.
-    public init(tokens: [String: String] = ["good-token": "cam-7"], configure: (inout RelayConfiguration) -> Void = { _ in }) throws {
+    public init(tokens: [String: String] = ["good-token": "cam-7"], configure: (inout RelayConfiguration) -> Void = { _ in }) async throws {
         self.directory = TemporaryDirectories.make(prefix: "upload-relay-driver-")
         var configuration = RelayConfiguration(certificatePath: "-", privateKeyPath: "-", dataDirectory: self.directory)
         configuration.maxOpenUploads = 1024
         configure(&configuration)
         let catalog = try SQLiteCatalog(path: configuration.catalogPath)
-        for (token, account) in tokens.sorted(by: { $0.key < $1.key }) where try catalog.account(named: account) == nil {
-            try catalog.addAccount(name: account, tokenHash: Tokens.hash(Array(token.utf8)), quota: nil)
+        for (token, account) in tokens.sorted(by: { $0.key < $1.key }) where try await catalog.account(named: account) == nil {
+            try await catalog.addAccount(name: account, tokenHash: Tokens.hash(Array(token.utf8)), quota: nil)
         }
         let store = try LocalDirectoryStore(root: configuration.storePath, stagingDirectory: configuration.stagingDirectory, directBuffer: 0)
         self.services = RelayServices(
@@ -33,19 +33,19 @@ public final class RelayBackend: Sendable {
     }
 
     /// The committed object of `key`, read from the store; nil when there is none.
-    public func object(_ key: String, account: String = "cam-7") -> [UInt8]? {
-        guard (try? self.services.catalog.object(account: account, key: key)) != nil else { return nil }
+    public func object(_ key: String, account: String = "cam-7") async -> [UInt8]? {
+        guard (try? await self.services.catalog.object(account: account, key: key)) != nil else { return nil }
         return FileManager.default.contents(atPath: "\(self.services.configuration.storePath)/\(account)/\(key)").map { Array($0) }
     }
 
     /// The keys of every committed object of `account`, sorted.
-    public func objectKeys(account: String = "cam-7") -> [String] {
-        ((try? self.services.catalog.objects()) ?? []).filter { $0.account == account }.map(\.key).sorted()
+    public func objectKeys(account: String = "cam-7") async -> [String] {
+        ((try? await self.services.catalog.objects()) ?? []).filter { $0.account == account }.map(\.key).sorted()
     }
 
     /// The durable offset of the unfinished upload of `key`; nil when there is none.
-    public func durableOffset(_ key: String, account: String = "cam-7") -> Int64? {
-        (try? self.services.catalog.session(account: account, key: key))??.durableOffset
+    public func durableOffset(_ key: String, account: String = "cam-7") async -> Int64? {
+        (try? await self.services.catalog.session(account: account, key: key))??.durableOffset
     }
 
     /// Whether any key is claimed, any upload slot taken or any memory held: after every connection closed and its
@@ -96,75 +96,75 @@ public struct RelayDriver {
     public var pendingStorageCount: Int { self.pendingStorage.count }
 
     /// The connection is accepted and TLS chose the protocol's ALPN id.
-    public mutating func start() -> [Frame] {
+    public mutating func start() async -> [Frame] {
         var out: [Frame] = []
-        self.run(self.session.started(now: self.now), into: &out)
-        self.run(self.session.tlsHandshakeCompleted(alpn: ProtocolLimits.alpn, now: self.now), into: &out)
-        self.settle(into: &out)
+        await self.run(self.session.started(now: self.now), into: &out)
+        await self.run(self.session.tlsHandshakeCompleted(alpn: ProtocolLimits.alpn, now: self.now), into: &out)
+        await self.settle(into: &out)
         return out
     }
 
     /// Bytes from the agent: every whole frame is handled, and the frames the relay writes are returned.
-    public mutating func receive(_ bytes: inout ByteBuffer) -> [Frame] {
+    public mutating func receive(_ bytes: inout ByteBuffer) async -> [Frame] {
         var out: [Frame] = []
         self.session.received(bytes)
         bytes.moveReaderIndex(to: bytes.writerIndex)
         while let actions = self.session.nextFrame(now: self.now) {
-            self.run(actions, into: &out)
+            await self.run(actions, into: &out)
         }
-        self.run(self.session.readingPaused(now: self.now), into: &out)
-        self.settle(into: &out)
+        await self.run(self.session.readingPaused(now: self.now), into: &out)
+        await self.settle(into: &out)
         return out
     }
 
     /// Runs up to `limit` waiting storage steps, in order; the frames the relay writes.
-    public mutating func runStorage(limit: Int = .max) -> [Frame] {
+    public mutating func runStorage(limit: Int = .max) async -> [Frame] {
         var out: [Frame] = []
         var ran = 0
         while ran < limit, !self.pendingStorage.isEmpty {
             let (id, step) = self.pendingStorage.removeFirst()
-            self.perform(step, of: id, into: &out)
+            await self.perform(step, of: id, into: &out)
             ran += 1
         }
-        self.settle(into: &out)
+        await self.settle(into: &out)
         return out
     }
 
     /// Moves the clock and fires every timer due by then, earliest first.
-    public mutating func advance(by amount: TimeAmount) -> [Frame] {
+    public mutating func advance(by amount: TimeAmount) async -> [Frame] {
         self.now = self.now + amount
         var out: [Frame] = []
         while let (timer, _) = self.timers.filter({ $0.value <= self.now }).min(by: { $0.value < $1.value }) {
             self.timers[timer] = nil
-            self.run(self.session.timerFired(timer, now: self.now), into: &out)
+            await self.run(self.session.timerFired(timer, now: self.now), into: &out)
         }
-        self.settle(into: &out)
+        await self.settle(into: &out)
         return out
     }
 
     /// Graceful shutdown (SPEC §6.5): GOAWAY, then the drain.
-    public mutating func shutdown() -> [Frame] {
+    public mutating func shutdown() async -> [Frame] {
         var out: [Frame] = []
-        self.run(self.session.shutdown(), into: &out)
-        self.settle(into: &out)
+        await self.run(self.session.shutdown(), into: &out)
+        await self.settle(into: &out)
         return out
     }
 
     /// The agent's side of the connection is gone (or the relay closed it).
-    public mutating func connectionClosed() {
+    public mutating func connectionClosed() async {
         var out: [Frame] = []
-        self.run(self.session.connectionClosed(), into: &out)
+        await self.run(self.session.connectionClosed(), into: &out)
         self.closed = true
         // Storage finishes after the connection has gone, as on the thread pool.
         let atOnce = self.storageAtOnce
         self.storageAtOnce = true
-        self.settle(into: &out)
+        await self.settle(into: &out)
         self.storageAtOnce = atOnce
     }
 
     // MARK: Running actions, as RelayConnectionHandler does
 
-    mutating func run(_ actions: [RelaySession.Action], into out: inout [Frame]) {
+    mutating func run(_ actions: [RelaySession.Action], into out: inout [Frame]) async {
         for action in actions {
             switch action {
             case .write(let frame):
@@ -176,19 +176,25 @@ public struct RelayDriver {
             case .cancel(let timer):
                 self.timers[timer] = nil
             case .authenticate(let hello):
-                let result = Result { try self.backend.services.catalog.account(tokenHash: Tokens.hash(hello.credential)) }
-                self.run(self.session.authenticated(result), into: &out)
+                let result: Result<Account?, any Error>
+                do {
+                    result = .success(try await self.backend.services.catalog.account(tokenHash: Tokens.hash(hello.credential)))
+                } catch {
+                    result = .failure(error)
+                }
+                await self.run(self.session.authenticated(result), into: &out)
             case .lookUp(let open, let key, let account):
-                let (decision, storage) = RelayWork.lookUp(open, key, account, services: self.backend.services, logger: self.backend.services.logger)
+                let (decision, storage) = await RelayWork.lookUp(
+                    open, key, account, services: self.backend.services, logger: self.backend.services.logger)
                 self.storages[open.streamID] = storage
-                self.run(self.session.uploadLookedUp(open.streamID, decision, key: key), into: &out)
+                await self.run(self.session.uploadLookedUp(open.streamID, decision, key: key), into: &out)
             case .storage(let id, let step):
                 self.pendingStorage.append((id, step))
             case .dropStorage(let id):
                 self.storages[id] = nil
             case .plan(let plan, let account):
-                let answer = UploadPolicy(services: self.backend.services).plan(account: account, plan: plan)
-                self.run(self.session.planAnswered(answer), into: &out)
+                let answer = await UploadPolicy(services: self.backend.services).plan(account: account, plan: plan)
+                await self.run(self.session.planAnswered(answer), into: &out)
             case .discardSession(let open, let key, let account):
                 UploadPolicy(services: self.backend.services).discardSession(named: open, key: key, account: account.name)
             case .log(_, let message, let metadata):
@@ -197,35 +203,28 @@ public struct RelayDriver {
         }
     }
 
-    mutating func perform(_ step: UploadPipeline.StorageStep, of id: StreamID, into out: inout [Frame]) {
+    mutating func perform(_ step: UploadPipeline.StorageStep, of id: StreamID, into out: inout [Frame]) async {
         guard let storage = self.storages[id] else { return }
         if case .release = step { self.storages[id] = nil }
-        // A commit completes on the thread pool once its group is durable: wait for it, as the handler's event loop would.
-        let done = DispatchSemaphore(value: 0)
-        let result = NIOLockedValueBox<RelaySession.StorageCompletion?>(nil)
-        storage.perform(step) { completion in
-            result.withLockedValue { $0 = completion }
-            done.signal()
-        }
-        done.wait()
-        guard let completion = result.withLockedValue({ $0 }) else { return }
-        self.run(self.session.storageFinished(id, completion), into: &out)
+        // A commit completes once its group is durable: wait for it, as the handler's event loop would.
+        let completion = await storage.perform(step)
+        await self.run(self.session.storageFinished(id, completion), into: &out)
     }
 
     /// What happens after an input's actions ran: OPENs whose key was freed run again and, with ``storageAtOnce``,
     /// storage steps run (and those their completions ask for) until none is left.
-    mutating func settle(into out: inout [Frame]) {
+    mutating func settle(into out: inout [Frame]) async {
         while true {
             let woken = self.woken.take()
             for (open, key) in woken {
-                self.run(self.session.openUpload(open, key), into: &out)
+                await self.run(self.session.openUpload(open, key), into: &out)
             }
             guard self.storageAtOnce, !self.pendingStorage.isEmpty else {
                 if woken.isEmpty { return }
                 continue
             }
             let (id, step) = self.pendingStorage.removeFirst()
-            self.perform(step, of: id, into: &out)
+            await self.perform(step, of: id, into: &out)
         }
     }
 }

@@ -309,67 +309,69 @@ public enum CatalogError: Error, Hashable, Sendable, CustomStringConvertible {
 
 /// Accounts: names, hashed tokens, quotas, whether disabled.
 public protocol AccountCatalog: Sendable {
-    func addAccount(name: String, tokenHash: [UInt8], quota: Int64?) throws
-    func account(tokenHash: [UInt8]) throws -> Account?
-    func account(named name: String) throws -> Account?
-    func accounts() throws -> [Account]
+    func addAccount(name: String, tokenHash: [UInt8], quota: Int64?) async throws
+    func account(tokenHash: [UInt8]) async throws -> Account?
+    func account(named name: String) async throws -> Account?
+    func accounts() async throws -> [Account]
     /// Revokes the account's token; false when there is no such account.
-    func revokeAccount(named name: String) throws -> Bool
+    func revokeAccount(named name: String) async throws -> Bool
     /// Deletes the account, once it has no object, upload session or pending commit left (``CatalogError/accountInUse(_:holds:)``
     /// otherwise); false when there is no such account. Its name may be given again afterwards.
-    func deleteAccount(named name: String) throws -> Bool
+    func deleteAccount(named name: String) async throws -> Bool
     /// Changes what is given of account `name`: its quota (`.some(nil)`: no limit), its token's hash (a rotation), whether
     /// it is disabled. False when there is no such account.
-    func updateAccount(named name: String, quota: Int64??, tokenHash: [UInt8]?, revoked: Bool?) throws -> Bool
+    func updateAccount(named name: String, quota: Int64??, tokenHash: [UInt8]?, revoked: Bool?) async throws -> Bool
 }
 
 /// Upload sessions: what is durable of each unfinished upload, so that any relay sharing the catalog can resume it.
 public protocol SessionCatalog: Sendable {
-    func session(account: String, key: String) throws -> UploadSession?
+    func session(account: String, key: String) async throws -> UploadSession?
     /// The sessions of these keys of the account that have one, by key: one read for many (a quota plan, SPEC §7.2).
-    func sessions(account: String, keys: [String]) throws -> [String: UploadSession]
+    func sessions(account: String, keys: [String]) async throws -> [String: UploadSession]
     /// Records a new session, replacing any other session of the same account and key.
-    func putSession(_ session: UploadSession) throws
-    func updateDurable(sessionID: String, offset: Int64, sha1State: [UInt8]) throws
+    func putSession(_ session: UploadSession) async throws
+    func updateDurable(sessionID: String, offset: Int64, sha1State: [UInt8]) async throws
     /// ``putSession(_:)`` and ``updateDurable(sessionID:offset:sha1State:)`` for a store that keeps bytes in parts
     /// (S3): the parts made durable since the last record go in with the offset, in one transaction, so that any relay
     /// can complete the upload (S3 lists a part's ETag, not its checksum). A part recorded again replaces the old.
-    func putSession(_ session: UploadSession, parts: [StagedPart]) throws
-    func updateDurable(sessionID: String, offset: Int64, sha1State: [UInt8], parts: [StagedPart]) throws
+    func putSession(_ session: UploadSession, parts: [StagedPart]) async throws
+    func updateDurable(sessionID: String, offset: Int64, sha1State: [UInt8], parts: [StagedPart]) async throws
     /// The parts recorded for the session, by number.
-    func stagedParts(sessionID: String) throws -> [StagedPart]
-    func deleteSession(id: String) throws
-    func sessions(updatedBefore date: Date) throws -> [UploadSession]
+    func stagedParts(sessionID: String) async throws -> [StagedPart]
+    func deleteSession(id: String) async throws
+    func sessions(updatedBefore date: Date) async throws -> [UploadSession]
     /// Records that stripe `index` of the striped session, `bytes` long, is durable in its staging file (SPEC §6.7);
     /// throws ``CatalogError/unknownSession(_:)`` when the session is gone. Deleting the session forgets its stripes.
     /// The session holds them against the quota, as it holds its durable bytes.
-    func completeStripe(sessionID: String, index: Int, bytes: Int64) throws
+    func completeStripe(sessionID: String, index: Int, bytes: Int64) async throws
     /// The stripes of the session recorded complete.
-    func completeStripes(sessionID: String) throws -> Set<Int>
+    func completeStripes(sessionID: String) async throws -> Set<Int>
     /// ``objects(account:prefix:after:limit:)`` for the account's recorded sessions: its uploads under way.
-    func sessions(account: String, prefix: String, after: String?, limit: Int) throws -> [UploadSession]
+    func sessions(account: String, prefix: String, after: String?, limit: Int) async throws -> [UploadSession]
 }
 
 /// The object index: committed objects by key and by content (size and SHA-1), for dedup, listings and recovery.
 public protocol ObjectIndex: Sendable {
-    func object(account: String, key: String) throws -> StoredObject?
+    func object(account: String, key: String) async throws -> StoredObject?
     /// The objects of these keys of the account that have one, by key: one read for many (a quota plan, SPEC §7.2).
-    func objects(account: String, keys: [String]) throws -> [String: StoredObject]
-    func object(account: String, size: Int64, sha1: String) throws -> [StoredObject]
+    func objects(account: String, keys: [String]) async throws -> [String: StoredObject]
+    func object(account: String, size: Int64, sha1: String) async throws -> [StoredObject]
     /// Objects of the account with this size whose first 256 KiB may have the SHA-1 `probe`: a recorded probe that
     /// matches, or none recorded (SPEC §7.1). At most a few.
-    func probeCandidates(account: String, size: Int64, probe: String) throws -> [StoredObject]
+    func probeCandidates(account: String, size: Int64, probe: String) async throws -> [StoredObject]
     /// Every committed object, for startup recovery.
-    func objects() throws -> [StoredObject]
+    func objects() async throws -> [StoredObject]
     /// A page of the account's objects whose keys start with `prefix`, after the key `after` (none: from the first), at
     /// most `limit`, in the byte order of their keys' UTF-8 (the status endpoint's listing).
-    func objects(account: String, prefix: String, after: String?, limit: Int) throws -> [StoredObject]
+    func objects(account: String, prefix: String, after: String?, limit: Int) async throws -> [StoredObject]
     /// Forgets an object whose file is gone, giving its bytes back to the quota.
-    func deleteObject(account: String, key: String) throws
+    func deleteObject(account: String, key: String) async throws
     /// `rm`: in one write transaction, which a relay's commit of the key waits for on either catalog, refuses while an
     /// upload session or a pending commit of the key exists; else runs `removingFile` with the object's row (it may refuse
     /// by throwing: then nothing changes) and deletes the row.
-    func removeObject(account: String, key: String, removingFile: @escaping @Sendable (StoredObject) throws -> Void) throws -> ObjectRemoval
+    func removeObject(
+        account: String, key: String, removingFile: @escaping @Sendable (StoredObject) async throws -> Void
+    ) async throws -> ObjectRemoval
 }
 
 /// The commit log: quota admission of OPENs, and commits reserved, recorded or abandoned (SPEC §7, §8.3).
@@ -380,7 +382,7 @@ public protocol CommitLog: Sendable {
     /// it holds beyond that object's size: its commit replaces the object.
     /// An open upload whose session is not recorded yet (a new one, before its first durable sync) counts the size it
     /// announced in `active` (key → bytes, 0 when unknown) beyond its key's object likewise.
-    func quotaUse(account: String, excludingKey key: String, active: [String: Int64]) throws -> QuotaUse
+    func quotaUse(account: String, excludingKey key: String, active: [String: Int64]) async throws -> QuotaUse
 
     /// The admission of an OPEN of `key` that announced `announced` bytes (0: unknown) and grows the account by `growth`:
     /// ``quotaUse(account:excludingKey:active:)``, and, when `growth` fits what is left, the announced size held for the
@@ -388,45 +390,45 @@ public protocol CommitLog: Sendable {
     /// other relays announced, and records this one's for them, held while this relay holds the key's lock
     /// (``keyLocks``): two relays can never both admit what only one fits. The caller refuses when `growth`
     /// exceeds the answer's ``QuotaUse/left``.
-    func admit(account: String, key: String, announced: Int64, growth: Int64, active: [String: Int64]) throws -> QuotaUse
+    func admit(account: String, key: String, announced: Int64, growth: Int64, active: [String: Int64]) async throws -> QuotaUse
 
     /// Reserves the quota a commit needs and records it as under way, in one transaction, so that two commits of
     /// one account can never both pass the check. Throws
     /// ``CatalogError/quotaExceeded(account:needed:quota:used:)``. Call before the store makes the object visible.
-    func beginCommit(_ commit: PendingCommit) throws
+    func beginCommit(_ commit: PendingCommit) async throws
     /// The store made the object visible: records it with its identity, charges the quota, forgets the commit and
     /// the session, in one transaction.
-    func finishCommit(_ commit: PendingCommit, identity: ObjectIdentity) throws
+    func finishCommit(_ commit: PendingCommit, identity: ObjectIdentity) async throws
     /// ``beginCommit(_:)`` for many commits (group commit): each reserved in turn, all recorded by one transaction. The
     /// error of each commit that could not be reserved, nil for each reserved; throws when none could be recorded.
-    func beginCommits(_ commits: [PendingCommit]) throws -> [CatalogError?]
+    func beginCommits(_ commits: [PendingCommit]) async throws -> [CatalogError?]
     /// ``finishCommit(_:identity:)`` for many commits, in one transaction.
-    func finishCommits(_ commits: [(PendingCommit, ObjectIdentity)]) throws
+    func finishCommits(_ commits: [(PendingCommit, ObjectIdentity)]) async throws
     /// The store did not make the object visible: gives the reservation back (the session stays).
-    func abandonCommit(account: String, key: String) throws
+    func abandonCommit(account: String, key: String) async throws
     /// Commits that were under way when the relay stopped.
-    func pendingCommits() throws -> [PendingCommit]
+    func pendingCommits() async throws -> [PendingCommit]
 }
 
 /// The hooks' outbox: an event per committed object, queued by the commit's own transaction, delivered at least once.
 public protocol HookOutbox: Sendable {
     /// Up to `limit` queued commit events due now, oldest first, each held for `lease` (another relay, or this one's
     /// next look, takes it again only after that): at least once, never lost.
-    func claimCommitEvents(limit: Int, lease: Duration) throws -> [CommitEvent]
+    func claimCommitEvents(limit: Int, lease: Duration) async throws -> [CommitEvent]
     /// Every hook took the event: it goes.
-    func finishCommitEvent(id: Int64) throws
+    func finishCommitEvent(id: Int64) async throws
     /// A hook failed: the event is tried again at `retryAt`, with the reason kept.
-    func retryCommitEvent(id: Int64, at retryAt: Date, error: String) throws
+    func retryCommitEvent(id: Int64, at retryAt: Date, error: String) async throws
     /// How many events wait, the oldest one's last error, and when the oldest was committed.
-    func commitEventBacklog() throws -> CommitEventBacklog
+    func commitEventBacklog() async throws -> CommitEventBacklog
 }
 
 /// The relay's durable memory, five concerns in one database (ARCHITECTURE "Storage and catalog"): accounts, upload
-/// sessions, the object index, the commit log and the hooks' outbox. Calls block: run them off the event loop. A part of
+/// sessions, the object index, the commit log and the hooks' outbox. Every call is async: a catalog never blocks its caller's thread. A part of
 /// the relay that needs one concern takes that protocol alone.
 public protocol Catalog: AccountCatalog, SessionCatalog, ObjectIndex, CommitLog, HookOutbox {
     /// Answers when the catalog can be read (``/readyz``); throws what stopped it otherwise.
-    func ping() throws
+    func ping() async throws
 
     /// The locks on keys that every relay sharing this catalog honours; nil for a catalog of one relay.
     var keyLocks: (any KeyLocks)? { get }
@@ -434,10 +436,10 @@ public protocol Catalog: AccountCatalog, SessionCatalog, ObjectIndex, CommitLog,
 
 extension ObjectIndex {
     /// One read per key, for catalogs with nothing better.
-    public func objects(account: String, keys: [String]) throws -> [String: StoredObject] {
+    public func objects(account: String, keys: [String]) async throws -> [String: StoredObject] {
         var found: [String: StoredObject] = [:]
         for key in keys where found[key] == nil {
-            if let object = try self.object(account: account, key: key) { found[key] = object }
+            if let object = try await self.object(account: account, key: key) { found[key] = object }
         }
         return found
     }
@@ -445,10 +447,10 @@ extension ObjectIndex {
 
 extension SessionCatalog {
     /// One read per key, for catalogs with nothing better.
-    public func sessions(account: String, keys: [String]) throws -> [String: UploadSession] {
+    public func sessions(account: String, keys: [String]) async throws -> [String: UploadSession] {
         var found: [String: UploadSession] = [:]
         for key in keys where found[key] == nil {
-            if let session = try self.session(account: account, key: key) { found[key] = session }
+            if let session = try await self.session(account: account, key: key) { found[key] = session }
         }
         return found
     }
@@ -456,8 +458,8 @@ extension SessionCatalog {
 
 extension CommitLog {
     /// One transaction per commit, for catalogs with nothing better.
-    public func beginCommits(_ commits: [PendingCommit]) throws -> [CatalogError?] {
-        try Self.reserving(commits, with: self.beginCommit)
+    public func beginCommits(_ commits: [PendingCommit]) async throws -> [CatalogError?] {
+        try await Self.reserving(commits) { try await self.beginCommit($0) }
     }
 
     /// `begin` of each commit in turn: nil where it reserved, its ``CatalogError`` where it was refused; any other error
@@ -473,18 +475,34 @@ extension CommitLog {
         }
     }
 
-    public func finishCommits(_ commits: [(PendingCommit, ObjectIdentity)]) throws {
-        for (commit, identity) in commits { try self.finishCommit(commit, identity: identity) }
+    /// ``reserving(_:with:)`` with an async `begin`.
+    package static func reserving(
+        _ commits: [PendingCommit], with begin: (PendingCommit) async throws -> Void
+    ) async rethrows -> [CatalogError?] {
+        var errors: [CatalogError?] = []
+        for commit in commits {
+            do {
+                try await begin(commit)
+                errors.append(nil)
+            } catch let error as CatalogError {
+                errors.append(error)
+            }
+        }
+        return errors
+    }
+
+    public func finishCommits(_ commits: [(PendingCommit, ObjectIdentity)]) async throws {
+        for (commit, identity) in commits { try await self.finishCommit(commit, identity: identity) }
     }
 
     /// A catalog of one relay: the relay's own claims (`active`) hold what its open uploads announced.
-    public func admit(account: String, key: String, announced: Int64, growth: Int64, active: [String: Int64]) throws -> QuotaUse {
-        try self.quotaUse(account: account, excludingKey: key, active: active)
+    public func admit(account: String, key: String, announced: Int64, growth: Int64, active: [String: Int64]) async throws -> QuotaUse {
+        try await self.quotaUse(account: account, excludingKey: key, active: active)
     }
 
     /// ``quotaUse(account:excludingKey:active:)`` when no other upload of the account is open.
-    public func quotaUse(account: String, excludingKey key: String) throws -> QuotaUse {
-        try self.quotaUse(account: account, excludingKey: key, active: [:])
+    public func quotaUse(account: String, excludingKey key: String) async throws -> QuotaUse {
+        try await self.quotaUse(account: account, excludingKey: key, active: [:])
     }
 }
 

@@ -27,6 +27,8 @@ public final class InMemoryCatalog: Catalog, MultipartLedger, Sendable {
         var lastEventID: Int64 = 0
         var intents: [Int64: MultipartIntent] = [:]
         var lastIntentID: Int64 = 0
+        /// Objects whose removal (``removeObject(account:key:removingFile:)``) is under way.
+        var removing: Set<Row> = []
 
         func session(_ account: String, _ key: String) -> UploadSession? {
             self.sessions.values.first { $0.account == account && $0.key == key }
@@ -61,6 +63,9 @@ public final class InMemoryCatalog: Catalog, MultipartLedger, Sendable {
         }
 
         mutating func beginCommit(_ commit: PendingCommit) throws {
+            guard !self.removing.contains(Row(account: commit.account, key: commit.key)) else {
+                throw CatalogFailure("the object \"\(commit.key)\" is being removed (upload-relay rm); retry")
+            }
             let use = try self.quotaUse(commit.account, excludingKey: commit.key, active: [:])
             let row = Row(account: commit.account, key: commit.key)
             let delta = commit.size - (self.objects[row]?.size ?? 0)
@@ -118,7 +123,7 @@ public final class InMemoryCatalog: Catalog, MultipartLedger, Sendable {
 
     // MARK: Accounts
 
-    public func addAccount(name: String, tokenHash: [UInt8], quota: Int64?) throws {
+    public func addAccount(name: String, tokenHash: [UInt8], quota: Int64?) async throws {
         guard Account.isValidName(name) else { throw CatalogError.invalidAccountName(name) }
         try self.locked { state in
             guard state.accounts[name] == nil else { throw CatalogError.accountExists(name) }
@@ -126,19 +131,19 @@ public final class InMemoryCatalog: Catalog, MultipartLedger, Sendable {
         }
     }
 
-    public func account(tokenHash: [UInt8]) throws -> Account? {
+    public func account(tokenHash: [UInt8]) async throws -> Account? {
         self.locked { state in state.accounts.values.first { $0.tokenHash == tokenHash } }
     }
 
-    public func account(named name: String) throws -> Account? {
+    public func account(named name: String) async throws -> Account? {
         self.locked { $0.accounts[name] }
     }
 
-    public func accounts() throws -> [Account] {
+    public func accounts() async throws -> [Account] {
         self.locked { $0.accounts.values.sorted { Self.precedes($0.name, $1.name) } }
     }
 
-    public func revokeAccount(named name: String) throws -> Bool {
+    public func revokeAccount(named name: String) async throws -> Bool {
         self.locked { state in
             guard state.accounts[name] != nil else { return false }
             state.accounts[name]?.revoked = true
@@ -146,7 +151,7 @@ public final class InMemoryCatalog: Catalog, MultipartLedger, Sendable {
         }
     }
 
-    public func deleteAccount(named name: String) throws -> Bool {
+    public func deleteAccount(named name: String) async throws -> Bool {
         try self.locked { state in
             guard state.accounts[name] != nil else { return false }
             if state.objects.keys.contains(where: { $0.account == name }) { throw CatalogError.accountInUse(name, holds: "objects") }
@@ -157,7 +162,7 @@ public final class InMemoryCatalog: Catalog, MultipartLedger, Sendable {
         }
     }
 
-    public func updateAccount(named name: String, quota: Int64??, tokenHash: [UInt8]?, revoked: Bool?) throws -> Bool {
+    public func updateAccount(named name: String, quota: Int64??, tokenHash: [UInt8]?, revoked: Bool?) async throws -> Bool {
         self.locked { state in
             guard var account = state.accounts[name] else { return false }
             if let quota { account.quota = quota }
@@ -170,15 +175,15 @@ public final class InMemoryCatalog: Catalog, MultipartLedger, Sendable {
 
     // MARK: Upload sessions
 
-    public func session(account: String, key: String) throws -> UploadSession? {
+    public func session(account: String, key: String) async throws -> UploadSession? {
         self.locked { $0.session(account, key) }
     }
 
-    public func putSession(_ session: UploadSession) throws {
-        try self.putSession(session, parts: [])
+    public func putSession(_ session: UploadSession) async throws {
+        try await self.putSession(session, parts: [])
     }
 
-    public func putSession(_ session: UploadSession, parts: [StagedPart]) throws {
+    public func putSession(_ session: UploadSession, parts: [StagedPart]) async throws {
         self.locked { state in
             if let old = state.session(session.account, session.key) { state.dropSession(old.id) }
             state.sessions[session.id] = session
@@ -186,11 +191,11 @@ public final class InMemoryCatalog: Catalog, MultipartLedger, Sendable {
         }
     }
 
-    public func updateDurable(sessionID: String, offset: Int64, sha1State: [UInt8]) throws {
-        try self.updateDurable(sessionID: sessionID, offset: offset, sha1State: sha1State, parts: [])
+    public func updateDurable(sessionID: String, offset: Int64, sha1State: [UInt8]) async throws {
+        try await self.updateDurable(sessionID: sessionID, offset: offset, sha1State: sha1State, parts: [])
     }
 
-    public func updateDurable(sessionID: String, offset: Int64, sha1State: [UInt8], parts: [StagedPart]) throws {
+    public func updateDurable(sessionID: String, offset: Int64, sha1State: [UInt8], parts: [StagedPart]) async throws {
         try self.locked { state in
             // A session that is gone cannot vouch for durable bytes: never acknowledge them.
             guard var session = state.sessions[sessionID] else { throw CatalogError.unknownSession(sessionID) }
@@ -202,19 +207,19 @@ public final class InMemoryCatalog: Catalog, MultipartLedger, Sendable {
         }
     }
 
-    public func stagedParts(sessionID: String) throws -> [StagedPart] {
+    public func stagedParts(sessionID: String) async throws -> [StagedPart] {
         self.locked { state in (state.parts[sessionID] ?? [:]).values.sorted { $0.number < $1.number } }
     }
 
-    public func deleteSession(id: String) throws {
+    public func deleteSession(id: String) async throws {
         self.locked { $0.dropSession(id) }
     }
 
-    public func sessions(updatedBefore date: Date) throws -> [UploadSession] {
+    public func sessions(updatedBefore date: Date) async throws -> [UploadSession] {
         self.locked { state in state.sessions.values.filter { $0.updatedAt < date } }
     }
 
-    public func completeStripe(sessionID: String, index: Int, bytes: Int64) throws {
+    public func completeStripe(sessionID: String, index: Int, bytes: Int64) async throws {
         try self.locked { state in
             guard state.sessions[sessionID] != nil else { throw CatalogError.unknownSession(sessionID) }
             state.sessions[sessionID]?.updatedAt = Date()
@@ -222,11 +227,11 @@ public final class InMemoryCatalog: Catalog, MultipartLedger, Sendable {
         }
     }
 
-    public func completeStripes(sessionID: String) throws -> Set<Int> {
+    public func completeStripes(sessionID: String) async throws -> Set<Int> {
         self.locked { state in Set((state.stripes[sessionID] ?? [:]).keys) }
     }
 
-    public func sessions(account: String, prefix: String, after: String?, limit: Int) throws -> [UploadSession] {
+    public func sessions(account: String, prefix: String, after: String?, limit: Int) async throws -> [UploadSession] {
         self.locked { state in
             Self.page(state.sessions.values.filter { $0.account == account }, key: \.key, prefix: prefix, after: after, limit: limit)
         }
@@ -234,47 +239,63 @@ public final class InMemoryCatalog: Catalog, MultipartLedger, Sendable {
 
     // MARK: Objects
 
-    public func object(account: String, key: String) throws -> StoredObject? {
+    public func object(account: String, key: String) async throws -> StoredObject? {
         self.locked { $0.objects[Row(account: account, key: key)] }
     }
 
-    public func object(account: String, size: Int64, sha1: String) throws -> [StoredObject] {
+    public func object(account: String, size: Int64, sha1: String) async throws -> [StoredObject] {
         self.locked { state in
             Array(state.objects.values.filter { $0.account == account && $0.size == size && $0.sha1 == sha1 }.prefix(8))
         }
     }
 
-    public func probeCandidates(account: String, size: Int64, probe: String) throws -> [StoredObject] {
+    public func probeCandidates(account: String, size: Int64, probe: String) async throws -> [StoredObject] {
         self.locked { state in
             Array(
                 state.objects.values.filter { $0.account == account && $0.size == size && ($0.probeSHA1 == probe || $0.probeSHA1 == nil) }.prefix(8))
         }
     }
 
-    public func objects() throws -> [StoredObject] {
+    public func objects() async throws -> [StoredObject] {
         self.locked { Array($0.objects.values) }
     }
 
-    public func objects(account: String, prefix: String, after: String?, limit: Int) throws -> [StoredObject] {
+    public func objects(account: String, prefix: String, after: String?, limit: Int) async throws -> [StoredObject] {
         self.locked { state in
             Self.page(state.objects.values.filter { $0.account == account }, key: \.key, prefix: prefix, after: after, limit: limit)
         }
     }
 
-    public func deleteObject(account: String, key: String) throws {
+    public func deleteObject(account: String, key: String) async throws {
         self.locked { state in
             guard let object = state.objects.removeValue(forKey: Row(account: account, key: key)) else { return }
             state.accounts[account]?.usedBytes -= object.size
         }
     }
 
-    public func removeObject(account: String, key: String, removingFile: @escaping @Sendable (StoredObject) throws -> Void) throws -> ObjectRemoval {
-        try self.locked { state in
-            let row = Row(account: account, key: key)
+    /// The key is marked as being removed while `removingFile` runs (no lock is held across it): a commit of the key
+    /// meanwhile is refused (``beginCommit(_:)``), as the SQL catalogs make it wait.
+    public func removeObject(
+        account: String, key: String, removingFile: @escaping @Sendable (StoredObject) async throws -> Void
+    ) async throws -> ObjectRemoval {
+        let row = Row(account: account, key: key)
+        // `.removed` here: the object, to remove now.
+        let found = self.locked { state -> ObjectRemoval in
             guard let object = state.objects[row] else { return .notStored }
             if state.session(account, key) != nil { return .uploading }
-            if state.pending[row] != nil { return .committing }
-            try removingFile(object)
+            if state.pending[row] != nil || state.removing.contains(row) { return .committing }
+            state.removing.insert(row)
+            return .removed(object)
+        }
+        guard case .removed(let object) = found else { return found }
+        do {
+            try await removingFile(object)
+        } catch {
+            self.locked { _ = $0.removing.remove(row) }
+            throw error
+        }
+        return self.locked { state in
+            state.removing.remove(row)
             state.objects[row] = nil
             state.accounts[account]?.usedBytes -= object.size
             return .removed(object)
@@ -283,33 +304,33 @@ public final class InMemoryCatalog: Catalog, MultipartLedger, Sendable {
 
     // MARK: Quota and commits
 
-    public func quotaUse(account: String, excludingKey key: String, active: [String: Int64]) throws -> QuotaUse {
+    public func quotaUse(account: String, excludingKey key: String, active: [String: Int64]) async throws -> QuotaUse {
         try self.locked { try $0.quotaUse(account, excludingKey: key, active: active) }
     }
 
-    public func beginCommit(_ commit: PendingCommit) throws {
+    public func beginCommit(_ commit: PendingCommit) async throws {
         try self.locked { try $0.beginCommit(commit) }
     }
 
-    public func beginCommits(_ commits: [PendingCommit]) throws -> [CatalogError?] {
+    public func beginCommits(_ commits: [PendingCommit]) async throws -> [CatalogError?] {
         try self.locked { state in try Self.reserving(commits) { try state.beginCommit($0) } }
     }
 
-    public func finishCommit(_ commit: PendingCommit, identity: ObjectIdentity) throws {
+    public func finishCommit(_ commit: PendingCommit, identity: ObjectIdentity) async throws {
         self.locked { $0.finishCommit(commit, identity: identity) }
     }
 
-    public func finishCommits(_ commits: [(PendingCommit, ObjectIdentity)]) throws {
+    public func finishCommits(_ commits: [(PendingCommit, ObjectIdentity)]) async throws {
         self.locked { state in
             for (commit, identity) in commits { state.finishCommit(commit, identity: identity) }
         }
     }
 
-    public func abandonCommit(account: String, key: String) throws {
+    public func abandonCommit(account: String, key: String) async throws {
         self.locked { $0.pending[Row(account: account, key: key)] = nil }
     }
 
-    public func pendingCommits() throws -> [PendingCommit] {
+    public func pendingCommits() async throws -> [PendingCommit] {
         self.locked { state in
             // As the SQL catalogs keep them: the probe digest goes with the commit's own call, not its record.
             state.pending.values.map { entry in
@@ -322,7 +343,7 @@ public final class InMemoryCatalog: Catalog, MultipartLedger, Sendable {
 
     // MARK: The hooks' outbox
 
-    public func claimCommitEvents(limit: Int, lease: Duration) throws -> [CommitEvent] {
+    public func claimCommitEvents(limit: Int, lease: Duration) async throws -> [CommitEvent] {
         self.locked { state in
             let now = Date()
             let due = state.events.values.filter { $0.nextAttempt <= now }.sorted { $0.event.id < $1.event.id }.prefix(max(0, limit))
@@ -336,18 +357,18 @@ public final class InMemoryCatalog: Catalog, MultipartLedger, Sendable {
         }
     }
 
-    public func finishCommitEvent(id: Int64) throws {
+    public func finishCommitEvent(id: Int64) async throws {
         self.locked { $0.events[id] = nil }
     }
 
-    public func retryCommitEvent(id: Int64, at retryAt: Date, error: String) throws {
+    public func retryCommitEvent(id: Int64, at retryAt: Date, error: String) async throws {
         self.locked { state in
             state.events[id]?.nextAttempt = retryAt
             state.events[id]?.lastError = error
         }
     }
 
-    public func commitEventBacklog() throws -> CommitEventBacklog {
+    public func commitEventBacklog() async throws -> CommitEventBacklog {
         self.locked { state in
             let events = state.events.values.sorted { $0.event.id < $1.event.id }
             return CommitEventBacklog(
@@ -357,11 +378,11 @@ public final class InMemoryCatalog: Catalog, MultipartLedger, Sendable {
         }
     }
 
-    public func ping() throws {}
+    public func ping() async throws {}
 
     // MARK: The multipart ledger
 
-    public func recordMultipartIntent(account: String, key: String, objectKey: String) throws -> Int64 {
+    public func recordMultipartIntent(account: String, key: String, objectKey: String) async throws -> Int64 {
         self.locked { state in
             state.lastIntentID += 1
             state.intents[state.lastIntentID] = MultipartIntent(
@@ -371,15 +392,15 @@ public final class InMemoryCatalog: Catalog, MultipartLedger, Sendable {
         }
     }
 
-    public func recordMultipartUpload(intent: Int64, uploadID: String) throws {
+    public func recordMultipartUpload(intent: Int64, uploadID: String) async throws {
         self.locked { $0.intents[intent]?.uploadID = uploadID }
     }
 
-    public func multipartIntents() throws -> [MultipartIntent] {
+    public func multipartIntents() async throws -> [MultipartIntent] {
         self.locked { state in state.intents.values.sorted { $0.id < $1.id } }
     }
 
-    public func forgetMultipartIntent(id: Int64) throws {
+    public func forgetMultipartIntent(id: Int64) async throws {
         self.locked { $0.intents[id] = nil }
     }
 }

@@ -16,8 +16,8 @@ public struct KeyLock: Hashable, Sendable {
 /// upload holds. A lock is released by its holder, or when the holder's relay dies (its database connection drops);
 /// never by a timeout alone.
 public protocol KeyLocks: AnyObject, Sendable {
-    /// The key's lock when no other relay holds it; nil when one does. Blocks.
-    func tryLock(account: String, key: String) throws -> KeyLock?
+    /// The key's lock when no other relay holds it; nil when one does.
+    func tryLock(account: String, key: String) async throws -> KeyLock?
     /// Lets `lock` go, without waiting. A lock whose connection is gone went with it.
     func unlock(_ lock: KeyLock)
     /// Once set, told the generation of a connection that dropped while the relay ran: the locks it held are gone, and

@@ -29,11 +29,11 @@ public struct MultipartIntent: Hashable, Sendable {
 /// keep one; the S3 store writes it and its cleanup reads it.
 public protocol MultipartLedger: Sendable {
     /// Records that `account` is about to begin a multipart upload of `key` at `objectKey` in the bucket; its id.
-    func recordMultipartIntent(account: String, key: String, objectKey: String) throws -> Int64
+    func recordMultipartIntent(account: String, key: String, objectKey: String) async throws -> Int64
     /// The store began it: its upload id.
-    func recordMultipartUpload(intent: Int64, uploadID: String) throws
+    func recordMultipartUpload(intent: Int64, uploadID: String) async throws
     /// Every intent recorded, oldest first.
-    func multipartIntents() throws -> [MultipartIntent]
+    func multipartIntents() async throws -> [MultipartIntent]
     /// Forgets an intent: its upload completed, was aborted, or never began.
-    func forgetMultipartIntent(id: Int64) throws
+    func forgetMultipartIntent(id: Int64) async throws
 }

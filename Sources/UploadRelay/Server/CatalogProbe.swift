@@ -2,12 +2,11 @@ import Dispatch
 import NIOConcurrencyHelpers
 import NIOCore
 
-/// Catalog reads for `/readyz` and `/metrics`, bounded in time and in threads: a catalog that hangs (a PostgreSQL
-/// server gone without a reset) must not make the probes hang, nor pile blocked threads up, nor take the I/O pool's
-/// threads from uploads.
+/// Catalog reads for `/readyz` and `/metrics`, bounded in time and in number: a catalog that hangs (a PostgreSQL server
+/// gone without a reset) must not make the probes hang, nor pile reads up behind it.
 ///
-/// Each kind of read runs at most once at a time, on a dispatch thread of its own: a probe that comes while one is
-/// under way waits for that one's outcome. A probe waits at most ``timeout``; the read goes on after that, and the
+/// Each kind of read runs at most once at a time, as a task of its own: a probe that comes while one is under way waits
+/// for that one's outcome. A probe waits at most ``timeout``; the read goes on after that, and the
 /// next probe waits for it again.
 final class CatalogProbe: Sendable {
     typealias Outcome = Result<RelayMetrics.CatalogLevels, CatalogProbeFailure>
@@ -15,7 +14,6 @@ final class CatalogProbe: Sendable {
     /// How long a probe waits for the catalog.
     let timeout: TimeAmount
     private let inFlight = NIOLockedValueBox<[String: [EventLoopPromise<Outcome>]]>([:])
-    private let queue = DispatchQueue(label: "upload-relay.catalog-probe", attributes: .concurrent)
 
     /// Whether the last probe found the catalog answering (logged when it changes, not at every probe).
     private let answering = NIOLockedValueBox(true)
@@ -34,7 +32,8 @@ final class CatalogProbe: Sendable {
 
     /// Runs `read` (once per `kind` at a time) and succeeds with its outcome, or with a timeout failure after ``timeout``.
     func probe(
-        _ kind: String, on eventLoop: any EventLoop, read: @escaping @Sendable () throws -> RelayMetrics.CatalogLevels
+        _ kind: String, on eventLoop: any EventLoop, executor: RelayExecutor,
+        read: @escaping @Sendable () async throws -> RelayMetrics.CatalogLevels
     ) -> EventLoopFuture<Outcome> {
         let promise = eventLoop.makePromise(of: Outcome.self)
         let start = self.inFlight.withLockedValue { inFlight -> Bool in
@@ -43,10 +42,10 @@ final class CatalogProbe: Sendable {
             return waiting == nil
         }
         if start {
-            self.queue.async {
+            Task(executorPreference: executor) {
                 let outcome: Outcome
                 do {
-                    outcome = .success(try read())
+                    outcome = .success(try await read())
                 } catch {
                     outcome = .failure(CatalogProbeFailure(reason: "\(error)", timedOut: false))
                 }

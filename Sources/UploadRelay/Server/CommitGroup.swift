@@ -1,25 +1,25 @@
 import NIOConcurrencyHelpers
-import NIOPosix
 import UploadProtocol
 
 /// Group commit: the commits of many uploads, from any connection, made durable together. A commit that
-/// arrives while a group is under way waits for the next group; each group is one trip to the I/O thread pool, one
-/// catalog transaction to reserve, one fsync per directory, one transaction to record (``UploadPolicy/commit(_:)``).
-/// Nothing waits for a group to fill: when commits come one at a time, each is a group of one, as fast as before.
+/// arrives while a group is under way waits for the next group; each group is one task of the relay's, one catalog transaction to
+/// reserve, one fsync per directory, one transaction to record (``UploadPolicy/commit(_:)``). Nothing waits for a
+/// group to fill: when commits come one at a time, each is a group of one, as fast as before.
 ///
-/// RESULT still means durable: each upload's completion runs only after its group's records are durable.
+/// RESULT still means durable: each upload's commit returns only after its group's records are durable.
 final class CommitGroup: Sendable {
-    typealias Completion = @Sendable (Result<Frame.Result.Status, UploadPolicy.Refusal>) -> Void
+    typealias Outcome = Result<Frame.Result.Status, UploadPolicy.Refusal>
 
     private struct Waiting {
         var request: UploadPolicy.CommitRequest
-        var completion: Completion
+        var continuation: CheckedContinuation<Outcome, Never>
     }
 
     private struct State {
         var waiting: [Waiting] = []
         var running = false
         var groups = 0
+        var submitted = 0
     }
 
     private let state = NIOLockedValueBox(State())
@@ -32,23 +32,26 @@ final class CommitGroup: Sendable {
 
     /// How many groups have run (for tests and figures).
     var groupsRun: Int { self.state.withLockedValue { $0.groups } }
+    /// How many commits have been asked for (for tests).
+    var submitted: Int { self.state.withLockedValue { $0.submitted } }
 
-    /// Commits `request` with the next group; `completion` runs on the thread pool once the outcome is durable.
-    func submit(_ request: UploadPolicy.CommitRequest, services: RelayServices, completion: @escaping Completion) {
-        let start = self.state.withLockedValue { state -> Bool in
-            state.waiting.append(Waiting(request: request, completion: completion))
-            guard !state.running else { return false }
-            state.running = true
-            return true
-        }
-        guard start else { return }
-        services.threadPool.submit { poolState in
-            self.drain(services: services, active: poolState == .active)
+    /// Commits `request` with the next group; returns once the outcome is durable.
+    func commit(_ request: UploadPolicy.CommitRequest, services: RelayServices) async -> Outcome {
+        await withCheckedContinuation { continuation in
+            let start = self.state.withLockedValue { state -> Bool in
+                state.waiting.append(Waiting(request: request, continuation: continuation))
+                state.submitted += 1
+                guard !state.running else { return false }
+                state.running = true
+                return true
+            }
+            guard start else { return }
+            services.task { await self.drain(services: services) }
         }
     }
 
-    /// Runs groups until none is waiting. With the pool stopped, every waiting commit is refused, keeping its session.
-    private func drain(services: RelayServices, active: Bool) {
+    /// Runs groups until none is waiting.
+    private func drain(services: RelayServices) async {
         while true {
             let group = self.state.withLockedValue { state -> [Waiting] in
                 let group = Array(state.waiting.prefix(self.maxGroup))
@@ -57,20 +60,14 @@ final class CommitGroup: Sendable {
                 return group
             }
             guard !group.isEmpty else { return }
-            let results: [Result<Frame.Result.Status, UploadPolicy.Refusal>]
-            if active {
-                let start = ContinuousClock.now
-                results = UploadPolicy(services: services).commit(group.map(\.request))
-                services.metrics.took("store", "commit_group", since: start)
-                services.metrics.commitGroupSize.record(group.count)
-                for case .failure(let refusal) in results where refusal.code == .storageError {
-                    services.metrics.failed("store", "commit")
-                }
-            } else {
-                let refusal = UploadPolicy.Refusal(code: .internalError, message: "the relay is stopping: nothing was committed", keepSession: true)
-                results = group.map { _ in .failure(refusal) }
+            let start = ContinuousClock.now
+            let results = await UploadPolicy(services: services).commit(group.map(\.request))
+            services.metrics.took("store", "commit_group", since: start)
+            services.metrics.commitGroupSize.record(group.count)
+            for case .failure(let refusal) in results where refusal.code == .storageError {
+                services.metrics.failed("store", "commit")
             }
-            for (waiting, result) in zip(group, results) { waiting.completion(result) }
+            for (waiting, result) in zip(group, results) { waiting.continuation.resume(returning: result) }
         }
     }
 }

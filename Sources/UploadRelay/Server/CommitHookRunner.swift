@@ -9,16 +9,16 @@ import NIOConcurrencyHelpers
 import NIOCore
 import UploadProtocol
 
-/// Delivers the catalog's queued commit events to the post-commit hooks (``CommitHooks``), on a thread of its own:
-/// never the event loops nor the I/O pool, so a slow or hung hook holds no upload up. At least once: an event goes
-/// from the outbox only once every hook took it; a relay that dies mid-delivery leaves it for the next look, its own
-/// or another relay's, once its lease ran out.
+/// Delivers the catalog's queued commit events to the post-commit hooks (``CommitHooks``), in a task of the relay's: a hook
+/// command is waited for without holding a thread, so a slow or hung hook holds no upload up. At least once: an event
+/// goes from the outbox only once every hook took it; a relay that dies mid-delivery leaves it for the next look, its
+/// own or another relay's, once its lease ran out.
 final class CommitHookRunner: Sendable {
     private let services: RelayServices
     private let hooks: CommitHooks
-    private let wake = DispatchSemaphore(value: 0)
+    private let wake = Wakeup()
     private let stopping = NIOLockedValueBox(false)
-    private let finished = DispatchSemaphore(value: 0)
+    private let loopTask = NIOLockedValueBox<Task<Void, Never>?>(nil)
 
     init(services: RelayServices, hooks: CommitHooks) {
         self.services = services
@@ -26,12 +26,8 @@ final class CommitHookRunner: Sendable {
     }
 
     func start() {
-        let thread = Thread { [self] in
-            self.loop()
-            self.finished.signal()
-        }
-        thread.name = "upload-relay hooks"
-        thread.start()
+        let task = Task(executorPreference: self.services.executor) { await self.loop() }
+        self.loopTask.withLockedValue { $0 = task }
     }
 
     /// A commit queued an event: look now.
@@ -40,54 +36,60 @@ final class CommitHookRunner: Sendable {
     }
 
     /// Ends the loop once the deliveries under way end (each within the hook timeout); what is left waits in the outbox.
-    func stop() {
+    func stop() async {
         self.stopping.withLockedValue { $0 = true }
         self.wake.signal()
-        self.finished.wait()
+        await self.loopTask.withLockedValue { $0 }?.value
     }
 
-    private func loop() {
+    private func loop() async {
         let logger = self.services.logger
         // Held long enough for a delivery to end, however slow: then another look may take it again.
         let lease = self.hooks.timeout * 2 + .seconds(10)
         while !self.stopping.withLockedValue({ $0 }) {
             let events: [CommitEvent]
             do {
-                events = try self.services.catalog.claimCommitEvents(limit: max(1, self.hooks.concurrency), lease: lease)
+                events = try await self.services.catalog.claimCommitEvents(limit: max(1, self.hooks.concurrency), lease: lease)
             } catch {
                 logger.warning("could not read the commit events", metadata: ["error": "\(error)"])
                 events = []
             }
             if events.isEmpty {
-                _ = self.wake.wait(timeout: .now() + .nanoseconds(Int(TimeAmount(self.hooks.pollInterval).nanoseconds)))
+                await self.wake.wait(upTo: self.hooks.pollInterval)
                 continue
             }
-            DispatchQueue.concurrentPerform(iterations: events.count) { index in
-                self.deliver(events[index])
+            await withTaskGroup(of: Void.self) { group in
+                for event in events {
+                    group.addTask { await self.deliver(event) }
+                }
             }
         }
     }
 
-    private func deliver(_ event: CommitEvent) {
+    private func deliver(_ event: CommitEvent) async {
         let logger = self.services.logger
         var metadata: Logger.Metadata = ["upload.key": "\(event.key)", "account": "\(event.account)", "attempt": "\(event.attempts)"]
         var failure: String? = nil
         if let command = self.hooks.command {
-            failure = self.run(command, event)
+            failure = await self.run(command, event)
         }
         if failure == nil, let text = self.hooks.url {
-            failure = HookEndpoint(text).map { self.post($0, event) } ?? "--on-commit-url \(HookEndpoint.redact(text)) is not an http(s) URL"
+            if let endpoint = HookEndpoint(text) {
+                failure = await self.post(endpoint, event)
+            } else {
+                failure = "--on-commit-url \(HookEndpoint.redact(text)) is not an http(s) URL"
+            }
         }
         self.services.metrics.hookRan(failed: failure != nil)
         do {
             guard let failure else {
-                try self.services.catalog.finishCommitEvent(id: event.id)
+                try await self.services.catalog.finishCommitEvent(id: event.id)
                 logger.info("post-commit hooks took the event", metadata: metadata)
                 return
             }
             let doubled = self.hooks.retryDelay * (1 << min(20, max(0, event.attempts - 1)))
             let delay = min(doubled, self.hooks.maxRetryDelay)
-            try self.services.catalog.retryCommitEvent(id: event.id, at: Date().addingTimeInterval(delay.inSeconds), error: failure)
+            try await self.services.catalog.retryCommitEvent(id: event.id, at: Date().addingTimeInterval(delay.inSeconds), error: failure)
             metadata["error"] = "\(failure)"
             metadata["retry.in"] = "\(delay)"
             logger.warning("post-commit hook failed; the event is kept and tried again", metadata: metadata)
@@ -109,7 +111,7 @@ final class CommitHookRunner: Sendable {
 
     /// Runs the command, the event on its stdin and in its environment, under coreutils' `timeout`, which signals the
     /// command's whole process group when it is up (TERM, then KILL 2 s later). Nil when it exited 0; else why not.
-    private func run(_ command: String, _ event: CommitEvent) -> String? {
+    private func run(_ command: String, _ event: CommitEvent) async -> String? {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
         let seconds = max(1, Int(self.hooks.timeout.inSeconds.rounded(.up)))
@@ -127,7 +129,7 @@ final class CommitHookRunner: Sendable {
         process.standardInput = input
         process.standardOutput = FileHandle.standardError
         process.standardError = FileHandle.standardError
-        let exited = DispatchSemaphore(value: 0)
+        let exited = Wakeup()
         process.terminationHandler = { _ in exited.signal() }
         do {
             try process.run()
@@ -148,9 +150,9 @@ final class CommitHookRunner: Sendable {
             }
             try? input.fileHandleForWriting.close()
         }
-        if exited.wait(timeout: .now() + .seconds(seconds + 10)) == .timedOut {
+        if await !exited.wait(upTo: .seconds(seconds + 10)) {
             kill(process.processIdentifier, SIGKILL)
-            exited.wait()
+            await exited.wait()
         }
         switch (process.terminationReason, process.terminationStatus) {
         case (.exit, 0):
@@ -178,23 +180,76 @@ final class CommitHookRunner: Sendable {
     }
 
     /// POSTs the event; nil on a 2xx answer. Messages name the URL without its user information or query.
-    private func post(_ endpoint: HookEndpoint, _ event: CommitEvent) -> String? {
+    private func post(_ endpoint: HookEndpoint, _ event: CommitEvent) async -> String? {
         let timeout = self.hooks.timeout
         do {
-            let status = try Blocking.run {
-                var request = HTTPClientRequest(url: endpoint.url)
-                request.method = .POST
-                request.headers.add(name: "Content-Type", value: "application/json")
-                request.headers.add(name: "User-Agent", value: "upload-relay")
-                if let authorization = endpoint.authorization { request.headers.add(name: "Authorization", value: authorization) }
-                request.body = .bytes(ByteBuffer(bytes: Self.json(event)))
-                let response = try await HTTPClient.shared.execute(request, timeout: .nanoseconds(Int64(TimeAmount(timeout).nanoseconds)))
-                _ = try? await response.body.collect(upTo: 1 << 16)
-                return response.status.code
-            }
+            var request = HTTPClientRequest(url: endpoint.url)
+            request.method = .POST
+            request.headers.add(name: "Content-Type", value: "application/json")
+            request.headers.add(name: "User-Agent", value: "upload-relay")
+            if let authorization = endpoint.authorization { request.headers.add(name: "Authorization", value: authorization) }
+            request.body = .bytes(ByteBuffer(bytes: Self.json(event)))
+            let response = try await HTTPClient.shared.execute(request, timeout: .nanoseconds(Int64(TimeAmount(timeout).nanoseconds)))
+            _ = try? await response.body.collect(upTo: 1 << 16)
+            let status = response.status.code
             return (200..<300).contains(status) ? nil : "--on-commit-url \(endpoint.redacted) answered HTTP \(status)"
         } catch {
             return "--on-commit-url \(endpoint.redacted): \(error)"
+        }
+    }
+}
+
+/// A signal a task waits for without holding a thread: ``signal()`` wakes the waiter, or the next ``wait(upTo:)`` when
+/// none waits (signals in between count once).
+final class Wakeup: Sendable {
+    private struct State {
+        var signalled = false
+        var waiter: CheckedContinuation<Bool, Never>?
+        /// Tells a timeout apart from the wait it was set for.
+        var generation = 0
+    }
+
+    private let state = NIOLockedValueBox(State())
+
+    func signal() {
+        let waiter = self.state.withLockedValue { state -> CheckedContinuation<Bool, Never>? in
+            guard let waiter = state.waiter else {
+                state.signalled = true
+                return nil
+            }
+            state.waiter = nil
+            return waiter
+        }
+        waiter?.resume(returning: true)
+    }
+
+    /// Waits for a signal, at most `limit` (nil: for ever); whether one came. One waiter at a time.
+    @discardableResult
+    func wait(upTo limit: Duration? = nil) async -> Bool {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in
+            let generation = self.state.withLockedValue { state -> Int? in
+                if state.signalled {
+                    state.signalled = false
+                    return nil
+                }
+                state.waiter = continuation
+                state.generation += 1
+                return state.generation
+            }
+            guard let generation else {
+                continuation.resume(returning: true)
+                return
+            }
+            guard let limit else { return }
+            let nanoseconds = max(0, limit.components.seconds * 1_000_000_000 + limit.components.attoseconds / 1_000_000_000)
+            DispatchQueue.global().asyncAfter(deadline: .now() + .nanoseconds(Int(clamping: nanoseconds))) {
+                let waiter = self.state.withLockedValue { state -> CheckedContinuation<Bool, Never>? in
+                    guard state.generation == generation, let waiter = state.waiter else { return nil }
+                    state.waiter = nil
+                    return waiter
+                }
+                waiter?.resume(returning: false)
+            }
         }
     }
 }

@@ -9,7 +9,7 @@ import NIOConcurrencyHelpers
 /// (SPEC §11).
 ///
 /// With a catalog that several relays share, a claim also takes the key's lock across relays (``KeyLocks``) before its
-/// upload looks at anything (``lockAcrossRelays(account:key:)``, on the I/O pool), and lets it go on release.
+/// upload looks at anything (``lockAcrossRelays(account:key:)``), and lets it go on release.
 package final class KeyClaims: Sendable {
     /// What ``claim(_:whenFree:)`` did.
     enum Outcome: Equatable {
@@ -33,7 +33,7 @@ package final class KeyClaims: Sendable {
     private let claims = NIOLockedValueBox<[String: Claim]>([:])
     private let locks: (any KeyLocks)?
     /// One quota decision per account at a time on this relay (``admitting(account:_:)``), striped by account.
-    private let admissions = (0..<16).map { _ in NIOLock() }
+    private let admissions = (0..<16).map { _ in AsyncLock() }
 
     /// Told when locks across relays that claims held were lost (their database connection dropped).
     private let lost = NIOLockedValueBox<(@Sendable () -> Void)?>(nil)
@@ -63,12 +63,12 @@ package final class KeyClaims: Sendable {
     }
 
     /// Takes the lock across relays of the key the caller has claimed (``claim(_:whenFree:)``): false when another relay
-    /// holds it (KEY_BUSY), true at once without a shared catalog. Blocks: call it from the I/O pool.
-    func lockAcrossRelays(account: String, key: String) throws -> Bool {
+    /// holds it (KEY_BUSY), true at once without a shared catalog.
+    func lockAcrossRelays(account: String, key: String) async throws -> Bool {
         guard let locks else { return true }
         let name = Self.name(account: account, key: key)
         if self.claims.withLockedValue({ $0[name]?.lock != nil }) { return true }
-        guard let lock = try locks.tryLock(account: account, key: key) else { return false }
+        guard let lock = try await locks.tryLock(account: account, key: key) else { return false }
         let kept = self.claims.withLockedValue { claims -> Bool in
             guard claims[name] != nil, claims[name]?.lock == nil else { return false }
             claims[name]?.lock = lock
@@ -137,12 +137,12 @@ package final class KeyClaims: Sendable {
 
     /// Runs an OPEN's quota decision for `account` with its uploads open now (``activeUploads(of:)``), one at a time
     /// per account on this relay: what one admits and announces (``announce(_:size:)``, inside `body`), the next one
-    /// counts. Two OPENs of one account deciding at once could each leave out the other. Blocks: the I/O pool's.
-    func admitting<T>(account: String, _ body: ([String: Int64]) throws -> T) rethrows -> T {
+    /// counts. Two OPENs of one account deciding at once could each leave out the other.
+    func admitting<T: Sendable>(account: String, _ body: ([String: Int64]) async throws -> T) async rethrows -> T {
         var hasher = Hasher()
         hasher.combine(account)
         let lock = self.admissions[Int(UInt(bitPattern: hasher.finalize()) % UInt(self.admissions.count))]
-        return try lock.withLock { try body(self.activeUploads(of: account)) }
+        return try await lock.withLock { try await body(self.activeUploads(of: account)) }
     }
 
     /// The upload holding `name` announced `size` bytes (0: unknown).

@@ -25,18 +25,18 @@ extension RelayServices {
     /// free space is above the reserve and what open uploads will still write, and the relay is not shutting down.
     public func readiness(on eventLoop: any EventLoop) -> EventLoopFuture<RelayReadiness> {
         let ping = self.timedPing
-        return self.catalogProbe.probe("ping", on: eventLoop) {
-            try ping()
+        return self.catalogProbe.probe("ping", on: eventLoop, executor: self.executor) {
+            try await ping()
             return RelayMetrics.CatalogLevels()
         }.map { outcome in self.readiness(catalog: outcome) }
     }
 
     /// Asks the catalog a query, timed in the metrics.
-    private var timedPing: @Sendable () throws -> Void {
+    private var timedPing: @Sendable () async throws -> Void {
         let (catalog, metrics) = (self.catalog, self.metrics)
         return {
             let start = ContinuousClock.now
-            try catalog.ping()
+            try await catalog.ping()
             metrics.took("catalog", "ping", since: start)
         }
     }
@@ -67,13 +67,13 @@ extension RelayServices {
     /// metric out.
     public func scrapeMetrics(on eventLoop: any EventLoop) -> EventLoopFuture<[UInt8]> {
         let (catalog, ping) = (self.catalog, self.timedPing)
-        return self.catalogProbe.probe("metrics", on: eventLoop) {
-            try ping()
+        return self.catalogProbe.probe("metrics", on: eventLoop, executor: self.executor) {
+            try await ping()
             var levels = RelayMetrics.CatalogLevels()
-            let backlog = try catalog.commitEventBacklog()
+            let backlog = try await catalog.commitEventBacklog()
             levels.hookQueue = backlog.count
             levels.hookOldest = backlog.oldest
-            let sessions = try catalog.sessions(updatedBefore: .distantFuture)
+            let sessions = try await catalog.sessions(updatedBefore: .distantFuture)
             levels.sessionsStaged = sessions.count
             levels.stagedBytes = sessions.reduce(0) { $0 + $1.durableOffset }
             return levels

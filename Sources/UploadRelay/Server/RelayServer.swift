@@ -155,13 +155,8 @@ public final class RelayServer: Service, Sendable {
         try? await stopped.futureResult.get()
         if let hooks {
             services.commitEventsQueued.withLockedValue { $0 = nil }
-            // Off the cooperative pool: the deliveries under way end within the hook timeout.
-            await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
-                Thread {
-                    hooks.stop()
-                    done.resume()
-                }.start()
-            }
+            // The deliveries under way end within the hook timeout.
+            await hooks.stop()
         }
         self.lifecycle.finish()
         logger.info("upload-relay stopped")
@@ -181,8 +176,8 @@ public final class RelayServer: Service, Sendable {
         let lastExpiry = NIOLockedValueBox(NIODeadline.now())
         let expiryEvery = min(TimeAmount.nanoseconds(TimeAmount(services.configuration.sessionExpiry).nanoseconds / 4), .minutes(10))
         let task = loop.scheduleRepeatedAsyncTask(initialDelay: interval, delay: interval) { _ in
-            services.threadPool.runIfActive(eventLoop: loop) { () -> (revoked: Set<String>, tokens: [String: [UInt8]]) in
-                let accounts = try services.catalog.accounts()
+            services.task(on: loop) { () -> (revoked: Set<String>, tokens: [String: [UInt8]]) in
+                let accounts = try await services.catalog.accounts()
                 let now = Set(accounts.filter(\.revoked).map(\.name))
                 let hashes = Dictionary(accounts.map { ($0.name, $0.tokenHash) }, uniquingKeysWith: { first, _ in first })
                 let due = lastExpiry.withLockedValue { last in
@@ -192,10 +187,10 @@ public final class RelayServer: Service, Sendable {
                 }
                 let keys = RelayRuntime.KeyGuard.claiming(services.claims)
                 // Commits a failure left pending are settled under their key (review: they held quota until a restart).
-                try RelayRuntime.recover(catalog: services.catalog, store: services.store, logger: services.logger, keys: keys, objects: false)
+                try await RelayRuntime.recover(catalog: services.catalog, store: services.store, logger: services.logger, keys: keys, objects: false)
                 if due {
                     let expiry = services.configuration.sessionExpiry
-                    try RelayRuntime.cleanUp(
+                    try await RelayRuntime.cleanUp(
                         catalog: services.catalog, store: services.store, expiry: expiry, logger: services.logger, keys: keys,
                         orphansBefore: Date().addingTimeInterval(-Double(expiry.components.seconds))
                     )

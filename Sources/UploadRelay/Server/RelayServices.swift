@@ -9,6 +9,8 @@ public final class RelayServices: Sendable {
     public let catalog: any Catalog
     public let store: any BlobStore
     public let threadPool: NIOThreadPool
+    /// Where the relay's tasks run: the threads of ``threadPool``.
+    package let executor: RelayExecutor
     public let logger: Logger
     /// Keys with an upload in progress on any connection: a second one gets KEY_BUSY.
     package let claims: KeyClaims
@@ -57,6 +59,7 @@ public final class RelayServices: Sendable {
         self.catalog = catalog
         self.store = store
         self.threadPool = threadPool
+        self.executor = RelayExecutor(pool: threadPool)
         self.logger = logger
         self.claims = KeyClaims(locks: catalog.keyLocks)
         self.memory = ResourceBudget(total: configuration.memoryBudget)

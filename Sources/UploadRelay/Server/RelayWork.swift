@@ -3,8 +3,8 @@ import NIOCore
 import UploadChecksums
 import UploadProtocol
 
-/// A connection's blocking work, run on the I/O thread pool, each answer delivered on the connection's event loop:
-/// the catalog lookup of a credential, and the lookup of an OPEN (with, for an upload, the executor of its storage).
+/// A connection's catalog and store work, each run as a task and answered on the connection's event loop: the catalog
+/// lookup of a credential, the lookup of an OPEN (with, for an upload, the executor of its storage), a PLAN's answer.
 package struct RelayWork {
     let services: RelayServices
     let eventLoop: any EventLoop
@@ -12,8 +12,8 @@ package struct RelayWork {
     /// The account the HELLO's token names, if any.
     func authenticate(_ hello: Frame.Hello, then answer: @escaping (Result<Account?, any Error>) -> Void) {
         let (catalog, hash) = (self.services.catalog, Tokens.hash(hello.credential))
-        self.services.threadPool.runIfActive(eventLoop: self.eventLoop) {
-            try catalog.account(tokenHash: hash)
+        self.services.task(on: self.eventLoop) {
+            try await catalog.account(tokenHash: hash)
         }.assumeIsolated().whenComplete(answer)
     }
 
@@ -24,40 +24,26 @@ package struct RelayWork {
         then answer: @escaping (RelaySession.LookUp, UploadExecutor?) -> Void
     ) {
         let (services, eventLoop) = (self.services, self.eventLoop)
-        services.threadPool.runIfActive(eventLoop: eventLoop) {
-            Self.lookUp(open, key, account, services: services, logger: logger)
-        }.assumeIsolated().whenComplete { result in
-            switch result {
-            case .success(let (decision, storage)):
-                answer(decision, storage.map { UploadExecutor(storage: $0, pool: services.threadPool, eventLoop: eventLoop) })
-            case .failure(let error):
-                // The I/O pool stopped: the relay is going away.
-                logger.debug("open not looked up", metadata: ["error": "\(error)"])
-                answer(.refuse(.internalError, "the relay is stopping; retry later"), nil)
-            }
+        services.task(on: eventLoop) {
+            await Self.lookUp(open, key, account, services: services, logger: logger)
+        }.assumeIsolated().whenSuccess { looked in
+            answer(looked.0, looked.1.map { UploadExecutor(storage: $0, services: services, eventLoop: eventLoop) })
         }
     }
 
     /// The relay's answer to PLAN (SPEC §7.2), read from the catalog off the event loop.
     func plan(_ plan: Frame.Plan, _ account: Account, then answer: @escaping (Result<Frame.Room, UploadPolicy.Refusal>) -> Void) {
         let services = self.services
-        services.threadPool.runIfActive(eventLoop: self.eventLoop) {
-            UploadPolicy(services: services).plan(account: account, plan: plan)
-        }.assumeIsolated().whenComplete { result in
-            switch result {
-            case .success(let room):
-                answer(room)
-            case .failure:
-                answer(.failure(UploadPolicy.Refusal(code: .internalError, message: "the relay is stopping; retry later", keepSession: true)))
-            }
-        }
+        services.task(on: self.eventLoop) {
+            await UploadPolicy(services: services).plan(account: account, plan: plan)
+        }.assumeIsolated().whenSuccess(answer)
     }
 
-    /// The lookup itself, blocking: the session's answer and, for an upload, its storage.
+    /// The lookup itself: the session's answer and, for an upload, its storage.
     package static func lookUp(
         _ open: Frame.Open, _ key: ObjectKey, _ account: Account, services: RelayServices, logger: Logger
-    ) -> (RelaySession.LookUp, UploadStorage?) {
-        switch UploadPolicy(services: services).open(account: account, open: open, key: key) {
+    ) async -> (RelaySession.LookUp, UploadStorage?) {
+        switch await UploadPolicy(services: services).open(account: account, open: open, key: key) {
         case .stored(let size):
             return (.stored(size: size), nil)
         case .confirm:

@@ -2,19 +2,19 @@ import Logging
 import UploadProtocol
 
 /// The answer to PLAN (SPEC §7.2): what uploading each blob of a selection would add to the account's quota use, by the
-/// rule that admits OPENs (``QuotaUse``), read once per PLAN. Blocking: runs on the I/O thread pool.
+/// rule that admits OPENs (``QuotaUse``), read once per PLAN.
 extension UploadPolicy {
-    package func plan(account: Account, plan: Frame.Plan) -> Result<Frame.Room, Refusal> {
+    package func plan(account: Account, plan: Frame.Plan) async -> Result<Frame.Room, Refusal> {
         let catalog = self.services.catalog
         do {
-            guard let current = try catalog.account(named: account.name), !current.revoked else {
+            guard let current = try await catalog.account(named: account.name), !current.revoked else {
                 return .failure(
                     Refusal(code: .unauthenticated, message: "the token of account \"\(account.name)\" was revoked", keepSession: true)
                 )
             }
             let name = current.name
             let active = self.services.claims.activeUploads(of: name)
-            let use = try catalog.quotaUse(account: name, excludingKey: "", active: active)
+            let use = try await catalog.quotaUse(account: name, excludingKey: "", active: active)
             let used = Self.used(use)
             let limits = self.services.configuration.limits
             let keys = plan.entries.map { entry in
@@ -22,8 +22,8 @@ extension UploadPolicy {
             }
             // One read of the objects and one of the sessions for the whole PLAN, whatever its size.
             let valid = keys.compactMap { $0?.value }
-            let objects = try catalog.objects(account: name, keys: valid)
-            let sessions = try catalog.sessions(account: name, keys: valid)
+            let objects = try await catalog.objects(account: name, keys: valid)
+            let sessions = try await catalog.sessions(account: name, keys: valid)
             var needs: [UInt64] = []
             needs.reserveCapacity(plan.entries.count)
             for (entry, key) in zip(plan.entries, keys) {
@@ -41,7 +41,8 @@ extension UploadPolicy {
                 // What `used` counts for an unfinished or open upload of this key: its commit replaces it.
                 var held: Int64 = 0
                 if active[key.value] != nil || sessions[key.value] != nil {
-                    held = max(0, used - Self.used(try catalog.quotaUse(account: name, excludingKey: key.value, active: active)))
+                    let others = try await catalog.quotaUse(account: name, excludingKey: key.value, active: active)
+                    held = max(0, used - Self.used(others))
                 }
                 needs.append(UInt64(max(0, size - (existing?.size ?? 0) - held)))
             }

@@ -5,7 +5,7 @@ import UploadProtocol
 
 /// The relay's rules for OPEN and for commit (SPEC §6, §7, §8.3): revocation, resume, dedup, quota, overwrite and
 /// key conflicts, decided against the catalog and the store; and the one place where store and catalog errors
-/// become wire codes. Blocking: runs on the I/O thread pool.
+/// become wire codes.
 package struct UploadPolicy {
     enum OpenDecision {
         /// Nothing to send: the key holds these bytes (or now a copy of them).
@@ -37,18 +37,18 @@ package struct UploadPolicy {
     }
 
     /// The answer to OPEN of `key` by `account` (as it was at HELLO; read again here).
-    func open(account: Account, open: Frame.Open, key: ObjectKey) -> OpenDecision {
+    func open(account: Account, open: Frame.Open, key: ObjectKey) async -> OpenDecision {
         // The session whose bytes were promised disk space here, if one was.
         var promised: String? = nil
         do {
             // Quota, revocation and dedup decisions read the account as it is now, not as it was at HELLO.
-            guard let current = try self.services.catalog.account(named: account.name), !current.revoked else {
+            guard let current = try await self.services.catalog.account(named: account.name), !current.revoked else {
                 return .refuse(.unauthenticated, "the token of account \"\(account.name)\" was revoked")
             }
             if let part = open.part {
-                return try self.openStripe(account: current, open: open, key: key, index: Int(part))
+                return try await self.openStripe(account: current, open: open, key: key, index: Int(part))
             }
-            return try self.openThrowing(account: current, open: open, key: key, promised: &promised)
+            return try await self.openThrowing(account: current, open: open, key: key, promised: &promised)
         } catch {
             // Space this OPEN was promised before the failure is free again (never another upload's: a PART's failure
             // leaves its main stream's promise alone).
@@ -97,27 +97,27 @@ package struct UploadPolicy {
 
     /// The catalog's object for `key`, when the file the store holds is still the one the relay committed (never
     /// vouch for bytes by their size alone: a file replaced behind the relay's back may have the same size).
-    static func verifiedObject(_ object: StoredObject?, services: RelayServices) throws -> StoredObject? {
+    static func verifiedObject(_ object: StoredObject?, services: RelayServices) async throws -> StoredObject? {
         guard let object, let identity = object.identity, let key = try? ObjectKey(validating: object.key) else { return nil }
-        return try services.store.identity(of: key, account: object.account) == identity ? object : nil
+        return try await services.store.identity(of: key, account: object.account) == identity ? object : nil
     }
 
     /// OPEN as facts, plan, execution: the key claimed across relays and any commit of it left undecided settled, the
     /// facts read in one pass (``facts(_:key:account:)``), the decision taken by ``OpenPlanner`` alone, and carried out
     /// here (a copy linked from a twin, the quota and disk space admitted, a session resumed or started).
-    private func openThrowing(account: Account, open: Frame.Open, key: ObjectKey, promised: inout String?) throws -> OpenDecision {
+    private func openThrowing(account: Account, open: Frame.Open, key: ObjectKey, promised: inout String?) async throws -> OpenDecision {
         let name = account.name
         if self.services.claims.acrossRelays {
             // One relay at a time uploads a key, whichever relay the agent reached: two would stage and commit it
             // twice.
-            guard try self.services.claims.lockAcrossRelays(account: name, key: key.value) else {
+            guard try await self.services.claims.lockAcrossRelays(account: name, key: key.value) else {
                 return .refuse(.keyBusy, "another relay has an upload of \"\(key)\" in progress; retry when it ends")
             }
         }
-        if let stored = try self.settleUndecidedCommits(open: open, key: key, account: name) {
+        if let stored = try await self.settleUndecidedCommits(open: open, key: key, account: name) {
             return stored
         }
-        var facts = try self.facts(open, key: key, account: name)
+        var facts = try await self.facts(open, key: key, account: name)
         while true {
             switch OpenPlanner.plan(open, key: key, facts) {
             case .stored(let size):
@@ -127,13 +127,13 @@ package struct UploadPolicy {
             case .confirm:
                 return .confirm
             case .duplicate(let twins):
-                if let stored = try self.duplicate(twins, open: open, key: key, account: name) {
+                if let stored = try await self.duplicate(twins, open: open, key: key, account: name) {
                     return stored
                 }
                 // None could be linked (each file changed since it was verified): decide again without them.
                 facts.twins = []
             case .upload(let upload):
-                return try self.startUpload(upload, open: open, key: key, account: name, promised: &promised)
+                return try await self.startUpload(upload, open: open, key: key, account: name, promised: &promised)
             }
         }
     }
@@ -145,13 +145,14 @@ package struct UploadPolicy {
     /// STORED when the upload this OPEN resumes is the one whose commit took effect (the agent heard STORAGE_ERROR, S3's
     /// answer lost after it completed): never started over from 0, which would re-send the whole blob and drop its
     /// acknowledged bytes (SPEC §6.2).
-    private func settleUndecidedCommits(open: Frame.Open, key: ObjectKey, account name: String) throws -> OpenDecision? {
+    private func settleUndecidedCommits(open: Frame.Open, key: ObjectKey, account name: String) async throws -> OpenDecision? {
         let catalog = self.services.catalog
-        for commit in try catalog.pendingCommits() where commit.account == name && commit.key == key.value {
-            let committing = try commit.sessionID.flatMap { id in
-                try catalog.session(account: name, key: key.value).flatMap { $0.id == id ? $0 : nil }
+        for commit in try await catalog.pendingCommits() where commit.account == name && commit.key == key.value {
+            var committing: UploadSession? = nil
+            if let id = commit.sessionID, let session = try await catalog.session(account: name, key: key.value), session.id == id {
+                committing = session
             }
-            let recorded = try RelayRuntime.settle(commit, catalog: catalog, store: self.services.store, logger: self.services.logger)
+            let recorded = try await RelayRuntime.settle(commit, catalog: catalog, store: self.services.store, logger: self.services.logger)
             if recorded, let committing, OpenPlanner.resumes(open, committing), open.sha1.map({ $0.hex == commit.sha1 }) ?? true {
                 return .stored(size: UInt64(commit.size))
             }
@@ -161,17 +162,17 @@ package struct UploadPolicy {
 
     /// What ``OpenPlanner`` decides from, read in one pass: the store's view of the key, its object (verified when OPEN
     /// states a SHA-1), the verified twins with OPEN's bytes, a PROBE's match, and the key's unfinished upload.
-    private func facts(_ open: Frame.Open, key: ObjectKey, account name: String) throws -> OpenFacts {
+    private func facts(_ open: Frame.Open, key: ObjectKey, account name: String) async throws -> OpenFacts {
         let catalog = self.services.catalog
         let size = open.size.map { Int64($0) }
         var facts = OpenFacts(maxBlobSize: self.services.configuration.maxBlobSize, syncBytes: self.services.configuration.syncBytes)
         if let size, size > facts.maxBlobSize {
             return facts
         }
-        facts.conflict = try self.services.store.conflict(for: key, account: name)
-        facts.existing = try catalog.object(account: name, key: key.value)
+        facts.conflict = try await self.services.store.conflict(for: key, account: name)
+        facts.existing = try await catalog.object(account: name, key: key.value)
         if let sha1 = open.sha1, let size {
-            facts.existingVerified = try Self.verifiedObject(facts.existing, services: self.services) != nil
+            facts.existingVerified = try await Self.verifiedObject(facts.existing, services: self.services) != nil
             let holdsThem = facts.existingVerified && facts.existing?.size == size && facts.existing?.sha1 == sha1.hex
             // Twins only where the planner can use them: a key holding these bytes, or other bytes without OVERWRITE,
             // is decided without (and an OPEN of a photo already stored costs no search of the account's objects).
@@ -179,17 +180,20 @@ package struct UploadPolicy {
             if twinsMatter {
                 // Verified one at a time when linked (``duplicate(_:open:key:account:)``): the first that is still its
                 // committed file is enough.
-                facts.twins = try catalog.object(account: name, size: size, sha1: sha1.hex).filter { twin in
+                facts.twins = try await catalog.object(account: name, size: size, sha1: sha1.hex).filter { twin in
                     twin.key != key.value && twin.identity != nil && (try? ObjectKey(validating: twin.key)) != nil
                 }
             }
         }
         if let probe = open.probe, let size {
             // Any object that may hold these bytes, verified by this relay as in the SHA-1 case: the agent confirms.
-            let candidates = try catalog.probeCandidates(account: name, size: size, probe: probe.hex)
-            facts.probeMatched = try candidates.contains { try Self.verifiedObject($0, services: self.services) != nil }
+            let candidates = try await catalog.probeCandidates(account: name, size: size, probe: probe.hex)
+            for candidate in candidates where try await Self.verifiedObject(candidate, services: self.services) != nil {
+                facts.probeMatched = true
+                break
+            }
         }
-        facts.session = try catalog.session(account: name, key: key.value)
+        facts.session = try await catalog.session(account: name, key: key.value)
         if let session = facts.session, let sha1 = try? SHA1(importing: session.sha1State) {
             facts.sessionHashUsable = sha1.byteCount == UInt64(session.durableOffset)
         }
@@ -198,34 +202,34 @@ package struct UploadPolicy {
 
     /// Links a copy of the first of `twins` whose file is still the one verified under the key, committed as any
     /// upload is (quota reserved, then recorded); the key's unfinished upload goes. Nil when none could be linked.
-    private func duplicate(_ twins: [StoredObject], open: Frame.Open, key: ObjectKey, account name: String) throws -> OpenDecision? {
+    private func duplicate(_ twins: [StoredObject], open: Frame.Open, key: ObjectKey, account name: String) async throws -> OpenDecision? {
         let (catalog, store) = (self.services.catalog, self.services.store)
         guard let sha1 = open.sha1, let size = open.size.map({ Int64($0) }) else { return nil }
         for twin in twins {
             guard let twinKey = try? ObjectKey(validating: twin.key), let expected = twin.identity,
-                try Self.verifiedObject(twin, services: self.services) != nil
+                try await Self.verifiedObject(twin, services: self.services) != nil
             else { continue }
             let commit = PendingCommit(
                 account: name, key: key.value, size: size, sha1: sha1.hex, sessionID: nil, probeSHA1: twin.probeSHA1,
                 location: try self.eventLocation(key, account: name)
             )
-            try catalog.beginCommit(commit)
+            try await catalog.beginCommit(commit)
             let identity: ObjectIdentity
             do {
                 // The twin is not claimed: the store links it only if it is still the file verified above.
-                identity = try store.duplicate(twinKey, expected: expected, as: key, account: name)
+                identity = try await store.duplicate(twinKey, expected: expected, as: key, account: name)
             } catch let error as StoreError where error.madeVisible {
                 throw error
             } catch {
-                try? catalog.abandonCommit(account: name, key: key.value)
+                try? await catalog.abandonCommit(account: name, key: key.value)
                 if error is StoreError { continue }
                 throw error
             }
-            try catalog.finishCommit(commit, identity: identity)
+            try await catalog.finishCommit(commit, identity: identity)
             self.eventsQueued(commit.location != nil)
-            if let session = try catalog.session(account: name, key: key.value) {
-                try store.removeStaging(session.stagingName)
-                try catalog.deleteSession(id: session.id)
+            if let session = try await catalog.session(account: name, key: key.value) {
+                try await store.removeStaging(session.stagingName)
+                try await catalog.deleteSession(id: session.id)
             }
             return .stored(size: UInt64(size))
         }
@@ -236,12 +240,12 @@ package struct UploadPolicy {
     /// resumed when its staging still holds its durable bytes, else started over; disk space promised to it.
     private func startUpload(
         _ plan: OpenUpload, open: Frame.Open, key: ObjectKey, account name: String, promised: inout String?
-    ) throws -> OpenDecision {
+    ) async throws -> OpenDecision {
         let (catalog, store) = (self.services.catalog, self.services.store)
         let size = open.size.map { Int64($0) }
         let claims = self.services.claims
-        let use = try claims.admitting(account: name) { active in
-            let use = try catalog.admit(account: name, key: key.value, announced: size ?? 0, growth: plan.growth, active: active)
+        let use = try await claims.admitting(account: name) { active in
+            let use = try await catalog.admit(account: name, key: key.value, announced: size ?? 0, growth: plan.growth, active: active)
             // Counted by the OPENs of the account's other keys while this one is open, session recorded or not. Only
             // once admitted: a refused upload's size, counted until its stream closed, would refuse uploads that fit
             // beside it (a re-run's every file refused after one too large for the quota).
@@ -258,7 +262,7 @@ package struct UploadPolicy {
         var discard = plan.discard
         if let session = plan.resume, let sha1 = try? SHA1(importing: session.sha1State) {
             do {
-                let staging = try self.openStaging(session, key: key, size: size)
+                let staging = try await self.openStaging(session, key: key, size: size)
                 if let full = self.admitSpace((size ?? 0) - session.durableOffset, upload: session.id) {
                     // Kept, with its durable bytes, for when there is room.
                     staging.close()
@@ -275,8 +279,8 @@ package struct UploadPolicy {
             }
         }
         if let session = discard {
-            try store.removeStaging(session.stagingName)
-            try catalog.deleteSession(id: session.id)
+            try await store.removeStaging(session.stagingName)
+            try await catalog.deleteSession(id: session.id)
         }
         let id = Self.randomID()
         if let full = self.admitSpace(size ?? 0, upload: id) {
@@ -293,27 +297,27 @@ package struct UploadPolicy {
         case .striped:
             var striped = fresh
             striped.layout = .striped(size: size ?? 0, creating: true)
-            let staging = try store.openStaging(striped)
-            try Self.record(session, staging: staging, catalog: catalog, store: store)
+            let staging = try await store.openStaging(striped)
+            try await Self.record(session, staging: staging, catalog: catalog, store: store)
             return .upload(session, staging, SHA1(), recorded: true, resumed: false, byteLimit: byteLimit)
         case .atFirstSync:
             // Recorded by its first durable sync (``UploadStorage``), if any.
-            let staging = try store.openStaging(fresh)
+            let staging = try await store.openStaging(fresh)
             return .upload(session, staging, SHA1(), recorded: false, resumed: false, byteLimit: byteLimit)
         case .atOpen:
-            let staging = try store.openStaging(fresh)
-            try Self.record(session, staging: staging, catalog: catalog, store: store)
+            let staging = try await store.openStaging(fresh)
+            try await Self.record(session, staging: staging, catalog: catalog, store: store)
             return .upload(session, staging, SHA1(), recorded: true, resumed: false, byteLimit: byteLimit)
         }
     }
 
     /// Records a new session at its OPEN; when the catalog fails, its staging goes and the error is thrown.
-    private static func record(_ session: UploadSession, staging: any StagingFile, catalog: any Catalog, store: any BlobStore) throws {
+    private static func record(_ session: UploadSession, staging: any StagingFile, catalog: any Catalog, store: any BlobStore) async throws {
         do {
-            try catalog.putSession(session)
+            try await catalog.putSession(session)
         } catch {
             staging.close()
-            try? store.removeStaging(session.stagingName)
+            try? await store.removeStaging(session.stagingName)
             throw error
         }
     }
@@ -326,27 +330,27 @@ package struct UploadPolicy {
     }
 
     /// The staging file of a session being resumed (or a PART stream's): cut to its durable offset, or, striped, as it is.
-    private func openStaging(_ session: UploadSession, key: ObjectKey, size: Int64?) throws -> any StagingFile {
+    private func openStaging(_ session: UploadSession, key: ObjectKey, size: Int64?) async throws -> any StagingFile {
         let layout: StagingRequest.Layout
         if session.striped, let size {
             layout = .striped(size: size, creating: false)
         } else {
-            let parts = session.durableOffset > 0 ? try self.services.catalog.stagedParts(sessionID: session.id) : []
+            let parts = session.durableOffset > 0 ? try await self.services.catalog.stagedParts(sessionID: session.id) : []
             layout = .sequential(offset: session.durableOffset, parts: parts)
         }
-        return try self.services.store.openStaging(
+        return try await self.services.store.openStaging(
             StagingRequest(name: session.stagingName, account: session.account, key: key, expectedSize: size, layout: layout)
         )
     }
 
     /// The answer to a PART (SPEC §6.7): the striped session its token names, and its staging file to write stripe
     /// `index` into; OFFSET STORED when that stripe is complete.
-    private func openStripe(account: Account, open: Frame.Open, key: ObjectKey, index: Int) throws -> OpenDecision {
+    private func openStripe(account: Account, open: Frame.Open, key: ObjectKey, index: Int) async throws -> OpenDecision {
         let catalog = self.services.catalog
         guard let size = open.size, let length = open.streamLength else {
             return .refuse(.internalError, "PART without a size")
         }
-        guard let session = try catalog.session(account: account.name, key: key.value), session.striped,
+        guard let session = try await catalog.session(account: account.name, key: key.value), session.striped,
             !open.resumeToken.isEmpty, session.resumeToken == open.resumeToken, session.declaredSize == Int64(size)
         else {
             return .refuse(
@@ -354,11 +358,11 @@ package struct UploadPolicy {
                 "no striped upload of \"\(key)\" with this token and size \(size) is open on the relay (expired, cancelled or committed); open the blob again"
             )
         }
-        if try catalog.completeStripes(sessionID: session.id).contains(index) {
+        if try await catalog.completeStripes(sessionID: session.id).contains(index) {
             return .stored(size: length)
         }
         // Striped, of this size (checked above): its staging as it is.
-        return .stripe(session, try self.openStaging(session, key: key, size: Int64(size)), index: index)
+        return .stripe(session, try await self.openStaging(session, key: key, size: Int64(size)), index: index)
     }
 
     /// One upload's verified bytes, ready to become its object.
@@ -380,7 +384,7 @@ package struct UploadPolicy {
     /// all reserved in the catalog by one transaction, then the store's atomic renames (each directory synced once),
     /// then all recorded by one transaction. Nothing that will be refused is ever renamed into place. Each result in
     /// the order given, a refusal by ``refusal(for:doing:)``.
-    func commit(_ requests: [CommitRequest]) -> [Result<Frame.Result.Status, Refusal>] {
+    func commit(_ requests: [CommitRequest]) async -> [Result<Frame.Result.Status, Refusal>] {
         let catalog = self.services.catalog
         var results = [Result<Frame.Result.Status, Refusal>?](repeating: nil, count: requests.count)
         func refuse(_ index: Int, _ error: any Error) {
@@ -389,7 +393,7 @@ package struct UploadPolicy {
         var ready: [(index: Int, pending: PendingCommit)] = []
         for (index, request) in requests.enumerated() {
             do {
-                if let status = try self.settledBeforeCommit(request) {
+                if let status = try await self.settledBeforeCommit(request) {
                     results[index] = .success(status)
                 } else {
                     let pending = PendingCommit(
@@ -405,13 +409,13 @@ package struct UploadPolicy {
         }
         var reserved: [(index: Int, pending: PendingCommit)] = []
         do {
-            for (item, error) in zip(ready, try catalog.beginCommits(ready.map(\.pending))) {
+            for (item, error) in zip(ready, try await catalog.beginCommits(ready.map(\.pending))) {
                 if let error { refuse(item.index, error) } else { reserved.append(item) }
             }
         } catch {
             for item in ready { refuse(item.index, error) }
         }
-        let placed = self.services.store.commit(
+        let placed = await self.services.store.commit(
             reserved.map {
                 let request = requests[$0.index]
                 return StoreCommit(
@@ -428,13 +432,13 @@ package struct UploadPolicy {
                 // Visible but unrecorded: the pending commit stays for recovery to settle.
                 refuse(item.index, error)
             case .failure(let error):
-                try? catalog.abandonCommit(account: item.pending.account, key: item.pending.key)
+                try? await catalog.abandonCommit(account: item.pending.account, key: item.pending.key)
                 refuse(item.index, error)
             }
         }
         do {
             // Should this record fail, recovery finds the pending commits and the objects, and settles them.
-            try catalog.finishCommits(visible.map { ($0.pending, $0.identity) })
+            try await catalog.finishCommits(visible.map { ($0.pending, $0.identity) })
             for item in visible { results[item.index] = .success(.stored) }
             self.eventsQueued(visible.contains { $0.pending.location != nil })
         } catch {
@@ -457,28 +461,28 @@ package struct UploadPolicy {
 
     /// What can be decided about a commit before any write: nil when it goes ahead; `.unchanged` when the key holds
     /// exactly these bytes already (the staged copy is dropped). Throws ``Refusal`` or the store's and catalog's errors.
-    private func settledBeforeCommit(_ request: CommitRequest) throws -> Frame.Result.Status? {
+    private func settledBeforeCommit(_ request: CommitRequest) async throws -> Frame.Result.Status? {
         let catalog = self.services.catalog
         let (account, key) = (request.account, request.key)
-        guard let current = try catalog.account(named: account), !current.revoked else {
+        guard let current = try await catalog.account(named: account), !current.revoked else {
             throw Refusal(
                 code: .unauthenticated, message: "the token of account \"\(account)\" was revoked: nothing was stored",
                 keepSession: false
             )
         }
-        let existing = try catalog.object(account: account, key: key.value)
-        if let verified = try Self.verifiedObject(existing, services: self.services), verified.sha1 == request.sha1.hex,
+        let existing = try await catalog.object(account: account, key: key.value)
+        if let verified = try await Self.verifiedObject(existing, services: self.services), verified.sha1 == request.sha1.hex,
             verified.size == request.size
         {
-            if request.sessionRecorded { try catalog.deleteSession(id: request.sessionID) }
-            try self.services.store.removeStaging(request.staging.name)
+            if request.sessionRecorded { try await catalog.deleteSession(id: request.sessionID) }
+            try await self.services.store.removeStaging(request.staging.name)
             request.staging.close()
             return .unchanged
         }
         if existing != nil && !request.overwrite {
             throw Refusal(code: .alreadyExists, message: Self.alreadyExists(key), keepSession: false)
         }
-        if let conflict = try self.services.store.conflict(for: key, account: account) {
+        if let conflict = try await self.services.store.conflict(for: key, account: account) {
             throw Refusal(code: .invalidKey, message: conflict, keepSession: false)
         }
         return nil
@@ -492,16 +496,16 @@ package struct UploadPolicy {
         guard services.claims.tryClaim(claim) else { return }
         // Closing from the start: an OPEN of the key meanwhile waits for the discard, never KEY_BUSY.
         services.claims.markClosing(claim)
-        services.threadPool.submit { state in
+        services.task {
             defer { services.claims.release(claim) }
-            guard state == .active, (try? services.claims.lockAcrossRelays(account: account, key: key.value)) == true,
-                let session = try? services.catalog.session(account: account, key: key.value)
+            guard (try? await services.claims.lockAcrossRelays(account: account, key: key.value)) == true,
+                let session = try? await services.catalog.session(account: account, key: key.value)
             else { return }
             let byToken = !open.resumeToken.isEmpty && open.resumeToken == session.resumeToken
             let byFingerprint = !open.fingerprint.isEmpty && open.fingerprint == session.fingerprint
             guard byToken || byFingerprint else { return }
-            try? services.store.removeStaging(session.stagingName)
-            try? services.catalog.deleteSession(id: session.id)
+            try? await services.store.removeStaging(session.stagingName)
+            try? await services.catalog.deleteSession(id: session.id)
         }
     }
 

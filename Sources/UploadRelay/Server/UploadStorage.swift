@@ -6,13 +6,13 @@ import UploadChecksums
 import UploadPayload
 import UploadProtocol
 
-/// The blocking storage work of one upload, each step a plain function of the step: open and write chunks, sync and
-/// record, verify and commit, release. No thread and no event loop of its own: ``UploadExecutor`` runs ``perform(_:)``
-/// on the I/O thread pool, the in-memory test relay runs it in line. It decides nothing: the steps come from the
-/// upload's ``UploadPipeline``.
+/// The storage work of one upload, each step an async function of the step: open and write chunks, sync and record,
+/// verify and commit, release. No thread and no event loop of its own: ``UploadExecutor`` runs ``perform(_:)`` as a
+/// task, the in-memory test relay awaits it in line. It decides nothing: the steps come from the upload's
+/// ``UploadPipeline``.
 ///
-/// The pipeline starts one step at a time, so the SHA-1 state and the staging file are never touched by two threads at
-/// once; the lock only makes that visible to the compiler.
+/// The pipeline starts one step at a time, so the SHA-1 state and the staging file are never touched by two tasks at
+/// once; the locks only make that visible to the compiler (a step takes the SHA-1 state out, and puts it back).
 package final class UploadStorage: Sendable {
     private let key: ObjectKey
     private let account: String
@@ -62,68 +62,61 @@ package final class UploadStorage: Sendable {
         self.logger = logger
     }
 
-    /// Runs one step and calls `done` with its completion for the session: at once, or for a commit once its group is
-    /// durable (``CommitGroup``).
-    package func perform(_ step: UploadPipeline.StorageStep, then done: @escaping @Sendable (RelaySession.StorageCompletion) -> Void) {
+    /// Runs one step; its completion for the session (for a commit, once its group is durable: ``CommitGroup``).
+    package func perform(_ step: UploadPipeline.StorageStep) async -> RelaySession.StorageCompletion {
         switch step {
         case .write(let chunks, let offset):
-            let (consumed, error) = self.write(chunks, at: offset)
-            done(.wrote(consumed: consumed, error: error.map { ($0.code, $0.message) }))
+            let (consumed, error) = await self.write(chunks, at: offset)
+            return .wrote(consumed: consumed, error: error.map { ($0.code, $0.message) })
         case .sync(let offset):
             let start = ContinuousClock.now
-            let result = Result { try self.sync(through: offset) }.mapError { self.syncFailure($0) }
+            let result: Result<Int64, UploadPipeline.SyncFailure>
+            do {
+                result = .success(try await self.sync(through: offset))
+            } catch {
+                result = .failure(self.syncFailure(error))
+            }
             self.services.metrics.syncSeconds.recordInterval(since: start)
-            done(.synced(result))
+            return .synced(result)
         case .commit(let hash, let written):
             let start = ContinuousClock.now
-            let metrics = self.services.metrics
-            self.commit(hash, written: written) { result in
-                metrics.commitSeconds.recordInterval(since: start)
-                done(.committed(result))
-            }
+            let result = await self.commit(hash, written: written)
+            self.services.metrics.commitSeconds.recordInterval(since: start)
+            return .committed(result)
         case .release(let discardSession):
-            self.release(discardSession: discardSession)
-            done(.released)
-        }
-    }
-
-    /// What the session hears when `step` could not run at all (the thread pool has stopped).
-    static func notRun(_ step: UploadPipeline.StorageStep, _ error: any Error) -> RelaySession.StorageCompletion {
-        switch step {
-        case .write: return .wrote(consumed: [], error: (.internalError, "the relay is stopping; retry later"))
-        case .sync: return .synced(.failure(UploadPipeline.SyncFailure(description: "the relay is stopping; retry later")))
-        case .commit:
-            return .committed(.failure(UploadPolicy.Refusal(code: .internalError, message: "the relay is stopping; retry later", keepSession: true)))
-        case .release: return .released
+            await self.release(discardSession: discardSession)
+            return .released
         }
     }
 
     /// Opens each chunk (inflate, CRC-32), writes its raw bytes and hashes them; the payload bytes consumed per chunk, and
     /// the error that stopped the batch.
-    private func write(_ chunks: [Frame.Chunk], at startOffset: Int64) -> ([Int], ProtocolError?) {
+    private func write(_ chunks: [Frame.Chunk], at startOffset: Int64) async -> ([Int], ProtocolError?) {
         let base = self.stripe?.base ?? 0
-        let (consumed, error, written) = self.sha1.withLockedValue { sha1 -> ([Int], ProtocolError?, Int64) in
-            var offset = startOffset
-            var consumed: [Int] = []
-            for chunk in chunks {
-                switch ChunkPayload.open(chunk) {
-                case .failure(let error):
-                    return (consumed, error, offset - startOffset)
-                case .success(let raw):
-                    do {
-                        try self.staging.write(raw, at: base + offset)
-                    } catch {
-                        self.services.metrics.failed("store", "write")
-                        return (consumed, .stream(chunk.streamID, .storageError, self.agentMessage(error, doing: "write")), offset - startOffset)
-                    }
+        var sha1 = self.sha1.withLockedValue { $0 }
+        var offset = startOffset
+        var consumed: [Int] = []
+        var error: ProtocolError? = nil
+        for chunk in chunks {
+            switch ChunkPayload.open(chunk) {
+            case .failure(let failure):
+                error = failure
+            case .success(let raw):
+                do {
+                    try await self.staging.write(raw, at: base + offset)
                     // A stripe's bytes are hashed in order with the whole blob, at the main stream's commit.
                     if self.stripe == nil { raw.withUnsafeReadableBytes { self.hash($0, into: &sha1) } }
                     offset += Int64(raw.readableBytes)
                     consumed.append(chunk.payloadLength)
+                } catch let failure {
+                    self.services.metrics.failed("store", "write")
+                    error = .stream(chunk.streamID, .storageError, self.agentMessage(failure, doing: "write"))
                 }
             }
-            return (consumed, nil, offset - startOffset)
+            if error != nil { break }
         }
+        self.sha1.withLockedValue { $0 = sha1 }
+        let written = offset - startOffset
         // What was written counts in the disk's free space now: the upload's promise shrinks by it, once per batch (the
         // promises' lock is every upload's).
         if self.stripe == nil && written > 0 { self.services.space.wrote(written, upload: self.session.id) }
@@ -170,7 +163,7 @@ package final class UploadStorage: Sendable {
     }
 
     /// SPEC §6.1: fsync first, then record offset and SHA-1 state; only then acknowledge.
-    private func sync(through offset: Int64) throws -> Int64 {
+    private func sync(through offset: Int64) async throws -> Int64 {
         if self.stripe != nil {
             // A stripe records nothing before it is complete: its pipeline asks for no sync (an ACK would claim a record).
             throw StoreError("a stripe is made durable only when complete")
@@ -180,7 +173,7 @@ package final class UploadStorage: Sendable {
         // and the offset returned (0) acknowledges nothing new.
         let parts: [StagedPart]
         do {
-            guard case .durable(let newParts) = try self.staging.sync(through: offset) else { return 0 }
+            guard case .durable(let newParts) = try await self.staging.sync(through: offset) else { return 0 }
             parts = newParts
         } catch {
             self.services.metrics.failed("store", "sync")
@@ -188,7 +181,7 @@ package final class UploadStorage: Sendable {
         }
         let recordStart = ContinuousClock.now
         do {
-            try self.record(offset: offset, state: state, parts: parts)
+            try await self.record(offset: offset, state: state, parts: parts)
         } catch {
             self.services.metrics.failed("catalog", "record_durable")
             throw error
@@ -203,74 +196,69 @@ package final class UploadStorage: Sendable {
     }
 
     /// Records the session's durable offset and SHA-1 state: the whole session the first time.
-    private func record(offset: Int64, state: [UInt8], parts: [StagedPart]) throws {
+    private func record(offset: Int64, state: [UInt8], parts: [StagedPart]) async throws {
         let name = self.staging.name
-        try self.recorded.withLockedValue { recorded in
-            if recorded, self.recordedName.withLockedValue({ $0 }) == name {
-                try self.services.catalog.updateDurable(sessionID: self.session.id, offset: offset, sha1State: state, parts: parts)
-            } else {
-                // Its first durable bytes (a session recorded at its OPEN had none, and no parts): the whole session,
-                // under the staging's name now.
-                var session = self.session
-                session.durableOffset = offset
-                session.sha1State = state
-                session.stagingName = name
-                session.updatedAt = Date()
-                try self.services.catalog.putSession(session, parts: parts)
-                recorded = true
-                self.recordedName.withLockedValue { $0 = name }
-            }
+        if self.recorded.withLockedValue({ $0 }), self.recordedName.withLockedValue({ $0 }) == name {
+            try await self.services.catalog.updateDurable(sessionID: self.session.id, offset: offset, sha1State: state, parts: parts)
+        } else {
+            // Its first durable bytes (a session recorded at its OPEN had none, and no parts): the whole session,
+            // under the staging's name now.
+            var session = self.session
+            session.durableOffset = offset
+            session.sha1State = state
+            session.stagingName = name
+            session.updatedAt = Date()
+            try await self.services.catalog.putSession(session, parts: parts)
+            self.recorded.withLockedValue { $0 = true }
+            self.recordedName.withLockedValue { $0 = name }
         }
     }
 
     /// Checks the SHA-1 of the bytes written against HASH, then commits by the relay's rules with the next group.
-    private func commit(_ hash: Frame.Hash, written: Int64, then done: @escaping CommitGroup.Completion) {
+    private func commit(_ hash: Frame.Hash, written: Int64) async -> Result<Frame.Result.Status, UploadPolicy.Refusal> {
         self.commitAsked.withLockedValue { $0 = true }
         // Every byte is written: the disk space promised to this upload and not used is free for others now (a striped
         // upload's other stripes were written under their own streams).
         if self.stripe == nil { self.services.space.release(upload: self.session.id) }
         if let stripe = self.stripe {
-            done(
-                Result { try self.completeStripe(stripe.index, bytes: stripe.length) }.mapError {
-                    UploadPolicy.refusal(for: $0, doing: "record the stripe", key: self.key, logger: self.logger)
-                }
-            )
-            return
+            do {
+                return .success(try await self.completeStripe(stripe.index, bytes: stripe.length))
+            } catch {
+                return .failure(UploadPolicy.refusal(for: error, doing: "record the stripe", key: self.key, logger: self.logger))
+            }
         }
         if self.session.striped {
             do {
-                try self.hashStripes(size: hash.size)
+                try await self.hashStripes(size: hash.size)
             } catch {
-                done(.failure(UploadPolicy.refusal(for: error, doing: "verify the stripes", key: self.key, logger: self.logger)))
-                return
+                return .failure(UploadPolicy.refusal(for: error, doing: "verify the stripes", key: self.key, logger: self.logger))
             }
         }
         let actual = SHA1Digest(bytes: self.sha1.withLockedValue { $0.finalize() })
         guard let actual, actual == hash.sha1 else {
             let message = "SHA-1 of the \(written) bytes received is \(actual.map { "\($0)" } ?? "unknown"); HASH says \(hash.sha1)"
-            done(.failure(UploadPolicy.Refusal(code: .hashMismatch, message: message, keepSession: false)))
-            return
+            return .failure(UploadPolicy.Refusal(code: .hashMismatch, message: message, keepSession: false))
         }
         let request = UploadPolicy.CommitRequest(
             staging: self.staging, key: self.key, account: self.account, sessionID: self.session.id,
             sessionRecorded: self.recorded.withLockedValue { $0 }, size: Int64(hash.size), sha1: actual, overwrite: self.overwrite,
             probeSHA1: self.probeDigest(size: hash.size)
         )
-        self.services.commits.submit(request, services: self.services, completion: done)
+        return await self.services.commits.commit(request, services: self.services)
     }
 
     /// A PART stream's HASH: its stripe is durable, then recorded complete (SPEC §6.7).
-    private func completeStripe(_ index: Int, bytes: Int64) throws -> Frame.Result.Status {
-        try self.staging.sync()
-        try self.services.catalog.completeStripe(sessionID: self.session.id, index: index, bytes: bytes)
+    private func completeStripe(_ index: Int, bytes: Int64) async throws -> Frame.Result.Status {
+        try await self.staging.sync()
+        try await self.services.catalog.completeStripe(sessionID: self.session.id, index: index, bytes: bytes)
         return .stored
     }
 
     /// The main stream of a striped upload sent stripe 0 and HASH: every other stripe must be complete; their bytes,
     /// read back from the staging file, go into the SHA-1 after stripe 0's (SPEC §6.7, §4.6).
-    private func hashStripes(size: UInt64) throws {
+    private func hashStripes(size: UInt64) async throws {
         let stripes = Frame.Stripes(size: size)
-        let complete = try self.services.catalog.completeStripes(sessionID: self.session.id)
+        let complete = try await self.services.catalog.completeStripes(sessionID: self.session.id)
         let missing = (1..<stripes.count).filter { !complete.contains($0) }
         guard missing.isEmpty else {
             let list = missing.prefix(8).map(String.init).joined(separator: ", ") + (missing.count > 8 ? ", ..." : "")
@@ -279,20 +267,19 @@ package final class UploadStorage: Sendable {
                 keepSession: true
             )
         }
-        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: Self.readBackBytes, alignment: 16)
-        defer { buffer.deallocate() }
-        try self.sha1.withLockedValue { sha1 in
-            var offset = stripes.start(of: 1)
-            while offset < size {
-                let want = Int(min(UInt64(buffer.count), size - offset))
-                let got = try self.staging.read(into: UnsafeMutableRawBufferPointer(rebasing: buffer[0..<want]), at: Int64(offset))
-                guard got == want else {
-                    throw StoreError("staging file \(self.staging.name) ends at \(offset + UInt64(got)), before the blob's \(size) bytes")
-                }
-                self.hash(UnsafeRawBufferPointer(rebasing: buffer[0..<want]), into: &sha1)
-                offset += UInt64(want)
+        var sha1 = self.sha1.withLockedValue { $0 }
+        var offset = stripes.start(of: 1)
+        while offset < size {
+            let want = Int(min(UInt64(Self.readBackBytes), size - offset))
+            let bytes = try await self.staging.read(want, at: Int64(offset))
+            guard bytes.readableBytes == want else {
+                let end = offset + UInt64(bytes.readableBytes)
+                throw StoreError("staging file \(self.staging.name) ends at \(end), before the blob's \(size) bytes")
             }
+            bytes.withUnsafeReadableBytes { self.hash($0, into: &sha1) }
+            offset += UInt64(want)
         }
+        self.sha1.withLockedValue { $0 = sha1 }
     }
 
     /// The bytes read back at a time to hash a striped upload's stripes.
@@ -303,7 +290,7 @@ package final class UploadStorage: Sendable {
     ///
     /// The key stays claimed until the session is gone, so a new OPEN of the same key (waiting meanwhile) can never
     /// resume a session this upload just discarded.
-    private func release(discardSession: Bool) {
+    private func release(discardSession: Bool) async {
         defer {
             // A PART stream shares its main stream's session: the promise is the main stream's to let go.
             if self.stripe == nil { self.services.space.release(upload: self.session.id) }
@@ -318,8 +305,8 @@ package final class UploadStorage: Sendable {
         let nothingDurable = self.durable.withLockedValue { $0 } == 0 && !self.session.striped && !self.commitAsked.withLockedValue { $0 }
         guard discardSession || !recorded || nothingDurable else { return }
         do {
-            if recorded { try self.services.catalog.deleteSession(id: self.session.id) }
-            try self.services.store.removeStaging(self.staging.name)
+            if recorded { try await self.services.catalog.deleteSession(id: self.session.id) }
+            try await self.services.store.removeStaging(self.staging.name)
         } catch {
             self.logger.warning("cleanup failed", metadata: ["upload.key": "\(self.key)", "error": "\(error)"])
         }

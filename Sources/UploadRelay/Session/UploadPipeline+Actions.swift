@@ -59,7 +59,7 @@ extension UploadPipeline {
         var maxBlobSize: Int64
         /// Bytes written but not durable that make a sync due at once.
         var syncBytes: Int64
-        /// The most chunk bytes written in one trip to the thread pool.
+        /// The most chunk bytes written by one storage step.
         var batchBytes: Int = 2 << 20
         /// Whether bytes are made durable (and acknowledged) as they arrive. A PART stream's stripe is not: it is made
         /// durable and recorded once complete, and sent again whole if its stream ends before (SPEC §6.7).

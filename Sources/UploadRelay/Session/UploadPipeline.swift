@@ -2,7 +2,7 @@ import UploadProtocol
 
 /// The decisions of one upload's storage work, with no I/O (SPEC §4.4, §6.1, §8.3): what to write, when to make it
 /// durable, when to commit, when to let go, and what to tell the connection. ``UploadExecutor`` runs the actions it
-/// returns on the I/O thread pool and feeds their completions back.
+/// returns as tasks of the relay's and feeds their completions back.
 ///
 /// Work runs one piece at a time, in order. Durability comes before more writes, so what is consumed (and its credit
 /// returned) never runs ahead of what is durable by more than the sync batch plus one write batch.

@@ -60,7 +60,6 @@ public final class RelayStatusServer: Service, Sendable {
         let space = self.services.space
         let responder = StatusResponder(catalog: self.services.catalog, logger: self.services.logger, storageFull: { space.isFull })
         let services = self.services
-        let threadPool = self.services.threadPool
         let logger = self.services.logger
         let lifecycle = self.lifecycle
         return try await lifecycle.listen {
@@ -93,7 +92,7 @@ public final class RelayStatusServer: Service, Sendable {
                             )
                         )
                         try sync.addHandler(NIOHTTPResponseHeadersValidator())
-                        try sync.addHandler(StatusHTTPHandler(endpoint: endpoint, responder: responder, services: services, threadPool: threadPool))
+                        try sync.addHandler(StatusHTTPHandler(endpoint: endpoint, responder: responder, services: services))
                     }
                 }
                 .bind(host: endpoint.host, port: endpoint.port)

@@ -3,8 +3,8 @@ import NIOCore
 import NIOHTTP1
 import NIOPosix
 
-/// One connection to the status endpoint, behind TLS and NIO's HTTP/1.1 server codec. It reads each request's head, hands it to ``StatusRequest`` and, on the I/O pool, to
-/// ``StatusResponder``, and writes what they decide.
+/// One connection to the status endpoint, behind TLS and NIO's HTTP/1.1 server codec. It reads each request's head, hands it to ``StatusRequest`` and, as a task of the
+/// relay's, to ``StatusResponder``, and writes what they decide.
 ///
 /// What one connection may cost is bounded, whoever is at the other end (``StatusEndpoint``):
 /// - Requests are answered one at a time, in order. The next is looked at only once the previous answer was written
@@ -32,7 +32,6 @@ final class StatusHTTPHandler: ChannelDuplexHandler {
     private let responder: StatusResponder
     /// For `/readyz` and `/metrics`.
     private let services: RelayServices
-    private let threadPool: NIOThreadPool
     /// The request being read: its head and the body bytes so far.
     private var receiving: Pending?
     /// Requests read whole, oldest first, waiting for the one being answered.
@@ -47,11 +46,10 @@ final class StatusHTTPHandler: ChannelDuplexHandler {
     private var closeIssued = false
     private var deadline: Scheduled<Void>?
 
-    init(endpoint: StatusEndpoint, responder: StatusResponder, services: RelayServices, threadPool: NIOThreadPool) {
+    init(endpoint: StatusEndpoint, responder: StatusResponder, services: RelayServices) {
         self.endpoint = endpoint
         self.responder = responder
         self.services = services
-        self.threadPool = threadPool
     }
 
     func channelActive(context: ChannelHandlerContext) {
@@ -197,17 +195,18 @@ final class StatusHTTPHandler: ChannelDuplexHandler {
             return
         }
         let responder = self.responder
-        self.threadPool.runIfActive(eventLoop: context.eventLoop) { () -> Result<[UInt8], StatusRefusal> in
-            Result { () throws(StatusRefusal) in try responder.respond(to: parsed) }
-        }.assumeIsolated().whenComplete { outcome in
+        self.services.task(on: context.eventLoop) { () -> Result<[UInt8], StatusRefusal> in
+            do throws(StatusRefusal) {
+                return .success(try await responder.respond(to: parsed))
+            } catch {
+                return .failure(error)
+            }
+        }.assumeIsolated().whenSuccess { outcome in
             switch outcome {
-            case .success(.success(let body)):
+            case .success(let body):
                 self.answer(context: context, head: head, status: nil, body: body, keepAlive: head.isKeepAlive)
-            case .success(.failure(let refusal)):
+            case .failure(let refusal):
                 self.answer(context: context, head: head, refusal: refusal, keepAlive: head.isKeepAlive)
-            case .failure:
-                // The I/O pool stopped: the relay is going away.
-                self.answer(context: context, head: head, refusal: StatusRefusal(.unavailable, "the relay is stopping"), keepAlive: false)
             }
         }
     }
@@ -217,7 +216,7 @@ final class StatusHTTPHandler: ChannelDuplexHandler {
         case alive, ready, metrics
     }
 
-    /// `/healthz` at once; `/readyz` and `/metrics` from the I/O pool (they ask the catalog).
+    /// `/healthz` at once; `/readyz` and `/metrics` once the catalog answered (``CatalogProbe``).
     private func answer(context: ChannelHandlerContext, head: HTTPRequestHead, operation: OperationsRoute) {
         guard head.method == .GET || head.method == .HEAD else {
             let refusal = StatusRefusal(
@@ -233,8 +232,8 @@ final class StatusHTTPHandler: ChannelDuplexHandler {
         case .ready, .metrics:
             break
         }
-        // The catalog is read off the I/O pool, within a deadline (CatalogProbe): a hung catalog neither hangs the
-        // probe nor takes threads from uploads.
+        // The catalog is read within a deadline (CatalogProbe): a hung catalog does not hang the probe, and its reads
+        // do not pile up.
         let answer: EventLoopFuture<(StatusRefusal.Code?, [UInt8])>
         if case .metrics = operation {
             answer = services.scrapeMetrics(on: context.eventLoop).map { (nil, $0) }

@@ -92,18 +92,18 @@ public struct StatusResponder: Sendable {
     }
 
     /// The JSON body of the answer, or the refusal to send instead.
-    public func respond(to request: StatusRequest) throws(StatusRefusal) -> [UInt8] {
+    public func respond(to request: StatusRequest) async throws(StatusRefusal) -> [UInt8] {
         do {
-            let account = try self.account(request.token)
+            let account = try await self.account(request.token)
             let encoder = JSONEncoder()
             encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
             let storage = self.storageFull() ? "full" : nil
             switch request.query {
             case .key(let key):
                 var status: KeyStatus
-                if let session = try self.catalog.session(account: account, key: key) {
+                if let session = try await self.catalog.session(account: account, key: key) {
                     status = KeyStatus(session)
-                } else if let object = try self.catalog.object(account: account, key: key) {
+                } else if let object = try await self.catalog.object(account: account, key: key) {
                     status = KeyStatus(object)
                 } else {
                     throw StatusRefusal(.notFound, "no upload under way and no object for key \"\(key)\"")
@@ -111,8 +111,8 @@ public struct StatusResponder: Sendable {
                 status.relayStorage = storage
                 return Array(try encoder.encode(status))
             case .list(let prefix, let after, let limit):
-                let objects = try self.catalog.objects(account: account, prefix: prefix, after: after, limit: limit + 1)
-                let sessions = try self.catalog.sessions(account: account, prefix: prefix, after: after, limit: limit + 1)
+                let objects = try await self.catalog.objects(account: account, prefix: prefix, after: after, limit: limit + 1)
+                let sessions = try await self.catalog.sessions(account: account, prefix: prefix, after: after, limit: limit + 1)
                 var page = KeyStatusPage.merge(objects: objects, sessions: sessions, limit: limit)
                 page.relayStorage = storage
                 return Array(try encoder.encode(page))
@@ -126,8 +126,8 @@ public struct StatusResponder: Sendable {
     }
 
     /// The account whose token it is.
-    func account(_ token: String) throws -> String {
-        guard let account = try self.catalog.account(tokenHash: Tokens.hash(Array(token.utf8))) else {
+    func account(_ token: String) async throws -> String {
+        guard let account = try await self.catalog.account(tokenHash: Tokens.hash(Array(token.utf8))) else {
             throw StatusRefusal(.unauthorized, "the token is not one this relay gives (upload-relay token add)")
         }
         guard !account.revoked else {

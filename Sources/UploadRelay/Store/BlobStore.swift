@@ -3,7 +3,8 @@ import NIOCore
 import UploadProtocol
 
 /// Where verified blobs end up (ARCHITECTURE "Storage and catalog"): begin → write at offset →
-/// make durable → commit (atomic) or abort. Calls block: run them off the event loop.
+/// make durable → commit (atomic) or abort. Every call that touches the store is async: a store that must block (the
+/// local directory's system calls) does so on a thread pool of its own, never on its caller's thread.
 ///
 /// Objects are kept per account: no account can see, replace or dedup against another's bytes. For the local
 /// store the object for key K of account A is the file `<store>/A/K`.
@@ -14,32 +15,32 @@ public protocol BlobStore: Sendable {
     /// Opens a staging for one upload, as `request` describes: a new one, a resume cut to its durable offset, or one
     /// stream's handle on a striped upload's staging. A resume whose staging is gone or holds fewer than its durable
     /// bytes throws ``StoreError`` (the session must then start over).
-    func openStaging(_ request: StagingRequest) throws -> any StagingFile
+    func openStaging(_ request: StagingRequest) async throws -> any StagingFile
     /// Deletes a staging file; missing is fine.
-    func removeStaging(_ name: String) throws
+    func removeStaging(_ name: String) async throws
     /// Whether the staging file `name` exists.
-    func hasStaging(_ name: String) throws -> Bool
+    func hasStaging(_ name: String) async throws -> Bool
     /// Makes each staging the object its item names, atomically (complete or absent, never partial), each result in the
     /// order given, with what identifies the stored object for the catalog: a store may make them durable together (the
     /// local store syncs each directory once for all the objects renamed into it). Only stagings this store opened.
-    func commit(_ batch: [StoreCommit]) -> [Result<ObjectIdentity, any Error>]
+    func commit(_ batch: [StoreCommit]) async -> [Result<ObjectIdentity, any Error>]
     /// Places a copy of the account's existing object `source` under `key` (dedup), provided `source` is still the file
     /// `expected` (it may have been replaced since it was looked up); throws ``StoreError`` otherwise, placing nothing.
-    func duplicate(_ source: ObjectKey, expected: ObjectIdentity, as key: ObjectKey, account: String) throws -> ObjectIdentity
+    func duplicate(_ source: ObjectKey, expected: ObjectIdentity, as key: ObjectKey, account: String) async throws -> ObjectIdentity
     /// What identifies the object `key` of `account` now, or nil when there is none.
-    func identity(of key: ObjectKey, account: String) throws -> ObjectIdentity?
+    func identity(of key: ObjectKey, account: String) async throws -> ObjectIdentity?
     /// Removes the object `key` of `account` (`upload-relay rm`): only call it for an object the catalog records as
     /// this relay's, whose identity was just checked. Nothing there is not an error.
-    func removeObject(_ key: ObjectKey, account: String) throws
+    func removeObject(_ key: ObjectKey, account: String) async throws
     /// The SHA-1 of the object's bytes, read whole (startup recovery only), or nil when there is none.
-    func contentSHA1(of key: ObjectKey, account: String) throws -> SHA1Digest?
+    func contentSHA1(of key: ObjectKey, account: String) async throws -> SHA1Digest?
     /// Why `key` cannot be stored for `account` next to the objects it has (a key that is a folder of other keys,
     /// or a key whose folder is an object), naming the key in the way; nil when it can.
-    func conflict(for key: ObjectKey, account: String) throws -> String?
+    func conflict(for key: ObjectKey, account: String) async throws -> String?
     /// Where the object of `key` is, for people and post-commit hooks: a path, or `s3://BUCKET/KEY`.
     func location(of key: ObjectKey, account: String) throws -> String
     /// Staging files and when each was last written, for cleaning up those no session refers to.
-    func stagingFiles() throws -> [(name: String, modified: Date)]
+    func stagingFiles() async throws -> [(name: String, modified: Date)]
     /// The account and key a staging was made for, when its name says (an S3 multipart upload's does): cleanup then
     /// removes it, whatever its age, once no upload holds the key and no session names it. Nil: by age only.
     func stagingOwner(_ name: String) -> (account: String, key: String)?
@@ -65,7 +66,7 @@ public enum KeyConflict {
 /// What a store can do beyond the staging, commit and object calls every store answers.
 public struct StoreCapabilities: Hashable, Sendable {
     /// Striped stagings (``StagingRequest/Layout/striped(size:creating:)``), written by several streams at their
-    /// offsets, and ``StagingFile/read(into:at:)``, which a striped upload's commit reads its stripes back with. Without
+    /// offsets, and ``StagingFile/read(_:at:)``, which a striped upload's commit reads its stripes back with. Without
     /// them, the relay offers agents no stripes (SPEC §6.7).
     public var stripes: Bool
     /// The largest object the store keeps: the relay refuses larger blobs at OPEN.
@@ -131,8 +132,8 @@ public struct StoreCommit: Sendable {
 
 extension BlobStore {
     /// Commits one staging: ``commit(_:)`` of one item.
-    public func commit(_ staging: any StagingFile, as key: ObjectKey, account: String) throws -> ObjectIdentity {
-        guard let result = self.commit([StoreCommit(staging: staging, key: key, account: account)]).first else {
+    public func commit(_ staging: any StagingFile, as key: ObjectKey, account: String) async throws -> ObjectIdentity {
+        guard let result = await self.commit([StoreCommit(staging: staging, key: key, account: account)]).first else {
             throw StoreError("the store answered no result for the commit of \(key)")
         }
         return try result.get()
@@ -162,16 +163,16 @@ public protocol StagingFile: AnyObject, Sendable {
     /// carry its multipart upload). The session records it at its first durable sync.
     var name: String { get }
     /// Writes `bytes` at `offset`.
-    func write(_ bytes: ByteBuffer, at offset: Int64) throws
+    func write(_ bytes: ByteBuffer, at offset: Int64) async throws
     /// Makes every written byte survive a crash.
-    func sync() throws
+    func sync() async throws
     /// Makes the bytes below `offset` (every one written, in order) survive a crash, as far as the store can. A file
     /// makes them all durable; a store that keeps bytes in parts of a least size (S3) may keep back whatever came since
     /// its last part, whole, for the next sync: what was durable before still is, nothing more.
-    func sync(through offset: Int64) throws -> StagingSync
-    /// Reads up to `buffer.count` bytes at `offset` (fewer only at the end of the file); how many were read. Only
-    /// called on a store whose ``StoreCapabilities/stripes`` is true.
-    func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws -> Int
+    func sync(through offset: Int64) async throws -> StagingSync
+    /// Reads up to `count` bytes at `offset` (fewer only at the end of the file). Only called on a store whose
+    /// ``StoreCapabilities/stripes`` is true.
+    func read(_ count: Int, at offset: Int64) async throws -> ByteBuffer
     func close()
 }
 
@@ -185,8 +186,8 @@ public enum StagingSync: Hashable, Sendable {
 }
 
 extension StagingFile {
-    public func sync(through offset: Int64) throws -> StagingSync {
-        try self.sync()
+    public func sync(through offset: Int64) async throws -> StagingSync {
+        try await self.sync()
         return .durable(newParts: [])
     }
 }

@@ -63,7 +63,7 @@ public final class InMemoryStore: BlobStore, Sendable {
 
     // MARK: Staging
 
-    public func openStaging(_ request: StagingRequest) throws -> any StagingFile {
+    public func openStaging(_ request: StagingRequest) async throws -> any StagingFile {
         let name = request.name
         guard !name.isEmpty, !name.contains("/") else { throw StoreError("staging name \"\(name)\" is not a plain name") }
         return try self.state.withLockedValue { state in
@@ -119,27 +119,24 @@ public final class InMemoryStore: BlobStore, Sendable {
         }
     }
 
-    fileprivate func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64, name: String) throws -> Int {
+    fileprivate func read(_ count: Int, at offset: Int64, name: String) throws -> ByteBuffer {
         try self.state.withLockedValue { state in
             guard let staged = state.staged[name] else { throw StoreError("staging \(name) is gone") }
             let start = min(Int(offset), staged.bytes.count)
-            let count = min(buffer.count, staged.bytes.count - start)
-            staged.bytes.withUnsafeBytes { source in
-                if count > 0 { buffer.copyMemory(from: UnsafeRawBufferPointer(rebasing: source[start..<(start + count)])) }
-            }
-            return count
+            let count = max(0, min(count, staged.bytes.count - start))
+            return ByteBuffer(bytes: staged.bytes[start..<(start + count)])
         }
     }
 
-    public func removeStaging(_ name: String) throws {
+    public func removeStaging(_ name: String) async throws {
         self.state.withLockedValue { _ = $0.staged.removeValue(forKey: name) }
     }
 
-    public func hasStaging(_ name: String) throws -> Bool {
+    public func hasStaging(_ name: String) async throws -> Bool {
         self.state.withLockedValue { $0.staged[name] != nil }
     }
 
-    public func stagingFiles() throws -> [(name: String, modified: Date)] {
+    public func stagingFiles() async throws -> [(name: String, modified: Date)] {
         self.state.withLockedValue { state in state.staged.map { ($0.key, $0.value.modified) }.sorted { $0.name < $1.name } }
     }
 
@@ -154,7 +151,7 @@ public final class InMemoryStore: BlobStore, Sendable {
 
     /// Each staging's bytes (synced or not: a commit makes them durable) become the object, in order; a key in conflict
     /// fails alone.
-    public func commit(_ batch: [StoreCommit]) -> [Result<ObjectIdentity, any Error>] {
+    public func commit(_ batch: [StoreCommit]) async -> [Result<ObjectIdentity, any Error>] {
         self.state.withLockedValue { state in
             batch.map { item in
                 Result {
@@ -180,7 +177,7 @@ public final class InMemoryStore: BlobStore, Sendable {
         return identity
     }
 
-    public func duplicate(_ source: ObjectKey, expected: ObjectIdentity, as key: ObjectKey, account: String) throws -> ObjectIdentity {
+    public func duplicate(_ source: ObjectKey, expected: ObjectIdentity, as key: ObjectKey, account: String) async throws -> ObjectIdentity {
         try self.state.withLockedValue { state in
             guard let object = state.objects[Row(account: account, key: source.value)], object.identity == expected else {
                 throw StoreError("\(account)/\(source) changed since it was verified")
@@ -190,22 +187,22 @@ public final class InMemoryStore: BlobStore, Sendable {
         }
     }
 
-    public func identity(of key: ObjectKey, account: String) throws -> ObjectIdentity? {
+    public func identity(of key: ObjectKey, account: String) async throws -> ObjectIdentity? {
         self.state.withLockedValue { $0.objects[Row(account: account, key: key.value)]?.identity }
     }
 
-    public func removeObject(_ key: ObjectKey, account: String) throws {
+    public func removeObject(_ key: ObjectKey, account: String) async throws {
         self.state.withLockedValue { _ = $0.objects.removeValue(forKey: Row(account: account, key: key.value)) }
     }
 
-    public func contentSHA1(of key: ObjectKey, account: String) throws -> SHA1Digest? {
+    public func contentSHA1(of key: ObjectKey, account: String) async throws -> SHA1Digest? {
         guard let bytes = self.bytes(of: key.value, account: account) else { return nil }
         var sha1 = SHA1()
         bytes.withUnsafeBytes { sha1.update($0) }
         return SHA1Digest(bytes: sha1.finalize())
     }
 
-    public func conflict(for key: ObjectKey, account: String) throws -> String? {
+    public func conflict(for key: ObjectKey, account: String) async throws -> String? {
         self.state.withLockedValue { Self.conflict($0, key: key, account: account) }
     }
 
@@ -239,16 +236,16 @@ final class InMemoryStaging: StagingFile, Sendable {
         self.opening = opening
     }
 
-    func write(_ bytes: ByteBuffer, at offset: Int64) throws {
+    func write(_ bytes: ByteBuffer, at offset: Int64) async throws {
         try self.store.write(bytes, at: offset, name: self.name, opening: self.opening)
     }
 
-    func sync() throws {
+    func sync() async throws {
         try self.store.sync(name: self.name, opening: self.opening)
     }
 
-    func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws -> Int {
-        try self.store.read(into: buffer, at: offset, name: self.name)
+    func read(_ count: Int, at offset: Int64) async throws -> ByteBuffer {
+        try self.store.read(count, at: offset, name: self.name)
     }
 
     func close() {}

@@ -36,8 +36,8 @@ final class AgentProcess: @unchecked Sendable {
 
     /// Waits until `condition` holds, looking every 20 ms, for at most `timeout` seconds; false when it never did.
     @discardableResult
-    static func waitUntil(timeout: Double = 30, _ condition: () throws -> Bool) rethrows -> Bool {
-        try Polling.waitUntil(timeout: timeout, condition)
+    static func waitUntil(timeout: Double = 30, _ condition: () throws -> Bool) async rethrows -> Bool {
+        try await Polling.waitUntil(timeout: timeout) { () async throws -> Bool in try condition() }
     }
 
     /// Ends the agent: SIGTERM (a clean stop) or SIGKILL; returns its exit status.

@@ -1,4 +1,5 @@
 import Foundation
+import UploadTestSupport
 
 /// The package's root, found from this file.
 let packageRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
@@ -14,7 +15,9 @@ final class ChildProcess: @unchecked Sendable {
         self.readyFile = readyFile
         self.logFile = logFile
         try? FileManager.default.removeItem(atPath: readyFile)
-        FileManager.default.createFile(atPath: logFile, contents: nil)
+        guard FileManager.default.createFile(atPath: logFile, contents: nil) else {
+            throw TestSetupError(description: "cannot create the child's log file \(logFile)")
+        }
         self.process.executableURL = URL(fileURLWithPath: executable)
         self.process.arguments = arguments
         if let environment { self.process.environment = environment }
@@ -34,7 +37,7 @@ final class ChildProcess: @unchecked Sendable {
     }
 
     /// Waits for the ready file (the child is listening) and returns its port.
-    func waitUntilReady(timeout: TimeInterval = 30) throws -> Int {
+    func waitUntilReady(timeout: TimeInterval = 30) async throws -> Int {
         let deadline = Date().addingTimeInterval(timeout)
         while Date() < deadline {
             if let text = try? String(contentsOfFile: self.readyFile, encoding: .utf8),
@@ -43,7 +46,7 @@ final class ChildProcess: @unchecked Sendable {
                 return port
             }
             guard self.process.isRunning else { break }
-            usleep(20_000)
+            try await Task.sleep(for: .milliseconds(20))
         }
         let log = (try? String(contentsOfFile: self.logFile, encoding: .utf8)) ?? ""
         throw ChildError(description: "\(self.process.executableURL!.lastPathComponent) did not get ready: \(log)")
@@ -53,9 +56,20 @@ final class ChildProcess: @unchecked Sendable {
         Foundation.kill(self.process.processIdentifier, signal)
     }
 
+    /// For a child told to stop (it exits at once, or within its grace): a short wait, also from `defer`.
     func waitForExit() -> Int32 {
         self.process.waitUntilExit()
         return self.process.terminationStatus
+    }
+
+    /// Waits for the child to end on its own (an upload to finish, a relay to drain), on a thread of its own.
+    func exited() async -> Int32 {
+        let process = self.process
+        return
+            (try? await onThreadOfItsOwn {
+                process.waitUntilExit()
+                return process.terminationStatus
+            }) ?? -1
     }
 
     var log: String { (try? String(contentsOfFile: self.logFile, encoding: .utf8)) ?? "" }
@@ -75,7 +89,7 @@ func relayBinary() throws -> String {
 }
 
 /// The fault-injecting proxy of tools/ in front of `target`.
-func startProxy(target: Int, directory: String, _ faults: [String]) throws -> (ChildProcess, Int) {
+func startProxy(target: Int, directory: String, _ faults: [String]) async throws -> (ChildProcess, Int) {
     let proxy = try ChildProcess(
         "/usr/bin/env",
         [
@@ -84,5 +98,5 @@ func startProxy(target: Int, directory: String, _ faults: [String]) throws -> (C
         ] + faults,
         readyFile: directory + "/proxy.ready", logFile: directory + "/proxy.out"
     )
-    return (proxy, try proxy.waitUntilReady())
+    return await (proxy, try proxy.waitUntilReady())
 }

@@ -34,12 +34,12 @@ final class TestRelay: @unchecked Sendable {
     /// `catalogURL`: a shared PostgreSQL catalog instead of SQLite in the directory.
     init(
         directory: String? = nil, devNames: [String] = [], catalogURL: String? = nil, configure: (inout RelayConfiguration) -> Void = { _ in }
-    ) throws {
+    ) async throws {
         self.directory = directory ?? Self.makeDirectory()
         var quiet = Logger(label: "test-catalog")
         quiet.logLevel = .critical
-        let catalog = try RelayRuntime.openCatalog(dataDirectory: self.directory, url: catalogURL, logger: quiet)
-        let dev = try RelayRuntime.prepareDev(dataDirectory: self.directory, catalog: catalog, names: devNames)
+        let catalog = try await RelayRuntime.openCatalog(dataDirectory: self.directory, url: catalogURL, logger: quiet)
+        let dev = try await RelayRuntime.prepareDev(dataDirectory: self.directory, catalog: catalog, names: devNames)
         self.token = dev.token
         self.caPath = dev.paths.caCertificate
         var configuration = RelayConfiguration(
@@ -50,7 +50,7 @@ final class TestRelay: @unchecked Sendable {
         configure(&configuration)
         var logger = Logger(label: "test-relay")
         logger.logLevel = .warning
-        let services = try RelayRuntime.makeServices(configuration: configuration, catalog: catalog, logger: logger)
+        let services = try await RelayRuntime.makeServices(configuration: configuration, catalog: catalog, logger: logger)
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 2)
         self.services = services
         self.group = group
@@ -94,9 +94,9 @@ final class TestRelay: @unchecked Sendable {
         FileManager.default.contents(atPath: self.storePath + "/" + account + "/" + key)
     }
 
-    func addAccount(_ name: String, quota: Int64? = nil) throws -> String {
+    func addAccount(_ name: String, quota: Int64? = nil) async throws -> String {
         let token = Tokens.generate()
-        try self.services.catalog.addAccount(name: name, tokenHash: Tokens.hash(Array(token.utf8)), quota: quota)
+        try await self.services.catalog.addAccount(name: name, tokenHash: Tokens.hash(Array(token.utf8)), quota: quota)
         return token
     }
 }
