@@ -11,10 +11,10 @@ import UploadTestSupport
 @testable import UploadRelayPostgres
 @testable import UploadRelaySQLite
 
-/// Keys locked across relays (issue 10): with one PostgreSQL catalog behind several relays, an upload of a key runs on
-/// one relay at a time, and no relay's housekeeping touches what another relay's upload holds. Against the run's real
-/// PostgreSQL.
-@Suite("Key locks across relays (PostgreSQL)")
+/// Keys locked across relays: with one PostgreSQL catalog behind several relays, an upload of a key runs on one relay
+/// at a time, and no relay's housekeeping touches what another relay's upload holds. The lock contract runs on the
+/// run's real PostgreSQL and on ``InMemoryKeyLocks``.
+@Suite("Key locks across relays")
 struct KeyLockTests {
     /// Two catalogs on one new database (two relays' views), shut down after `body`.
     static func withTwoCatalogs(_ body: (PostgresCatalog, PostgresCatalog) async throws -> Void) async throws {
@@ -27,11 +27,43 @@ struct KeyLockTests {
         }
     }
 
-    @Test("a key locked by one relay is refused to another, per account; let go, or its connection cut, the other takes it")
-    func locks() async throws {
-        try await Self.withTwoCatalogs { first, second in
-            let a = try #require(first.keyLocks)
-            let b = try #require(second.keyLocks)
+    enum Backend: String, CaseIterable, CustomStringConvertible {
+        case memory, postgres
+        var description: String { self.rawValue }
+    }
+
+    /// Two relays' key locks of `backend` on one place (a new database, or one table), and what cuts relay B's lock
+    /// connection (as when its process is killed), closed after `body`.
+    static func withTwoRelaysLocks(
+        _ backend: Backend, _ body: (any KeyLocks, any KeyLocks, _ cutB: () async throws -> Void) async throws -> Void
+    ) async throws {
+        switch backend {
+        case .memory:
+            let table = InMemoryKeyLocks.Table()
+            let (a, b) = (InMemoryKeyLocks(table: table), InMemoryKeyLocks(table: table))
+            try await body(a, b) { b.loseConnection() }
+        case .postgres:
+            try await Self.withTwoCatalogs { first, second in
+                let a = try #require(first.keyLocks)
+                let b = try #require(second.keyLocks)
+                try await body(a, b) {
+                    // This database's only: other tests run beside this one. Relay A holds no lock then.
+                    try await first.execute(
+                        """
+                        SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid()
+                        AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                        """
+                    )
+                }
+            }
+        }
+    }
+
+    @Test(
+        "a key locked by one relay is refused to another, per account; let go, or its connection cut, the other takes it",
+        arguments: Backend.allCases)
+    func locks(_ backend: Backend) async throws {
+        try await Self.withTwoRelaysLocks(backend) { a, b, cutB in
             let held = try await #require(try a.tryLock(account: "alice", key: "clips/1.mov"))
             #expect(try await b.tryLock(account: "alice", key: "clips/1.mov") == nil)
             // Another key, or the same key of another account, is another lock.
@@ -41,16 +73,10 @@ struct KeyLockTests {
             #expect(await Polling.waitUntil(timeout: 10) { (try? await b.tryLock(account: "alice", key: "clips/1.mov")) != nil })
             #expect(try await a.tryLock(account: "alice", key: "clips/1.mov") == nil)
 
-            // Relay B's connection dies (as when its process is killed): PostgreSQL lets its locks go, and B is told.
+            // Relay B's connection dies: its locks go, and B is told.
             let lost = NIOLockedValueBox(false)
             b.whenLost { _ in lost.withLockedValue { $0 = true } }
-            // This database's only: other tests run beside this one.
-            try await first.execute(
-                """
-                SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid()
-                AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-                """
-            )
+            try await cutB()
             #expect(await Polling.waitUntil(timeout: 10) { lost.withLockedValue { $0 } }, "relay B was not told its locks were lost")
             #expect(await Polling.waitUntil(timeout: 10) { (try? await a.tryLock(account: "alice", key: "clips/1.mov")) != nil })
             #expect(try await a.tryLock(account: "alice", key: "clips/2.mov") != nil)
@@ -60,9 +86,15 @@ struct KeyLockTests {
             #expect(try await b.tryLock(account: "alice", key: "clips/2.mov") == nil)
             #expect(try await b.tryLock(account: "alice", key: "clips/3.mov") != nil)
         }
-        // A catalog of one relay has none.
-        let sqlite = try SQLiteCatalog(path: TemporaryDirectories.make(prefix: "upload-keylock-") + "/catalog.sqlite")
+    }
+
+    @Test("a catalog of one relay has no key locks")
+    func oneRelay() async throws {
+        let directory = TemporaryDirectories.make(prefix: "upload-keylock-")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let sqlite = try SQLiteCatalog(path: directory + "/catalog.sqlite")
         #expect(sqlite.keyLocks == nil)
+        #expect(InMemoryCatalog().keyLocks == nil)
     }
 
     /// A relay's services on `catalog`, with a store of its own in a temporary directory.
