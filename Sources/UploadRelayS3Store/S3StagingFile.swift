@@ -22,9 +22,14 @@ final class S3StagingFile: StagingFile, @unchecked Sendable {
     private let spoolPath: String
     /// The blob's announced size (nil: unknown), which sets the least part size.
     private let expectedSize: Int64?
-    /// Guards the state for ``name``; every other call runs under ``serial``, one at a time (a part's upload included).
+    /// Guards the state for ``name`` and ``close()``; every other call runs under ``serial``, one at a time (a part's
+    /// upload included).
     private let lock = NIOLock()
     private let serial = AsyncLock()
+    /// Calls under way (under ``lock``): a ``close()`` meanwhile waits for them to end, so that no spool read or part
+    /// upload ever meets a closed (or reused) descriptor.
+    private var busy = 0
+    private var closeWhenIdle = false
     private var descriptor: Int32
     /// Bytes in uploaded parts.
     private var base: Int64
@@ -63,7 +68,7 @@ final class S3StagingFile: StagingFile, @unchecked Sendable {
     }
 
     func write(_ bytes: ByteBuffer, at offset: Int64) async throws {
-        try await self.serial.withLock {
+        try await self.operation {
             try await self.store.threadPool.runIfActive { try self.spool(bytes, at: offset) }
         }
     }
@@ -92,11 +97,11 @@ final class S3StagingFile: StagingFile, @unchecked Sendable {
     /// Nothing of S3's is durable short of a part: see ``sync(through:)``. The parts it uploads are reported by the next
     /// ``sync(through:)``.
     func sync() async throws {
-        try await self.serial.withLock { _ = try await self.uploadDue(through: self.base + self.spooled) }
+        try await self.operation { _ = try await self.uploadDue(through: self.base + self.spooled) }
     }
 
     func sync(through offset: Int64) async throws -> StagingSync {
-        try await self.serial.withLock {
+        try await self.operation {
             guard try await self.uploadDue(through: offset) else { return .heldBack }
             defer { self.unrecorded = [] }
             return .durable(newParts: self.unrecorded)
@@ -167,7 +172,7 @@ final class S3StagingFile: StagingFile, @unchecked Sendable {
 
     /// The object: the spool as one PutObject when no part went up, else as the last part and CompleteMultipartUpload.
     func finish(sha1: SHA1Digest?, ifNoneMatch: Bool) async throws {
-        try await self.serial.withLock {
+        try await self.operation {
             let (store, key) = (self.store, self.objectKey)
             if self.upload == nil {
                 // The SHA-1 of the spool, not the one verified: S3 then checks that what it got is what was spooled, and
@@ -201,12 +206,39 @@ final class S3StagingFile: StagingFile, @unchecked Sendable {
         throw StoreError("the bytes of s3://\(self.store.bucket)/\(self.objectKey) are in parts; they are not read back")
     }
 
+    /// Closes the spool now, or once the call under way ends.
     func close() {
+        let now = self.lock.withLock { () -> Bool in
+            guard self.busy == 0 else {
+                self.closeWhenIdle = true
+                return false
+            }
+            return true
+        }
+        if now { self.closeSpool() }
+    }
+
+    private func closeSpool() {
         self.lock.withLock {
             guard self.descriptor >= 0 else { return }
             Glibc.close(self.descriptor)
             self.descriptor = -1
             unlink(self.spoolPath)
+        }
+    }
+
+    /// Runs `body` under ``serial``, counted as under way for ``close()``.
+    private func operation<T: Sendable>(_ body: () async throws -> T) async throws -> T {
+        try await self.serial.withLock {
+            self.lock.withLock { self.busy += 1 }
+            defer {
+                let close = self.lock.withLock { () -> Bool in
+                    self.busy -= 1
+                    return self.busy == 0 && self.closeWhenIdle
+                }
+                if close { self.closeSpool() }
+            }
+            return try await body()
         }
     }
 }
