@@ -28,6 +28,20 @@ struct StatusEndpointTests {
         }
     }
 
+    /// Runs `body` with a client of the endpoint's CA, shut down on every path: a client left running crashes the test
+    /// process at its deinit, and with it every test under way.
+    static func withClient<T>(ca: String, _ body: (HTTPClient) async throws -> T) async throws -> T {
+        let client = Self.client(ca: ca)
+        do {
+            let value = try await body(client)
+            try await client.shutdown()
+            return value
+        } catch {
+            try? await client.shutdown()
+            throw error
+        }
+    }
+
     /// An HTTPS client that trusts the relay's dev CA.
     static func client(ca: String) -> HTTPClient {
         var tls = TLSConfiguration.makeClientConfiguration()
@@ -188,72 +202,74 @@ struct StatusEndpointTests {
     )
     func sqlite() async throws {
         let relay = try await Self.relay().start()
-        let client = Self.client(ca: relay.caPath)
-        let other = try await relay.addAccount("other")
-        let source = TestRelay.makeDirectory()
-        defer { try? FileManager.default.removeItem(atPath: source) }
+        try await Self.withClient(ca: relay.caPath) { client in
+            let other = try await relay.addAccount("other")
+            let source = TestRelay.makeDirectory()
+            defer { try? FileManager.default.removeItem(atPath: source) }
 
-        // The same key for both accounts, different bytes.
-        let mine = makeFile(source, "mine.jpg", size: 100_000, seed: 1)
-        let theirs = makeFile(source, "theirs.jpg", size: 200_000, seed: 2)
-        _ = try await upload(
-            [UploadItem(key: "photos/a b+c.jpg", displayPath: mine.path, source: FileSource(path: mine.path))], port: relay.port, token: relay.token,
-            ca: relay.caPath)
-        _ = try await upload(
-            [UploadItem(key: "photos/a b+c.jpg", displayPath: theirs.path, source: FileSource(path: theirs.path))], port: relay.port, token: other,
-            ca: relay.caPath)
-        let a = try await Self.get(client, port: relay.statusPort, "key=photos/a%20b%2Bc.jpg", token: relay.token)
-        #expect(a.status == 200)
-        #expect(a.json["status"] as? String == "stored" && a.json["bytes"] as? Int == 100_000 && a.json["size"] as? Int == 100_000)
-        #expect(a.json["sha1"] as? String == SHA1Hex.of(mine.data))
-        #expect(a.header("cache-control") == "no-store")
-        let b = try await Self.get(client, port: relay.statusPort, "key=photos/a%20b%2Bc.jpg", token: other)
-        #expect(b.json["size"] as? Int == 200_000 && b.json["sha1"] as? String == SHA1Hex.of(theirs.data))
+            // The same key for both accounts, different bytes.
+            let mine = makeFile(source, "mine.jpg", size: 100_000, seed: 1)
+            let theirs = makeFile(source, "theirs.jpg", size: 200_000, seed: 2)
+            _ = try await upload(
+                [UploadItem(key: "photos/a b+c.jpg", displayPath: mine.path, source: FileSource(path: mine.path))], port: relay.port,
+                token: relay.token,
+                ca: relay.caPath)
+            _ = try await upload(
+                [UploadItem(key: "photos/a b+c.jpg", displayPath: theirs.path, source: FileSource(path: theirs.path))], port: relay.port,
+                token: other,
+                ca: relay.caPath)
+            let a = try await Self.get(client, port: relay.statusPort, "key=photos/a%20b%2Bc.jpg", token: relay.token)
+            #expect(a.status == 200)
+            #expect(a.json["status"] as? String == "stored" && a.json["bytes"] as? Int == 100_000 && a.json["size"] as? Int == 100_000)
+            #expect(a.json["sha1"] as? String == SHA1Hex.of(mine.data))
+            #expect(a.header("cache-control") == "no-store")
+            let b = try await Self.get(client, port: relay.statusPort, "key=photos/a%20b%2Bc.jpg", token: other)
+            #expect(b.json["size"] as? Int == 200_000 && b.json["sha1"] as? String == SHA1Hex.of(theirs.data))
 
-        // A video sent at 512 KiB/s: an app polling sees it under way, then stored; the listing too; another account never.
-        try await Self.watchedUpload(through: relay, askingAt: relay.statusPort, client: client) {
-            let listing = try await Self.get(client, port: relay.statusPort, "prefix=videos/", token: relay.token)
-            let entries = listing.json["entries"] as? [[String: Any]] ?? []
-            let listed: [String] = entries.compactMap { $0["key"] as? String }
-            let listedStatus = entries.first?["status"] as? String
-            #expect(listed == ["videos/clip.mp4"])
-            #expect(listedStatus == "uploading")
-            #expect(try await Self.get(client, port: relay.statusPort, "key=videos/clip.mp4", token: other).status == 404)
-            #expect((try await Self.get(client, port: relay.statusPort, "", token: other).json["entries"] as? [Any])?.count == 1)
+            // A video sent at 512 KiB/s: an app polling sees it under way, then stored; the listing too; another account never.
+            try await Self.watchedUpload(through: relay, askingAt: relay.statusPort, client: client) {
+                let listing = try await Self.get(client, port: relay.statusPort, "prefix=videos/", token: relay.token)
+                let entries = listing.json["entries"] as? [[String: Any]] ?? []
+                let listed: [String] = entries.compactMap { $0["key"] as? String }
+                let listedStatus = entries.first?["status"] as? String
+                #expect(listed == ["videos/clip.mp4"])
+                #expect(listedStatus == "uploading")
+                #expect(try await Self.get(client, port: relay.statusPort, "key=videos/clip.mp4", token: other).status == 404)
+                #expect((try await Self.get(client, port: relay.statusPort, "", token: other).json["entries"] as? [Any])?.count == 1)
+            }
+
+            // Pages: 25 photos, 20 a page at most.
+            var items: [UploadItem] = []
+            for index in 0..<25 {
+                let file = makeFile(source, "p\(index)", size: 1000 + index, seed: UInt64(10 + index))
+                items.append(UploadItem(key: String(format: "album/%02d.jpg", index), displayPath: file.path, source: FileSource(path: file.path)))
+            }
+            _ = try await upload(items, port: relay.port, token: relay.token, ca: relay.caPath)
+            let first = try await Self.get(client, port: relay.statusPort, "prefix=album/&limit=20", token: relay.token)
+            let next = try #require(first.json["next"] as? String)
+            let second = try await Self.get(client, port: relay.statusPort, "prefix=album/&after=" + Self.percentEncoded(next), token: relay.token)
+            let keys = ((first.json["entries"] as? [[String: Any]] ?? []) + (second.json["entries"] as? [[String: Any]] ?? [])).compactMap {
+                $0["key"] as? String
+            }
+            #expect(keys == (0..<25).map { String(format: "album/%02d.jpg", $0) })
+            #expect(second.json["next"] == nil)
+
+            // Refusals: each with its status and a reason.
+            let noToken = try await Self.get(client, port: relay.statusPort, "key=x", token: nil)
+            #expect(noToken.status == 401 && noToken.header("www-authenticate")?.hasPrefix("Bearer") == true)
+            #expect(try await Self.get(client, port: relay.statusPort, "key=x", token: "upl_not-a-token").status == 401)
+            let traversal = try await Self.get(client, port: relay.statusPort, "key=../../etc/passwd", token: relay.token)
+            #expect(traversal.status == 400 && (traversal.json["error"] as? String ?? "").contains(".."))
+            #expect(try await Self.get(client, port: relay.statusPort, "limit=21", token: relay.token).status == 400)
+            let post = try await Self.get(client, port: relay.statusPort, "key=x", token: relay.token, method: .POST)
+            #expect(post.status == 405 && post.header("allow") == "GET, HEAD")
+            let head = try await Self.get(client, port: relay.statusPort, "key=videos/clip.mp4", token: relay.token, method: .HEAD)
+            #expect(head.status == 200 && head.json.isEmpty)
+            _ = try await relay.services.catalog.revokeAccount(named: "other")
+            let revoked = try await Self.get(client, port: relay.statusPort, "key=photos/a%20b%2Bc.jpg", token: other)
+            #expect(revoked.status == 401 && (revoked.json["error"] as? String ?? "").contains("revoked"))
+
         }
-
-        // Pages: 25 photos, 20 a page at most.
-        var items: [UploadItem] = []
-        for index in 0..<25 {
-            let file = makeFile(source, "p\(index)", size: 1000 + index, seed: UInt64(10 + index))
-            items.append(UploadItem(key: String(format: "album/%02d.jpg", index), displayPath: file.path, source: FileSource(path: file.path)))
-        }
-        _ = try await upload(items, port: relay.port, token: relay.token, ca: relay.caPath)
-        let first = try await Self.get(client, port: relay.statusPort, "prefix=album/&limit=20", token: relay.token)
-        let next = try #require(first.json["next"] as? String)
-        let second = try await Self.get(client, port: relay.statusPort, "prefix=album/&after=" + Self.percentEncoded(next), token: relay.token)
-        let keys = ((first.json["entries"] as? [[String: Any]] ?? []) + (second.json["entries"] as? [[String: Any]] ?? [])).compactMap {
-            $0["key"] as? String
-        }
-        #expect(keys == (0..<25).map { String(format: "album/%02d.jpg", $0) })
-        #expect(second.json["next"] == nil)
-
-        // Refusals: each with its status and a reason.
-        let noToken = try await Self.get(client, port: relay.statusPort, "key=x", token: nil)
-        #expect(noToken.status == 401 && noToken.header("www-authenticate")?.hasPrefix("Bearer") == true)
-        #expect(try await Self.get(client, port: relay.statusPort, "key=x", token: "upl_not-a-token").status == 401)
-        let traversal = try await Self.get(client, port: relay.statusPort, "key=../../etc/passwd", token: relay.token)
-        #expect(traversal.status == 400 && (traversal.json["error"] as? String ?? "").contains(".."))
-        #expect(try await Self.get(client, port: relay.statusPort, "limit=21", token: relay.token).status == 400)
-        let post = try await Self.get(client, port: relay.statusPort, "key=x", token: relay.token, method: .POST)
-        #expect(post.status == 405 && post.header("allow") == "GET, HEAD")
-        let head = try await Self.get(client, port: relay.statusPort, "key=videos/clip.mp4", token: relay.token, method: .HEAD)
-        #expect(head.status == 200 && head.json.isEmpty)
-        _ = try await relay.services.catalog.revokeAccount(named: "other")
-        let revoked = try await Self.get(client, port: relay.statusPort, "key=photos/a%20b%2Bc.jpg", token: other)
-        #expect(revoked.status == 401 && (revoked.json["error"] as? String ?? "").contains("revoked"))
-
-        try await client.shutdown()
         await relay.stop()
     }
 
@@ -326,9 +342,9 @@ struct StatusEndpointTests {
         let results = try await upload(
             [UploadItem(key: "after.jpg", displayPath: file.path, source: FileSource(path: file.path))], port: relay.port, token: relay.token, ca: ca)
         #expect(results.first?.status == .stored)
-        let client = Self.client(ca: ca)
-        #expect(try await Self.get(client, port: port, "key=after.jpg", token: relay.token).json["status"] as? String == "stored")
-        try await client.shutdown()
+        try await Self.withClient(ca: ca) { client in
+            #expect(try await Self.get(client, port: port, "key=after.jpg", token: relay.token).json["status"] as? String == "stored")
+        }
         try await group.shutdownGracefully()
         await relay.stop()
     }
@@ -349,9 +365,9 @@ struct StatusEndpointTests {
         #expect(closed, "the relay kept a connection open that sent \(ahead) requests ahead and read none of the answers")
         try? await channel.close()
         // The endpoint still answers a client that reads.
-        let client = Self.client(ca: relay.caPath)
-        #expect(try await Self.get(client, port: relay.statusPort, "prefix=a", token: relay.token).status == 200)
-        try await client.shutdown()
+        try await Self.withClient(ca: relay.caPath) { client in
+            #expect(try await Self.get(client, port: relay.statusPort, "prefix=a", token: relay.token).status == 200)
+        }
         try await group.shutdownGracefully()
         await relay.stop()
     }
@@ -365,11 +381,11 @@ struct StatusEndpointTests {
             try FileManager.default.copyItem(atPath: a.directory + "/dev", toPath: directoryB + "/dev")
             let b = try await Self.relay(catalogURL: url, directory: directoryB).start()
             #expect(a.token == b.token)
-            let client = Self.client(ca: b.caPath)
-            try await Self.watchedUpload(through: a, askingAt: b.statusPort, client: client)
-            let listing = try await Self.get(client, port: b.statusPort, "prefix=videos/", token: b.token)
-            #expect((listing.json["entries"] as? [[String: Any]])?.first?["bytes"] as? Int == 3 << 20)
-            try await client.shutdown()
+            try await Self.withClient(ca: b.caPath) { client in
+                try await Self.watchedUpload(through: a, askingAt: b.statusPort, client: client)
+                let listing = try await Self.get(client, port: b.statusPort, "prefix=videos/", token: b.token)
+                #expect((listing.json["entries"] as? [[String: Any]])?.first?["bytes"] as? Int == 3 << 20)
+            }
             await b.stop()
             await a.stop()
         }
