@@ -202,7 +202,7 @@ struct StatusEndpointTests {
     )
     func sqlite() async throws {
         let relay = try await Self.relay().start()
-        try await Self.withClient(ca: relay.caPath) { client in
+        try await Self.withClient(ca: relay.caPath) { (client: HTTPClient) async throws in
             let other = try await relay.addAccount("other")
             let source = TestRelay.makeDirectory()
             defer { try? FileManager.default.removeItem(atPath: source) }
@@ -342,7 +342,7 @@ struct StatusEndpointTests {
         let results = try await upload(
             [UploadItem(key: "after.jpg", displayPath: file.path, source: FileSource(path: file.path))], port: relay.port, token: relay.token, ca: ca)
         #expect(results.first?.status == .stored)
-        try await Self.withClient(ca: ca) { client in
+        try await Self.withClient(ca: ca) { (client: HTTPClient) async throws in
             #expect(try await Self.get(client, port: port, "key=after.jpg", token: relay.token).json["status"] as? String == "stored")
         }
         try await group.shutdownGracefully()
@@ -365,7 +365,7 @@ struct StatusEndpointTests {
         #expect(closed, "the relay kept a connection open that sent \(ahead) requests ahead and read none of the answers")
         try? await channel.close()
         // The endpoint still answers a client that reads.
-        try await Self.withClient(ca: relay.caPath) { client in
+        try await Self.withClient(ca: relay.caPath) { (client: HTTPClient) async throws in
             #expect(try await Self.get(client, port: relay.statusPort, "prefix=a", token: relay.token).status == 200)
         }
         try await group.shutdownGracefully()
@@ -381,7 +381,7 @@ struct StatusEndpointTests {
             try FileManager.default.copyItem(atPath: a.directory + "/dev", toPath: directoryB + "/dev")
             let b = try await Self.relay(catalogURL: url, directory: directoryB).start()
             #expect(a.token == b.token)
-            try await Self.withClient(ca: b.caPath) { client in
+            try await Self.withClient(ca: b.caPath) { (client: HTTPClient) async throws in
                 try await Self.watchedUpload(through: a, askingAt: b.statusPort, client: client)
                 let listing = try await Self.get(client, port: b.statusPort, "prefix=videos/", token: b.token)
                 #expect((listing.json["entries"] as? [[String: Any]])?.first?["bytes"] as? Int == 3 << 20)
