@@ -58,27 +58,34 @@ struct S3StoreTests {
                 $0.s3 = Self.configuration(server, bucket: bucket)
                 $0.syncBytes = 1 << 20
             }.start()
-            let source = TestRelay.makeDirectory()
-            defer { try? FileManager.default.removeItem(atPath: source) }
-            let file = makeFile(source, "long.mov", size: 14 << 20, seed: 61)
+            // The source stalls at 8 MiB, past the first part (5 MiB), until the checks are done: the upload cannot end
+            // (its session and parts gone with its commit) before they look, however loaded the machine.
+            let video = PatternSource(size: 14 << 20, stallAt: 8 << 20)
             let sending = Task {
                 try await upload(
-                    [UploadItem(key: "long.mov", displayPath: file.path, source: FileSource(path: file.path))],
+                    [UploadItem(key: "long.mov", displayPath: "long.mov", source: video, dedup: false)],
                     port: relay.port, token: relay.token, ca: relay.caPath
-                ) { $0.bandwidthLimit = 4 << 20 }
+                )
             }
-            var seen: UploadSession? = nil
-            let recorded = try await Polling.eventually(timeout: 30) {
-                seen = try await relay.services.catalog.session(account: "dev", key: "long.mov")
-                return (seen?.durableOffset ?? 0) > 0
+            do {
+                var seen: UploadSession? = nil
+                let recorded = try await Polling.eventually(timeout: 30) {
+                    seen = try await relay.services.catalog.session(account: "dev", key: "long.mov")
+                    return (seen?.durableOffset ?? 0) > 0
+                }
+                #expect(recorded, "no durable bytes recorded: \(String(describing: seen))")
+                if let session = seen {
+                    #expect(
+                        try await relay.services.store.hasStaging(session.stagingName),
+                        "the catalog names a staging the store does not have: \(session.stagingName)")
+                    #expect(try await !relay.services.catalog.stagedParts(sessionID: session.id).isEmpty)
+                }
+            } catch {
+                video.release()
+                _ = try? await sending.value
+                throw error
             }
-            #expect(recorded, "no durable bytes recorded: \(String(describing: seen))")
-            if let session = seen {
-                #expect(
-                    try await relay.services.store.hasStaging(session.stagingName),
-                    "the catalog names a staging the store does not have: \(session.stagingName)")
-                #expect(try await !relay.services.catalog.stagedParts(sessionID: session.id).isEmpty)
-            }
+            video.release()
             #expect(try await sending.value.first?.status == .stored)
             await relay.stop()
         }
