@@ -277,8 +277,8 @@ struct StatusEndpointTests {
         "hostile peers: garbage, a body, pipelined requests, silence, plain HTTP and a flood of connections get an answer or a closed connection; uploads go on"
     )
     func hostile() async throws {
-        // A request timeout short enough to wait for, long enough for a TLS handshake on a loaded machine.
-        let relay = try await Self.relay(requestTimeout: .seconds(3)).start()
+        // A request timeout short enough to wait for, long enough for a TLS handshake and an answer on a loaded machine.
+        let relay = try await Self.relay(requestTimeout: .seconds(8)).start()
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let port = relay.statusPort
         let ca = relay.caPath
@@ -314,7 +314,7 @@ struct StatusEndpointTests {
             let switched = try await RawTLS.exchange(Array(ask.utf8) + Array(repeating: 0x41, count: 1 << 20), port: port, ca: ca, group: group)
             #expect(switched.hasPrefix("HTTP/1.1 400") && switched.contains("no CONNECT, no Upgrade"), "\(switched.prefix(300))")
         }
-        // Silence after the handshake, and a request that trickles in: both closed after the request timeout (3 s).
+        // Silence after the handshake, and a request that trickles in: both closed after the request timeout (8 s).
         #expect(try await RawTLS.exchange([], port: port, ca: ca, group: group).isEmpty)
         #expect(try await RawTLS.exchange(Array("GET /v1/sta".utf8), port: port, ca: ca, group: group).isEmpty)
         // Plain HTTP to the TLS port: no answer in clear text.
