@@ -246,7 +246,6 @@ final class LocalStagingFile: StagingFile, @unchecked Sendable {
     func read(_ count: Int, at offset: Int64) async throws -> ByteBuffer {
         try await self.threadPool.runIfActive {
             var bytes = ByteBuffer()
-            bytes.reserveCapacity(count)
             _ = try bytes.writeWithUnsafeMutableBytes(minimumWritableBytes: count) { buffer in
                 try self.read(into: UnsafeMutableRawBufferPointer(rebasing: buffer[0..<count]), at: offset)
             }

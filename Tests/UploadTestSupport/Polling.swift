@@ -25,12 +25,7 @@ public enum Polling {
 
     /// ``waitUntil(timeout:_:)`` for async conditions, sleeping as a task.
     public static func eventually(timeout: Double = 10, _ condition: () async throws -> Bool) async throws -> Bool {
-        let deadline = Date().addingTimeInterval(timeout)
-        while Date() < deadline {
-            if try await condition() { return true }
-            try await Task.sleep(for: .milliseconds(20))
-        }
-        return try await condition()
+        try await Self.waitUntil(timeout: timeout, condition)
     }
 }
 
