@@ -1,6 +1,7 @@
-import CUploadZlib
+import CUploadDeflate
 
-/// Per-chunk compression with zlib (RFC 1950 streams, as `compress2` and `uncompress2` make and read them) (SPEC §9).
+/// Per-chunk compression: zlib streams (RFC 1950), made and read by libdeflate, a whole buffer at a time (SPEC §9).
+/// Any zlib inflater reads what this makes; libdeflate checks each stream's Adler-32 when it inflates.
 public enum Deflate {
     /// Why a deflated chunk could not be inflated.
     public struct InflateError: Error, Hashable, Sendable, CustomStringConvertible {
@@ -9,7 +10,7 @@ public enum Deflate {
 
     /// The most bytes `compress(_:into:level:)` can write for `count` input bytes.
     public static func bound(_ count: Int) -> Int {
-        Int(compressBound(UInt(count)))
+        libdeflate_zlib_compress_bound(nil, count)
     }
 
     /// Compresses `input` into `output`; returns the compressed length, or nil when compression
@@ -17,14 +18,13 @@ public enum Deflate {
     public static func compress(
         _ input: UnsafeRawBufferPointer, into output: UnsafeMutableRawBufferPointer, level: Int32 = 1
     ) -> Int? {
-        guard let source = input.baseAddress, let destination = output.baseAddress, input.count > 0 else { return nil }
-        var length = UInt(output.count)
-        let status = compress2(
-            destination.assumingMemoryBound(to: Bytef.self), &length, source.assumingMemoryBound(to: Bytef.self),
-            UInt(input.count), level
-        )
-        guard status == Z_OK, Int(length) < input.count else { return nil }
-        return Int(length)
+        guard let source = input.baseAddress, let destination = output.baseAddress, input.count > 0,
+            let compressor = libdeflate_alloc_compressor(level)
+        else { return nil }
+        defer { libdeflate_free_compressor(compressor) }
+        // At most input.count - 1 bytes: libdeflate returns 0 when the stream does not fit, so "no smaller" is 0 too.
+        let length = libdeflate_zlib_compress(compressor, source, input.count, destination, min(output.count, input.count - 1))
+        return length > 0 ? length : nil
     }
 
     /// Inflates `input`, which must be one whole zlib stream of exactly `output.count` bytes.
@@ -32,28 +32,29 @@ public enum Deflate {
         guard let source = input.baseAddress, let destination = output.baseAddress else {
             throw InflateError(description: "empty deflated data")
         }
-        var outLength = UInt(output.count)
-        var inLength = UInt(input.count)
-        let status = uncompress2(
-            destination.assumingMemoryBound(to: Bytef.self), &outLength, source.assumingMemoryBound(to: Bytef.self),
-            &inLength
+        guard let decompressor = libdeflate_alloc_decompressor() else {
+            throw InflateError(description: "no memory for a decompressor")
+        }
+        defer { libdeflate_free_decompressor(decompressor) }
+        var consumed = 0
+        var produced = 0
+        let status = libdeflate_zlib_decompress_ex(
+            decompressor, source, input.count, destination, output.count, &consumed, &produced
         )
         switch status {
-        case Z_OK:
-            guard outLength == UInt(output.count) else {
-                throw InflateError(description: "deflated data inflates to \(outLength) bytes, not the \(output.count) announced")
+        case LIBDEFLATE_SUCCESS:
+            guard produced == output.count else {
+                throw InflateError(description: "deflated data inflates to \(produced) bytes, not the \(output.count) announced")
             }
-            guard inLength == UInt(input.count) else {
-                throw InflateError(description: "\(UInt(input.count) - inLength) bytes follow the end of the deflated data")
+            guard consumed == input.count else {
+                throw InflateError(description: "\(input.count - consumed) bytes follow the end of the deflated data")
             }
-        case Z_BUF_ERROR where outLength == UInt(output.count):
+        case LIBDEFLATE_INSUFFICIENT_SPACE:
             throw InflateError(description: "deflated data inflates to more than the \(output.count) bytes announced")
-        case Z_BUF_ERROR:
-            throw InflateError(description: "deflated data is truncated")
-        case Z_DATA_ERROR:
-            throw InflateError(description: "deflated data is corrupt")
+        case LIBDEFLATE_BAD_DATA:
+            throw InflateError(description: "deflated data is corrupt or truncated")
         default:
-            throw InflateError(description: "zlib failed with status \(status)")
+            throw InflateError(description: "libdeflate failed with status \(status.rawValue)")
         }
     }
 }

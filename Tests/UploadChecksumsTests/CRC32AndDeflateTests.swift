@@ -2,7 +2,7 @@ import Testing
 import UploadChecksums
 import UploadTestSupport
 
-@Suite("CRC32 and deflate from zlib")
+@Suite("CRC32 and deflate from libdeflate")
 struct CRC32AndDeflateTests {
     @Test("CRC-32 check value and empty input")
     func checkValue() async {
@@ -63,5 +63,49 @@ struct CRC32AndDeflateTests {
         #expect(throws: Deflate.InflateError.self) { try Self.inflate(corrupt, rawLength: text.count) }
         #expect(throws: Deflate.InflateError.self) { try Self.inflate(packed + [0], rawLength: text.count) }
         #expect(throws: Deflate.InflateError.self) { try Self.inflate(Array(packed.dropLast()), rawLength: text.count) }
+    }
+
+    @Test("a stream zlib made (level 9) inflates; ours start with a zlib header and end with the Adler-32 of the bytes")
+    func zlibInterop() async throws {
+        let raw = Array(String(repeating: "zlib made this stream at level 9; libdeflate reads it. ", count: 20).utf8)
+        let made = Self.bytes(
+            hex: "78daedcbb10d80400c04c156ae02724435463e84257f824f045f3d1f5284e3dd9919278639a13b0aa587366042f265623fb006e7952662352f8436cc66cd9a35fbb30f57e2828c"
+        )
+        #expect(try Self.inflate(made, rawLength: raw.count) == raw)
+        let ours = try #require(Self.compress(raw))
+        #expect(ours[0] == 0x78 && (UInt16(ours[0]) << 8 | UInt16(ours[1])) % 31 == 0)  // RFC 1950 CMF/FLG
+        #expect(Array(ours.suffix(4)) == Self.bigEndian(Self.adler32(raw)))
+    }
+
+    @Test("a stream that inflates far beyond the announced length stops at it")
+    func bomb() async throws {
+        let zeros = [UInt8](repeating: 0, count: 4 << 20)
+        let packed = try #require(Self.compress(zeros))
+        #expect(throws: Deflate.InflateError.self) { try Self.inflate(packed, rawLength: 60000) }
+    }
+
+    static func bytes(hex: String) -> [UInt8] {
+        var result: [UInt8] = []
+        var index = hex.startIndex
+        while index < hex.endIndex {
+            let next = hex.index(index, offsetBy: 2)
+            result.append(UInt8(hex[index..<next], radix: 16) ?? 0)
+            index = next
+        }
+        return result
+    }
+
+    static func adler32(_ bytes: [UInt8]) -> UInt32 {
+        var a: UInt32 = 1
+        var b: UInt32 = 0
+        for byte in bytes {
+            a = (a + UInt32(byte)) % 65521
+            b = (b + a) % 65521
+        }
+        return b << 16 | a
+    }
+
+    static func bigEndian(_ value: UInt32) -> [UInt8] {
+        [UInt8(value >> 24), UInt8(value >> 16 & 0xFF), UInt8(value >> 8 & 0xFF), UInt8(value & 0xFF)]
     }
 }

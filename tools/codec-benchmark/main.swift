@@ -4,7 +4,7 @@
 //
 // Prints GB/s for 1 MiB CHUNK frames (the codec's share of an upload) and frames/s for small
 // control frames (ACK, CREDIT, OPEN), and the codec's cost as a share of a 1 GB/s upload; then the
-// checksums every byte pays on each side (SHA-1 from libcrypto, CRC-32 from zlib), in CPU-seconds per GB:
+// checksums every byte pays on each side (SHA-1 from libcrypto, CRC-32 from libdeflate), in CPU-seconds per GB:
 // the floor the integrity checks put under an upload's CPU, whatever the rest of the path does.
 
 import Foundation
@@ -112,6 +112,6 @@ sink &+= Int(crc.value) &+ Int(sha1.byteCount)
 let sha1Gbps = sha1Rate * Double(payloadSize) / 1e9
 let crcGbps = crcRate * Double(payloadSize) / 1e9
 print(String(format: "  SHA-1 (libcrypto):                                          %9.2f GB/s = %.2f CPU-s/GB", sha1Gbps, 1 / sha1Gbps))
-print(String(format: "  CRC-32 (zlib):                                              %9.2f GB/s = %.2f CPU-s/GB", crcGbps, 1 / crcGbps))
+print(String(format: "  CRC-32 (libdeflate):                                          %9.2f GB/s = %.2f CPU-s/GB", crcGbps, 1 / crcGbps))
 print(String(format: "  both, on both sides of an upload:                           %.2f CPU-s/GB", 2 * (1 / sha1Gbps + 1 / crcGbps)))
 if sink == 42 { print("") }

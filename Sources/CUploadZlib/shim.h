@@ -1,4 +1,0 @@
-#ifndef C_UPLOAD_ZLIB_SHIM_H
-#define C_UPLOAD_ZLIB_SHIM_H
-#include <zlib.h>
-#endif
