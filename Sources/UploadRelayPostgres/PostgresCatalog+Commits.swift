@@ -34,13 +34,12 @@ extension PostgresCatalog {
         }
     }
 
-    /// Whether the reservation `r` is held: the lock connection that made it still holds the key's advisory lock
-    /// (PostgreSQL shows a bigint lock's high half as `classid`, its low half as `objid`). A relay that died, or let the
-    /// key go, holds nothing; nor does a relay that took the key after it, until its own admission.
+    /// Whether the reservation `r` is held: the lock connection that made it still holds the key's claim
+    /// (``PostgresKeyLocks``). A relay that died, or let the key go, holds nothing; nor does a relay that took the key
+    /// after it, until its own admission.
     static let reservationHeld = """
-        EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.pid = r.holder_pid
-            AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-            AND l.classid::BIGINT = ((r.lock_id >> 32) & 4294967295) AND l.objid::BIGINT = (r.lock_id & 4294967295))
+        EXISTS (SELECT 1 FROM key_claim c WHERE c.lock_id = r.lock_id AND c.holder_pid = r.holder_pid
+            AND \(PostgresKeyLocks.holderLive("c")))
         """
 
     /// ``SQLiteCatalog``'s quota rule, read in the transaction of `connection`. With `relayPID` (the server process of

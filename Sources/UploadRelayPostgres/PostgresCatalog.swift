@@ -27,7 +27,7 @@ public final class PostgresCatalog: Catalog, @unchecked Sendable {
 
     /// The schema version this code writes: the SQLite catalog's migrations, v1 to v6, v7 (indexes in byte order) and
     /// v8 (what the uploads open on each relay announced) and v9 (the multipart uploads begun, ``MultipartLedger``).
-    static let schemaVersion = 9
+    static let schemaVersion = 10
 
     /// Connects (lazily, from a pool) to `url`, `postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?sslmode=disable|require]`,
     /// and migrates the schema.
@@ -508,6 +508,20 @@ public final class PostgresCatalog: Catalog, @unchecked Sendable {
                 CREATE TABLE multipart_intent (
                     id BIGSERIAL PRIMARY KEY, account TEXT NOT NULL, key TEXT NOT NULL, object_key TEXT NOT NULL,
                     upload_id TEXT, created_at DOUBLE PRECISION NOT NULL
+                )
+                """
+            ]
+        ),
+        (
+            // Key locks as rows (``PostgresKeyLocks``), one per key uploaded, held by the relay connection whose
+            // liveness lock is `holder_token`: no longer one session advisory lock per open upload, which fill
+            // PostgreSQL's lock table at a fleet's scale. Unlogged: a claim means nothing after a crash of the server.
+            // Relays of a version before this one take advisory locks instead: stop them all before starting this one.
+            10,
+            [
+                """
+                CREATE UNLOGGED TABLE key_claim (
+                    lock_id BIGINT PRIMARY KEY, holder_pid INTEGER NOT NULL, holder_token BIGINT NOT NULL, holds INTEGER NOT NULL
                 )
                 """
             ]

@@ -33,21 +33,31 @@ public struct LockHeartbeat: Sendable {
     var serverReleases: Duration { .seconds(self.serverKeepalive.idle + self.serverKeepalive.interval * self.serverKeepalive.count) }
 }
 
-/// Key locks across the relays sharing one PostgreSQL catalog: session-level advisory locks, all taken on one
-/// connection of the relay's own, so that they go when the relay dies (PostgreSQL releases a session's locks when its
-/// connection drops) and never by a timeout.
+/// Key locks across the relays sharing one PostgreSQL catalog: a row per locked key in `key_claim` (an unlogged table),
+/// naming the connection of the relay's own that holds it. That connection holds one session-level advisory lock, its
+/// *liveness lock* (a random number, ``holderLive(_:)``): a claim whose holder's liveness lock is gone (the relay died,
+/// its connection dropped) is free, and the next relay takes it over. So the locks go when the relay dies and never by a
+/// timeout, as session locks would, while PostgreSQL's lock table holds one entry per relay, not one per open upload
+/// (that table holds about `max_locks_per_transaction` x `max_connections` entries, 6,400 by default: a fleet's
+/// thumbnails in flight would fill it, and every lock after that fail with "out of shared memory").
 ///
-/// Advisory locks are reentrant within their session: this relay's own claims (``KeyClaims``) keep a key to one of its
-/// uploads at a time, and each lock taken is let go exactly once, whatever order the two reach the server in.
+/// Per upload, the catalog's cost is one row in `key_claim` (unlogged: no WAL, emptied if PostgreSQL crashes, when
+/// every holder is gone anyway) and two statements on the lock connection, one to claim and one to let go; no lock.
 ///
-/// The size an admitted upload announced is recorded under its key's lock (`open_reservation`, with ``backendPID``):
-/// other relays count it against the account's quota while this connection holds the key's lock, and no longer once it
-/// is let go or the connection drops (``PostgresCatalog/admit(account:key:announced:growth:active:)``).
+/// Claims are reentrant within their connection (`holds` counts them): this relay's own claims (``KeyClaims``) keep a
+/// key to one of its uploads at a time, and each claim taken is let go exactly once, whatever order the two reach the
+/// server in.
+///
+/// The size an admitted upload announced is recorded under its key's claim (`open_reservation`, with ``backendPID``):
+/// other relays count it against the account's quota while this connection holds the key's claim, and no longer once
+/// it is let go or the connection drops (``PostgresCatalog/admit(account:key:announced:growth:active:)``).
 final class PostgresKeyLocks: KeyLocks, @unchecked Sendable {
     private struct State {
         var connection: PostgresConnection?
-        /// The server process of `connection`: the one that holds its locks in `pg_locks`.
+        /// The server process of `connection`: the one that holds its liveness lock in `pg_locks`.
         var pid: Int32?
+        /// The liveness lock of `connection`: the `holder_token` of its claims.
+        var token: Int64 = 0
         /// Counts connections: a lock belongs to the one that took it.
         var generation = 0
         var lost: (@Sendable (Int) -> Void)?
@@ -86,8 +96,8 @@ final class PostgresKeyLocks: KeyLocks, @unchecked Sendable {
         self.heartbeat = heartbeat
     }
 
-    /// The lock number of a key: the first 8 bytes of the SHA-1 of account, NUL, key. Two keys that share one only
-    /// wait for each other.
+    /// The lock number of a key (its claim's `lock_id`): the first 8 bytes of the SHA-1 of account, NUL, key. Two keys
+    /// that share one only wait for each other.
     static func lockID(account: String, key: String) -> Int64 {
         var sha1 = SHA1()
         sha1.update(Array(account.utf8) + [0] + Array(key.utf8))
@@ -100,14 +110,34 @@ final class PostgresKeyLocks: KeyLocks, @unchecked Sendable {
         self.state.withLockedValue { $0.connection?.isClosed == false ? $0.pid : nil }
     }
 
+    /// Whether the connection that holds claim `alias` (a `key_claim` row) is alive: it holds its liveness lock
+    /// (PostgreSQL shows a bigint lock's high half as `classid`, its low half as `objid`).
+    static func holderLive(_ alias: String) -> String {
+        """
+        EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.pid = \(alias).holder_pid
+            AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+            AND l.classid::BIGINT = ((\(alias).holder_token >> 32) & 4294967295) AND l.objid::BIGINT = (\(alias).holder_token & 4294967295))
+        """
+    }
+
     func tryLock(account: String, key: String) async throws -> KeyLock? {
         let id = Self.lockID(account: account, key: key)
-        let (connection, generation) = try await self.connection()
+        let (connection, generation, pid, token) = try await self.connection()
         let (logger, state) = (self.logger, self.state)
+        // A claim is free when nobody holds it, or its holder died; this connection's own is taken once more.
         let taken = try await PostgresCatalog.mapped(timeout: self.timeout) {
-            let rows = try await connection.query("SELECT pg_try_advisory_lock(\(id)) AS taken", logger: logger).collect()
+            let rows = try await connection.query(
+                """
+                INSERT INTO key_claim AS c (lock_id, holder_pid, holder_token, holds) VALUES (\(id), \(pid), \(token), 1)
+                ON CONFLICT (lock_id) DO UPDATE SET holds = CASE WHEN c.holder_token = EXCLUDED.holder_token THEN c.holds + 1 ELSE 1 END,
+                    holder_pid = EXCLUDED.holder_pid, holder_token = EXCLUDED.holder_token
+                WHERE c.holder_token = EXCLUDED.holder_token OR NOT \(unescaped: Self.holderLive("c"))
+                RETURNING holds
+                """,
+                logger: logger
+            ).collect()
             Self.answered(state, generation)
-            return try rows.first?.makeRandomAccess()["taken"].decode(Bool.self) ?? false
+            return !rows.isEmpty
         }
         return taken ? KeyLock(id: id, generation: generation) : nil
     }
@@ -119,19 +149,54 @@ final class PostgresKeyLocks: KeyLocks, @unchecked Sendable {
     }
 
     func unlock(_ lock: KeyLock) {
-        guard let connection = self.state.withLockedValue({ $0.generation == lock.generation ? $0.connection : nil }) else { return }
+        let current = self.state.withLockedValue { state -> (PostgresConnection, Int64)? in
+            guard state.generation == lock.generation, let connection = state.connection else { return nil }
+            return (connection, state.token)
+        }
+        guard let (connection, token) = current else { return }
         let (logger, state) = (self.logger, self.state)
         // The key's reservation, if any, stays: held by no lock, it counts for nothing, and the account's next
         // admission drops it (a DELETE here could take a newer upload's reservation of the key, made under the same
         // lock taken again).
         Task(executorPreference: PostgresCatalog.executor) {
             do {
-                _ = try await connection.query("SELECT pg_advisory_unlock(\(lock.id))", logger: logger)
+                _ = try await connection.query(
+                    """
+                    WITH gone AS (DELETE FROM key_claim WHERE lock_id = \(lock.id) AND holder_token = \(token) AND holds = 1 RETURNING 1)
+                    UPDATE key_claim SET holds = holds - 1 WHERE lock_id = \(lock.id) AND holder_token = \(token) AND holds > 1
+                    """,
+                    logger: logger
+                ).collect()
                 Self.answered(state, lock.generation)
             } catch {
                 // The connection is going: the lock goes with it.
                 logger.debug("could not release a key lock", metadata: ["error": "\(error)"])
             }
+        }
+    }
+
+    /// The advisory locks held in this database, by any connection (tests: one per relay connection, whatever it
+    /// claims).
+    func advisoryLocksInDatabase() async throws -> Int {
+        try await self.count(
+            """
+            SELECT COUNT(*)::BIGINT AS n FROM pg_locks WHERE locktype = 'advisory'
+                AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+            """
+        )
+    }
+
+    /// How many times the key's claim is taken, by whichever connection holds it (tests).
+    func holds(account: String, key: String) async throws -> Int {
+        try await self.count("SELECT COALESCE(SUM(holds), 0)::BIGINT AS n FROM key_claim WHERE lock_id = \(Self.lockID(account: account, key: key))")
+    }
+
+    private func count(_ query: PostgresQuery) async throws -> Int {
+        let (connection, _, _, _) = try await self.connection()
+        let logger = self.logger
+        return try await PostgresCatalog.mapped(timeout: self.timeout) {
+            let rows = try await connection.query(query, logger: logger).collect()
+            return Int(try rows.first?.makeRandomAccess()["n"].decode(Int64.self) ?? 0)
         }
     }
 
@@ -152,23 +217,37 @@ final class PostgresKeyLocks: KeyLocks, @unchecked Sendable {
         closing.whenComplete { _ in _ = connection }
     }
 
-    /// The connection locks are taken on, made when there is none.
-    private func connection() async throws -> (PostgresConnection, Int) {
+    /// The connection claims are taken on, with its generation, server process and liveness lock; made when there is
+    /// none.
+    private func connection() async throws -> (PostgresConnection, generation: Int, pid: Int32, token: Int64) {
         try await self.connecting.withLock {
-            let current = self.state.withLockedValue { state -> (PostgresConnection, Int)? in
-                guard let connection = state.connection, !connection.isClosed else { return nil }
-                return (connection, state.generation)
+            let current = self.state.withLockedValue { state -> (PostgresConnection, Int, Int32, Int64)? in
+                guard let connection = state.connection, !connection.isClosed, let pid = state.pid else { return nil }
+                return (connection, state.generation, pid, state.token)
             }
             if let current { return current }
             if self.state.withLockedValue({ $0.shutDown }) { throw CatalogFailure("the relay is stopping") }
             let (configuration, logger) = (self.configuration, self.logger)
+            // Random, so that no other relay's connection, nor a later one of this relay, ever holds the same.
+            let token = Int64.random(in: Int64.min...Int64.max)
             let (connection, pid) = try await PostgresCatalog.mapped(timeout: self.timeout) {
                 let connection = try await PostgresConnection.connect(
                     on: MultiThreadedEventLoopGroup.singleton.next(), configuration: configuration, id: 1, logger: logger
                 )
                 do {
-                    let rows = try await connection.query("SELECT pg_backend_pid() AS pid", logger: logger).collect()
-                    return (connection, try rows.first?.makeRandomAccess()["pid"].decode(Int32.self))
+                    let rows = try await connection.query(
+                        "SELECT pg_backend_pid() AS pid, pg_try_advisory_lock(\(token)) AS live", logger: logger
+                    ).collect()
+                    guard let row = rows.first?.makeRandomAccess(), try row["live"].decode(Bool.self) else {
+                        throw CatalogFailure("the lock connection could not take its liveness lock")
+                    }
+                    let pid = try row["pid"].decode(Int32.self)
+                    // Claims whose holders died hold nothing: gone, so the table holds only what is held (a claim
+                    // wanted again is taken over without this).
+                    try await connection.query(
+                        "DELETE FROM key_claim c WHERE NOT \(unescaped: Self.holderLive("c"))", logger: logger
+                    )
+                    return (connection, pid)
                 } catch {
                     try? await connection.close()
                     throw error
@@ -178,6 +257,7 @@ final class PostgresKeyLocks: KeyLocks, @unchecked Sendable {
                 state.generation += 1
                 state.connection = connection
                 state.pid = pid
+                state.token = token
                 state.lastAnswer = .now
                 return state.generation
             }
@@ -192,7 +272,7 @@ final class PostgresKeyLocks: KeyLocks, @unchecked Sendable {
                 lost(generation)
             }
             self.watch(connection, generation: generation)
-            return (connection, generation)
+            return (connection, generation, pid, token)
         }
     }
 

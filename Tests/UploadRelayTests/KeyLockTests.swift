@@ -47,13 +47,9 @@ struct KeyLockTests {
                 let a = try #require(first.keyLocks)
                 let b = try #require(second.keyLocks)
                 try await body(a, b) {
-                    // This database's only: other tests run beside this one. Relay A holds no lock then.
-                    try await first.execute(
-                        """
-                        SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid()
-                        AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-                        """
-                    )
+                    // Relay B's lock connection, as when its process is killed.
+                    let pid = try #require((b as? PostgresKeyLocks)?.backendPID, "relay B has no lock connection")
+                    try await first.execute("SELECT pg_terminate_backend(\(pid))")
                 }
             }
         }
@@ -85,6 +81,52 @@ struct KeyLockTests {
             b.unlock(bobs)
             #expect(try await b.tryLock(account: "alice", key: "clips/2.mov") == nil)
             #expect(try await b.tryLock(account: "alice", key: "clips/3.mov") != nil)
+        }
+    }
+
+    @Test(
+        "15,000 keys held open at once on one relay (a fleet's thumbnails in flight) take no lock-table entry each: all held, none to another relay, all free once the holder's connection is cut"
+    )
+    func fleetScale() async throws {
+        try await Self.withTwoRelaysLocks(.postgres) { a, b, cutB in
+            // More than the test cluster's lock table holds (64 x 200 connections = 12,800 entries): session advisory
+            // locks, one per key, failed here with "out of shared memory".
+            let count = 15_000
+            let held = try await withThrowingTaskGroup(of: Bool.self) { group in
+                var taken = 0
+                for index in 0..<count {
+                    if index >= 64, try await group.next() == true { taken += 1 }
+                    group.addTask { try await b.tryLock(account: "fleet", key: "thumbs/\(index).jpg") != nil }
+                }
+                for try await ok in group where ok { taken += 1 }
+                return taken
+            }
+            #expect(held == count)
+            let locks = try #require(a as? PostgresKeyLocks)
+            _ = try await a.tryLock(account: "fleet", key: "other")  // A's own connection, which the count below sees
+            let entries = try await locks.advisoryLocksInDatabase()
+            #expect(entries <= 2, "\(entries) advisory locks for \(count) keys held: one per relay connection expected")
+            for index in [0, 12_345, count - 1] {
+                #expect(try await a.tryLock(account: "fleet", key: "thumbs/\(index).jpg") == nil, "relay A took a key B holds")
+            }
+            try await cutB()
+            #expect(await Polling.waitUntil(timeout: 10) { (try? await a.tryLock(account: "fleet", key: "thumbs/0.jpg")) != nil })
+            #expect(try await a.tryLock(account: "fleet", key: "thumbs/\(count - 1).jpg") != nil)
+        }
+    }
+
+    @Test("a key claimed twice by one relay (a new upload of it before the old one's release arrived) is held until let go twice")
+    func reentrant() async throws {
+        try await Self.withTwoRelaysLocks(.postgres) { a, b, _ in
+            let first = try await #require(try a.tryLock(account: "alice", key: "k"))
+            let second = try await #require(try a.tryLock(account: "alice", key: "k"))
+            let locks = try #require(a as? PostgresKeyLocks)
+            #expect(try await locks.holds(account: "alice", key: "k") == 2)
+            a.unlock(first)
+            #expect(await Polling.waitUntil(timeout: 10) { (try? await locks.holds(account: "alice", key: "k")) == 1 })
+            #expect(try await b.tryLock(account: "alice", key: "k") == nil, "let go once of two claims, the key was free")
+            a.unlock(second)
+            #expect(await Polling.waitUntil(timeout: 10) { (try? await b.tryLock(account: "alice", key: "k")) != nil })
         }
     }
 

@@ -107,11 +107,7 @@ struct QuotaAcrossRelaysTests {
             }
             let lock = PostgresKeyLocks.lockID(account: "cam-7", key: "clips/small.mov")
             try await catalog.execute(
-                """
-                SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1
-                AND classid::BIGINT = \((lock >> 32) & 0xFFFF_FFFF) AND objid::BIGINT = \(lock & 0xFFFF_FFFF)
-                AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-                """
+                "SELECT pg_terminate_backend(holder_pid) FROM key_claim WHERE lock_id = \(lock)"
             )
             #expect(await Polling.waitUntil(timeout: 10) { (try? await b.left()) == 3_000_000 }, "relay B still counts a dead relay's upload")
             #expect(Self.isUpload(try await b.open("photos/3.jpg", size: 1_000_000)))
