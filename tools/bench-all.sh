@@ -6,10 +6,10 @@
 #   small   10,000 files of 16 KiB, loopback
 #   medium  1,000 files of 1 MiB, loopback
 #   wan     one file of 256 MiB over ../shared/netem/wan.sh's emulated link (100 ms RTT, 1 Gbit/s,
-#           the host's TCP buffers), servers and clients in two network namespaces; ours with --connections 4,
-#           which stripes it (SPEC §6.7)
-#   wanfiles  16 files of 16 MiB over the same link, our agent with --connections 4 (curl -Z 8 is the peer
-#           that also uses several connections; the issue sets no goal for it)
+#           the host's TCP buffers), servers and clients in two network namespaces; ours with default options
+#           (--connections auto: more connections while the long link rewards them, the file in stripes, SPEC §6.7)
+#   wanfiles  16 files of 16 MiB over the same link, our agent with default options (curl -Z 8 is the peer
+#           that also uses several connections)
 # and prints, per workload and tool: median seconds, MB/s and files/s, the spread of MB/s over the
 # runs (min..max), median CPU-seconds per GB (client, server), the highest peak RSS, and the ratios
 # of ours (dedup on, the default) to each peer with the issue's goals.
@@ -54,10 +54,8 @@ for w in $WORKLOADS; do
             big) env BENCH_TAG=big BENCH_SIZE_MIB="$BIG_MIB" tools/bench-upload.sh ;;
             small) env BENCH_TAG=small BENCH_FILES=10000 BENCH_FILE_KIB=16 tools/bench-upload.sh ;;
             medium) env BENCH_TAG=medium BENCH_FILES=1000 BENCH_FILE_KIB=1024 tools/bench-upload.sh ;;
-            wan) env BENCH_TAG=wan BENCH_WAN=1 BENCH_SIZE_MIB=256 \
-                BENCH_AGENT_ARGS="--connections 4 ${BENCH_AGENT_ARGS:-}" tools/bench-upload.sh ;;
-            wanfiles) env BENCH_TAG=wanfiles BENCH_WAN=1 BENCH_FILES=16 BENCH_FILE_KIB=16384 \
-                BENCH_AGENT_ARGS="--connections 4 ${BENCH_AGENT_ARGS:-}" tools/bench-upload.sh ;;
+            wan) env BENCH_TAG=wan BENCH_WAN=1 BENCH_SIZE_MIB=256 tools/bench-upload.sh ;;
+            wanfiles) env BENCH_TAG=wanfiles BENCH_WAN=1 BENCH_FILES=16 BENCH_FILE_KIB=16384 tools/bench-upload.sh ;;
         esac >"$RESULTS.log" 2>&1 || { echo "   bench-upload.sh failed:"; tail -30 "$RESULTS.log"; rm -f "$RESULTS.log"; exit 1; }
         grep -E '^(upload-agent|scp|rsync|curl|floor)' "$RESULTS.log" | sed 's/^/   /' || true
         rm -f "$RESULTS.log"
@@ -72,11 +70,12 @@ big_mib = int(sys.argv[2])
 sizes = {"big": (big_mib << 20, 0), "small": (10000 * 16384, 10000), "medium": (1000 << 20, 1000), "wan": (256 << 20, 0),
          "wanfiles": (256 << 20, 16)}
 titles = {"big": f"{big_mib} MiB file, loopback", "small": "10,000 x 16 KiB, loopback",
-          "medium": "1,000 x 1 MiB, loopback", "wan": "256 MiB over 100 ms RTT, 1 Gbit/s (wan.sh), ours with --connections 4 (16 stripes)",
-          "wanfiles": "16 x 16 MiB over 100 ms RTT, 1 Gbit/s (wan.sh), ours with --connections 4"}
+          "medium": "1,000 x 1 MiB, loopback", "wan": "256 MiB over 100 ms RTT, 1 Gbit/s (wan.sh), ours with default options (16 stripes)",
+          "wanfiles": "16 x 16 MiB over 100 ms RTT, 1 Gbit/s (wan.sh), ours with default options"}
 # the issue's goals: (workload, peer name prefix, ratio of ours (dedup) wanted)
-goals = [("big", "curl -T", 1.0), ("big", "scp", 1.6), ("small", "rsync", 2.0), ("medium", "curl -Z 8", 1.0),
-         ("wan", "scp", 3.0), ("wan", "curl -T", 1.5)]
+# (issue 29's; the small files' floor goal, 0.8x of tools/durable-floor's grouped sync, is printed beside the floor)
+goals = [("big", "curl -T", 1.8), ("small", "rsync", 1.0), ("medium", "curl -Z 8", 0.75),
+         ("wan", "scp", 3.0), ("wan", "curl -T", 2.0), ("wanfiles", "curl -Z 8", 1.0)]
 OURS = "upload-agent (dedup check)"
 
 def fmt(x, d=1): return "-" if x is None else f"{x:.{d}f}"

@@ -357,6 +357,9 @@ bench_ours() {
         cpu1=$(cpu_secs "$relay_pid")
         read -r rss user sys < <(tail -1 "$DIR/agent-$run.rss")
         say "agent output: $(head -c 2000 "$DIR/agent-$run.json")"
+        # The connections the run had open when its last item finished (--json's "connections"): more than one only
+        # where --connections auto found a long link that rewarded them, or with --connections N.
+        echo "upload-agent connections used ($run): $(grep -o '"connections":[0-9]*' "$DIR/agent-$run.json" | cut -d: -f2 | sort -n | tail -1)"
         if ! same "$FILE" "$DIR/relay/store/dev/$key"; then
             say "stored object $DIR/relay/store/dev/$key differs from the source"
             return 1

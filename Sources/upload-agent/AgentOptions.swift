@@ -36,11 +36,14 @@ struct ConnectionOptions: ParsableArguments {
     @Option(
         name: .long,
         help: ArgumentHelp(
-            "TLS connections to the relay at once (default 1), sharing --concurrency. One connection carries about 26 MB/s over a 100 ms round trip with Linux's default socket buffers: on a long fat link, 4 move several files about 4 times as fast. With more than 1, a file above 16 MiB goes in 16 MiB stripes over all of them.",
-            valueName: "n"
+            "TLS connections to the relay: auto (the default) opens one, and more up to --max-connections only while the link's round trip is 5 ms or more and each one added raises the rate (one connection carries about 26 MB/s over 100 ms with Linux's default socket buffers); on loopback or a LAN it stays at one. A number opens exactly that many, sharing --concurrency. With more than one, a file above 16 MiB goes in 16 MiB stripes over all of them.",
+            valueName: "auto|n"
         )
     )
-    var connections: Int = 1
+    var connections: String = "auto"
+
+    @Option(name: .long, help: ArgumentHelp("The most connections --connections auto opens (default 8).", valueName: "n"))
+    var maxConnections: Int = 8
 
     @Flag(name: .long, help: "Do not ask the relay for the bytes before sending (no dedup): nothing hashed before OPEN, one read pass.")
     var noDedup = false
@@ -66,7 +69,10 @@ struct ConnectionOptions: ParsableArguments {
             throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error")
         }
         guard self.concurrency >= 1 else { throw ValidationError("--concurrency must be at least 1") }
-        guard (1...64).contains(self.connections) else { throw ValidationError("--connections must be between 1 and 64") }
+        guard self.connections == "auto" || Int(self.connections).map({ (1...64).contains($0) }) == true else {
+            throw ValidationError("--connections must be auto or a number between 1 and 64, not \(self.connections)")
+        }
+        guard (1...64).contains(self.maxConnections) else { throw ValidationError("--max-connections must be between 1 and 64") }
         if let bwlimit = self.bwlimit, try ByteCount.parse(bwlimit, option: "--bwlimit") < 1 {
             throw ValidationError("--bwlimit must be at least 1 byte per second, e.g. 10M")
         }
@@ -106,7 +112,13 @@ struct ConnectionOptions: ParsableArguments {
             caPath: self.ca ?? Self.environment("UPLOAD_CA")
         )
         configuration.concurrency = self.concurrency
-        configuration.connections = self.connections
+        if let fixed = Int(self.connections) {
+            configuration.connections = fixed
+            configuration.adaptiveConnections = false
+        } else {
+            configuration.connections = self.maxConnections
+            configuration.adaptiveConnections = true
+        }
         configuration.serverName = self.serverName
         configuration.dedup = !self.noDedup
         configuration.deflate = self.deflate

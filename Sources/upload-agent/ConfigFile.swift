@@ -20,7 +20,7 @@ import UploadCommandLine
 enum ConfigFile {
     /// The options of ConnectionOptions and StateOptions, which top-level keys may name.
     static let sharedKeys: Set<String> = [
-        "relay", "token", "ca", "server-name", "prefix", "concurrency", "connections", "no-dedup", "deflate", "bwlimit", "state",
+        "relay", "token", "ca", "server-name", "prefix", "concurrency", "connections", "max-connections", "no-dedup", "deflate", "bwlimit", "state",
     ]
     /// The commands that take ConnectionOptions; the others take only `state`.
     static let connectionCommands: Set<String> = ["send", "watch"]

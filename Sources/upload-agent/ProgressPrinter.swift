@@ -36,6 +36,8 @@ final class ProgressPrinter: Sendable {
         /// The last reconnection reason said, and how many times it came again since (said once, then counted).
         var reconnect: (reason: String, repeats: Int)? = nil
         var started: Double = Date().timeIntervalSince1970
+        /// Connections to the relay the run has open (an adaptive run opens more on a long link): in each JSON line.
+        var connections = 1
 
         /// An upload that ended, or waits: its line goes.
         mutating func forget(_ key: String) {
@@ -63,7 +65,8 @@ final class ProgressPrinter: Sendable {
     /// The most uploads the live block shows a line for; the others are counted.
     static let shownUploads = 6
 
-    init(json: Bool, live: Bool, quiet: Bool, totalItems: Int, totalBytes: UInt64? = nil, events: Bool = false) {
+    init(json: Bool, live: Bool, quiet: Bool, totalItems: Int, totalBytes: UInt64? = nil, events: Bool = false, connections: Int = 1) {
+        self.state.withLockedValue { $0.connections = connections }
         self.totalBytes = totalBytes
         self.json = json
         self.live = live && !quiet
@@ -90,6 +93,12 @@ final class ProgressPrinter: Sendable {
             guard let said else { return }
             if !said.isEmpty { self.note(said) }
             self.note("\(reason); reconnecting in \(delay), and again while it fails the same way")
+        case .connections(let count, let reason):
+            self.state.withLockedValue { $0.connections = count }
+            self.note("using \(count) connections (\(reason))")
+            if self.json && self.events {
+                Self.stdout(Self.jsonText(["event": "connections", "connections": count, "reason": reason]))
+            }
         case .started(let key, let size, let offset):
             self.state.withLockedValue {
                 if $0.active[key] == nil { $0.order.append(key) }
@@ -131,7 +140,8 @@ final class ProgressPrinter: Sendable {
                 $0.forget(result.key)
             }
             if self.json {
-                Self.stdout(Self.jsonLine(result, event: self.events ? "finished" : nil))
+                let connections = self.state.withLockedValue { $0.connections }
+                Self.stdout(Self.jsonLine(result, event: self.events ? "finished" : nil, connections: connections))
             }
             if !self.quiet {
                 let what: String
@@ -262,7 +272,8 @@ final class ProgressPrinter: Sendable {
         self.note(text)
     }
 
-    static func jsonLine(_ result: UploadResult, event: String? = nil) -> String {
+    /// `connections`: how many the run had open when the item ended.
+    static func jsonLine(_ result: UploadResult, event: String? = nil, connections: Int? = nil) -> String {
         var object: [String: Any] = [
             "key": result.key, "path": result.path, "bytes": result.bytes, "sha1": result.sha1,
             "status": result.status.rawValue, "sent_bytes": result.sentBytes, "hashed_bytes": result.hashedBytes,
@@ -273,6 +284,7 @@ final class ProgressPrinter: Sendable {
             object["error_code"] = result.errorCode ?? UploadResult.ErrorCode.failed
         }
         if let event { object["event"] = event }
+        if let connections { object["connections"] = connections }
         return Self.jsonText(object)
     }
 

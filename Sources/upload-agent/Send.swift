@@ -122,7 +122,7 @@ struct Send: AsyncParsableCommand {
         let progress = ProgressPrinter(
             json: self.json, live: ProgressPrinter.liveWanted(json: self.json, quiet: self.quiet), quiet: self.quiet,
             totalItems: items.count + plan.results.count + check.held.count,
-            totalBytes: check.held.isEmpty ? plan.fileBytes : check.itemBytes
+            totalBytes: check.held.isEmpty ? plan.fileBytes : check.itemBytes, connections: Uploader.connectionsAtStart(configuration)
         )
         // What will not go up is said first, each with its reason.
         for result in plan.results + check.held { progress.handle(.finished(result)) }

@@ -165,7 +165,8 @@ struct Watch: AsyncParsableCommand {
             throw ExitCode(1)
         }
         let progress = ProgressPrinter(
-            json: self.json, live: ProgressPrinter.liveWanted(json: self.json, quiet: self.quiet), quiet: self.quiet, totalItems: 0, events: true
+            json: self.json, live: ProgressPrinter.liveWanted(json: self.json, quiet: self.quiet), quiet: self.quiet, totalItems: 0, events: true,
+            connections: Uploader.connectionsAtStart(configuration)
         )
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let uploader = Uploader(configuration: configuration, group: group, logger: Logger(label: "upload-agent"))

@@ -167,6 +167,7 @@ struct ResumeTests {
                 configure: {
                     $0.dedup = false
                     $0.connections = 2
+                    $0.adaptiveConnections = false
                     $0.retryFor = .milliseconds(300)
                     // 4 MiB/s: the kill lands seconds before stripe 0's end, even on a loaded machine (at loopback speed all
                     // may be committed first; at 16 MiB/s, with the whole suite running, the event came after the commit once).
@@ -189,6 +190,7 @@ struct ResumeTests {
             configure: {
                 $0.dedup = false
                 $0.connections = 2
+                $0.adaptiveConnections = false
             }
         )
         #expect(results.first?.status == .stored, "\(results.first?.error ?? "")")

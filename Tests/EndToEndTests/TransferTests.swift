@@ -1,6 +1,6 @@
 import Foundation
 import Testing
-@testable import UploadAgent
+@_spi(Testing) @testable import UploadAgent
 import UploadChecksums
 import UploadProtocol
 import UploadRelay
@@ -70,6 +70,7 @@ struct TransferTests {
             items, port: relay.port, token: relay.token, ca: relay.caPath,
             configure: {
                 $0.connections = 3
+                $0.adaptiveConnections = false
                 $0.concurrency = 6
             },
             onEvent: { event in
@@ -84,6 +85,45 @@ struct TransferTests {
         await relay.stop()
     }
 
+    @Test(
+        "adaptive connections: on loopback the run keeps one; told the link's round trip is 50 ms, it opens more while stripes wait, and the 100 MiB file goes in 7 stripes; every object exact"
+    )
+    func adaptiveConnections() async throws {
+        let relay = try await TestRelay().start()
+        let source = TestRelay.makeDirectory()
+        let big = makeFile(source + "/a", "long.mp4", size: 100 << 20, seed: 91).data
+        let items = try ItemPlanner.plan(paths: [source + "/a"], prefix: nil, stdinName: nil).items
+        for assumed in [nil, Duration.milliseconds(50)] {
+            let connections = Counter()
+            let said = Counter()
+            let results = try await upload(
+                items, port: relay.port, token: relay.token, ca: relay.caPath,
+                configure: {
+                    $0.concurrency = 2
+                    $0.overwrite = true
+                    $0.dedup = false
+                    // Two seconds at least: the first decision, a quarter of a second in, finds stripes waiting.
+                    $0.bandwidthLimit = 50 << 20
+                    $0.faults.assumedRoundTrip = assumed
+                },
+                onEvent: { event in
+                    if case .connected = event { connections.increment() }
+                    if case .connections = event { said.increment() }
+                }
+            )
+            #expect(results.count == 1 && results[0].status == .stored, "\(results.map { $0.error ?? "" })")
+            #expect(relay.stored("a/long.mp4") == big)
+            if assumed == nil {
+                #expect(connections.value == 1 && said.value == 0, "\(connections.value) connections on loopback")
+                #expect(results.first?.stripes == 1)
+            } else {
+                #expect(connections.value >= 2 && said.value == connections.value - 1, "\(connections.value) connections, \(said.value) said")
+                #expect(results.first?.stripes == 7)
+            }
+        }
+        await relay.stop()
+    }
+
     @Test("--connections 3: a 50 MiB file goes in 4 stripes over the connections, the 5 MiB one beside it whole; both exact")
     func stripedFile() async throws {
         let relay = try await TestRelay().start()
@@ -95,6 +135,7 @@ struct TransferTests {
             items, port: relay.port, token: relay.token, ca: relay.caPath,
             configure: {
                 $0.connections = 3
+                $0.adaptiveConnections = false
                 $0.concurrency = 6
             }
         )
@@ -128,6 +169,7 @@ struct TransferTests {
             items, port: relay.port, token: relay.token, ca: relay.caPath,
             configure: {
                 $0.connections = 2
+                $0.adaptiveConnections = false
                 $0.concurrency = 4
             }
         )
@@ -154,6 +196,7 @@ struct TransferTests {
             items, port: relay.port, token: relay.token, ca: relay.caPath,
             configure: {
                 $0.connections = 2
+                $0.adaptiveConnections = false
                 $0.concurrency = 4
                 $0.bandwidthLimit = 1_000_000
                 $0.retryFor = .seconds(1)
@@ -171,6 +214,7 @@ struct TransferTests {
         func shares(_ connections: Int, _ concurrency: Int) -> [AgentConfiguration] {
             var configuration = AgentConfiguration(relayHost: "relay", relayPort: 1, token: "t", caPath: nil)
             configuration.connections = connections
+            configuration.adaptiveConnections = false
             configuration.concurrency = concurrency
             return Uploader.connectionShares(configuration)
         }

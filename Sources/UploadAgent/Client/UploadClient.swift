@@ -154,7 +154,7 @@ public final class UploadClient: Sendable {
     /// Routes the uploader's events to the uploads they concern.
     private func handle(_ event: UploadEvent) {
         switch event {
-        case .connected, .reconnecting, .waiting:
+        case .connected, .reconnecting, .waiting, .connections:
             return
         case .started(let key, let size, let offset):
             self.update(key) { progress in

@@ -15,6 +15,8 @@ final class AgentConnectionHandler: ChannelInboundHandler {
     /// `--bwlimit`, shared by every connection of the run; reads wait for it on the pool.
     private let bandwidth: BandwidthLimit?
     private let onEvent: @Sendable (UploadEvent) -> Void
+    /// An adaptive run's measure of its link, told the round trip when the connection comes up.
+    private let meter: LinkMeter?
     private let done: EventLoopPromise<ConnectionOutcome>
     private let logger: Logger
     private var context: ChannelHandlerContext? = nil
@@ -22,8 +24,10 @@ final class AgentConnectionHandler: ChannelInboundHandler {
 
     init(
         configuration: AgentConfiguration, queue: JobQueue, pool: NIOThreadPool, bandwidth: BandwidthLimit?, logger: Logger,
-        done: EventLoopPromise<ConnectionOutcome>, plan: QuotaPlan.Request? = nil, onEvent: @escaping @Sendable (UploadEvent) -> Void
+        done: EventLoopPromise<ConnectionOutcome>, plan: QuotaPlan.Request? = nil, meter: LinkMeter? = nil,
+        onEvent: @escaping @Sendable (UploadEvent) -> Void
     ) {
+        self.meter = meter
         self.session = AgentSession(configuration: configuration, queue: queue, plan: plan)
         self.pool = pool
         self.bandwidth = bandwidth
@@ -48,8 +52,25 @@ final class AgentConnectionHandler: ChannelInboundHandler {
         let handler = NIOLoopBound(WeakHandler(self), eventLoop: context.eventLoop)
         let loop = context.eventLoop
         self.session.queue.setListener(ObjectIdentifier(self)) { loop.execute { handler.value.handler?.act { $0.jobsChanged() } } }
-        self.act { $0.connected() }
+        let roundTrip = self.session.configuration.faults.assumedRoundTrip ?? Self.roundTrip(of: context.channel)
+        if let roundTrip { self.meter?.measured(roundTrip: roundTrip) }
+        self.act { $0.connected(roundTrip: roundTrip) }
         context.fireChannelActive()
+    }
+
+    /// The kernel's smoothed round trip of the connection (TCP_INFO's `tcpi_rtt`, measured from the handshake on), read
+    /// on the channel's event loop, where NIO answers at once; nil where it cannot tell.
+    static func roundTrip(of channel: any Channel) -> Duration? {
+        #if os(Linux)
+        guard channel.eventLoop.inEventLoop, let provider = channel as? any SocketOptionProvider else { return nil }
+        let answer = NIOLoopBoundBox<Duration?>(nil, eventLoop: channel.eventLoop)
+        provider.getTCPInfo().whenSuccess { info in
+            if info.tcpi_rtt > 0 { answer.value = .microseconds(Int64(info.tcpi_rtt)) }
+        }
+        return answer.value
+        #else
+        return nil
+        #endif
     }
 
     func channelInactive(context: ChannelHandlerContext) {

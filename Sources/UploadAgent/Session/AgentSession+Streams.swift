@@ -5,6 +5,14 @@ import UploadProtocol
 
 /// Jobs on streams: preparing, opening, reading within credit, HASH, retries.
 extension AgentSession {
+    /// Whether a large file goes in stripes over the run's connections (SPEC §6.7): with a fixed number above one, or in
+    /// an adaptive run on a long link, where more connections are opened to carry them (``ConnectionGrowth``).
+    var stripesAcrossConnections: Bool {
+        guard self.configuration.connections > 1 else { return false }
+        guard self.configuration.adaptiveConnections else { return true }
+        return (self.roundTrip ?? .zero) >= ConnectionGrowth.longLink
+    }
+
     // MARK: Opening
 
     /// Opens streams while the relay allows more, places of ``AgentConfiguration/concurrency`` are free and jobs wait.
@@ -100,7 +108,7 @@ extension AgentSession {
                 return []
             }
             let id = self.machine.nextStreamID
-            // With several connections a large file goes in stripes, one stream each, on whichever connection is free:
+            // With several connections (an adaptive run's on a long link) a large file goes in stripes, one stream each, on whichever connection is free:
             // one TCP connection is held to its window per round trip (SPEC §6.7). Whether a file is striped depends on
             // the file, the agent's connections and the relay alone, never on what else runs: a resumed session whose
             // striping differs is discarded, and its bytes sent again. A main stream waits for its
@@ -108,7 +116,7 @@ extension AgentSession {
             // open (a directory of large videos): one striped upload per connection at a time, the next waits for it
             // while the connection carries other files, and only where the relay allows a stream beside it.
             let stripable =
-                self.configuration.connections > 1 && self.machine.features.contains(.stripes) && job.item.source.isSeekable
+                self.stripesAcrossConnections && self.machine.features.contains(.stripes) && job.item.source.isSeekable
                 && (self.machine.terms?.maxStreams ?? 0) >= 2 && info.size.map { $0 > Frame.Stripes(size: $0).length } ?? false
             if stripable && self.senders.values.contains(where: { $0.job.striped }) {
                 self.deferred.append(job)

@@ -108,6 +108,8 @@ struct AgentSession {
     /// The socket takes more bytes: while it does not (its write buffer is over ``AgentConfiguration/writeBufferBytes``),
     /// no read starts.
     var writable = true
+    /// The link's round trip as the kernel measured it when the connection came up (nil: not known).
+    var roundTrip: Duration? = nil
 
     init(configuration: AgentConfiguration, queue: JobQueue, plan: QuotaPlan.Request? = nil) {
         self.configuration = configuration
@@ -118,8 +120,10 @@ struct AgentSession {
 
     // MARK: Connection lifecycle
 
-    /// TCP and TLS are up: HELLO.
-    mutating func connected() -> [Action] {
+    /// TCP and TLS are up: HELLO. `roundTrip`: the kernel's measure of the link's round trip, when it has one; on a
+    /// long link an adaptive run stripes large files (``ConnectionGrowth``).
+    mutating func connected(roundTrip: Duration? = nil) -> [Action] {
+        self.roundTrip = roundTrip
         let hello = Frame.Hello(
             maxFrameSize: UInt32(self.configuration.limits.maxFrameSize),
             features: self.configuration.deflate ? [.deflate, .dedupProbe, .stripes, .quotaPlan] : [.dedupProbe, .stripes, .quotaPlan],

@@ -14,13 +14,21 @@ public struct AgentConfiguration: Sendable {
     /// A name for the relay's logs.
     public var agentName: String = "upload-agent"
 
-    /// TLS connections to the relay at once, each carrying streams (`--connections`). One TCP connection is held to
-    /// its window by the host's socket buffers (about 26 MB/s over a 100 ms round trip with Linux's 4 MiB default):
-    /// on a long fat link several carry several files at once. ``concurrency``, ``maxReadsInFlight`` and
-    /// ``writeBufferBytes`` are shared among them (each keeps at least one place, one read and a chunk's worth), and
-    /// so are ``chunkSize`` and ``readBatchBytes`` (each connection's chunks and reads are smaller, down to 256 KiB), so
-    /// that the memory of several connections, each with its own TLS buffer, stays about that of one.
-    public var connections = 1
+    /// TLS connections to the relay at once, each carrying streams: with ``adaptiveConnections`` the most a run opens
+    /// (`--max-connections`), else exactly this many (`--connections N`). One TCP connection is held to its window by
+    /// the host's socket buffers (about 26 MB/s over a 100 ms round trip with Linux's 4 MiB default): on a long fat link
+    /// several carry several files, or the stripes of one, at once. ``concurrency``, ``maxReadsInFlight`` and
+    /// ``writeBufferBytes`` are shared among a fixed number of them (each keeps at least one place, one read and a
+    /// chunk's worth), and so are ``chunkSize`` and ``readBatchBytes`` (each connection's chunks and reads are smaller,
+    /// down to 256 KiB), so that the memory of several connections, each with its own TLS buffer, stays about that of
+    /// one.
+    public var connections = 8
+    /// Open one connection, and more up to ``connections`` only while the link is long (a round trip of 5 ms or more)
+    /// and each one added raised the run's throughput (``ConnectionGrowth``): on loopback and a LAN one connection is
+    /// enough and no other is opened. The first connection keeps the whole of ``concurrency`` and the buffers; each one
+    /// added carries one upload at a time with a 1/``connections`` share of the buffers and 256 KiB chunks. False:
+    /// exactly ``connections`` from the start (`--connections N`).
+    public var adaptiveConnections = true
     /// Uploads in flight at once over all connections (streams). An upload of at most ``smallUploadBytes`` counts as
     /// 1/``smallUploadsPerSlot`` of one: a photo costs a round trip and a commit, not a slot's memory, and small files
     /// went at a third of the rate they could with 5 at once.
@@ -102,6 +110,9 @@ public struct AgentConfiguration: Sendable {
     public var corruptChunkAtOffset: UInt64? = nil
     /// Claim this SHA-1 in every HASH instead of the real one.
     public var lieAboutSHA1: SHA1Digest? = nil
+    /// Take the link's round trip to be this, whatever the kernel measured (an adaptive run on loopback behaving as on a
+    /// long link).
+    public var assumedRoundTrip: Duration? = nil
 
     public init() {}
 }

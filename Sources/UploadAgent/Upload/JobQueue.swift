@@ -170,6 +170,9 @@ final class JobQueue: Sendable {
     /// others makes progress either.
     var progressMark: Int { self.state.withLockedValue { $0.progress } }
 
+    /// Jobs wait that a connection could start now (not held, nor only waiting for the relay to have room).
+    var hasWaiting: Bool { self.state.withLockedValue { $0.hold == nil && !$0.stopped && !$0.waiting.isEmpty } }
+
     /// Stops new jobs from starting (`reason` says why) or, with nil, lets them start again. Uploads in flight stop
     /// at once: the connection closes, and the relay keeps every acknowledged byte for the resume.
     func hold(_ reason: String?) {

@@ -139,6 +139,8 @@ public enum UploadEvent: Sendable {
     case acknowledged(key: String, offset: UInt64)
     /// An item ended.
     case finished(UploadResult)
+    /// An adaptive run opened another connection, `count` in all, and why (the link's round trip).
+    case connections(count: Int, reason: String)
     /// The relay had no room for an item (QUOTA_EXCEEDED, or its storage full): it waits `retryIn`, then is tried again;
     /// the other items go on meanwhile.
     case waiting(key: String, reason: String, retryIn: Duration)

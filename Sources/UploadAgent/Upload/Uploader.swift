@@ -69,16 +69,114 @@ public final class Uploader: Sendable {
         }
         let tls = try self.makeTLSContext()
         let bandwidth = self.configuration.bandwidthLimit.map(BandwidthLimit.init(bytesPerSecond:))
-        try await withThrowingTaskGroup(of: Void.self) { group in
-            for configuration in Self.connectionShares(self.configuration) {
+        guard self.configuration.adaptiveConnections, self.configuration.connections > 1 else {
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for configuration in Self.connectionShares(self.configuration) {
+                    group.addTask {
+                        try await self.runConnections(
+                            queue, service: service, pool: pool, configuration: configuration, tls: tls, bandwidth: bandwidth, meter: nil,
+                            onEvent: onEvent
+                        )
+                    }
+                }
+                try await group.waitForAll()
+            }
+            return
+        }
+        try await self.runAdaptive(queue, service: service, pool: pool, tls: tls, bandwidth: bandwidth, onEvent: onEvent)
+    }
+
+    /// The connections a run opens at its start: one for an adaptive run, else ``AgentConfiguration/connections`` (no
+    /// more than the places of ``AgentConfiguration/concurrency``).
+    public static func connectionsAtStart(_ configuration: AgentConfiguration) -> Int {
+        configuration.adaptiveConnections ? 1 : max(1, min(configuration.connections, configuration.concurrency))
+    }
+
+    /// What ends in an adaptive run's task group: a connection's loop (the queue's work is over for it), or a window.
+    private enum Ended: Sendable {
+        case connections
+        case window
+    }
+
+    /// An adaptive run (``AgentConfiguration/adaptiveConnections``): one connection with the whole configuration, and
+    /// one more at the end of each window while ``ConnectionGrowth`` says so, each with its share
+    /// (``addedConnectionShare(_:index:)``). The run ends when every connection's loop ended; a window under way then
+    /// is cancelled, so a short run waits for no window.
+    private func runAdaptive(
+        _ queue: JobQueue, service: Bool, pool: NIOThreadPool, tls: NIOSSLContext, bandwidth: BandwidthLimit?,
+        onEvent: @escaping @Sendable (UploadEvent) -> Void
+    ) async throws {
+        let meter = LinkMeter()
+        let counted: @Sendable (UploadEvent) -> Void = { event in
+            if case .sent(_, let bytes) = event { meter.sent(bytes) }
+            onEvent(event)
+        }
+        let configuration = self.configuration
+        try await withThrowingTaskGroup(of: Ended.self) { group in
+            func open(_ share: AgentConfiguration) {
                 group.addTask {
                     try await self.runConnections(
-                        queue, service: service, pool: pool, configuration: configuration, tls: tls, bandwidth: bandwidth, onEvent: onEvent
+                        queue, service: service, pool: pool, configuration: share, tls: tls, bandwidth: bandwidth, meter: meter, onEvent: counted
                     )
+                    return .connections
                 }
             }
-            try await group.waitForAll()
+            func window(_ length: Duration) {
+                group.addTask {
+                    try? await Task.sleep(for: length)
+                    return .window
+                }
+            }
+            var growth = ConnectionGrowth(maximum: configuration.connections)
+            var running = 1
+            open(configuration)
+            // The first decision comes soon: on a short link it settles at once.
+            window(.milliseconds(250))
+            var mark = (sent: meter.sentBytes, at: ContinuousClock.now)
+            while let ended = try await group.next() {
+                switch ended {
+                case .connections:
+                    running -= 1
+                    if running == 0 { group.cancelAll() }
+                case .window where running > 0:
+                    let now = ContinuousClock.now
+                    let sent = meter.sentBytes
+                    let seconds = Double((now - mark.at).components.attoseconds) / 1e18 + Double((now - mark.at).components.seconds)
+                    let rate = Double(sent - mark.sent) / max(seconds, 0.001)
+                    mark = (sent, now)
+                    let roundTrip = meter.roundTrip
+                    if growth.sample(roundTrip: roundTrip, rate: rate, workWaiting: queue.hasWaiting) {
+                        running += 1
+                        open(Self.addedConnectionShare(configuration, index: growth.running - 1))
+                        self.logger.info(
+                            "opened connection \(growth.running) of at most \(growth.maximum)",
+                            metadata: ["round_trip": "\(roundTrip ?? .zero)", "rate_before": "\(Int(rate)) B/s"]
+                        )
+                        onEvent(.connections(count: growth.running, reason: "a round trip of \(roundTrip ?? .zero)"))
+                    }
+                    if growth.settled {
+                        self.logger.debug("connections settled", metadata: ["count": "\(growth.running)", "reason": "\(growth.reason ?? "")"])
+                    } else {
+                        window(ConnectionGrowth.window(roundTrip: roundTrip))
+                    }
+                case .window:
+                    break
+                }
+            }
         }
+    }
+
+    /// The configuration of connection `index` (1 or more) that an adaptive run adds: the share a fixed run of
+    /// ``AgentConfiguration/connections`` would give it (256 KiB chunks, a part of the write buffer and of the reads),
+    /// with one place of ``AgentConfiguration/concurrency`` whatever the configured total: the first connection keeps
+    /// the whole of it, and each added one carries one upload, or one stripe, at a time.
+    static func addedConnectionShare(_ configuration: AgentConfiguration, index: Int) -> AgentConfiguration {
+        var wide = configuration
+        wide.concurrency = max(configuration.concurrency, configuration.connections)
+        let shares = Self.connectionShares(wide)
+        var share = shares[min(index, shares.count - 1)]
+        share.concurrency = 1
+        return share
     }
 
     /// The configuration of each of ``AgentConfiguration/connections``: ``AgentConfiguration/concurrency``, the reads
@@ -124,7 +222,7 @@ public final class Uploader: Sendable {
     /// One connection at a time, reconnecting with backoff, until the queue's work is over.
     private func runConnections(
         _ queue: JobQueue, service: Bool, pool: NIOThreadPool, configuration: AgentConfiguration, tls: NIOSSLContext,
-        bandwidth: BandwidthLimit?, onEvent: @escaping @Sendable (UploadEvent) -> Void
+        bandwidth: BandwidthLimit?, meter: LinkMeter?, onEvent: @escaping @Sendable (UploadEvent) -> Void
     ) async throws {
         let clock = ContinuousClock()
         var deadline: ContinuousClock.Instant? = nil
@@ -137,7 +235,7 @@ public final class Uploader: Sendable {
             let outcome: ConnectionOutcome
             do {
                 outcome = try await self.runConnection(
-                    queue: queue, pool: pool, configuration: configuration, bandwidth: bandwidth, tls: tls, onEvent: onEvent
+                    queue: queue, pool: pool, configuration: configuration, bandwidth: bandwidth, tls: tls, meter: meter, onEvent: onEvent
                 )
             } catch {
                 outcome = ConnectionOutcome(
@@ -221,7 +319,7 @@ public final class Uploader: Sendable {
 
     private func runConnection(
         queue: JobQueue, pool: NIOThreadPool, configuration: AgentConfiguration, bandwidth: BandwidthLimit?, tls: NIOSSLContext,
-        plan: QuotaPlan.Request? = nil, onEvent: @escaping @Sendable (UploadEvent) -> Void
+        plan: QuotaPlan.Request? = nil, meter: LinkMeter? = nil, onEvent: @escaping @Sendable (UploadEvent) -> Void
     ) async throws -> ConnectionOutcome {
         let logger = self.logger
         let host = configuration.relayHost
@@ -247,7 +345,7 @@ public final class Uploader: Sendable {
                     try sync.addHandler(
                         AgentConnectionHandler(
                             configuration: configuration, queue: queue, pool: pool, bandwidth: bandwidth, logger: logger, done: promise,
-                            plan: plan, onEvent: onEvent
+                            plan: plan, meter: meter, onEvent: onEvent
                         )
                     )
                 }
