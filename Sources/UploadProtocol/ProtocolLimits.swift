@@ -10,9 +10,11 @@ public struct ProtocolLimits: Hashable, Sendable {
     /// How many streams may be open at once on one connection (SPEC §4.3). Default 64.
     public var maxConcurrentStreams: Int = 64
 
-    /// The relay's initial connection credit in bytes (SPEC §5). Default 32 MiB: the most chunk
-    /// bytes one connection can hold in the relay's memory.
-    public var connectionWindow: Int = 32 << 20
+    /// The relay's initial connection credit in bytes (SPEC §5): the most chunk bytes one connection can hold in the
+    /// relay's memory. Default 8 MiB, one stream window: a connection carries at most about its socket buffer per round
+    /// trip (4 MiB by default), so more held nothing more in flight, while the relay's memory budget went to the first
+    /// connections (four of 32 MiB spent 128 MiB, and an agent's later connections got 128 KiB each).
+    public var connectionWindow: Int = 8 << 20
 
     /// The relay's initial credit for each stream in bytes (SPEC §5). Default 8 MiB: enough for
     /// reading, sending, verifying and writing to overlap on a fast link (tools/bench-upload.sh).

@@ -204,7 +204,7 @@ struct Serve: AsyncParsableCommand {
     var streamWindow: String = "8M"
 
     @Option(name: .long, help: ArgumentHelp("Credit of each connection: the most chunk bytes it may hold in memory (SPEC §5).", valueName: "bytes"))
-    var connectionWindow: String = "32M"
+    var connectionWindow: String = "8M"
 
     @Option(name: .long, help: "Uploads open at once on one connection.")
     var maxStreams: Int = 64

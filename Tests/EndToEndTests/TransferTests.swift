@@ -117,7 +117,7 @@ struct TransferTests {
                 #expect(connections.value == 1 && said.value == 0, "\(connections.value) connections on loopback")
                 #expect(results.first?.stripes == 1)
             } else {
-                #expect(connections.value >= 2 && said.value == connections.value - 1, "\(connections.value) connections, \(said.value) said")
+                #expect(connections.value >= 2 && said.value >= 1, "\(connections.value) connections, \(said.value) said")
                 #expect(results.first?.stripes == 7)
             }
         }

@@ -43,7 +43,7 @@ extension AgentSession {
         var used = self.senders.values.reduce(self.preparing * perSlot) {
             $0 + ($1.hashSent || $1.waitingForStripes ? 0 : self.shares(of: $1.job))
         }
-        while self.machine.canOpenStream, used + perSlot <= budget, let job = self.queue.next() {
+        while self.machine.canOpenStream, used + perSlot <= budget, !self.holdsEnoughBytes, let job = self.queue.next() {
             if job.stripe != nil {
                 // A PART job needs no preparing: its source is the main job's, open already (SPEC §6.7).
                 let opened = self.openStripe(job)
@@ -61,6 +61,29 @@ extension AgentSession {
             actions.append(.prepare(job, dedup: dedup && !(probing && resuming), probe: probing && !resuming))
         }
         return actions
+    }
+
+    /// What one connection of an adaptive run on a long link holds to send before it takes another job: about what it
+    /// carries per round trip (Linux's default socket buffer). The next upload opens while this one's last bytes go,
+    /// so the window stays busy across the round trips between two uploads, and the rest of the queue stays for the
+    /// connections the run opens: five 16 MiB files taken at once by the first connection, sharing its one window
+    /// while the others idled, made the run wait for that tail.
+    static let balancedBytes: UInt64 = 4 << 20
+
+    /// An adaptive run on a long link: a connection takes jobs by the bytes it holds to send (``holdsEnoughBytes``).
+    var balancesBytes: Bool { self.configuration.adaptiveConnections && self.stripesAcrossConnections }
+
+    /// Whether this connection holds ``balancedBytes`` or more to send (a job being prepared counting as that much), on
+    /// an adaptive run's long link; never otherwise.
+    var holdsEnoughBytes: Bool {
+        guard self.balancesBytes else { return false }
+        var unsent = UInt64(self.preparing) * Self.balancedBytes
+        for (id, sender) in self.senders where !sender.hashSent && !sender.waitingForStripes {
+            guard let length = sender.job.streamLength else { return true }  // unknown: as much as it may be
+            unsent += length - min(length, self.machine.nextOffset(on: id) ?? 0)
+            if unsent >= Self.balancedBytes { return true }
+        }
+        return unsent >= Self.balancedBytes
     }
 
     /// The shares of ``AgentConfiguration/concurrency`` an opened job takes: one when it is small, a whole place otherwise.
@@ -319,8 +342,9 @@ extension AgentSession {
                 let end = job.striped ? self.stripeZeroSent(id) : self.sendHash(id, size: batch.nextOffset)
                 return actions + end + self.pumpInTurn(after: id, again: false) + self.openMore()
             }
-            // An empty batch that did not end: a stream source waits for ACKs to free room; they pump it again.
-            return actions + self.pumpInTurn(after: id, again: !batch.chunks.isEmpty)
+            // An empty batch that did not end: a stream source waits for ACKs to free room; they pump it again. A
+            // connection that balances bytes may take the next job now that these went out.
+            return actions + self.pumpInTurn(after: id, again: !batch.chunks.isEmpty) + (self.balancesBytes ? self.openMore() : [])
         case .failure(let error):
             self.senders[id] = sender
             return self.failStream(id, "\(error)") + self.pumpInTurn(after: id, again: false)

@@ -26,7 +26,8 @@ public struct AgentConfiguration: Sendable {
     /// Open one connection, and more up to ``connections`` only while the link is long (a round trip of 5 ms or more)
     /// and each one added raised the run's throughput (``ConnectionGrowth``): on loopback and a LAN one connection is
     /// enough and no other is opened. The first connection keeps the whole of ``concurrency`` and the buffers; each one
-    /// added carries one upload at a time with a 1/``connections`` share of the buffers and 256 KiB chunks. False:
+    /// added has two places, a 1/``connections`` share of the buffers and 256 KiB chunks, and on a long link every
+    /// connection takes another upload only while it holds less than 4 MiB to send. False:
     /// exactly ``connections`` from the start (`--connections N`).
     public var adaptiveConnections = true
     /// Uploads in flight at once over all connections (streams). An upload of at most ``smallUploadBytes`` counts as

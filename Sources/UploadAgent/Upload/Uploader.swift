@@ -130,8 +130,9 @@ public final class Uploader: Sendable {
             var growth = ConnectionGrowth(maximum: configuration.connections)
             var running = 1
             open(configuration)
-            // The first decision comes soon: on a short link it settles at once.
-            window(.milliseconds(250))
+            // The first decision comes as soon as the first connection's round trip is known (its TCP handshake
+            // measures it): asked every 50 ms until then. On a short link it settles at once.
+            window(.milliseconds(50))
             var mark = (sent: meter.sentBytes, at: ContinuousClock.now)
             while let ended = try await group.next() {
                 switch ended {
@@ -145,11 +146,14 @@ public final class Uploader: Sendable {
                     let rate = Double(sent - mark.sent) / max(seconds, 0.001)
                     mark = (sent, now)
                     let roundTrip = meter.roundTrip
-                    if growth.sample(roundTrip: roundTrip, rate: rate, workWaiting: queue.hasWaiting) {
-                        running += 1
-                        open(Self.addedConnectionShare(configuration, index: growth.running - 1))
+                    let added = growth.sample(roundTrip: roundTrip, rate: rate, workWaiting: queue.hasWaiting)
+                    if added > 0 {
+                        for index in growth.running - added..<growth.running {
+                            open(Self.addedConnectionShare(configuration, index: index))
+                        }
+                        running += added
                         self.logger.info(
-                            "opened connection \(growth.running) of at most \(growth.maximum)",
+                            "\(growth.running) connections of at most \(growth.maximum)",
                             metadata: ["round_trip": "\(roundTrip ?? .zero)", "rate_before": "\(Int(rate)) B/s"]
                         )
                         onEvent(.connections(count: growth.running, reason: "a round trip of \(roundTrip ?? .zero)"))
@@ -157,7 +161,7 @@ public final class Uploader: Sendable {
                     if growth.settled {
                         self.logger.debug("connections settled", metadata: ["count": "\(growth.running)", "reason": "\(growth.reason ?? "")"])
                     } else {
-                        window(ConnectionGrowth.window(roundTrip: roundTrip))
+                        window(roundTrip == nil ? .milliseconds(50) : ConnectionGrowth.window(roundTrip: roundTrip))
                     }
                 case .window:
                     break
@@ -168,16 +172,20 @@ public final class Uploader: Sendable {
 
     /// The configuration of connection `index` (1 or more) that an adaptive run adds: the share a fixed run of
     /// ``AgentConfiguration/connections`` would give it (256 KiB chunks, a part of the write buffer and of the reads),
-    /// with one place of ``AgentConfiguration/concurrency`` whatever the configured total: the first connection keeps
-    /// the whole of it, and each added one carries one upload, or one stripe, at a time.
+    /// with ``addedConnectionConcurrency`` places whatever the configured total: the first connection keeps the whole
+    /// of it, and each added one sends one upload, or one stripe, while the next opens (the bytes it holds to send
+    /// decide when, ``AgentSession/balancedBytes``).
     static func addedConnectionShare(_ configuration: AgentConfiguration, index: Int) -> AgentConfiguration {
         var wide = configuration
         wide.concurrency = max(configuration.concurrency, configuration.connections)
         let shares = Self.connectionShares(wide)
         var share = shares[min(index, shares.count - 1)]
-        share.concurrency = 1
+        share.concurrency = Self.addedConnectionConcurrency
         return share
     }
+
+    /// The places of ``AgentConfiguration/concurrency`` of each connection an adaptive run adds.
+    static let addedConnectionConcurrency = 2
 
     /// The configuration of each of ``AgentConfiguration/connections``: ``AgentConfiguration/concurrency``, the reads
     /// in flight and the bytes waiting for the sockets shared among them, so that the agent's memory stays about what
