@@ -113,6 +113,14 @@ extension PostgresCatalog {
         let (logger, pid) = (self.logger, self.locks.backendPID)
         let lockID = PostgresKeyLocks.lockID(account: account, key: key)
         return try await self.transaction { connection in
+            // An account without a quota holds nothing back: its row is all (a quota set later counts from the next OPEN on).
+            guard let row = try await Self.rows("SELECT quota, used_bytes FROM account WHERE name = \(account)", on: connection, logger).first
+            else {
+                throw CatalogError.unknownAccount(account)
+            }
+            if try row["quota"].decode(Int64?.self) == nil {
+                return QuotaUse(quota: nil, stored: try row["used_bytes"].decode(Int64.self), committing: 0, staged: 0)
+            }
             // Admissions and commits of the account take turns on its row, on every relay: each reads what the one
             // before it reserved.
             try await Self.lockAccount(account, on: connection, logger)

@@ -365,6 +365,27 @@ struct CatalogContractTests {
     }
 
     @Test(
+        "admission: a quota counts what the account holds; an account without one is admitted whatever it holds; an unknown one is refused",
+        arguments: Backend.allCases)
+    func admission(_ backend: Backend) async throws {
+        try await Self.withCatalog(backend) { catalog, _ in
+            try await catalog.addAccount(name: "alice", tokenHash: [1], quota: 1000)
+            try await catalog.addAccount(name: "cam", tokenHash: [2], quota: nil)
+            try await catalog.putSession(Self.session("s1", key: "left", durable: 400, size: 900))
+            let limited = try await catalog.admit(account: "alice", key: "new", announced: 700, growth: 700, active: ["open": 300])
+            #expect(limited.left == 1000 - 400 - 300, "\(limited)")
+            var held = Self.session("s2", key: "big", durable: 5_000_000, size: 9_000_000)
+            held.account = "cam"
+            try await catalog.putSession(held)
+            let unlimited = try await catalog.admit(account: "cam", key: "new", announced: 1 << 40, growth: 1 << 40, active: ["open": 1 << 40])
+            #expect(unlimited.quota == nil && unlimited.left == .max)
+            await #expect(throws: CatalogError.unknownAccount("bob")) {
+                try await catalog.admit(account: "bob", key: "k", announced: 1, growth: 1, active: [:])
+            }
+        }
+    }
+
+    @Test(
         "two catalogs on the same data (two relays): both see each other's records, a second opening migrates nothing, and racing commits never pass the quota",
         arguments: Backend.allCases)
     func twoRelays(_ backend: Backend) async throws {

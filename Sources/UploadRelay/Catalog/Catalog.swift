@@ -389,7 +389,8 @@ public protocol CommitLog: Sendable {
     /// upload, in one decision per account. A catalog several relays share counts there what the uploads open on the
     /// other relays announced, and records this one's for them, held while this relay holds the key's lock
     /// (``keyLocks``): two relays can never both admit what only one fits. The caller refuses when `growth`
-    /// exceeds the answer's ``QuotaUse/left``.
+    /// exceeds the answer's ``QuotaUse/left``. An account without a quota holds nothing back: its answer may count its
+    /// stored bytes only (its ``QuotaUse/left`` is unlimited whatever else it holds), so that its OPENs cost one read.
     func admit(account: String, key: String, announced: Int64, growth: Int64, active: [String: Int64]) async throws -> QuotaUse
 
     /// Reserves the quota a commit needs and records it as under way, in one transaction, so that two commits of
