@@ -398,6 +398,6 @@ public final class LocalDirectoryStore: BlobStore {
 extension LocalDirectoryStore {
     /// Runs `body` on the store's thread pool.
     func blocking<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
-        try await self.threadPool.runIfActive(body)
+        try await self.threadPool.runBlocking(body)
     }
 }

@@ -115,7 +115,7 @@ final class LocalStagingFile: StagingFile, @unchecked Sendable {
     }
 
     func write(_ bytes: ByteBuffer, at offset: Int64) async throws {
-        try await self.threadPool.runIfActive {
+        try await self.threadPool.runBlocking {
             try self.guardingUse { try self.write0(bytes, at: offset) }
         }
     }
@@ -224,7 +224,7 @@ final class LocalStagingFile: StagingFile, @unchecked Sendable {
     /// Makes every written byte survive a crash. With direct I/O the file may then extend past ``end`` to a
     /// block boundary, with zeros; a resume cuts it back to its durable offset, a commit to ``end`` (``seal()``).
     func sync() async throws {
-        try await self.threadPool.runIfActive { try self.syncNow() }
+        try await self.threadPool.runBlocking { try self.syncNow() }
     }
 
     /// ``sync()``, on the caller's thread.
@@ -244,7 +244,7 @@ final class LocalStagingFile: StagingFile, @unchecked Sendable {
     }
 
     func read(_ count: Int, at offset: Int64) async throws -> ByteBuffer {
-        try await self.threadPool.runIfActive {
+        try await self.threadPool.runBlocking {
             var bytes = ByteBuffer()
             _ = try bytes.writeWithUnsafeMutableBytes(minimumWritableBytes: count) { buffer in
                 try self.read(into: UnsafeMutableRawBufferPointer(rebasing: buffer[0..<count]), at: offset)

@@ -69,7 +69,7 @@ final class S3StagingFile: StagingFile, @unchecked Sendable {
 
     func write(_ bytes: ByteBuffer, at offset: Int64) async throws {
         try await self.operation {
-            try await self.store.threadPool.runIfActive { try self.spool(bytes, at: offset) }
+            try await self.store.threadPool.runBlocking { try self.spool(bytes, at: offset) }
         }
     }
 
@@ -121,7 +121,7 @@ final class S3StagingFile: StagingFile, @unchecked Sendable {
 
     /// Uploads the first `count` spooled bytes as the next part (creating the upload first), then empties the spool.
     private func uploadPart(bytes count: Int64) async throws {
-        let (sha1, sha256) = try await self.store.threadPool.runIfActive { try self.hashSpool(count) }
+        let (sha1, sha256) = try await self.store.threadPool.runBlocking { try self.hashSpool(count) }
         let body = S3Body.file(descriptor: self.descriptor, offset: 0, length: count, sha256: sha256)
         let (store, key) = (self.store, self.objectKey)
         let id: String
@@ -178,7 +178,7 @@ final class S3StagingFile: StagingFile, @unchecked Sendable {
                 // The SHA-1 of the spool, not the one verified: S3 then checks that what it got is what was spooled, and
                 // the relay compared the verified one with HASH already.
                 let spooled = self.spooled
-                let (checksum, sha256) = try await store.threadPool.runIfActive { try self.hashSpool(spooled) }
+                let (checksum, sha256) = try await store.threadPool.runBlocking { try self.hashSpool(spooled) }
                 if let sha1, Data(sha1.bytes).base64EncodedString() != checksum {
                     throw StoreError("the spool of \(key) does not hold the bytes verified (SHA-1 \(sha1))")
                 }

@@ -11,15 +11,52 @@ import NIOPosix
 /// for ever while the relay winds down.
 package final class RelayExecutor: TaskExecutor, @unchecked Sendable {
     private let pool: NIOThreadPool
+    private let thread: PoolThread
 
     package init(pool: NIOThreadPool) {
         self.pool = pool
+        self.thread = PoolThread(pool)
     }
 
     package func enqueue(_ job: consuming ExecutorJob) {
         let job = UnownedJob(job)
         let executor = self.asUnownedTaskExecutor()
-        self.pool.submit { _ in job.runSynchronously(on: executor) }
+        let thread = self.thread
+        self.pool.submit { state in
+            // Cancelled: the pool stopped, and this is the enqueuing thread, not one of the pool's.
+            if case .active = state { thread.mark() }
+            job.runSynchronously(on: executor)
+        }
+    }
+}
+
+/// Which pool, if any, the current thread belongs to, as far as the relay's tasks ran on it: a system call of the
+/// relay's made on a thread of the pool it would hop to runs where it is (``NIOThreadPool/runBlocking(_:)``).
+package final class PoolThread: Sendable {
+    private let pool: ObjectIdentifier
+    private static let current = ThreadSpecificVariable<PoolThread>()
+
+    init(_ pool: NIOThreadPool) {
+        self.pool = ObjectIdentifier(pool)
+    }
+
+    /// The current thread is one of this pool's.
+    func mark() {
+        if Self.current.currentValue !== self { Self.current.currentValue = self }
+    }
+
+    static func isOn(_ pool: NIOThreadPool) -> Bool {
+        Self.current.currentValue?.pool == ObjectIdentifier(pool)
+    }
+}
+
+extension NIOThreadPool {
+    /// `body`, a blocking system call, on this pool: where it is when the caller runs on one of the pool's threads (a
+    /// task of the relay's, ``RelayExecutor``), else on a thread of the pool. Each hop between threads cost a wake-up
+    /// and a switch, several per small file on each of the relay's steps.
+    package func runBlocking<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+        if PoolThread.isOn(self) { return try body() }
+        return try await self.runIfActive(body)
     }
 }
 
