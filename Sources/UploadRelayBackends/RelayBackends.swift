@@ -75,7 +75,7 @@ extension RelayRuntime {
             return try S3Store(
                 client: client, bucket: s3.bucket, prefix: s3.prefix, spoolDirectory: configuration.spoolDirectory,
                 minPartBytes: s3.minPartBytes, modes: configuration.fileModes, ledger: catalog as? any MultipartLedger, logger: logger,
-                threadPool: threadPool
+                threadPool: threadPool, commitsAtOnce: s3.commitsAtOnce
             )
         }
         return try LocalDirectoryStore(

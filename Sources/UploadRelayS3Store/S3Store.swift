@@ -64,9 +64,10 @@ public final class S3Store: BlobStore, Sendable {
     public init(
         client: S3Client, bucket: String, prefix: String, spoolDirectory: String, minPartBytes: Int64 = S3Store.s3MinPartBytes,
         orphanGrace: TimeInterval = 3600, modes: FileModes = .private, ledger: (any MultipartLedger)? = nil, logger: Logger? = nil,
-        threadPool: NIOThreadPool = .singleton
+        threadPool: NIOThreadPool = .singleton, commitsAtOnce: Int = S3Store.defaultCommitsAtOnce
     ) throws {
         self.threadPool = threadPool
+        self.commitsAtOnce = max(1, commitsAtOnce)
         self.ledger = ledger
         self.logger = logger
         self.client = client
@@ -280,18 +281,41 @@ public final class S3Store: BlobStore, Sendable {
 
     // MARK: Objects
 
+    /// The uploads of a commit group, each made an object (its last part or PutObject, then a HEAD for its identity),
+    /// ``commitsAtOnce`` of them at a time: one after the other, each waited on two round trips, and a directory of
+    /// 1 MiB photos went at 0.6 times rclone's rate to the same server. Results in the batch's order.
     public func commit(_ batch: [StoreCommit]) async -> [Result<ObjectIdentity, any Error>] {
-        var results: [Result<ObjectIdentity, any Error>] = []
-        for item in batch {
-            do {
-                results.append(
-                    .success(try await self.commit(item.staging, as: item.key, account: item.account, sha1: item.sha1, overwrite: item.overwrite)))
-            } catch {
-                results.append(.failure(error))
+        await withTaskGroup(of: (Int, Result<ObjectIdentity, any Error>).self) { group in
+            var results = [Result<ObjectIdentity, any Error>](repeating: .failure(StoreError("not committed")), count: batch.count)
+            var next = 0
+            func start() {
+                let (index, item) = (next, batch[next])
+                next += 1
+                group.addTask {
+                    do {
+                        return (
+                            index,
+                            .success(
+                                try await self.commit(item.staging, as: item.key, account: item.account, sha1: item.sha1, overwrite: item.overwrite))
+                        )
+                    } catch {
+                        return (index, .failure(error))
+                    }
+                }
             }
+            while next < min(batch.count, self.commitsAtOnce) { start() }
+            for await (index, result) in group {
+                results[index] = result
+                if next < batch.count { start() }
+            }
+            return results
         }
-        return results
     }
+
+    /// The most uploads of one commit group made objects at once (``commit(_:)``).
+    let commitsAtOnce: Int
+    /// The default ``commitsAtOnce``: 8.
+    public static let defaultCommitsAtOnce = 8
 
     private func commit(
         _ staging: any StagingFile, as key: ObjectKey, account: String, sha1: SHA1Digest?, overwrite: Bool

@@ -108,6 +108,10 @@ public struct S3Part: Sendable, Hashable, Codable {
 /// protect it), as the AWS SDKs do.
 public final class S3Client: Sendable {
     public let endpoint: S3Endpoint
+
+    /// Whether a body sent with `x-amz-checksum-sha1` needs its SHA-256 (``S3Body/file(descriptor:offset:length:sha256:)``):
+    /// over plain HTTP only. Over HTTPS it goes `UNSIGNED-PAYLOAD`, and computing the hash would waste a pass over it.
+    public var signsChecksummedPayloads: Bool { (self.endpoint.url.scheme ?? "http") != "https" }
     let signer: SigV4Signer
     let http: HTTPClient
     let timeout: TimeAmount

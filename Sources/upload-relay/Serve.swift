@@ -115,6 +115,11 @@ struct Serve: AsyncParsableCommand {
 
     @Option(
         name: .long,
+        help: ArgumentHelp("With an s3:// store: uploads of one commit group made objects at once (default 8).", valueName: "n"))
+    var s3CommitsAtOnce: Int = 8
+
+    @Option(
+        name: .long,
         help: ArgumentHelp(
             "After each commit, run this shell command with the object as JSON on stdin and in UPLOAD_ACCOUNT, UPLOAD_KEY, UPLOAD_SIZE, UPLOAD_SHA1, UPLOAD_LOCATION; exit 0 means done. Failures are logged and retried, never lost (the catalog keeps the event), and never hold uploads up.",
             valueName: "command"
@@ -555,7 +560,10 @@ extension Serve {
                 throw ValidationError("--s3-endpoint \(endpoint): give the service's root URL, with no path (the bucket goes in --store)")
             }
         }
-        return try self.s3Configuration(bucket: place.bucket, prefix: place.prefix)
+        guard self.s3CommitsAtOnce >= 1 else { throw ValidationError("--s3-commits-at-once must be at least 1") }
+        var configuration = try self.s3Configuration(bucket: place.bucket, prefix: place.prefix)
+        configuration.commitsAtOnce = self.s3CommitsAtOnce
+        return configuration
     }
 
     /// The S3 store's settings: the bucket from --store, the endpoint and region, the keys from the environment.
