@@ -286,29 +286,21 @@ public final class S3Store: BlobStore, Sendable {
     /// 1 MiB photos went at 0.6 times rclone's rate to the same server. Results in the batch's order.
     public func commit(_ batch: [StoreCommit]) async -> [Result<ObjectIdentity, any Error>] {
         await withTaskGroup(of: (Int, Result<ObjectIdentity, any Error>).self) { group in
-            var results = [Result<ObjectIdentity, any Error>](repeating: .failure(StoreError("not committed")), count: batch.count)
-            var next = 0
-            func start() {
-                let (index, item) = (next, batch[next])
-                next += 1
+            var results = [Result<ObjectIdentity, any Error>?](repeating: nil, count: batch.count)
+            for (index, item) in batch.enumerated() {
+                if index >= self.commitsAtOnce, let (done, result) = await group.next() { results[done] = result }
                 group.addTask {
                     do {
-                        return (
-                            index,
-                            .success(
-                                try await self.commit(item.staging, as: item.key, account: item.account, sha1: item.sha1, overwrite: item.overwrite))
-                        )
+                        let identity = try await self.commit(
+                            item.staging, as: item.key, account: item.account, sha1: item.sha1, overwrite: item.overwrite)
+                        return (index, .success(identity))
                     } catch {
                         return (index, .failure(error))
                     }
                 }
             }
-            while next < min(batch.count, self.commitsAtOnce) { start() }
-            for await (index, result) in group {
-                results[index] = result
-                if next < batch.count { start() }
-            }
-            return results
+            for await (done, result) in group { results[done] = result }
+            return results.map { $0 ?? .failure(StoreError("the commit of this upload never ended")) }
         }
     }
 
