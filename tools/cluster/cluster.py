@@ -6,6 +6,7 @@ mode in front of them (tools/cluster/haproxy.cfg.in), all on 127.0.0.1.
     tools/cluster/cluster.py demo [--relays 3]          # a directory through HAProxy, the relay holding it killed -9
     tools/cluster/cluster.py failover [--size-mib 1024] # one large file, the relay holding it killed -9 midway
     tools/cluster/cluster.py load [--agents 500]        # many agents at once, a mix of small and 10 MiB files
+    tools/cluster/cluster.py --single load              # the same through one relay alone (SQLite, local store)
 
 Each command starts everything in a temporary directory, checks every object byte for byte in the bucket, stops
 everything and removes the directory, on failure too. It exits 0 only when all held, and prints a one-line summary
@@ -196,8 +197,10 @@ class S3:
 
 
 class Cluster:
-    def __init__(self, relays: int, work: str, binaries: str):
-        self.count, self.work, self.bin = relays, work, binaries
+    def __init__(self, relays: int, work: str, binaries: str, single: bool = False):
+        # single: one relay alone, with its own SQLite catalog and local store (no PostgreSQL, no SeaweedFS): what the
+        # shared ones cost beside it.
+        self.count, self.work, self.bin, self.single = (1 if single else relays), work, binaries, single
         self.relays: list[dict] = []   # {pid, port, data, proc}
         self.haproxy = None
         self.pg_dir, self.s3_dir = os.path.join(work, "pg"), os.path.join(work, "s3")
@@ -210,6 +213,10 @@ class Cluster:
             if not os.access(os.path.join(self.bin, tool), os.X_OK):
                 raise Failed(f"{self.bin}/{tool} is missing: swift build (or set BIN_DIR)")
         self.ensure_haproxy()
+        if self.single:
+            self.start_relay(0)
+            self.start_haproxy()
+            return
         log("starting PostgreSQL")
         pg = subprocess.run([os.path.join(REPO, "tools/pg/postgres.sh"), "start", self.pg_dir],
                             capture_output=True, text=True)
@@ -245,10 +252,10 @@ class Cluster:
     def relay_command(self, index: int, port: int, status_port: int, ops_port: int) -> list[str]:
         data = os.path.join(self.work, f"relay{index}")
         tls = ["--dev"] if index == 0 else ["--cert", self.cert, "--key", self.key]
+        store = [] if self.single else ["--store", f"s3://{self.bucket}/relay", "--s3-endpoint", self.endpoint]
         return [os.path.join(self.bin, "upload-relay"), "serve", "--data", data, "--listen", f"127.0.0.1:{port}",
                 "--status-listen", f"127.0.0.1:{status_port}", "--metrics-listen", f"127.0.0.1:{ops_port}",
-                "--ready-file", os.path.join(data, "ready"), "--store", f"s3://{self.bucket}/relay",
-                "--s3-endpoint", self.endpoint, "--log-level", "warning", *tls]
+                "--ready-file", os.path.join(data, "ready"), *store, "--log-level", "warning", *tls]
 
     def start_relay(self, index: int, port: int = 0, ops_port: int = 0):
         data = os.path.join(self.work, f"relay{index}")
@@ -389,8 +396,9 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 r["proc"].kill()
                 r["proc"].wait()
-        subprocess.run([os.path.join(REPO, "tools/s3/seaweedfs.sh"), "stop", self.s3_dir], capture_output=True)
-        subprocess.run([os.path.join(REPO, "tools/pg/postgres.sh"), "stop", self.pg_dir], capture_output=True)
+        if not self.single:
+            subprocess.run([os.path.join(REPO, "tools/s3/seaweedfs.sh"), "stop", self.s3_dir], capture_output=True)
+            subprocess.run([os.path.join(REPO, "tools/pg/postgres.sh"), "stop", self.pg_dir], capture_output=True)
 
 
 def agent(cluster: Cluster, token: str, args: list[str], log_name: str) -> subprocess.Popen:
@@ -420,7 +428,14 @@ def check_objects(cluster: Cluster, files: dict[str, bytes | str], account: str)
         if isinstance(content, str):
             with open(content, "rb") as f:
                 content = f.read()
-        stored = cluster.s3.get(cluster.bucket, f"relay/{account}/{key}")
+        if cluster.single:
+            try:
+                with open(os.path.join(cluster.relays[0]["data"], "store", account, key), "rb") as f:
+                    stored = f.read()
+            except FileNotFoundError:
+                stored = None
+        else:
+            stored = cluster.s3.get(cluster.bucket, f"relay/{account}/{key}")
         if stored is None:
             raise Failed(f"{key}: not in the bucket")
         if stored != content:
@@ -593,14 +608,19 @@ def load(cluster: Cluster, a) -> str:
         checked += check_objects(cluster, dict(items), account)
     if max(rss) > a.rss_mib:
         raise Failed(f"a relay's peak RSS reached {max(rss):.0f} MiB, over {a.rss_mib}")
-    return (f"load: {a.agents} agents, {checked}/{files} objects exact, {files / elapsed:.0f} files/s, "
-            f"{total / 1e6 / elapsed:.1f} MB/s, {elapsed:.1f} s; relay peak RSS "
+    relays = len(cluster.relays)
+    setup = "one relay, SQLite and a local store" if cluster.single else f"{relays} relays, PostgreSQL and SeaweedFS"
+    return (f"load ({setup}): {a.agents} agents, {checked}/{files} objects exact, {files / elapsed:.0f} files/s "
+            f"({files / elapsed / relays:.0f} per relay), {total / 1e6 / elapsed:.1f} MB/s ({total / 1e6 / elapsed / relays:.1f} per relay), "
+            f"{elapsed:.1f} s; relay peak RSS "
             f"{', '.join(f'{m:.0f}' for m in rss)} MiB (bound {a.rss_mib}); 0 failures; seed {a.seed}")
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--relays", type=int, default=3)
+    p.add_argument("--single", action="store_true",
+                   help="one relay alone with SQLite and a local store (no PostgreSQL, no SeaweedFS), behind HAProxy all the same")
     p.add_argument("--seed", type=int, default=int(os.environ.get("SEED", random.randrange(1 << 31))))
     p.add_argument("--keep", action="store_true", help="keep the work directory (logs) on failure")
     sub = p.add_subparsers(dest="command", required=True)
@@ -622,7 +642,7 @@ def main() -> int:
     log(f"seed {a.seed} (replay: SEED={a.seed})")
     binaries = os.environ.get("BIN_DIR", os.path.join(REPO, ".build", "debug"))
     work = tempfile.mkdtemp(prefix="upload-cluster-")
-    cluster = Cluster(a.relays, work, binaries)
+    cluster = Cluster(a.relays, work, binaries, single=a.single)
     ok = False
     try:
         cluster.start()
