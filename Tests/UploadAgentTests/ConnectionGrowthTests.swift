@@ -21,23 +21,34 @@ struct ConnectionGrowthTests {
         #expect(growth.settled && growth.running == 1)
     }
 
-    @Test("a long link opens 4 at once, then doubles them per window while the ones added raised the rate by 20 %, and settles when they did not")
+    @Test(
+        "a long link: the first connection measured over a window, then 4 in all, then doubled per window while the ones added raised the rate by 20 %; settled when they did not"
+    )
     func longLink() {
         var growth = ConnectionGrowth(maximum: 32)
         let rtt = Duration.milliseconds(100)
-        // 4 on the link's length alone; 4 -> 8 raised the rate 92 %; 8 -> 16 only 10 %.
-        let added = Self.decisions(&growth, [(rtt, 0, true), (rtt, 26e6, true), (rtt, 50e6, true), (rtt, 55e6, true)])
-        #expect(added == [3, 4, 8, 0])
-        #expect(growth.settled && growth.running == 16)
+        // The round trip known; one connection measured (20 MB/s); 4 -> 50 MB/s (2.5x): 8; 8 -> 55 (1.1x): settled.
+        let added = Self.decisions(&growth, [(rtt, 0, true), (rtt, 20e6, true), (rtt, 50e6, true), (rtt, 55e6, true), (rtt, 90e6, true)])
+        #expect(added == [0, 3, 4, 0, 0])
+        #expect(growth.settled && growth.running == 8)
         #expect(growth.reason?.contains("20 %") == true, "\(growth.reason ?? "")")
     }
 
-    @Test("no work waiting for a new connection: none opened, asked again next window; the maximum is never passed")
+    @Test("a long thin link (a phone's): the first step did not raise the rate, and no more are opened")
+    func longThinLink() {
+        var growth = ConnectionGrowth(maximum: 8)
+        let rtt = Duration.milliseconds(60)
+        let added = Self.decisions(&growth, [(rtt, 0, true), (rtt, 1.2e6, true), (rtt, 1.25e6, true), (rtt, 1.3e6, true)])
+        #expect(added == [0, 3, 0, 0])
+        #expect(growth.settled && growth.running == 4)
+    }
+
+    @Test("nothing sent yet, or no work waiting for a new connection: none opened, measured again; the maximum is never passed")
     func workAndMaximum() {
         var growth = ConnectionGrowth(maximum: 6)
         let rtt = Duration.milliseconds(40)
-        let idle = Self.decisions(&growth, [(rtt, 10e6, false)])
-        #expect(idle == [0] && !growth.settled)
+        let idle = Self.decisions(&growth, [(rtt, 0, true), (rtt, 0, true), (rtt, 10e6, false)])
+        #expect(idle == [0, 0, 0] && !growth.settled)
         let added = Self.decisions(&growth, [(rtt, 10e6, true), (rtt, 20e6, true), (rtt, 90e6, true)])
         #expect(added == [3, 2, 0], "4 more would pass the maximum of 6: 2")
         #expect(growth.running == 6 && growth.settled)
@@ -46,11 +57,11 @@ struct ConnectionGrowthTests {
         #expect(one.settled && none == [0])
     }
 
-    @Test("a window is five round trips and at least half a second")
+    @Test("a window is eight round trips and at least half a second")
     func window() {
         #expect(ConnectionGrowth.window(roundTrip: nil) == .milliseconds(500))
         #expect(ConnectionGrowth.window(roundTrip: .milliseconds(20)) == .milliseconds(500))
-        #expect(ConnectionGrowth.window(roundTrip: .milliseconds(300)) == .milliseconds(1500))
+        #expect(ConnectionGrowth.window(roundTrip: .milliseconds(300)) == .milliseconds(2400))
     }
 
     @Test("a connection added by an adaptive run has two places (one upload sending, the next opening) and a 1/max share of the buffers")

@@ -1,43 +1,55 @@
 import NIOConcurrencyHelpers
 
 /// How many connections an adaptive run opens (``AgentConfiguration/adaptiveConnections``): one, and more, up to
-/// ``AgentConfiguration/connections``, while the link is long and the ones added last raised the run's throughput. The
-/// first step, taken as soon as the first connection's round trip says the link is long, opens ``firstStep`` in all
-/// (one connection there is held to its window per round trip, whatever the link: 4 carried 3.9 times scp's rate over
-/// 100 ms); each later step doubles them while the last one raised the rate: a link that rewards them gets them
-/// within a second, before a transfer of a few seconds is over.
+/// ``AgentConfiguration/connections``, while the link is long and the connections added last raised the run's rate.
 ///
 /// One TCP connection carries at most its window per round trip (about 26 MB/s over 100 ms with Linux's 4 MiB
 /// default buffers): on a long fat link a user who does not know `--connections` got a quarter of the speed. On
 /// loopback and a LAN the window is never the bound, and one connection is enough: a round trip below
-/// ``longLink`` opens no other. Pure decisions, sampled by ``Uploader`` once per ``window(roundTrip:)``.
+/// ``longLink`` opens no other.
+///
+/// On a long link, the first connection's rate is measured over one window; then ``firstStep`` connections run in all
+/// (4 carried 3.9 times scp's rate over 100 ms), and each later window doubles them while the window's rate was at
+/// least ``gain`` times the one before the last step: every step is taken on a measured rate, and a long thin link
+/// (a phone's) stops at the first step that did not pay. Pure decisions, sampled by ``Uploader`` once per
+/// ``window(roundTrip:)``.
 struct ConnectionGrowth: Sendable {
     /// The most connections.
     let maximum: Int
     /// A round trip at least this long makes the link long: one connection's window may be what holds it.
     static let longLink = Duration.milliseconds(5)
-    /// The connections of the first step.
+    /// The connections after the first step.
     static let firstStep = 4
     /// The connections added last must have raised the rate by this factor for more to be tried.
     static let gain = 1.2
 
     /// Connections opened so far.
     private(set) var running = 1
-    /// No more are opened: the link is short, the last one added did not help, or the maximum is reached.
+    /// No more are opened: the link is short, the last ones added did not help, or the maximum is reached.
     private(set) var settled = false
-    /// Why it settled, for the log and `--json`.
+    /// Why it settled, for the log.
     private(set) var reason: String? = nil
-    /// The rate of the window before the last connections were added.
-    private var rateBefore: Double? = nil
+    /// Where the decisions stand.
+    private var phase = Phase.waitingForRoundTrip
+
+    private enum Phase {
+        /// The first connection is not up yet.
+        case waitingForRoundTrip
+        /// The link is long: this window measures the connections running now, before a step.
+        case measuring
+        /// A step was taken after a window whose rate was `before`.
+        case grown(before: Double)
+    }
 
     init(maximum: Int) {
         self.maximum = max(1, maximum)
         if self.maximum == 1 { self.settle("--connections 1") }
     }
 
-    /// How long to measure between two decisions: five round trips, and at least half a second.
+    /// How long to measure between two decisions: eight round trips (a new connection's handshakes take about four,
+    /// then it ramps up), and at least half a second.
     static func window(roundTrip: Duration?) -> Duration {
-        max(.milliseconds(500), (roundTrip ?? .zero) * 5)
+        max(.milliseconds(500), (roundTrip ?? .zero) * 8)
     }
 
     /// One window's sample: the round trip of the first connection (nil until it is measured), the payload bytes per
@@ -45,20 +57,35 @@ struct ConnectionGrowth: Sendable {
     /// connections to open now (0: none).
     mutating func sample(roundTrip: Duration?, rate: Double, workWaiting: Bool) -> Int {
         guard !self.settled else { return 0 }
-        guard let roundTrip else { return 0 }  // not connected yet
-        guard roundTrip >= Self.longLink else {
-            self.settle("a round trip of \(roundTrip) (one connection is enough)")
+        switch self.phase {
+        case .waitingForRoundTrip:
+            guard let roundTrip else { return 0 }  // not connected yet
+            guard roundTrip >= Self.longLink else {
+                self.settle("a round trip of \(roundTrip) (one connection is enough)")
+                return 0
+            }
+            self.phase = .measuring
             return 0
+        case .measuring:
+            // Nothing sent (a first file still hashed), or nothing a new connection could take: measured again.
+            guard rate > 0, workWaiting else { return 0 }
+            return self.step(after: rate)
+        case .grown(let before):
+            guard rate >= before * Self.gain else {
+                self.settle("the connections added last raised the rate less than \(Int(((Self.gain - 1) * 100).rounded())) %")
+                return 0
+            }
+            guard workWaiting else { return 0 }
+            return self.step(after: rate)
         }
-        if let before = self.rateBefore, before > 0, rate < before * Self.gain {
-            self.settle("the connections added last raised the rate less than \(Int(((Self.gain - 1) * 100).rounded())) %")
-            return 0
-        }
-        // Nothing a new connection could take now: asked again next window.
-        guard workWaiting else { return 0 }
-        let added = min(self.rateBefore == nil ? Self.firstStep - 1 : self.running, self.maximum - self.running)
-        self.rateBefore = rate
+    }
+
+    /// Opens the next step's connections after a window of `rate`: ``firstStep`` in all at first, then twice as many.
+    private mutating func step(after rate: Double) -> Int {
+        let target = self.running == 1 ? Self.firstStep : self.running * 2
+        let added = min(target, self.maximum) - self.running
         self.running += added
+        self.phase = .grown(before: rate)
         if self.running == self.maximum { self.settle("the maximum, \(self.maximum)") }
         return added
     }
