@@ -24,7 +24,7 @@ public struct AgentConfiguration: Sendable {
     /// one.
     public var connections = 8
     /// Open one connection, and more up to ``connections`` only while the link is long (a round trip of 5 ms or more)
-    /// and each one added raised the run's throughput (``ConnectionGrowth``): on loopback and a LAN one connection is
+    /// and each one added raised the run's throughput (`ConnectionGrowth`): on loopback and a LAN one connection is
     /// enough and no other is opened. The first connection keeps the whole of ``concurrency`` and the buffers; each one
     /// added has two places, a 1/``connections`` share of the buffers and 256 KiB chunks, and on a long link every
     /// connection takes another upload only while it holds less than 4 MiB to send. False:

@@ -11,7 +11,7 @@ import UploadProtocol
 /// directory's parent (`send dir` stores `dir/a/b.jpg`); `-` is stdin and needs `name`. `prefix` goes in front of every
 /// key. Files are opened by their absolute paths (a queue handed to another process names exactly these files).
 ///
-/// One policy for every path, named or found in a walk (``DirectoryWalker``): a symbolic link is skipped, and said so,
+/// One policy for every path, named or found in a walk (`DirectoryWalker`): a symbolic link is skipped, and said so,
 /// unless `followSymlinks`; so are what is not a regular file or a directory, a directory that cannot be read, and a
 /// name that is not UTF-8 (keys are UTF-8). A file whose name cannot make a key (a backslash, a control character) fails
 /// alone: the rest go up.
