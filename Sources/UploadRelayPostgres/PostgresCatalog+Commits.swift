@@ -129,7 +129,7 @@ extension PostgresCatalog {
                 "DELETE FROM open_reservation r WHERE r.account = \(account) AND NOT \(unescaped: Self.reservationHeld)", logger: logger
             )
             let use = try await Self.quotaUse(account, excludingKey: key, active: active, relayPID: pid ?? 0, on: connection, logger)
-            // An account without a quota (set when it is made, never after) has nothing to hold; without a lock
+            // An account without a quota has nothing to hold (one set later counts from the next admission); without a lock
             // connection (it dropped since the key was locked: the upload is stopping) nothing is held either.
             if use.quota != nil, let pid, growth <= use.left {
                 try await connection.query(

@@ -244,8 +244,14 @@ final class PostgresKeyLocks: KeyLocks, @unchecked Sendable {
                     let pid = try row["pid"].decode(Int32.self)
                     // Claims whose holders died hold nothing: gone, so the table holds only what is held (a claim
                     // wanted again is taken over without this).
+                    // Only the very version found dead: a claim another relay takes over meanwhile (its holder live)
+                    // fails the token's match when the DELETE re-reads it (an anti-join alone would not look again).
                     try await connection.query(
-                        "DELETE FROM key_claim c WHERE NOT \(unescaped: Self.holderLive("c"))", logger: logger
+                        """
+                        WITH dead AS (SELECT lock_id, holder_token FROM key_claim c WHERE NOT \(unescaped: Self.holderLive("c")))
+                        DELETE FROM key_claim k USING dead WHERE k.lock_id = dead.lock_id AND k.holder_token = dead.holder_token
+                        """,
+                        logger: logger
                     )
                     return (connection, pid)
                 } catch {

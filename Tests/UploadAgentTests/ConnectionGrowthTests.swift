@@ -1,4 +1,5 @@
 import Testing
+import UploadTestSupport
 
 @testable import UploadAgent
 
@@ -55,6 +56,36 @@ struct ConnectionGrowthTests {
         var one = ConnectionGrowth(maximum: 1)
         let none = Self.decisions(&one, [(rtt, 0, true)])
         #expect(one.settled && none == [0])
+    }
+
+    @Test("connected where the kernel does not tell the round trip: one connection, settled (no polling for ever)")
+    func unknownRoundTrip() {
+        var growth = ConnectionGrowth(maximum: 8)
+        let before = growth.sample(roundTrip: nil, connected: false, rate: 0, workWaiting: true)
+        #expect(before == 0 && !growth.settled, "not connected yet: asked again")
+        let after = growth.sample(roundTrip: nil, connected: true, rate: 1e6, workWaiting: true)
+        #expect(after == 0 && growth.settled && growth.running == 1)
+    }
+
+    @Test("the run's round trip is its first connection's, whatever the later ones measure")
+    func runRoundTrip() {
+        let meter = LinkMeter()
+        #expect(meter.measured(roundTrip: .milliseconds(6)) == .milliseconds(6))
+        #expect(meter.measured(roundTrip: .milliseconds(4)) == .milliseconds(6), "a later connection near the threshold decides as the first")
+        #expect(meter.connected)
+    }
+
+    @Test("a long-running agent's wait for work ends when its task is cancelled (another connection of the run stopped it)")
+    func waitCancelled() async {
+        let queue = JobQueue([])
+        let waiting = Task { await queue.waitForWork(service: true) }
+        // Parked first (the path a stopped run's other connections are on), then cancelled.
+        #expect(await Polling.waitUntil(timeout: 10) { queue.parkedWaiters == 1 })
+        waiting.cancel()
+        #expect(await waiting.value == false)
+        let early = Task { await queue.waitForWork(service: true) }
+        early.cancel()
+        #expect(await early.value == false, "cancelled before it parked")
     }
 
     @Test("a window is eight round trips and at least half a second")

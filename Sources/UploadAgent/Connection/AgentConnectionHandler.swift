@@ -52,8 +52,9 @@ final class AgentConnectionHandler: ChannelInboundHandler {
         let handler = NIOLoopBound(WeakHandler(self), eventLoop: context.eventLoop)
         let loop = context.eventLoop
         self.session.queue.setListener(ObjectIdentifier(self)) { loop.execute { handler.value.handler?.act { $0.jobsChanged() } } }
-        let roundTrip = self.session.configuration.faults.assumedRoundTrip ?? Self.roundTrip(of: context.channel)
-        if let roundTrip { self.meter?.measured(roundTrip: roundTrip) }
+        let measured = self.session.configuration.faults.assumedRoundTrip ?? Self.roundTrip(of: context.channel)
+        // The run's round trip (its first connection's), which every connection of an adaptive run decides on.
+        let roundTrip = self.meter.map { $0.measured(roundTrip: measured) } ?? measured
         self.act { $0.connected(roundTrip: roundTrip) }
         context.fireChannelActive()
     }

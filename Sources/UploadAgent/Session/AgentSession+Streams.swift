@@ -79,7 +79,9 @@ extension AgentSession {
         guard self.balancesBytes else { return false }
         var unsent = UInt64(self.preparing) * Self.balancedBytes
         for (id, sender) in self.senders where !sender.hashSent && !sender.waitingForStripes {
-            guard let length = sender.job.streamLength else { return true }  // unknown: as much as it may be
+            // A stream of unknown length (stdin) counts nothing: it may idle for a long time, and the connection goes on
+            // taking the files beside it meanwhile.
+            guard let length = sender.job.streamLength else { continue }
             unsent += length - min(length, self.machine.nextOffset(on: id) ?? 0)
             if unsent >= Self.balancedBytes { return true }
         }

@@ -52,14 +52,18 @@ struct ConnectionGrowth: Sendable {
         max(.milliseconds(500), (roundTrip ?? .zero) * 8)
     }
 
-    /// One window's sample: the round trip of the first connection (nil until it is measured), the payload bytes per
-    /// second sent over the window, and whether jobs wait that a new connection could take. Returns how many
-    /// connections to open now (0: none).
-    mutating func sample(roundTrip: Duration?, rate: Double, workWaiting: Bool) -> Int {
+    /// One window's sample: the round trip of the first connection (nil until it is measured), whether a connection
+    /// came up, the payload bytes per second sent over the window, and whether jobs wait that a new connection could
+    /// take. Returns how many connections to open now (0: none).
+    mutating func sample(roundTrip: Duration?, connected: Bool = false, rate: Double, workWaiting: Bool) -> Int {
         guard !self.settled else { return 0 }
         switch self.phase {
         case .waitingForRoundTrip:
-            guard let roundTrip else { return 0 }  // not connected yet
+            guard let roundTrip else {
+                // Not connected yet; or connected where the kernel does not tell the round trip: one connection then.
+                if connected { self.settle("the round trip is not known") }
+                return 0
+            }
             guard roundTrip >= Self.longLink else {
                 self.settle("a round trip of \(roundTrip) (one connection is enough)")
                 return 0
@@ -99,12 +103,23 @@ struct ConnectionGrowth: Sendable {
 /// What the connections of one adaptive run measured, for its ``ConnectionGrowth``: the first connection's round trip
 /// and the payload bytes sent on all of them.
 final class LinkMeter: Sendable {
-    private let state = NIOLockedValueBox<(roundTrip: Duration?, sent: UInt64)>((nil, 0))
+    private let state = NIOLockedValueBox<(roundTrip: Duration?, connected: Bool, sent: UInt64)>((nil, false, 0))
 
-    /// A connection came up and the kernel measured its round trip: the first one is the link's.
-    func measured(roundTrip: Duration) {
-        self.state.withLockedValue { if $0.roundTrip == nil { $0.roundTrip = roundTrip } }
+    /// A connection came up, and the kernel measured its round trip (nil: it could not tell). The first measure is the
+    /// run's, and the answer: every connection of the run decides on it (whether large files stripe), so that a round
+    /// trip near ``ConnectionGrowth/longLink`` cannot make two connections, or two reconnections, decide otherwise.
+    func measured(roundTrip: Duration?) -> Duration? {
+        self.state.withLockedValue { state in
+            if !state.connected {
+                state.connected = true
+                state.roundTrip = roundTrip
+            }
+            return state.roundTrip
+        }
     }
+
+    /// A connection came up, whether or not its round trip was measured.
+    var connected: Bool { self.state.withLockedValue { $0.connected } }
 
     func sent(_ bytes: Int) {
         self.state.withLockedValue { $0.sent += UInt64(bytes) }

@@ -253,21 +253,31 @@ final class JobQueue: Sendable {
         }
     }
 
-    /// Waits until a job may start; false once the queue is stopped or, for a `send`, every job finished.
+    /// Waits until a job may start; false once the queue is stopped, the waiting task is cancelled (a run's other
+    /// connection stopped it: a revoked token), or, for a `send`, every job finished.
     func waitForWork(service: Bool) async -> Bool {
         while true {
+            if Task.isCancelled { return false }
             if let answer = self.state.withLockedValue({ Self.answer($0, service: service) }) { return answer }
-            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-                let asked: Bool = self.state.withLockedValue { state in
-                    // Asked again under the lock: a change between the two looks is never missed.
-                    guard Self.answer(state, service: service) == nil else { return true }
-                    state.waiters.append(continuation)
-                    return false
+            await withTaskCancellationHandler {
+                await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                    let asked: Bool = self.state.withLockedValue { state in
+                        // Asked again under the lock: a change, or a cancellation, between the two looks is never missed.
+                        guard Self.answer(state, service: service) == nil, !Task.isCancelled else { return true }
+                        state.waiters.append(continuation)
+                        return false
+                    }
+                    if asked { continuation.resume() }
                 }
-                if asked { continuation.resume() }
+            } onCancel: {
+                // Every waiter looks again; the cancelled one returns.
+                self.changed { _ in }
             }
         }
     }
+
+    /// Tasks parked in ``waitForWork(service:)`` now (tests).
+    var parkedWaiters: Int { self.state.withLockedValue { $0.waiters.count } }
 
     private static func answer(_ state: State, service: Bool) -> Bool? {
         if state.stopped { return false }

@@ -129,6 +129,7 @@ public final class Uploader: Sendable {
             }
             var growth = ConnectionGrowth(maximum: configuration.connections)
             var running = 1
+            var polls = 0
             open(configuration)
             // The first decision comes as soon as the first connection's round trip is known (its TCP handshake
             // measures it): asked every 50 ms until then. On a short link it settles at once.
@@ -146,7 +147,7 @@ public final class Uploader: Sendable {
                     let rate = Double(sent - mark.sent) / max(seconds, 0.001)
                     mark = (sent, now)
                     let roundTrip = meter.roundTrip
-                    let added = growth.sample(roundTrip: roundTrip, rate: rate, workWaiting: queue.hasWaiting)
+                    let added = growth.sample(roundTrip: roundTrip, connected: meter.connected, rate: rate, workWaiting: queue.hasWaiting)
                     if added > 0 {
                         for index in growth.running - added..<growth.running {
                             open(Self.addedConnectionShare(configuration, index: index))
@@ -161,7 +162,10 @@ public final class Uploader: Sendable {
                     if growth.settled {
                         self.logger.debug("connections settled", metadata: ["count": "\(growth.running)", "reason": "\(growth.reason ?? "")"])
                     } else {
-                        window(roundTrip == nil ? .milliseconds(50) : ConnectionGrowth.window(roundTrip: roundTrip))
+                        // Until the first connection is up: every 50 ms for two seconds, then every second (a relay
+                        // that cannot be reached yet).
+                        polls += 1
+                        window(roundTrip == nil ? (polls < 40 ? .milliseconds(50) : .seconds(1)) : ConnectionGrowth.window(roundTrip: roundTrip))
                     }
                 case .window:
                     break
@@ -180,11 +184,12 @@ public final class Uploader: Sendable {
         wide.concurrency = max(configuration.concurrency, configuration.connections)
         let shares = Self.connectionShares(wide)
         var share = shares[min(index, shares.count - 1)]
-        share.concurrency = Self.addedConnectionConcurrency
+        share.concurrency = min(Self.addedConnectionConcurrency, max(1, configuration.concurrency))
         return share
     }
 
-    /// The places of ``AgentConfiguration/concurrency`` of each connection an adaptive run adds.
+    /// The places of ``AgentConfiguration/concurrency`` of each connection an adaptive run adds (no more than
+    /// `--concurrency` itself).
     static let addedConnectionConcurrency = 2
 
     /// The configuration of each of ``AgentConfiguration/connections``: ``AgentConfiguration/concurrency``, the reads
