@@ -100,11 +100,19 @@ final class S3StagingFile: StagingFile, @unchecked Sendable {
         try await self.operation { _ = try await self.uploadDue(through: self.base + self.spooled) }
     }
 
+    /// The offset the caller records must be a part boundary: a resume takes up the recorded parts that end exactly at
+    /// the durable offset, and starts over otherwise. When ``sync()`` uploaded past `offset` meanwhile, `offset` is
+    /// durable only if a part ends there (then the parts up to it are reported, the later ones at a later offset);
+    /// otherwise nothing new is (``StagingSync/heldBack``).
     func sync(through offset: Int64) async throws -> StagingSync {
         try await self.operation {
             guard try await self.uploadDue(through: offset) else { return .heldBack }
-            defer { self.unrecorded = [] }
-            return .durable(newParts: self.unrecorded)
+            guard offset >= self.base || offset == 0 || self.upload?.parts.contains(where: { $0.end == offset }) == true else {
+                return .heldBack
+            }
+            let reported = self.unrecorded.prefix { $0.end <= offset }
+            self.unrecorded.removeFirst(reported.count)
+            return .durable(newParts: Array(reported))
         }
     }
 

@@ -1,3 +1,4 @@
+import Dispatch
 import Testing
 import UploadTestSupport
 
@@ -78,7 +79,8 @@ struct ConnectionGrowthTests {
     @Test("a long-running agent's wait for work ends when its task is cancelled (another connection of the run stopped it)")
     func waitCancelled() async {
         let queue = JobQueue([])
-        let waiting = Task { await queue.waitForWork(service: true) }
+        // On a thread of its own: on a loaded run the cooperative pool's few threads may all be busy for seconds.
+        let waiting = Task(executorPreference: DispatchTaskExecutor()) { await queue.waitForWork(service: true) }
         // Parked first (the path a stopped run's other connections are on), then cancelled.
         #expect(await Polling.waitUntil(timeout: 10) { queue.parkedWaiters == 1 })
         waiting.cancel()
@@ -107,5 +109,16 @@ struct ConnectionGrowthTests {
         #expect(Uploader.connectionsAtStart(configuration) == 1)
         configuration.adaptiveConnections = false
         #expect(Uploader.connectionsAtStart(configuration) == 5, "a fixed 8 is held to --concurrency's 5 places")
+    }
+}
+
+/// Runs tasks' jobs on a serial dispatch queue, whatever Swift's cooperative pool is doing.
+final class DispatchTaskExecutor: TaskExecutor, @unchecked Sendable {
+    private let queue = DispatchQueue(label: "connection-growth-tests")
+
+    func enqueue(_ job: consuming ExecutorJob) {
+        let job = UnownedJob(job)
+        let executor = self.asUnownedTaskExecutor()
+        self.queue.async { job.runSynchronously(on: executor) }
     }
 }
