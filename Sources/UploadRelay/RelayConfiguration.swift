@@ -109,7 +109,9 @@ public struct S3StoreConfiguration: Sendable {
     /// S3's least part but the last.
     public static let s3MinPartBytes: Int64 = 5 << 20
     /// Uploads of one commit group made objects at once (`--s3-commits-at-once`).
-    public var commitsAtOnce = 8
+    public var commitsAtOnce = S3StoreConfiguration.defaultCommitsAtOnce
+    /// The default ``commitsAtOnce``: 8.
+    public static let defaultCommitsAtOnce = 8
 
     public init(endpoint: S3Endpoint, credentials: S3Credentials, bucket: String, prefix: String) {
         self.endpoint = endpoint

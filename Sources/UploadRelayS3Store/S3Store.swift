@@ -64,7 +64,7 @@ public final class S3Store: BlobStore, Sendable {
     public init(
         client: S3Client, bucket: String, prefix: String, spoolDirectory: String, minPartBytes: Int64 = S3Store.s3MinPartBytes,
         orphanGrace: TimeInterval = 3600, modes: FileModes = .private, ledger: (any MultipartLedger)? = nil, logger: Logger? = nil,
-        threadPool: NIOThreadPool = .singleton, commitsAtOnce: Int = S3Store.defaultCommitsAtOnce
+        threadPool: NIOThreadPool = .singleton, commitsAtOnce: Int = S3StoreConfiguration.defaultCommitsAtOnce
     ) throws {
         self.threadPool = threadPool
         self.commitsAtOnce = max(1, commitsAtOnce)
@@ -306,8 +306,6 @@ public final class S3Store: BlobStore, Sendable {
 
     /// The most uploads of one commit group made objects at once (``commit(_:)``).
     let commitsAtOnce: Int
-    /// The default ``commitsAtOnce``: 8.
-    public static let defaultCommitsAtOnce = 8
 
     private func commit(
         _ staging: any StagingFile, as key: ObjectKey, account: String, sha1: SHA1Digest?, overwrite: Bool

@@ -45,8 +45,8 @@ extension SQLiteCatalog {
         try await self.reading { db in try Self.quotaUse(db, account: account, excludingKey: key, active: active) }
     }
 
-    /// An account without a quota is answered from its row alone: the sums over its sessions and commits, a fifth of
-    /// the relay's CPU per small file, would change nothing.
+    /// An account without a quota is answered from its row alone: the sums over its sessions and commits, 8 % of the
+    /// relay's CPU per small file, would change nothing.
     public func admit(account: String, key: String, announced: Int64, growth: Int64, active: [String: Int64]) async throws -> QuotaUse {
         try await self.reading { db in
             guard let row = try Row.fetchOne(cached: db, sql: "SELECT quota, used_bytes FROM account WHERE name = ?", arguments: [account]) else {

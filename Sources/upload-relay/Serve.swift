@@ -116,7 +116,7 @@ struct Serve: AsyncParsableCommand {
     @Option(
         name: .long,
         help: ArgumentHelp("With an s3:// store: uploads of one commit group made objects at once (default 8).", valueName: "n"))
-    var s3CommitsAtOnce: Int = 8
+    var s3CommitsAtOnce: Int = S3StoreConfiguration.defaultCommitsAtOnce
 
     @Option(
         name: .long,

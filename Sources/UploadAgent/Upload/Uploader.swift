@@ -143,8 +143,7 @@ public final class Uploader: Sendable {
                 case .window where running > 0:
                     let now = ContinuousClock.now
                     let sent = meter.sentBytes
-                    let seconds = Double((now - mark.at).components.attoseconds) / 1e18 + Double((now - mark.at).components.seconds)
-                    let rate = Double(sent - mark.sent) / max(seconds, 0.001)
+                    let rate = Double(sent - mark.sent) / max((now - mark.at).inSeconds, 0.001)
                     mark = (sent, now)
                     let roundTrip = meter.roundTrip
                     let added = growth.sample(roundTrip: roundTrip, connected: meter.connected, rate: rate, workWaiting: queue.hasWaiting)
