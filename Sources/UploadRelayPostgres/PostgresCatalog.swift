@@ -1,6 +1,7 @@
 import UploadRelay
 import Foundation
 import Logging
+import NIOConcurrencyHelpers
 import NIOCore
 import NIOSSL
 import PostgresNIO
@@ -339,6 +340,34 @@ public final class PostgresCatalog: Catalog, @unchecked Sendable {
         } catch let error as PSQLError {
             let said = error.serverInfo?[.message] ?? "\(error.code)"
             throw CatalogFailure("PostgreSQL: \(said)\(error.underlying.map { " (\($0))" } ?? "")")
+        }
+    }
+
+    /// The outcome of `task`, or a ``CatalogFailure`` after `timeout`, without waiting for `task` to end (a query that
+    /// does not heed cancellation, blocked on a row lock, say, goes on after its caller gave up: its owner settles what it
+    /// did, from `task`'s result).
+    static func outcome<T: Sendable>(of task: Task<T, any Error>, within timeout: Duration) async throws -> T {
+        let waiter = NIOLockedValueBox<CheckedContinuation<T, any Error>?>(nil)
+        let resume: @Sendable (Result<T, any Error>) -> Void = { result in
+            waiter.withLockedValue { waiter in
+                waiter?.resume(with: result)
+                waiter = nil
+            }
+        }
+        let timer = NIOLockedValueBox<Task<Void, Never>?>(nil)
+        return try await withCheckedThrowingContinuation { continuation in
+            waiter.withLockedValue { $0 = continuation }
+            timer.withLockedValue {
+                $0 = Task(executorPreference: Self.executor) {
+                    guard (try? await Task.sleep(for: timeout)) != nil else { return }
+                    resume(.failure(CatalogFailure("PostgreSQL did not answer within \(timeout): is it running, and is --catalog right?")))
+                }
+            }
+            Task(executorPreference: Self.executor) {
+                let result = await task.result
+                timer.withLockedValue { $0?.cancel() }
+                resume(result)
+            }
         }
     }
 

@@ -124,8 +124,11 @@ final class PostgresKeyLocks: KeyLocks, @unchecked Sendable {
         let id = Self.lockID(account: account, key: key)
         let (connection, generation, pid, token) = try await self.connection()
         let (logger, state) = (self.logger, self.state)
-        // A claim is free when nobody holds it, or its holder died; this connection's own is taken once more.
-        let taken = try await PostgresCatalog.mapped(timeout: self.timeout) {
+        // A claim is free when nobody holds it, or its holder died; this connection's own is taken once more. The
+        // query runs on as a task of its own: given up on after the timeout, it may still take the claim, which is then
+        // given back (the caller holds no lock to let go, and a claim counted once too often would keep the key from
+        // every other relay until this connection dropped).
+        let claim = Task(executorPreference: PostgresCatalog.executor) {
             let rows = try await connection.query(
                 """
                 INSERT INTO key_claim AS c (lock_id, holder_pid, holder_token, holds) VALUES (\(id), \(pid), \(token), 1)
@@ -139,7 +142,17 @@ final class PostgresKeyLocks: KeyLocks, @unchecked Sendable {
             Self.answered(state, generation)
             return !rows.isEmpty
         }
-        return taken ? KeyLock(id: id, generation: generation) : nil
+        let lock = KeyLock(id: id, generation: generation)
+        do {
+            let timeout = self.timeout
+            let taken = try await PostgresCatalog.mapped(timeout: timeout) { try await PostgresCatalog.outcome(of: claim, within: timeout) }
+            return taken ? lock : nil
+        } catch {
+            Task(executorPreference: PostgresCatalog.executor) {
+                if case .success(true) = await claim.result { self.unlock(lock) }
+            }
+            throw error
+        }
     }
 
     private static func answered(_ state: NIOLockedValueBox<State>, _ generation: Int) {

@@ -130,6 +130,42 @@ struct KeyLockTests {
         }
     }
 
+    @Test(
+        "a claim whose query is given up on (blocked past the timeout) and then goes through is given back: the key is free for another relay once let go"
+    )
+    func claimAfterTimeout() async throws {
+        try await PostgresTestDatabase.with { url in
+            let a = try await PostgresCatalog(url: url, logger: PostgresTestDatabase.quietLogger, timeout: .seconds(2))
+            defer { a.shutdown() }
+            let b = try await PostgresCatalog(url: url, logger: PostgresTestDatabase.quietLogger)
+            defer { b.shutdown() }
+            let (locksA, locksB) = (try #require(a.keyLocks), try #require(b.keyLocks))
+            let first = try await #require(try locksA.tryLock(account: "alice", key: "k"))
+            // Another session holds the claim's row: relay A's second claim of the key (reentrant) waits on it.
+            let (locked, lockedWaiter) = AsyncStream<Void>.makeStream()
+            let (release, releaser) = AsyncStream<Void>.makeStream()
+            let blocker = Task {
+                try await b.transaction { connection in
+                    _ = try await connection.query(
+                        "SELECT holds FROM key_claim WHERE lock_id = \(PostgresKeyLocks.lockID(account: "alice", key: "k")) FOR UPDATE",
+                        logger: PostgresTestDatabase.quietLogger
+                    ).collect()
+                    lockedWaiter.yield()
+                    for await _ in release { break }
+                }
+            }
+            for await _ in locked { break }
+            let started = ContinuousClock.now
+            await #expect(throws: CatalogFailure.self) { try await locksA.tryLock(account: "alice", key: "k") }
+            #expect(ContinuousClock.now - started < .seconds(10), "the timeout did not bound the wait")
+            // The row is let go: the claim given up on goes through now, and is given back.
+            releaser.yield()
+            try await blocker.value
+            locksA.unlock(first)
+            #expect(await Polling.waitUntil(timeout: 10) { (try? await locksB.tryLock(account: "alice", key: "k")) != nil })
+        }
+    }
+
     @Test("a catalog of one relay has no key locks")
     func oneRelay() async throws {
         let directory = TemporaryDirectories.make(prefix: "upload-keylock-")
