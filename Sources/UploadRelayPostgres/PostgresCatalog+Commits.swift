@@ -263,14 +263,24 @@ extension PostgresCatalog {
     public func pendingCommits() async throws -> [PendingCommit] {
         let logger = self.logger
         return try await self.run {
-            try await Self.rows("SELECT * FROM pending_commit", on: $0, logger).map {
-                PendingCommit(
-                    account: try $0["account"].decode(String.self), key: try $0["key"].decode(String.self), size: try $0["size"].decode(Int64.self),
-                    sha1: try $0["sha1"].decode(String.self), sessionID: try $0["session_id"].decode(String?.self),
-                    location: try $0["event_location"].decode(String?.self)
-                )
-            }
+            try await Self.rows("SELECT * FROM pending_commit", on: $0, logger).map(Self.pendingCommit)
         }
+    }
+
+    public func pendingCommit(account: String, key: String) async throws -> PendingCommit? {
+        let logger = self.logger
+        return try await self.run {
+            try await Self.rows("SELECT * FROM pending_commit WHERE account = \(account) AND key = \(key)", on: $0, logger)
+                .first.map(Self.pendingCommit)
+        }
+    }
+
+    private static func pendingCommit(_ row: PostgresRandomAccessRow) throws -> PendingCommit {
+        PendingCommit(
+            account: try row["account"].decode(String.self), key: try row["key"].decode(String.self), size: try row["size"].decode(Int64.self),
+            sha1: try row["sha1"].decode(String.self), sessionID: try row["session_id"].decode(String?.self),
+            location: try row["event_location"].decode(String?.self)
+        )
     }
 
     // MARK: Commit events (the hooks' outbox)

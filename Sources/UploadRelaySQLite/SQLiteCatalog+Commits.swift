@@ -60,21 +60,21 @@ extension SQLiteCatalog {
     }
 
     public func beginCommit(_ commit: PendingCommit) async throws {
-        try await self.database.write { db in try Self.beginCommit(db, commit) }
+        try await self.writing { db in try Self.beginCommit(db, commit) }
     }
 
     public func beginCommits(_ commits: [PendingCommit]) async throws -> [CatalogError?] {
-        try await self.database.write { db in
+        try await self.writing { db in
             try Self.reserving(commits) { try Self.beginCommit(db, $0) }
         }
     }
 
     public func finishCommit(_ commit: PendingCommit, identity: ObjectIdentity) async throws {
-        try await self.database.write { db in try Self.finishCommit(db, commit, identity: identity) }
+        try await self.writing { db in try Self.finishCommit(db, commit, identity: identity) }
     }
 
     public func finishCommits(_ commits: [(PendingCommit, ObjectIdentity)]) async throws {
-        try await self.database.write { db in
+        try await self.writing { db in
             for (commit, identity) in commits { try Self.finishCommit(db, commit, identity: identity) }
         }
     }
@@ -132,24 +132,33 @@ extension SQLiteCatalog {
     }
 
     public func abandonCommit(account: String, key: String) async throws {
-        try await self.database.write { db in
+        try await self.writing { db in
             try db.execute(cached: "DELETE FROM pending_commit WHERE account = ? AND key = ?", arguments: [account, key])
         }
     }
 
     public func pendingCommits() async throws -> [PendingCommit] {
         try await self.reading { db in
-            try Row.fetchAll(cached: db, sql: "SELECT * FROM pending_commit").map { row in
-                PendingCommit(
-                    account: row["account"], key: row["key"], size: row["size"], sha1: row["sha1"], sessionID: row["session_id"],
-                    location: row["event_location"]
-                )
-            }
+            try Row.fetchAll(cached: db, sql: "SELECT * FROM pending_commit").map(Self.pendingCommit)
         }
     }
 
+    public func pendingCommit(account: String, key: String) async throws -> PendingCommit? {
+        try await self.reading { db in
+            try Row.fetchOne(cached: db, sql: "SELECT * FROM pending_commit WHERE account = ? AND key = ?", arguments: [account, key])
+                .map(Self.pendingCommit)
+        }
+    }
+
+    private static func pendingCommit(_ row: Row) -> PendingCommit {
+        PendingCommit(
+            account: row["account"], key: row["key"], size: row["size"], sha1: row["sha1"], sessionID: row["session_id"],
+            location: row["event_location"]
+        )
+    }
+
     public func deleteObject(account: String, key: String) async throws {
-        try await self.database.write { db in
+        try await self.writing { db in
             guard let size = try Int64.fetchOne(cached: db, sql: "SELECT size FROM object WHERE account = ? AND key = ?", arguments: [account, key])
             else { return }
             try db.execute(cached: "DELETE FROM object WHERE account = ? AND key = ?", arguments: [account, key])
@@ -160,7 +169,7 @@ extension SQLiteCatalog {
     // MARK: Commit events (the hooks' outbox)
 
     public func claimCommitEvents(limit: Int, lease: Duration) async throws -> [CommitEvent] {
-        try await self.database.write { db in
+        try await self.writing { db in
             let now = Date().timeIntervalSince1970
             let rows = try Row.fetchAll(
                 cached: db, sql: "SELECT * FROM commit_event WHERE next_attempt_at <= ? ORDER BY id LIMIT ?", arguments: [now, limit]
@@ -181,11 +190,11 @@ extension SQLiteCatalog {
     }
 
     public func finishCommitEvent(id: Int64) async throws {
-        try await self.database.write { db in try db.execute(cached: "DELETE FROM commit_event WHERE id = ?", arguments: [id]) }
+        try await self.writing { db in try db.execute(cached: "DELETE FROM commit_event WHERE id = ?", arguments: [id]) }
     }
 
     public func retryCommitEvent(id: Int64, at retryAt: Date, error: String) async throws {
-        try await self.database.write { db in
+        try await self.writing { db in
             try db.execute(
                 cached: "UPDATE commit_event SET next_attempt_at = ?, last_error = ? WHERE id = ?",
                 arguments: [retryAt.timeIntervalSince1970, error, id]

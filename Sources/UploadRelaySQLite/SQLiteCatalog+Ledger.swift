@@ -4,7 +4,7 @@ import GRDB
 
 extension SQLiteCatalog: MultipartLedger {
     public func recordMultipartIntent(account: String, key: String, objectKey: String) async throws -> Int64 {
-        try await self.database.write { db in
+        try await self.writing { db in
             try db.execute(
                 sql: "INSERT INTO multipart_intent (account, key, object_key, created_at) VALUES (?, ?, ?, ?)",
                 arguments: [account, key, objectKey, Date().timeIntervalSince1970]
@@ -14,7 +14,7 @@ extension SQLiteCatalog: MultipartLedger {
     }
 
     public func recordMultipartUpload(intent: Int64, uploadID: String) async throws {
-        try await self.database.write { db in
+        try await self.writing { db in
             try db.execute(sql: "UPDATE multipart_intent SET upload_id = ? WHERE id = ?", arguments: [uploadID, intent])
         }
     }
@@ -31,6 +31,6 @@ extension SQLiteCatalog: MultipartLedger {
     }
 
     public func forgetMultipartIntent(id: Int64) async throws {
-        try await self.database.write { db in try db.execute(sql: "DELETE FROM multipart_intent WHERE id = ?", arguments: [id]) }
+        try await self.writing { db in try db.execute(sql: "DELETE FROM multipart_intent WHERE id = ?", arguments: [id]) }
     }
 }

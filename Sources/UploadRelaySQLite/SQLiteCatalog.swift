@@ -154,7 +154,7 @@ public final class SQLiteCatalog: Catalog {
 
     public func addAccount(name: String, tokenHash: [UInt8], quota: Int64?) async throws {
         guard Account.isValidName(name) else { throw CatalogError.invalidAccountName(name) }
-        try await self.database.write { db in
+        try await self.writing { db in
             if try Row.fetchOne(db, sql: "SELECT 1 FROM account WHERE name = ?", arguments: [name]) != nil {
                 throw CatalogError.accountExists(name)
             }
@@ -192,7 +192,7 @@ public final class SQLiteCatalog: Catalog {
     }
 
     public func revokeAccount(named name: String) async throws -> Bool {
-        try await self.database.write { db in
+        try await self.writing { db in
             try db.execute(cached: "UPDATE account SET revoked = 1 WHERE name = ?", arguments: [name])
             return db.changesCount > 0
         }
@@ -259,7 +259,7 @@ public final class SQLiteCatalog: Catalog {
     }
 
     public func deleteAccount(named name: String) async throws -> Bool {
-        try await self.database.write { db in
+        try await self.writing { db in
             guard try Row.fetchOne(db, sql: "SELECT name FROM account WHERE name = ?", arguments: [name]) != nil else { return false }
             for (table, what) in [("object", "objects"), ("session", "uploads under way"), ("pending_commit", "commits being settled")] {
                 if try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM \(table) WHERE account = ?", arguments: [name]) ?? 0 > 0 {
@@ -272,7 +272,7 @@ public final class SQLiteCatalog: Catalog {
     }
 
     public func updateAccount(named name: String, quota: Int64??, tokenHash: [UInt8]?, revoked: Bool?) async throws -> Bool {
-        try await self.database.write { db in
+        try await self.writing { db in
             guard try Row.fetchOne(db, sql: "SELECT name FROM account WHERE name = ?", arguments: [name]) != nil else { return false }
             if let quota { try db.execute(sql: "UPDATE account SET quota = ? WHERE name = ?", arguments: [quota, name]) }
             if let tokenHash { try db.execute(sql: "UPDATE account SET token_hash = ? WHERE name = ?", arguments: [Data(tokenHash), name]) }
@@ -304,7 +304,7 @@ public final class SQLiteCatalog: Catalog {
     }
 
     public func putSession(_ s: UploadSession, parts: [StagedPart]) async throws {
-        try await self.database.write { db in
+        try await self.writing { db in
             try db.execute(cached: "DELETE FROM session WHERE account = ? AND key = ?", arguments: [s.account, s.key])
             try db.execute(
                 cached: """
@@ -326,7 +326,7 @@ public final class SQLiteCatalog: Catalog {
     }
 
     public func updateDurable(sessionID: String, offset: Int64, sha1State: [UInt8], parts: [StagedPart]) async throws {
-        try await self.database.write { db in
+        try await self.writing { db in
             try db.execute(
                 cached: "UPDATE session SET durable_offset = ?, sha1_state = ?, updated_at = ? WHERE id = ?",
                 arguments: [offset, Data(sha1State), Date().timeIntervalSince1970, sessionID]
@@ -355,7 +355,7 @@ public final class SQLiteCatalog: Catalog {
     }
 
     public func completeStripe(sessionID: String, index: Int, bytes: Int64) async throws {
-        try await self.database.write { db in
+        try await self.writing { db in
             // Also keeps a striped upload whose main stream waits from expiring while its stripes arrive.
             try db.execute(cached: "UPDATE session SET updated_at = ? WHERE id = ?", arguments: [Date().timeIntervalSince1970, sessionID])
             guard db.changesCount > 0 else { throw CatalogError.unknownSession(sessionID) }
@@ -375,7 +375,7 @@ public final class SQLiteCatalog: Catalog {
     }
 
     public func deleteSession(id: String) async throws {
-        try await self.database.write { db in
+        try await self.writing { db in
             try db.execute(cached: "DELETE FROM session WHERE id = ?", arguments: [id])
         }
     }

@@ -262,6 +262,11 @@ struct CatalogContractTests {
             let first = PendingCommit(account: "alice", key: "k1", size: 60, sha1: "aa", sessionID: "s1", probeSHA1: "pp")
             try await catalog.beginCommit(first)
             #expect(try await catalog.pendingCommits() == [PendingCommit(account: "alice", key: "k1", size: 60, sha1: "aa", sessionID: "s1")])
+            #expect(
+                try await catalog.pendingCommit(account: "alice", key: "k1")
+                    == PendingCommit(account: "alice", key: "k1", size: 60, sha1: "aa", sessionID: "s1"))
+            #expect(try await catalog.pendingCommit(account: "alice", key: "k2") == nil)
+            #expect(try await catalog.pendingCommit(account: "bob", key: "k1") == nil)
             #expect(try await catalog.quotaUse(account: "alice", excludingKey: "other").committing == 60)
             // A group: one too large for what is left, one that fits, one of an unknown account.
             let results = try await catalog.beginCommits([

@@ -409,6 +409,9 @@ public protocol CommitLog: Sendable {
     func abandonCommit(account: String, key: String) async throws
     /// Commits that were under way when the relay stopped.
     func pendingCommits() async throws -> [PendingCommit]
+    /// The commit of `key` under way, if any: ``pendingCommits()`` of one key, which an OPEN asks for (reading them all
+    /// per OPEN cost a row per commit under way in every other upload).
+    func pendingCommit(account: String, key: String) async throws -> PendingCommit?
 }
 
 /// The hooks' outbox: an event per committed object, queued by the commit's own transaction, delivered at least once.

@@ -330,6 +330,16 @@ public final class InMemoryCatalog: Catalog, MultipartLedger, Sendable {
         self.locked { $0.pending[Row(account: account, key: key)] = nil }
     }
 
+    public func pendingCommit(account: String, key: String) async throws -> PendingCommit? {
+        self.locked { state in
+            state.pending[Row(account: account, key: key)].map { entry in
+                var commit = entry.commit
+                commit.probeSHA1 = nil
+                return commit
+            }
+        }
+    }
+
     public func pendingCommits() async throws -> [PendingCommit] {
         self.locked { state in
             // As the SQL catalogs keep them: the probe digest goes with the commit's own call, not its record.

@@ -45,6 +45,10 @@ package final class PoolThread: Sendable {
         if Self.current.currentValue !== self { Self.current.currentValue = self }
     }
 
+    /// Whether the current thread is one of a relay's pools' (a task of the relay's runs on it): a short blocking call,
+    /// a catalog's query on its own connection, say, may run here rather than hop to a thread of its own and back.
+    package static var mayBlock: Bool { Self.current.currentValue != nil }
+
     static func isOn(_ pool: NIOThreadPool) -> Bool {
         Self.current.currentValue?.pool == ObjectIdentifier(pool)
     }

@@ -147,7 +147,7 @@ package struct UploadPolicy {
     /// acknowledged bytes (SPEC §6.2).
     private func settleUndecidedCommits(open: Frame.Open, key: ObjectKey, account name: String) async throws -> OpenDecision? {
         let catalog = self.services.catalog
-        for commit in try await catalog.pendingCommits() where commit.account == name && commit.key == key.value {
+        if let commit = try await catalog.pendingCommit(account: name, key: key.value) {
             var committing: UploadSession? = nil
             if let id = commit.sessionID, let session = try await catalog.session(account: name, key: key.value), session.id == id {
                 committing = session
