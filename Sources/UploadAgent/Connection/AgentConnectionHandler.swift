@@ -21,6 +21,12 @@ final class AgentConnectionHandler: ChannelInboundHandler {
     private let logger: Logger
     private var context: ChannelHandlerContext? = nil
     private var needsFlush = false
+    /// Payload bytes written since the last flush.
+    private var unflushed = 0
+    /// A flush once this much payload is written: TLS encrypts what one flush carries into a buffer of its size, freed
+    /// once the socket took it, so a big chunk goes on its own; small ones (a small file's one CHUNK with its OPEN and
+    /// HASH, and others of the same turn) share a flush, one write to the socket, not one each.
+    static let flushBytes = 128 << 10
 
     init(
         configuration: AgentConfiguration, queue: JobQueue, pool: NIOThreadPool, bandwidth: BandwidthLimit?, logger: Logger,
@@ -128,10 +134,9 @@ final class AgentConnectionHandler: ChannelInboundHandler {
                 context.write(self.wrapOutboundOut(header), promise: nil)
                 self.needsFlush = true
                 if let data {
+                    self.unflushed += data.readableBytes
                     context.write(self.wrapOutboundOut(data), promise: nil)
-                    // One CHUNK per flush: TLS encrypts each into a buffer of its own size, freed once the socket took
-                    // it, rather than a batch into one buffer of twice the batch's size.
-                    self.flush()
+                    if self.unflushed >= Self.flushBytes { self.flush() }
                 }
             case .close:
                 self.flush()
@@ -185,6 +190,7 @@ final class AgentConnectionHandler: ChannelInboundHandler {
     private func flush() {
         if self.needsFlush, let context = self.context {
             self.needsFlush = false
+            self.unflushed = 0
             context.flush()
         }
     }

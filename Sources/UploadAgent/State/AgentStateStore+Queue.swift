@@ -259,10 +259,14 @@ extension AgentStateStore {
         var rate: Double
     }
 
-    func record(_ updates: [(Int64, Progress)]) throws {
-        guard !updates.isEmpty else { return }
+    /// Records `updates`, and `hashes` (fingerprint, SHA-1) in the hash cache, in one transaction.
+    func record(_ updates: [(Int64, Progress)], hashes: [([UInt8], String)] = []) throws {
+        guard !updates.isEmpty || !hashes.isEmpty else { return }
         try self.write { db in
             let now = Self.now()
+            for (fingerprint, sha1) in hashes {
+                try db.execute("INSERT OR REPLACE INTO hash_cache (fingerprint, sha1, used_at) VALUES (?, ?, ?)", [fingerprint, sha1, now])
+            }
             for (id, progress) in updates {
                 // An item dropped (file deleted) meanwhile stays dropped; one whose file changed meanwhile (a new
                 // fingerprint queued by a rescan) is not marked with the old version's progress.
