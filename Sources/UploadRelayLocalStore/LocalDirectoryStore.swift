@@ -5,6 +5,7 @@ import Glibc
 import Darwin
 #endif
 import Foundation
+import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
 import UploadChecksums
@@ -210,8 +211,12 @@ public final class LocalDirectoryStore: BlobStore {
         try self.accountDirectory(account) + "/" + key.value
     }
 
-    /// Each file synced and renamed into place in turn; then each directory that received one is synced once, and
-    /// only then is any of them reported committed.
+    /// Each file cut to size and synced, then renamed into place; then each directory that received one is synced once,
+    /// and only then is any of them reported committed. The files of a group are synced at once, each with its own
+    /// `fdatasync(2)` on a thread of its own, not one after another (on 10,000 small uploads the group's syncs in turn
+    /// were what its commits waited for). Not one `syncfs(2)` for the group: no faster here (10,000 x 16 KiB, five runs
+    /// each), it would also flush every other writer's data on the file system, and report their write errors as the
+    /// group's.
     public func commit(_ batch: [StoreCommit]) async -> [Result<ObjectIdentity, any Error>] {
         do {
             return try await self.blocking { self.commitNow(batch) }
@@ -222,11 +227,41 @@ public final class LocalDirectoryStore: BlobStore {
 
     private func commitNow(_ batch: [StoreCommit]) -> [Result<ObjectIdentity, any Error>] {
         var results = [Result<ObjectIdentity, any Error>](repeating: .failure(StoreError("not committed")), count: batch.count)
-        var placed: [(index: Int, directory: String, path: String)] = []
-        var checked: Set<String> = []
+        let grouped = batch.count > 1
+        var sealed: [(index: Int, file: LocalStagingFile)] = []
         for (index, item) in batch.enumerated() {
             do {
-                let (directory, path) = try self.renameIntoPlace(item.staging, as: item.key, account: item.account, checked: &checked)
+                sealed.append((index, try self.seal(item.staging, as: item.key, account: item.account, sync: !grouped)))
+            } catch {
+                results[index] = .failure(error)
+            }
+        }
+        if grouped {
+            // The group's syncs at once, each file's own (its errors its own; nothing of other writers' is flushed),
+            // rather than one after another: the disk takes them together.
+            let files = sealed
+            let failures = NIOLockedValueBox<[Int: any Error]>([:])
+            DispatchQueue.concurrentPerform(iterations: files.count) { position in
+                do {
+                    try files[position].file.syncSealed()
+                } catch {
+                    failures.withLockedValue { $0[files[position].index] = error }
+                }
+            }
+            let failed = failures.withLockedValue { $0 }
+            for (index, error) in failed { results[index] = .failure(error) }
+            sealed.removeAll { failed[$0.index] != nil }
+        }
+        var placed: [(index: Int, directory: String, path: String)] = []
+        var checked: Set<String> = []
+        for (index, file) in sealed {
+            let item = batch[index]
+            do {
+                // Another object of the group may have made this key's place a conflict (a folder where it goes).
+                if grouped, let conflict = try self.conflictNow(for: item.key, account: item.account) {
+                    throw StoreError(conflict)
+                }
+                let (directory, path) = try self.renameIntoPlace(file, as: item.key, account: item.account, checked: &checked)
                 placed.append((index, directory, path))
             } catch {
                 results[index] = .failure(error)
@@ -250,18 +285,22 @@ public final class LocalDirectoryStore: BlobStore {
         return results
     }
 
-    /// Seals the staging file (its bytes durable, cut to size) and renames it to the object's path: visible, its
-    /// directory not yet synced.
-    private func renameIntoPlace(
-        _ staging: any StagingFile, as key: ObjectKey, account: String, checked: inout Set<String>
-    ) throws -> (directory: String, path: String) {
+    /// Seals the staging file for `key` (cut to size; its bytes durable with `sync`), once no object is in the key's way.
+    private func seal(_ staging: any StagingFile, as key: ObjectKey, account: String, sync: Bool) throws -> LocalStagingFile {
         guard let file = staging as? LocalStagingFile else {
             throw StoreError("a local directory store commits only its own staging files")
         }
         if let conflict = try self.conflictNow(for: key, account: account) {
             throw StoreError(conflict)
         }
-        try file.seal()
+        try file.seal(sync: sync)
+        return file
+    }
+
+    /// Renames a sealed staging file to the object's path: visible, its directory not yet synced.
+    private func renameIntoPlace(
+        _ file: LocalStagingFile, as key: ObjectKey, account: String, checked: inout Set<String>
+    ) throws -> (directory: String, path: String) {
         let (directory, path) = try self.placeFor(key, account: account, checked: &checked)
         guard rename(file.path, path) == 0 else {
             throw StoreError("cannot rename \(file.path) to \(path): \(FileSystem.reason())", isNoSpace: errno == ENOSPC)

@@ -271,8 +271,9 @@ final class LocalStagingFile: StagingFile, @unchecked Sendable {
         return done
     }
 
-    /// Makes the file exactly the bytes written, durable: what commit renames into place. No write follows.
-    func seal() throws {
+    /// Makes the file exactly the bytes written, durable (unless `sync` is false: the caller syncs the whole file
+    /// system for a group of them): what commit renames into place. No write follows.
+    func seal(sync: Bool = true) throws {
         try self.guardingUse {
             try self.flushDirect()
             if let tail = self.direct {
@@ -282,9 +283,14 @@ final class LocalStagingFile: StagingFile, @unchecked Sendable {
             guard ftruncate(self.descriptor, off_t(self.end)) == 0 else {
                 throw StoreError("cannot cut \(self.path) to \(self.end) bytes: \(FileSystem.reason())")
             }
-            try self.dataSync()
+            if sync { try self.dataSync() }
         }
         self.unusable = StoreError("\(self.path) is sealed for commit: no more writes")
+    }
+
+    /// Makes a sealed file's bytes durable (``seal(sync:)`` without its sync).
+    func syncSealed() throws {
+        try self.dataSync()
     }
 
     private func dataSync() throws {

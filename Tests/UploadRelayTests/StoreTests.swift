@@ -31,6 +31,44 @@ struct StoreTests {
     }
 
     @Test(
+        "a group commit (its files synced at once): each object whole; one whose place another of the group took is refused, naming it, and nothing of it is visible"
+    )
+    func groupCommitConflicts() async throws {
+        let root = TemporaryDirectories.make()
+        defer { try? FileManager.default.removeItem(atPath: root) }
+        let store = try LocalDirectoryStore(root: root + "/store", stagingDirectory: root + "/staging")
+        // x/y.bin makes x a folder before x comes; p comes before p/q.bin would need it as a folder.
+        let keys = ["x/y.bin", "x", "p", "p/q.bin", "one.bin", "two/three.bin"]
+        var items: [StoreCommit] = []
+        for (index, key) in keys.enumerated() {
+            let staging = try await store.openStaging(.named("g\(index)", expectedSize: 16 << 10, key: key))
+            try await staging.write(ByteBuffer(bytes: [UInt8](repeating: UInt8(index), count: 16 << 10)), at: 0)
+            items.append(StoreCommit(staging: staging, key: try ObjectKey(validating: key), account: "a1", sha1: nil))
+        }
+        let results = await store.commit(items)
+        #expect(results.count == keys.count)
+        for (index, key) in keys.enumerated() {
+            switch (key, results[index]) {
+            case ("x", .failure(let error)):
+                #expect("\(error)".contains("folder"), "\(error)")
+            case ("p/q.bin", .failure(let error)):
+                #expect("\(error)".contains("p"), "\(error)")
+                #expect(!FileManager.default.fileExists(atPath: root + "/store/a1/p/q.bin"))
+            case (_, .success(let identity)):
+                #expect(!["x", "p/q.bin"].contains(key), "\(key) was committed")
+                #expect(FileManager.default.contents(atPath: root + "/store/a1/" + key) == Data(repeating: UInt8(index), count: 16 << 10))
+                #expect(try await store.identity(of: ObjectKey(validating: key), account: "a1") == identity)
+            case (_, .failure(let error)):
+                Issue.record("\(key) failed: \(error)")
+            }
+        }
+        // The refused ones' bytes are still staged (the session decides), never under a key.
+        #expect(FileManager.default.contents(atPath: root + "/store/a1/x/y.bin") == Data(repeating: 0, count: 16 << 10))
+        #expect(FileManager.default.contents(atPath: root + "/store/a1/p") == Data(repeating: 2, count: 16 << 10))
+        #expect(try await store.stagingFiles().count == 2)
+    }
+
+    @Test(
         "startup recovery: a commit renamed but not recorded is recorded; one not renamed is given up; an object whose file is gone is forgotten (finding 12)"
     )
     func recovery() async throws {
