@@ -121,6 +121,52 @@ struct FileSourceTests {
         }
     }
 
+    @Test(
+        "a small file hashed for dedup keeps the bytes it was hashed from, and a read from them gives the chunks a read of the file gives; a larger one, or one that changed while read, keeps none"
+    )
+    func heldContent() async throws {
+        let directory = TemporaryDirectories.make()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let file = makeFile(directory, "small.jpg", size: 40_000, seed: 21)
+        let source = FileSource(path: file.path)
+        defer { source.close() }
+        let prepared = try SourceReader.prepare(source, info: nil, knownSHA1: nil, dedup: true, reopenLimit: 1, journal: nil, hold: 64 << 10)
+        let content = try #require(prepared.content)
+        #expect(Array(content.readableBytesView) == [UInt8](file.data))
+        #expect(prepared.sha1 == SHA1Digest(bytes: SHA1.hash([UInt8](file.data))))
+        #expect(prepared.hashedBytes == 40_000)
+        // Offsets inside the held bytes (a resume), in chunks: the same frames as from the file.
+        let reopening = SourceReader.Reopening(fingerprint: prepared.info.fingerprint, limit: 1)
+        var request = SourceReader.Request(
+            streamID: 1, source: source, size: 40_000, offset: 12_000, budget: 40_000, chunkSize: 10_000, deflate: false, sha1: nil,
+            keepSnapshots: false, reopening: reopening, corruptAt: nil
+        )
+        let fromFile = try SourceReader.read(request)
+        request.held = content
+        let fromHeld = try SourceReader.read(request)
+        #expect(fromHeld.chunks.map(\.offset) == [12_000, 22_000, 32_000])
+        #expect(fromHeld.chunks == fromFile.chunks)
+        #expect(fromHeld.ended && fromHeld.nextOffset == 40_000)
+        // Too large to hold: hashed, nothing kept.
+        let large = makeFile(directory, "large.jpg", size: 70_000, seed: 22)
+        let largeSource = FileSource(path: large.path)
+        defer { largeSource.close() }
+        let notHeld = try SourceReader.prepare(largeSource, info: nil, knownSHA1: nil, dedup: true, reopenLimit: 1, journal: nil, hold: 64 << 10)
+        #expect(notHeld.content == nil && notHeld.sha1 != nil)
+        // Changed since it was opened (grown after open): nothing kept, so the send reads it and finds the change.
+        let changing = makeFile(directory, "changing.jpg", size: 30_000, seed: 23)
+        let changingSource = FileSource(path: changing.path)
+        defer { changingSource.close() }
+        let info = try changingSource.open()
+        let handle = try #require(FileHandle(forWritingAtPath: changing.path))
+        try handle.seekToEnd()
+        try handle.write(contentsOf: Data(repeating: 0x5A, count: 100))
+        try handle.close()
+        let changed = try SourceReader.prepare(
+            changingSource, info: info, knownSHA1: nil, dedup: true, reopenLimit: 1, journal: nil, hold: 64 << 10)
+        #expect(changed.content == nil)
+    }
+
     @Test("a start offset past the end is refused with the sizes")
     func startPastEnd() async throws {
         let file = makeFile(TemporaryDirectories.make(), "short.bin", size: 100, seed: 3)

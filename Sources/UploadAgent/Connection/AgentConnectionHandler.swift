@@ -146,16 +146,24 @@ final class AgentConnectionHandler: ChannelInboundHandler {
             case .prepare(let job, let dedup, let probe):
                 let journal = self.session.queue.journal
                 let reopenLimit = self.session.configuration.maxReopensInARow
+                let hold = self.session.configuration.heldSourceBytes
                 self.onPool({
                     try SourceReader.prepare(
                         job.item.source, info: job.info, knownSHA1: job.knownSHA1, dedup: dedup, probe: probe, reopenLimit: reopenLimit,
-                        journal: journal
+                        journal: journal, hold: hold
                     )
                 }) {
                     session, result in session.prepared(job, result)
                 }
             case .read(let request):
                 let bandwidth = self.bandwidth
+                if request.held != nil, bandwidth == nil, !request.deflate, let loop = self.context?.eventLoop {
+                    // Bytes in memory: CRCs and frames only, no system call, here and now (its outcome on the next turn
+                    // of the loop, as the pool's would come).
+                    let result = Result { try SourceReader.read(request) }
+                    loop.assumeIsolated().execute { self.act { $0.readFinished(request.streamID, result) } }
+                    continue
+                }
                 self.onPool({ try SourceReader.read(request, bandwidth: bandwidth) }) { session, result in
                     session.readFinished(request.streamID, result)
                 }

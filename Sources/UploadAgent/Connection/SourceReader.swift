@@ -27,6 +27,9 @@ enum SourceReader {
         var corruptAt: UInt64?
         /// Where offset 0 of the stream is in the source: a PART stream's offsets start at its stripe (SPEC §6.7).
         var base: UInt64 = 0
+        /// The whole source, as it was read and hashed before OPEN (``Prepared/content``): read from here, not the
+        /// source, and not checked for a change again (it was, once read).
+        var held: ByteBuffer? = nil
     }
 
     /// What one read produced.
@@ -87,9 +90,17 @@ enum SourceReader {
             }
             var limit = min(request.chunkSize, request.budget - used)
             if let size = request.size { limit = Int(clamping: min(UInt64(limit), size - batch.nextOffset)) }
-            let data = try Self.read(
-                source, at: request.base + batch.nextOffset, maxLength: limit, allocator: allocator, reopening: request.reopening
-            )
+            let data: ByteBuffer
+            if let held = request.held {
+                let start = Int(clamping: request.base + batch.nextOffset)
+                data =
+                    held.getSlice(at: held.readerIndex + min(start, held.readableBytes), length: max(0, min(limit, held.readableBytes - start)))
+                    ?? ByteBuffer()
+            } else {
+                data = try Self.read(
+                    source, at: request.base + batch.nextOffset, maxLength: limit, allocator: allocator, reopening: request.reopening
+                )
+            }
             if data.readableBytes == 0 {
                 batch.ended = source.isEnd(at: request.base + batch.nextOffset)
                 if let size = request.size, batch.ended, batch.nextOffset < size {
@@ -118,7 +129,7 @@ enum SourceReader {
             // A stream that paused (a short read) sends what came now instead of waiting to fill the batch.
             if !source.isSeekable && data.readableBytes < limit { break }
         }
-        if batch.ended, let change = source.changeSinceOpen() {
+        if batch.ended, request.held == nil, let change = source.changeSinceOpen() {
             // Never commit a mix of two versions (the file changed while it was read): the relay discards what it
             // staged.
             throw SourceError(change)
@@ -162,6 +173,9 @@ enum SourceReader {
         var probe: SHA1Digest? = nil
         /// The running SHA-1 after those bytes: sending from the start hashes on from there.
         var probePrefix: SHA1? = nil
+        /// The whole source, when it was small enough to keep (``AgentConfiguration/heldSourceBytes``) and did not
+        /// change while it was read: what the SHA-1 is of, and what is sent.
+        var content: ByteBuffer? = nil
     }
 
     /// Opens the source and, for dedup, hashes it whole before OPEN (seekable sources of known size only), unless the
@@ -171,7 +185,7 @@ enum SourceReader {
     /// its first 256 KiB only: the whole SHA-1 comes while it is sent, in the same read, unless the relay answers CONFIRM.
     static func prepare(
         _ source: any BlobSource, info known: SourceInfo?, knownSHA1: SHA1Digest?, dedup: Bool, probe: Bool = false, reopenLimit: Int,
-        journal: (any JobJournal)?
+        journal: (any JobJournal)?, hold: Int = 0
     ) throws -> Prepared {
         let info = try known ?? source.open()
         if let knownSHA1 { return Prepared(info: info, sha1: knownSHA1) }
@@ -188,9 +202,28 @@ enum SourceReader {
                 info: info, sha1: nil, hashedBytes: Frame.Open.probeLength, probe: SHA1Digest(bytes: prefix.finalize()), probePrefix: prefix
             )
         }
+        let reopening = Reopening(fingerprint: info.fingerprint, limit: reopenLimit)
+        if size <= UInt64(hold) {
+            // Small: read whole once, hashed and kept, so that sending it reads nothing again.
+            var content = ByteBufferAllocator().buffer(capacity: Int(size))
+            while content.readableBytes < Int(size) {
+                var piece = try Self.read(
+                    source, at: UInt64(content.readableBytes), maxLength: Int(size) - content.readableBytes, allocator: ByteBufferAllocator(),
+                    reopening: reopening
+                )
+                guard piece.readableBytes > 0 else { throw SourceError("\(source.displayName) shrank while it was hashed") }
+                content.writeBuffer(&piece)
+            }
+            var sha1 = SHA1()
+            content.withUnsafeReadableBytes { sha1.update($0) }
+            let digest = SHA1Digest(bytes: sha1.finalize())
+            if let digest { journal?.hashed(fingerprint: info.fingerprint, sha1: digest) }
+            // A source that changed while it was read is read again when sent, which finds the change and stops.
+            let unchanged = source.changeSinceOpen() == nil
+            return Prepared(info: info, sha1: digest, hashedBytes: size, content: unchanged ? content : nil)
+        }
         let sha1 = try Self.hashPrefix(
-            of: source, upTo: size, reopening: Reopening(fingerprint: info.fingerprint, limit: reopenLimit),
-            whenShort: "\(source.displayName) shrank while it was hashed"
+            of: source, upTo: size, reopening: reopening, whenShort: "\(source.displayName) shrank while it was hashed"
         )
         let digest = SHA1Digest(bytes: sha1.finalize())
         if let digest { journal?.hashed(fingerprint: info.fingerprint, sha1: digest) }

@@ -113,6 +113,7 @@ extension AgentSession {
             job.info = info
             job.knownSHA1 = sha1
             job.hashedBytes += prepared.hashedBytes
+            if job.stripe == nil { job.heldContent = prepared.content }
             if let recorded = job.recorded, recorded.fingerprint == info.fingerprint, sha1 == nil {
                 // The state database kept the SHA-1 state at the durable offset of an earlier run: no re-read.
                 job.snapshots[recorded.offset] = recorded.state
@@ -254,7 +255,15 @@ extension AgentSession {
     /// Reads as much as credit allows, then HASH at the end. Each read first reserves its credit in the state machine,
     /// so reads of several streams planned at once never count on the same bytes.
     mutating func pump(_ id: StreamID) -> [Action] {
-        guard !self.closed, self.writable, self.readsInFlight < max(1, self.configuration.maxReadsInFlight),
+        var reads = self.readsInFlight
+        return self.pump(id, reads: &reads)
+    }
+
+    /// ``pump(_:)`` with the reads in flight counted by the caller, and counted on when this one reads: a turn over
+    /// every stream counts them once, not once per stream (that walk was the most of the agent's own CPU per small
+    /// file but hashing).
+    private mutating func pump(_ id: StreamID, reads: inout Int) -> [Action] {
+        guard !self.closed, self.writable, reads < max(1, self.configuration.maxReadsInFlight),
             var sender = self.senders[id], sender.started, !sender.reading, !sender.hashSent,
             let offset = self.machine.nextOffset(on: id)
         else { return [] }
@@ -267,6 +276,7 @@ extension AgentSession {
         let budget = atEnd ? 0 : self.machine.reserveCredit(on: id, upTo: wanted)
         guard budget > 0 || atEnd else { return [] }
         sender.reading = true
+        reads += 1
         let deflate = self.deflate && sender.deflateRest == 0
         if self.deflate && !deflate { sender.deflateRest -= 1 }
         self.senders[id] = sender
@@ -275,7 +285,8 @@ extension AgentSession {
             chunkSize: max(1, min(self.configuration.chunkSize, self.machine.maxChunkPayload)), deflate: deflate,
             sha1: sender.sha1, keepSnapshots: job.knownSHA1 == nil && job.stripe == nil, reopening: self.reopening(job),
             corruptAt: self.configuration.faults.corruptChunkAtOffset,
-            base: job.stripe.map { $0.set.stripes.start(of: $0.index) } ?? 0
+            base: job.stripe.map { $0.set.stripes.start(of: $0.index) } ?? 0,
+            held: job.stripe == nil && !job.striped ? job.heldContent : nil
         )
         return [.read(request)]
     }
@@ -287,15 +298,25 @@ extension AgentSession {
 
     /// Every stream in order of its id (more credit for the connection, the socket drained).
     mutating func pumpAll() -> [Action] {
-        self.senders.keys.sorted().flatMap { self.pump($0) }
+        self.pump(self.senders.keys.sorted())
     }
 
     /// A read ended and its place is free: the streams after `id` in turn, then `id` itself if `again`, so that no
     /// stream keeps the places to itself.
     mutating func pumpInTurn(after id: StreamID, again: Bool) -> [Action] {
         let ids = self.senders.keys.sorted()
-        let next = ids.filter { $0 > id } + ids.filter { $0 < id } + (again ? [id] : [])
-        return next.flatMap { self.pump($0) }
+        return self.pump(ids.filter { $0 > id } + ids.filter { $0 < id } + (again ? [id] : []))
+    }
+
+    /// Pumps `ids` in order until the places for reads are taken.
+    private mutating func pump(_ ids: [StreamID]) -> [Action] {
+        var reads = self.readsInFlight
+        var actions: [Action] = []
+        for id in ids {
+            guard reads < max(1, self.configuration.maxReadsInFlight) else { break }
+            actions += self.pump(id, reads: &reads)
+        }
+        return actions
     }
 
     /// How reads of the job's source recover when it becomes invalid: the fingerprint it was opened with must hold.

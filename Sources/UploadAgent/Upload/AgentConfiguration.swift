@@ -88,6 +88,10 @@ public struct AgentConfiguration: Sendable {
     public var readBatchBytes = 1 << 20
     /// The most reads of sources on the thread pool at once, whatever the number of uploads: each holds a batch.
     public var maxReadsInFlight = 2
+    /// A source of at most this many bytes that is hashed whole before OPEN (dedup) keeps the bytes it was hashed from
+    /// until its upload ends, and is sent from them: no second read, no second trip to the thread pool (a small
+    /// file's costs are per trip). At most this much memory per upload in flight; 0 reads every source again.
+    public var heldSourceBytes = 64 << 10
     /// The most bytes (encrypted frames) waiting for the socket: above it no read of a source starts, below half of it
     /// reads go on. With one batch in flight per stream, this bounds the agent's memory whatever the link's speed.
     public var writeBufferBytes = 2 << 20

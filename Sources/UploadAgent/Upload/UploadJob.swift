@@ -1,3 +1,4 @@
+import NIOCore
 import NIOConcurrencyHelpers
 import UploadChecksums
 import UploadProtocol
@@ -69,6 +70,9 @@ final class UploadJob: @unchecked Sendable {
     var acked: UInt64 = 0
     /// SHA-1 states at chunk boundaries not yet acknowledged, so a resume at any ACK needs no re-read.
     var snapshots: [UInt64: SHA1] = [:]
+    /// The whole source, kept from its hash before OPEN (small sources, ``AgentConfiguration/heldSourceBytes``): sent
+    /// from here. Let go when the job ends.
+    var heldContent: ByteBuffer? = nil
     /// Stream errors so far that allow a retry.
     var attempts = 0
     /// Since when the relay has answered "not now" (KEY_BUSY, REFUSED_STREAM) without starting the upload.
@@ -123,6 +127,7 @@ final class UploadJob: @unchecked Sendable {
     }
 
     func finish(_ status: UploadResult.Status, sha1: String, error: String? = nil, code: String? = nil) -> UploadResult {
+        self.heldContent = nil
         var result = UploadResult(
             key: self.key, path: self.item.displayPath, bytes: self.info?.size ?? self.bytesRead, sha1: sha1, status: status,
             sentBytes: self.sentBytes, hashedBytes: self.hashedBytes, wireBytes: self.wireBytes, error: error
