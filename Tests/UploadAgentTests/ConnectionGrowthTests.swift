@@ -90,11 +90,18 @@ struct ConnectionGrowthTests {
         #expect(await early.value == false, "cancelled before it parked")
     }
 
-    @Test("a window is eight round trips and at least half a second")
+    @Test("a window is eight round trips and at least half a second; the first connection's baseline, three and a quarter")
     func window() {
         #expect(ConnectionGrowth.window(roundTrip: nil) == .milliseconds(500))
         #expect(ConnectionGrowth.window(roundTrip: .milliseconds(20)) == .milliseconds(500))
         #expect(ConnectionGrowth.window(roundTrip: .milliseconds(300)) == .milliseconds(2400))
+        var growth = ConnectionGrowth(maximum: 8)
+        #expect(growth.nextWindow(roundTrip: nil) == .milliseconds(500), "waiting for the round trip")
+        _ = growth.sample(roundTrip: .milliseconds(100), rate: 0, workWaiting: true)
+        #expect(growth.nextWindow(roundTrip: .milliseconds(100)) == .milliseconds(300), "the baseline")
+        #expect(ConnectionGrowth.baselineWindow(roundTrip: .milliseconds(20)) == .milliseconds(250))
+        #expect(growth.sample(roundTrip: .milliseconds(100), rate: 1000, workWaiting: true) == 3)
+        #expect(growth.nextWindow(roundTrip: .milliseconds(100)) == .milliseconds(800), "after a step: eight round trips")
     }
 
     @Test("a connection added by an adaptive run has two places (one upload sending, the next opening) and a 1/max share of the buffers")

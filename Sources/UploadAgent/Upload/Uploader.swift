@@ -164,7 +164,7 @@ public final class Uploader: Sendable {
                         // Until the first connection is up: every 50 ms for two seconds, then every second (a relay
                         // that cannot be reached yet).
                         polls += 1
-                        window(roundTrip == nil ? (polls < 40 ? .milliseconds(50) : .seconds(1)) : ConnectionGrowth.window(roundTrip: roundTrip))
+                        window(roundTrip == nil ? (polls < 40 ? .milliseconds(50) : .seconds(1)) : growth.nextWindow(roundTrip: roundTrip))
                     }
                 case .window:
                     break
