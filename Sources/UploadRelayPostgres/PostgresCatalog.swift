@@ -331,16 +331,28 @@ public final class PostgresCatalog: Catalog, @unchecked Sendable {
     /// On the catalog's own executor (``executor``), whatever the caller's: a query must go on, its transaction never
     /// left idle, while the process's shared cooperative pool is busy.
     static func mapped<T: Sendable>(timeout: Duration, _ body: @escaping @Sendable () async throws -> T) async throws -> T {
-        do {
-            return try await withTaskExecutorPreference(Self.executor) {
+        try await Self.mappingErrors {
+            try await withTaskExecutorPreference(Self.executor) {
                 try await Self.timed(timeout, body)
             }
+        }
+    }
+
+    /// `body`, its PostgreSQL errors as ``CatalogFailure`` with what the server said; the catalog's own pass through.
+    static func mappingErrors<T>(_ body: () async throws -> T) async throws -> T {
+        do {
+            return try await body()
         } catch let error as CatalogError {
             throw error
         } catch let error as PSQLError {
             let said = error.serverInfo?[.message] ?? "\(error.code)"
             throw CatalogFailure("PostgreSQL: \(said)\(error.underlying.map { " (\($0))" } ?? "")")
         }
+    }
+
+    /// What a call that had no answer within `timeout` throws.
+    private static func unanswered(after timeout: Duration) -> CatalogFailure {
+        CatalogFailure("PostgreSQL did not answer within \(timeout): is it running, and is --catalog right?")
     }
 
     /// The outcome of `task`, or a ``CatalogFailure`` after `timeout`, without waiting for `task` to end (a query that
@@ -360,7 +372,7 @@ public final class PostgresCatalog: Catalog, @unchecked Sendable {
             timer.withLockedValue {
                 $0 = Task(executorPreference: Self.executor) {
                     guard (try? await Task.sleep(for: timeout)) != nil else { return }
-                    resume(.failure(CatalogFailure("PostgreSQL did not answer within \(timeout): is it running, and is --catalog right?")))
+                    resume(.failure(Self.unanswered(after: timeout)))
                 }
             }
             Task(executorPreference: Self.executor) {
@@ -377,7 +389,7 @@ public final class PostgresCatalog: Catalog, @unchecked Sendable {
             group.addTask { try await body() }
             group.addTask {
                 try await Task.sleep(for: timeout)
-                throw CatalogFailure("PostgreSQL did not answer within \(timeout): is it running, and is --catalog right?")
+                throw Self.unanswered(after: timeout)
             }
             defer { group.cancelAll() }
             guard let first = try await group.next() else { throw CatalogFailure("PostgreSQL call ended without an outcome") }

@@ -144,8 +144,7 @@ final class PostgresKeyLocks: KeyLocks, @unchecked Sendable {
         }
         let lock = KeyLock(id: id, generation: generation)
         do {
-            let timeout = self.timeout
-            let taken = try await PostgresCatalog.mapped(timeout: timeout) { try await PostgresCatalog.outcome(of: claim, within: timeout) }
+            let taken = try await PostgresCatalog.mappingErrors { try await PostgresCatalog.outcome(of: claim, within: self.timeout) }
             return taken ? lock : nil
         } catch {
             Task(executorPreference: PostgresCatalog.executor) {

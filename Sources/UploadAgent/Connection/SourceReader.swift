@@ -142,8 +142,10 @@ enum SourceReader {
 
     /// The SHA-1 of the first `offset` bytes: the relay knows a prefix this run never sent (the agent restarted), so
     /// it is hashed locally, with no network, from the latest SHA-1 state the agent kept below it (`from`), if any.
+    /// `keeping` sees each piece read, after it is hashed.
     static func hashPrefix(
-        of source: any BlobSource, from start: (UInt64, SHA1)? = nil, upTo offset: UInt64, reopening: Reopening, whenShort: String? = nil
+        of source: any BlobSource, from start: (UInt64, SHA1)? = nil, upTo offset: UInt64, reopening: Reopening, whenShort: String? = nil,
+        keeping: (ByteBuffer) -> Void = { _ in }
     ) throws -> SHA1 {
         var sha1 = start?.1 ?? SHA1()
         var position: UInt64 = start?.0 ?? 0
@@ -157,6 +159,7 @@ enum SourceReader {
                 throw SourceError(whenShort ?? "\(source.displayName) is shorter than the relay's \(offset) bytes")
             }
             piece.withUnsafeReadableBytes { sha1.update($0) }
+            keeping(piece)
             position += UInt64(piece.readableBytes)
         }
         return sha1
@@ -203,31 +206,17 @@ enum SourceReader {
             )
         }
         let reopening = Reopening(fingerprint: info.fingerprint, limit: reopenLimit)
-        if size <= UInt64(hold) {
-            // Small: read whole once, hashed and kept, so that sending it reads nothing again.
-            var content = ByteBufferAllocator().buffer(capacity: Int(size))
-            while content.readableBytes < Int(size) {
-                var piece = try Self.read(
-                    source, at: UInt64(content.readableBytes), maxLength: Int(size) - content.readableBytes, allocator: ByteBufferAllocator(),
-                    reopening: reopening
-                )
-                guard piece.readableBytes > 0 else { throw SourceError("\(source.displayName) shrank while it was hashed") }
-                content.writeBuffer(&piece)
-            }
-            var sha1 = SHA1()
-            content.withUnsafeReadableBytes { sha1.update($0) }
-            let digest = SHA1Digest(bytes: sha1.finalize())
-            if let digest { journal?.hashed(fingerprint: info.fingerprint, sha1: digest) }
-            // A source that changed while it was read is read again when sent, which finds the change and stops.
-            let unchanged = source.changeSinceOpen() == nil
-            return Prepared(info: info, sha1: digest, hashedBytes: size, content: unchanged ? content : nil)
-        }
+        // Small: kept as read, so that sending it reads nothing again. Copied into a buffer of its size: a piece may be a
+        // slice of a larger block, which keeping it would hold.
+        var content = size <= UInt64(hold) ? ByteBufferAllocator().buffer(capacity: Int(size)) : nil
         let sha1 = try Self.hashPrefix(
             of: source, upTo: size, reopening: reopening, whenShort: "\(source.displayName) shrank while it was hashed"
-        )
+        ) { content?.writeImmutableBuffer($0) }
         let digest = SHA1Digest(bytes: sha1.finalize())
         if let digest { journal?.hashed(fingerprint: info.fingerprint, sha1: digest) }
-        return Prepared(info: info, sha1: digest, hashedBytes: size)
+        // A source that changed while it was read is read again when sent, which finds the change and stops.
+        if content != nil, source.changeSinceOpen() != nil { content = nil }
+        return Prepared(info: info, sha1: digest, hashedBytes: size, content: content)
     }
 
     private static func corrupted(_ chunk: Frame.Chunk, allocator: ByteBufferAllocator) -> Frame.Chunk {

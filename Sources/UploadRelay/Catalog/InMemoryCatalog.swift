@@ -331,24 +331,18 @@ public final class InMemoryCatalog: Catalog, MultipartLedger, Sendable {
     }
 
     public func pendingCommit(account: String, key: String) async throws -> PendingCommit? {
-        self.locked { state in
-            state.pending[Row(account: account, key: key)].map { entry in
-                var commit = entry.commit
-                commit.probeSHA1 = nil
-                return commit
-            }
-        }
+        self.locked { state in state.pending[Row(account: account, key: key)].map { Self.recorded($0.commit) } }
     }
 
     public func pendingCommits() async throws -> [PendingCommit] {
-        self.locked { state in
-            // As the SQL catalogs keep them: the probe digest goes with the commit's own call, not its record.
-            state.pending.values.map { entry in
-                var commit = entry.commit
-                commit.probeSHA1 = nil
-                return commit
-            }
-        }
+        self.locked { state in state.pending.values.map { Self.recorded($0.commit) } }
+    }
+
+    /// A pending commit as the SQL catalogs keep it: the probe digest goes with the commit's own call, not its record.
+    private static func recorded(_ commit: PendingCommit) -> PendingCommit {
+        var commit = commit
+        commit.probeSHA1 = nil
+        return commit
     }
 
     // MARK: The hooks' outbox
