@@ -25,6 +25,8 @@ if [ -z "${BIN_DIR:-}" ]; then
 fi
 command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx libnginx-mod-http-dav-ext >/dev/null
 nginx_bin=$(command -v nginx || echo /usr/sbin/nginx)
+# shellcheck source=tools/nginx-dav.sh
+. "$(dirname "$0")/nginx-dav.sh"
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/bench-many.XXXXXX")
 server_pid=
@@ -124,37 +126,9 @@ for ((run = 1; run <= runs; run++)); do
 
     # peer: nginx, one worker per core
     d=$work/nginx
-    rm -rf "$d"; mkdir -p "$d/www/upload" "$d/body" "$d/tmp"
-    openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=127.0.0.1" -addext "subjectAltName=IP:127.0.0.1" \
-        -keyout "$d/key.pem" -out "$d/cert.pem" 2>/dev/null
+    rm -rf "$d"
     port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-    cat >"$d/nginx.conf" <<EOF
-user root;
-worker_processes auto;
-daemon off;
-pid $d/nginx.pid;
-error_log $d/error.log warn;
-events { worker_connections 1024; }
-http {
-    access_log off;
-    client_body_temp_path $d/body;
-    proxy_temp_path $d/tmp/proxy;
-    fastcgi_temp_path $d/tmp/fastcgi;
-    uwsgi_temp_path $d/tmp/uwsgi;
-    scgi_temp_path $d/tmp/scgi;
-    server {
-        listen 127.0.0.1:$port ssl;
-        ssl_certificate $d/cert.pem;
-        ssl_certificate_key $d/key.pem;
-        root $d/www;
-        location /upload/ {
-            dav_methods PUT;
-            create_full_put_path on;
-            client_max_body_size 0;
-        }
-    }
-}
-EOF
+    nginx_dav_setup "$d" 127.0.0.1 "$port" auto 1024 off
     "$nginx_bin" -p "$d/" -e "$d/error.log" -c "$d/nginx.conf" &
     server_pid=$!
     for _ in $(seq 100); do python3 -c "import socket; socket.create_connection(('127.0.0.1', $port), 1).close()" 2>/dev/null && break; sleep 0.1; done

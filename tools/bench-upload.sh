@@ -60,6 +60,8 @@ if [ "${BENCH_WAN:-0}" = 1 ]; then
     CLI=(ip netns exec wan_cli)
 fi
 WAN_SH=$(cd "$(dirname "$0")/../../shared/netem" 2>/dev/null && pwd)/wan.sh
+# shellcheck source=tools/nginx-dav.sh
+. "$(dirname "$0")/nginx-dav.sh"
 now() { date +%s.%N; }
 # secs START END -> seconds with 3 decimals
 secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", b - a }'; }
@@ -443,38 +445,8 @@ bench_nginx() {
     command -v curl >/dev/null || ensure_pkgs curl || { say "cannot install curl"; return 1; }
     local nginx_bin
     nginx_bin=$(command -v nginx || echo /usr/sbin/nginx)
-    mkdir -p "$d/www/upload" "$d/body" "$d/tmp"
-    openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=$HOST" \
-        -addext "subjectAltName=IP:$HOST" -keyout "$d/key.pem" -out "$d/cert.pem" 2>/dev/null
     port=$(free_port)
-    cat >"$d/nginx.conf" <<EOF
-# the temp dir is root-only (0700): workers run as root to write into it
-user root;
-worker_processes 1;
-daemon off;
-pid $d/nginx.pid;
-error_log $d/error.log warn;
-events { worker_connections 64; }
-http {
-    access_log $d/access.log;
-    client_body_temp_path $d/body;
-    proxy_temp_path $d/tmp/proxy;
-    fastcgi_temp_path $d/tmp/fastcgi;
-    uwsgi_temp_path $d/tmp/uwsgi;
-    scgi_temp_path $d/tmp/scgi;
-    server {
-        listen $HOST:$port ssl;
-        ssl_certificate $d/cert.pem;
-        ssl_certificate_key $d/key.pem;
-        root $d/www;
-        location /upload/ {
-            dav_methods PUT;
-            create_full_put_path on;
-            client_max_body_size 0;
-        }
-    }
-}
-EOF
+    nginx_dav_setup "$d" "$HOST" "$port" 1 64 "$d/access.log"
     "${SRV[@]}" "$nginx_bin" -t -q -p "$d/" -e "$d/error.log" -c "$d/nginx.conf"
     "${SRV[@]}" "$nginx_bin" -p "$d/" -e "$d/error.log" -c "$d/nginx.conf" &
     nginx_pid=$!
