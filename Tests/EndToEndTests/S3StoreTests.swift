@@ -197,7 +197,8 @@ struct S3StoreTests {
             // The relay lets go of the cut upload (whole parts made durable on the way out), then stops.
             await relay.stop()
             let left = try #require(await session())
-            #expect(try await catalog.stagedParts(sessionID: left.id).last?.end == left.durableOffset)
+            let parts = try await catalog.stagedParts(sessionID: left.id)
+            #expect(parts.last?.end == left.durableOffset, "parts \(parts.map { ($0.number, $0.end) }), durable \(left.durableOffset)")
             #expect(try await client.listMultipartUploads(bucket: bucket, prefix: "").count == 1)
             var logger = Logger(label: "test-expiry")
             logger.logLevel = .critical
