@@ -54,6 +54,38 @@ struct FileSourceTests {
         #expect(Array(second.readableBytesView) == Array(file.data[(1 << 16)..<(2 << 16)]))
     }
 
+    @Test("a large file's blocks still in flight are read into again once their chunks are gone, never before")
+    func blocksInFlightAreRecycled() async throws {
+        let file = makeFile(TemporaryDirectories.make(), "big.bin", size: 6 << 20, seed: 13)
+        let recycled = RecycledBlocks(capacity: 4)
+        let source = FileSource(path: file.path, blockSize: 1 << 20, startOffset: 0, followSymlinks: false, recycled: recycled)
+        _ = try source.open()
+        defer { source.close() }
+        let allocator = ByteBufferAllocator()
+        func address(_ buffer: ByteBuffer) -> UInt? { buffer.withUnsafeReadableBytes { $0.baseAddress.map { UInt(bitPattern: $0) } } }
+        func expectBlock(_ chunk: ByteBuffer?, _ index: Int) {
+            #expect(chunk.map { Array($0.readableBytesView) } == Array(file.data[(index << 20)..<((index + 1) << 20)]), "block \(index)")
+        }
+        // Each read takes a whole block, kept as CHUNKs on their way are.
+        var chunks: [ByteBuffer?] = try (0..<3).map { try source.read(at: UInt64($0) << 20, maxLength: 1 << 20, allocator: allocator) }
+        let first = chunks[0].flatMap(address)
+        let second = chunks[1].flatMap(address)
+        #expect(recycled.count == 2, "blocks 0 and 1 wait, in flight")
+        // Block 0's chunk is sent: the next block is read into its memory. Block 1's is not: it is left alone.
+        chunks[0] = nil
+        chunks.append(try source.read(at: 3 << 20, maxLength: 1 << 20, allocator: allocator))
+        #expect(chunks[3].flatMap(address) == first, "block 3 reuses block 0's memory")
+        #expect(chunks[3].flatMap(address) != second)
+        expectBlock(chunks[1], 1)
+        expectBlock(chunks[2], 2)
+        expectBlock(chunks[3], 3)
+        // Nothing free: a new block, and the bytes of every chunk kept stay theirs.
+        chunks.append(try source.read(at: 4 << 20, maxLength: 1 << 20, allocator: allocator))
+        let fresh = chunks[4].flatMap(address)
+        #expect(fresh != first && fresh != second)
+        for index in 1...4 { expectBlock(chunks[index], index) }
+    }
+
     @Test(
         "files read one after another share recycled blocks: every read returns its own file's bytes, and a chunk kept from an earlier file keeps its own"
     )
@@ -74,7 +106,7 @@ struct FileSourceTests {
         for (index, (chunk, data)) in kept.enumerated() {
             #expect(Array(chunk.readableBytesView) == Array(data), "kept chunk \(index) changed")
         }
-        RecycledBlocks.drain()
+        RecycledBlocks.shared.drain()
     }
 
     @Test("the read of a file's last bytes lets go of its block: an upload waiting for its commit holds no block")

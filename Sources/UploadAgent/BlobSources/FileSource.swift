@@ -19,6 +19,8 @@ public final class FileSource: BlobSource {
     /// Whether a symbolic link at `path` is followed to its target. By default it is not: the open fails, and nothing
     /// but the file named is ever read (`upload-agent send --follow-symlinks` asks for targets).
     public let followSymlinks: Bool
+    /// Where blocks read before wait to be read into again (``RecycledBlocks/shared``, but in tests).
+    let recycled: RecycledBlocks
 
     private struct State {
         var descriptor: Int32 = -1
@@ -47,7 +49,12 @@ public final class FileSource: BlobSource {
 
     private let state = NIOLockedValueBox(State())
 
-    public init(path: String, blockSize: Int = 1 << 20, startOffset: UInt64 = 0, followSymlinks: Bool = false) {
+    public convenience init(path: String, blockSize: Int = 1 << 20, startOffset: UInt64 = 0, followSymlinks: Bool = false) {
+        self.init(path: path, blockSize: blockSize, startOffset: startOffset, followSymlinks: followSymlinks, recycled: .shared)
+    }
+
+    init(path: String, blockSize: Int, startOffset: UInt64, followSymlinks: Bool, recycled: RecycledBlocks) {
+        self.recycled = recycled
         self.path = path
         self.blockSize = max(1, blockSize)
         self.startOffset = startOffset
@@ -119,7 +126,7 @@ public final class FileSource: BlobSource {
             // hold a block each).
             let last = maxLength >= block.readableBytes - start && state.blockOffset + UInt64(block.readableBytes) >= state.size
             state.block = last ? nil : block
-            if last { RecycledBlocks.put(block) }
+            if last { self.recycled.put(block) }
             return try Self.slice(block, from: start, length: maxLength, path: self.path)
         }
     }
@@ -127,18 +134,18 @@ public final class FileSource: BlobSource {
     /// Reads the block at `offset`: at least `maxLength` bytes, up to the size at open.
     private func readBlock(_ state: inout State, at offset: UInt64, maxLength: Int, allocator: ByteBufferAllocator) throws -> ByteBuffer {
         let wanted = Int(min(UInt64(max(self.blockSize, maxLength)), state.size - offset))
-        // The last block's memory is used again when no chunk of it is still alive (all sent): no allocation.
+        // The block read before is read into again when no chunk of it is alive (all sent); else it goes to the recycled
+        // ones, its chunks on their way, and one of those whose chunks are all sent is used: no allocation. Moved out of
+        // the state, so that the source's own reference is not counted as a chunk's.
+        var previous = state.block.take()
         var block: ByteBuffer
-        if var previous = state.block {
-            state.block = nil
-            previous.clear(minimumCapacity: wanted)
-            block = previous
-        } else if var recycled = RecycledBlocks.take(atLeast: wanted) {
-            // Its memory again when its chunks are all sent; else clear gives it new memory, as a new buffer would have.
-            recycled.clear(minimumCapacity: wanted)
-            block = recycled
+        if (previous?.capacity ?? 0) >= wanted, previous?.modifyIfUniquelyOwned({ $0.clear() }) != nil, let reused = previous {
+            previous = nil
+            block = reused
         } else {
-            block = allocator.buffer(capacity: wanted)
+            if let previous { self.recycled.put(previous) }
+            previous = nil
+            block = self.recycled.take(atLeast: wanted) ?? allocator.buffer(capacity: wanted)
         }
         let fd = state.descriptor
         let path = self.path
@@ -195,35 +202,51 @@ public final class FileSource: BlobSource {
     }
 }
 
-/// The last blocks of files read to their end, kept for the next files' first reads. A block of 256 KiB or more is
-/// mapped on its own (the agent returns large buffers at once, see `upload-agent`'s main) and a fresh one costs a page
-/// fault and a zeroed page per 4 KiB read into it: on 1,000 files of 1 MiB, about a tenth of the agent's CPU. A block
-/// taken from here is used again only when every chunk of it is gone (sent); otherwise it gets new memory, as before.
-/// At most ``capacity`` wait here, and none once the queue has nothing left to upload (``drain()``).
-enum RecycledBlocks {
-    static let capacity = 4
+/// Blocks read before, kept to be read into again once no chunk of theirs is alive (all sent). A block of 256 KiB or
+/// more is mapped on its own (the agent returns large buffers at once, see `upload-agent`'s main) and a fresh one costs a
+/// page fault and a zeroed page per 4 KiB read into it: on 1,000 files of 1 MiB about a tenth of the agent's CPU, and as
+/// much on one large file, whose blocks are still in flight (the connection's window, 8 MiB) when the next is read.
+/// The last ``capacity`` blocks put wait here, in flight or free: a free one costs memory only until the window's
+/// worth of blocks after it were put, and none once the queue has nothing left to upload (``drain()``).
+final class RecycledBlocks: Sendable {
+    /// The agent's (every ``FileSource`` made with the public initializer).
+    static let shared = RecycledBlocks()
+    let capacity: Int
     /// Only blocks of the size reads use (the default block size and the chunk sizes near it).
     static let sizes = (256 << 10)...(2 << 20)
-    private static let blocks = NIOLockedValueBox<[ByteBuffer]>([])
+    private let blocks = NIOLockedValueBox<[ByteBuffer]>([])
 
-    static func put(_ block: ByteBuffer) {
+    init(capacity: Int = 12) {
+        self.capacity = capacity
+    }
+
+    func put(_ block: ByteBuffer) {
         guard Self.sizes.contains(block.capacity) else { return }
-        Self.blocks.withLockedValue { blocks in
+        self.blocks.withLockedValue { blocks in
             blocks.append(block)
-            if blocks.count > Self.capacity { blocks.removeFirst() }
+            if blocks.count > self.capacity { blocks.removeFirst() }
         }
     }
 
     /// Lets go of every block kept (the agent has nothing to read for now).
-    static func drain() {
-        Self.blocks.withLockedValue { $0.removeAll() }
+    func drain() {
+        self.blocks.withLockedValue { $0.removeAll() }
     }
 
-    /// The oldest block kept (the likeliest to be free) if it holds `wanted` bytes.
-    static func take(atLeast wanted: Int) -> ByteBuffer? {
-        Self.blocks.withLockedValue { blocks in
-            guard let first = blocks.first, first.capacity >= wanted else { return nil }
-            return blocks.removeFirst()
+    /// The oldest block kept that holds `wanted` bytes and that nothing else refers to any more (every chunk of it is
+    /// gone), emptied; nil when none is.
+    func take(atLeast wanted: Int) -> ByteBuffer? {
+        self.blocks.withLockedValue { blocks in
+            for index in blocks.indices where blocks[index].capacity >= wanted {
+                // In place: a copy of the buffer would be a second reference to its memory.
+                if blocks[index].modifyIfUniquelyOwned({ $0.clear() }) != nil {
+                    return blocks.remove(at: index)
+                }
+            }
+            return nil
         }
     }
+
+    /// Blocks kept now (tests).
+    var count: Int { self.blocks.withLockedValue { $0.count } }
 }

@@ -150,7 +150,7 @@ final class JobQueue: Sendable {
             idle = state.active == 0 && state.waiting.isEmpty
         }
         // Nothing left to read for now (a watch waiting for files): the read blocks kept for the next file go.
-        if idle { RecycledBlocks.drain() }
+        if idle { RecycledBlocks.shared.drain() }
         self.journal?.finished(job, result)
     }
 
