@@ -177,7 +177,7 @@ let package = Package(
             name: "upload-relay",
             dependencies: [
                 "UploadRelay", "UploadRelayBackends", "UploadRelaySQLite", "UploadRelayPostgres", "UploadRelayLocalStore", "UploadRelayS3Store",
-                "UploadCommandLine", "UploadS3",
+                "UploadCommandLine", "UploadS3", "CUploadSystem",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),

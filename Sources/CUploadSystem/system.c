@@ -23,6 +23,16 @@ int upload_set_mmap_threshold(int bytes) {
 #endif
 }
 
+int upload_set_malloc_thresholds(int mmap_bytes, int trim_bytes) {
+#if defined(__GLIBC__)
+    return mallopt(M_MMAP_THRESHOLD, mmap_bytes) && mallopt(M_TRIM_THRESHOLD, trim_bytes);
+#else
+    (void)mmap_bytes;
+    (void)trim_bytes;
+    return 0;
+#endif
+}
+
 // The commit a release is built from: tools/package writes build_commit.h (git-ignored) for its build, so that only this
 // file is compiled again, not every C target as a -D flag would.
 #if __has_include("build_commit.h")
