@@ -36,7 +36,7 @@ struct ConnectionOptions: ParsableArguments {
     @Option(
         name: .long,
         help: ArgumentHelp(
-            "TLS connections to the relay: auto (the default) opens one, and more up to --max-connections only while the link's round trip is 5 ms or more and each one added raises the rate (one connection carries about 26 MB/s over 100 ms with Linux's default socket buffers); on loopback or a LAN it stays at one. A number opens exactly that many, sharing --concurrency. With more than one, a file above 16 MiB goes in 16 MiB stripes over all of them.",
+            "TLS connections to the relay: auto (the default) opens one; where the link's round trip is 5 ms or more and files wait, 4 at once (one connection carries about 26 MB/s over 100 ms with Linux's default socket buffers), then twice as many, up to --max-connections, while each step raises the rate; on loopback or a LAN it stays at one. A number opens exactly that many, sharing --concurrency. With more than one, a file above 16 MiB goes in 16 MiB stripes over all of them.",
             valueName: "auto|n"
         )
     )

@@ -16,6 +16,7 @@ struct QuotaCheck {
     var itemBytes: UInt64? = nil
 
     /// Asks the relay; when it cannot answer (it is older, or unreachable: the upload then says so), every item goes.
+    /// The connection asked on stays up for the upload that follows (``Uploader/quotaPlan(_:keepConnection:)``).
     static func run(_ plan: ItemPlanner.Plan, sendWhatFits: Bool, overwrite: Bool, uploader: Uploader) async -> QuotaCheck {
         let all = QuotaCheck(items: plan.items, held: [], note: nil)
         // Streams have no size to plan with: they go, and the relay bounds them as they arrive.
@@ -25,7 +26,7 @@ struct QuotaCheck {
         let request = QuotaPlan.Request(entries: sized.map { (plan.items[$0.index].key, $0.size) }, overwrite: overwrite)
         let answer: QuotaPlan?
         do {
-            answer = try await uploader.quotaPlan(request)
+            answer = try await uploader.quotaPlan(request, keepConnection: true)
         } catch {
             Logger(label: "upload-agent").debug("no quota check", metadata: ["error": "\(error)"])
             return all

@@ -141,10 +141,13 @@ struct Send: AsyncParsableCommand {
                 results = try await uploader.upload(items) { event in progress.handle(event) }
             }
         } catch {
+            await uploader.letGoOfKeptConnection()
             try? await group.shutdownGracefully()
             Platform.writeStandardError("upload-agent: \(error)\n")
             throw ExitCode(1)
         }
+        // The quota plan's connection, when no run took it (nothing to send, or the files went to another agent).
+        await uploader.letGoOfKeptConnection()
         try? await group.shutdownGracefully()
         results = plan.results + check.held + results
         progress.summary(results)

@@ -1,7 +1,9 @@
 import AsyncHTTPClient
 import Foundation
+import Logging
 import NIOCore
 import NIOHTTP1
+import NIOPosix
 import Testing
 import UploadAgent
 import UploadRelay
@@ -121,5 +123,67 @@ struct OperationsEndpointTests {
         }
         try await client.shutdown()
         await relay.stop()
+    }
+
+    @Test(
+        "a quota plan's connection kept for the uploads that follow: the relay accepts one connection for both, the files stored; not kept, or no run to take it, two and none left open"
+    )
+    func quotaPlanConnectionKept() async throws {
+        let relay = try await Self.relay().start()
+        let client = HTTPClient(eventLoopGroupProvider: .singleton)
+        let source = TestRelay.makeDirectory()
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        defer { try? FileManager.default.removeItem(atPath: source) }
+        do {
+            let files = (0..<3).map { makeFile(source, "p\($0).jpg", size: 40_000 + $0, seed: UInt64(60 + $0)) }
+            func items(_ prefix: String) -> [UploadItem] {
+                files.map {
+                    UploadItem(key: prefix + "/" + ($0.path as NSString).lastPathComponent, displayPath: $0.path, source: FileSource(path: $0.path))
+                }
+            }
+            let request = { (prefix: String) in QuotaPlan.Request(entries: items(prefix).map { ($0.key, UInt64(40_000)) }, overwrite: false) }
+            let uploader = Uploader(
+                configuration: AgentConfiguration(relayHost: "127.0.0.1", relayPort: relay.port, token: relay.token, caPath: relay.caPath),
+                group: group, logger: Logger(label: "test-agent")
+            )
+            func accepted() async throws -> Double? {
+                Self.sample(try await Self.get(client, port: relay.operationsPort, "/metrics").body, "upload_relay_connections_accepted_total")
+            }
+            func open() async throws -> Double? {
+                Self.sample(try await Self.get(client, port: relay.operationsPort, "/metrics").body, "upload_relay_connections")
+            }
+
+            let plan = try await uploader.quotaPlan(request("kept"), keepConnection: true)
+            #expect(plan?.fits == true)
+            let kept = try await uploader.upload(items("kept"))
+            #expect(kept.map(\.status) == [.stored, .stored, .stored], "\(kept)")
+            #expect(try await accepted() == 1, "the plan and the uploads on one connection")
+
+            _ = try await uploader.quotaPlan(request("apart"))
+            let apart = try await uploader.upload(items("apart"))
+            #expect(apart.map(\.status) == [.deduplicated, .deduplicated, .deduplicated], "\(apart)")
+            #expect(try await accepted() == 3, "not kept: a connection for the plan, one for the uploads")
+
+            // Kept, and no run takes it (nothing to send): let go, it closes.
+            _ = try await uploader.quotaPlan(request("unused"), keepConnection: true)
+            await uploader.letGoOfKeptConnection()
+            #expect(try await accepted() == 4)
+            #expect(await Polling.waitUntil(timeout: 10) { (try? await open()) == 0 }, "the kept connection closed")
+            for file in files {
+                #expect(
+                    FileManager.default.contents(atPath: relay.directory + "/store/dev/kept/" + (file.path as NSString).lastPathComponent)
+                        == file.data)
+            }
+        } catch {
+            try? await client.shutdown()
+            try? await group.shutdownGracefully()
+            await relay.stop()
+            try? FileManager.default.removeItem(atPath: relay.directory)
+            throw error
+        }
+        try await client.shutdown()
+        try? await group.shutdownGracefully()
+        await relay.stop()
+        try? FileManager.default.removeItem(atPath: relay.directory)
     }
 }

@@ -24,34 +24,41 @@ struct ConnectionGrowthTests {
     }
 
     @Test(
-        "a long link: the first connection measured over a window, then 4 in all, then doubled per window while the ones added raised the rate by 20 %; settled when they did not"
+        "a long link with work waiting: 4 connections at once, then doubled per window while the ones added raised the rate by 20 % (the first step: over what one connection's send buffer carries per round trip); settled when they did not"
     )
     func longLink() {
-        var growth = ConnectionGrowth(maximum: 32)
+        // One connection carries at most 4 MiB per 100 ms: 41.9 MB/s.
+        var growth = ConnectionGrowth(maximum: 32, sendBufferLimit: 4 << 20)
         let rtt = Duration.milliseconds(100)
-        // The round trip known; one connection measured (20 MB/s); 4 -> 50 MB/s (2.5x): 8; 8 -> 55 (1.1x): settled.
-        let added = Self.decisions(&growth, [(rtt, 0, true), (rtt, 20e6, true), (rtt, 50e6, true), (rtt, 55e6, true), (rtt, 90e6, true)])
-        #expect(added == [0, 3, 4, 0, 0])
+        #expect(Int(growth.oneConnectionCeiling(roundTrip: rtt)) == 41_943_040)
+        // The round trip known: 4 at once; 4 -> 110 MB/s (2.6x one connection's most): 8; 8 -> 120 (1.1x): settled.
+        let added = Self.decisions(&growth, [(rtt, 0, true), (rtt, 110e6, true), (rtt, 120e6, true), (rtt, 200e6, true)])
+        #expect(added == [3, 4, 0, 0])
         #expect(growth.settled && growth.running == 8)
         #expect(growth.reason?.contains("20 %") == true, "\(growth.reason ?? "")")
+        // 4 that carry less than 1.2 times one connection's most (50.3 MB/s) did not prove the step paid: no more.
+        var capped = ConnectionGrowth(maximum: 32, sendBufferLimit: 4 << 20)
+        #expect(Self.decisions(&capped, [(rtt, 0, true), (rtt, 50e6, true)]) == [3, 0])
+        #expect(capped.settled && capped.running == 4)
     }
 
-    @Test("a long thin link (a phone's): the first step did not raise the rate, and no more are opened")
+    @Test("a long thin link (a phone's): the first step did not raise the rate past one connection's most, and no more are opened")
     func longThinLink() {
         var growth = ConnectionGrowth(maximum: 8)
         let rtt = Duration.milliseconds(60)
-        let added = Self.decisions(&growth, [(rtt, 0, true), (rtt, 1.2e6, true), (rtt, 1.25e6, true), (rtt, 1.3e6, true)])
-        #expect(added == [0, 3, 0, 0])
+        let added = Self.decisions(&growth, [(rtt, 0, true), (rtt, 1.25e6, true), (rtt, 1.3e6, true)])
+        #expect(added == [3, 0, 0])
         #expect(growth.settled && growth.running == 4)
     }
 
-    @Test("nothing sent yet, or no work waiting for a new connection: none opened, measured again; the maximum is never passed")
+    @Test("no work waiting for a new connection: none opened, asked again; the maximum is never passed")
     func workAndMaximum() {
-        var growth = ConnectionGrowth(maximum: 6)
+        var growth = ConnectionGrowth(maximum: 6, sendBufferLimit: 1 << 20)
         let rtt = Duration.milliseconds(40)
-        let idle = Self.decisions(&growth, [(rtt, 0, true), (rtt, 0, true), (rtt, 10e6, false)])
-        #expect(idle == [0, 0, 0] && !growth.settled)
-        let added = Self.decisions(&growth, [(rtt, 10e6, true), (rtt, 20e6, true), (rtt, 90e6, true)])
+        let idle = Self.decisions(&growth, [(rtt, 0, false), (rtt, 10e6, false)])
+        #expect(idle == [0, 0] && !growth.settled)
+        // One connection's most: 26.2 MB/s; 4 carried 90 MB/s.
+        let added = Self.decisions(&growth, [(rtt, 10e6, true), (rtt, 90e6, true), (rtt, 200e6, true)])
         #expect(added == [3, 2, 0], "4 more would pass the maximum of 6: 2")
         #expect(growth.running == 6 && growth.settled)
         var one = ConnectionGrowth(maximum: 1)
@@ -90,18 +97,12 @@ struct ConnectionGrowthTests {
         #expect(await early.value == false, "cancelled before it parked")
     }
 
-    @Test("a window is eight round trips and at least half a second; the first connection's baseline, three and a quarter")
+    @Test("a window is eight round trips and at least half a second; the kernel's send buffer limit is read, 4 MiB where it cannot be")
     func window() {
         #expect(ConnectionGrowth.window(roundTrip: nil) == .milliseconds(500))
         #expect(ConnectionGrowth.window(roundTrip: .milliseconds(20)) == .milliseconds(500))
         #expect(ConnectionGrowth.window(roundTrip: .milliseconds(300)) == .milliseconds(2400))
-        var growth = ConnectionGrowth(maximum: 8)
-        #expect(growth.nextWindow(roundTrip: nil) == .milliseconds(500), "waiting for the round trip")
-        _ = growth.sample(roundTrip: .milliseconds(100), rate: 0, workWaiting: true)
-        #expect(growth.nextWindow(roundTrip: .milliseconds(100)) == .milliseconds(300), "the baseline")
-        #expect(ConnectionGrowth.baselineWindow(roundTrip: .milliseconds(20)) == .milliseconds(250))
-        #expect(growth.sample(roundTrip: .milliseconds(100), rate: 1000, workWaiting: true) == 3)
-        #expect(growth.nextWindow(roundTrip: .milliseconds(100)) == .milliseconds(800), "after a step: eight round trips")
+        #expect(Uploader.kernelSendBufferLimit() >= 4096)
     }
 
     @Test("a connection added by an adaptive run has two places (one upload sending, the next opening) and a 1/max share of the buffers")

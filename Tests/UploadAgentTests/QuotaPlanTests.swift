@@ -74,6 +74,48 @@ struct AgentQuotaPlanTests {
         #expect(answer.overflow.count == 2250 - 1900)
     }
 
+    @Test(
+        "kept after its plan: the answer is told, the connection stays up and idle; a run then takes it: its jobs open there, its outcome its own"
+    )
+    func keptForTheRun() async throws {
+        var harness = AgentHarness(files: 2)
+        let empty = JobQueue([])
+        harness.session = AgentSession(
+            configuration: harness.session.configuration, queue: empty, plan: QuotaPlan.Request(entries: [("k0", 400)], overwrite: false),
+            keepAfterPlan: true)
+        _ = harness.session.connected(roundTrip: .milliseconds(100))
+        var actions = harness.receive(Self.welcome(features: .quotaPlan))
+        #expect(actions.contains { if case .event(.connected(_, "cam-7")) = $0 { return true } else { return false } })
+        let probe = try #require(Self.plans(actions).first)
+        actions = harness.receive(.room(Frame.Room(request: probe.request, quota: 2000, used: 0, needs: [])))
+        #expect(!Self.closes(actions), "kept: not closed")
+        let told = actions.compactMap { if case .planned(let outcome) = $0 { return outcome } else { return nil } }
+        #expect(told.count == 1 && told.first?.quotaPlan?.fits == true && told.first?.parked == true, "\(actions)")
+        // Idle meanwhile: a keepalive period is answered with a PING, not a close.
+        #expect(Self.closes(harness.session.jobsChanged()) == false)
+        #expect(AgentHarness.frames(harness.session.silentPeriod()).contains { if case .ping = $0 { return true } else { return false } })
+
+        actions = harness.session.adopt(harness.queue)
+        #expect(actions.contains { if case .event(.connected(_, "cam-7")) = $0 { return true } else { return false } }, "the run hears it")
+        let prepared = actions.compactMap { if case .prepare(let job, _, _) = $0 { return job.key } else { return nil } }
+        #expect(prepared.first == "k0", "the run's jobs start on the kept connection: \(prepared)")
+        #expect(harness.session.outcome.quotaPlan == nil && !harness.session.outcome.parked && harness.session.outcome.welcomed)
+        #expect(harness.session.adopt(JobQueue([])).isEmpty, "taken once")
+    }
+
+    @Test("kept after its plan, but the relay answers none: told at once (no plan), kept all the same")
+    func keptWithoutFeature() async {
+        var harness = AgentHarness(files: 0)
+        harness.session = AgentSession(
+            configuration: harness.session.configuration, queue: harness.queue, plan: QuotaPlan.Request(entries: [("a", 1)], overwrite: false),
+            keepAfterPlan: true)
+        _ = harness.session.connected()
+        let actions = harness.receive(Self.welcome(features: []))
+        #expect(!Self.closes(actions))
+        let told = actions.compactMap { if case .planned(let outcome) = $0 { return outcome } else { return nil } }
+        #expect(told.count == 1 && told.first?.quotaPlan == nil && told.first?.parked == true)
+    }
+
     @Test("a relay without QUOTA_PLAN: no PLAN, no answer, the connection closes as an idle one")
     func relayWithoutFeature() async {
         let (harness, actions) = Self.session([("a", 1)], features: [])

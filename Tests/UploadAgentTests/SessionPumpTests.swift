@@ -97,7 +97,7 @@ struct SessionPump {
                 self.events.append(event)
             case .log:
                 break
-            case .finished(let outcome):
+            case .finished(let outcome), .planned(let outcome):
                 self.outcome = outcome
             }
         }

@@ -11,13 +11,15 @@ final class AgentConnectionHandler: ChannelInboundHandler {
     typealias OutboundOut = ByteBuffer
 
     private var session: AgentSession
-    private let pool: NIOThreadPool
+    private var pool: NIOThreadPool
     /// `--bwlimit`, shared by every connection of the run; reads wait for it on the pool.
-    private let bandwidth: BandwidthLimit?
-    private let onEvent: @Sendable (UploadEvent) -> Void
+    private var bandwidth: BandwidthLimit?
+    private var onEvent: @Sendable (UploadEvent) -> Void
     /// An adaptive run's measure of its link, told the round trip when the connection comes up.
-    private let meter: LinkMeter?
-    private let done: EventLoopPromise<ConnectionOutcome>
+    private var meter: LinkMeter?
+    /// Told the outcome once: the connection's end, or its quota plan's answer when it stays up after it (until a run
+    /// takes it, with a promise of its own: ``adopt(queue:pool:bandwidth:meter:done:onEvent:)``).
+    private var done: EventLoopPromise<ConnectionOutcome>?
     private let logger: Logger
     private var context: ChannelHandlerContext? = nil
     private var needsFlush = false
@@ -30,11 +32,11 @@ final class AgentConnectionHandler: ChannelInboundHandler {
 
     init(
         configuration: AgentConfiguration, queue: JobQueue, pool: NIOThreadPool, bandwidth: BandwidthLimit?, logger: Logger,
-        done: EventLoopPromise<ConnectionOutcome>, plan: QuotaPlan.Request? = nil, meter: LinkMeter? = nil,
+        done: EventLoopPromise<ConnectionOutcome>, plan: QuotaPlan.Request? = nil, keepAfterPlan: Bool = false, meter: LinkMeter? = nil,
         onEvent: @escaping @Sendable (UploadEvent) -> Void
     ) {
         self.meter = meter
-        self.session = AgentSession(configuration: configuration, queue: queue, plan: plan)
+        self.session = AgentSession(configuration: configuration, queue: queue, plan: plan, keepAfterPlan: keepAfterPlan)
         self.pool = pool
         self.bandwidth = bandwidth
         self.logger = logger
@@ -53,16 +55,54 @@ final class AgentConnectionHandler: ChannelInboundHandler {
     }
 
     func channelActive(context: ChannelHandlerContext) {
-        // Jobs that come back to the queue from elsewhere (a late preparation of an earlier connection) wake this one,
-        // always through the event loop, never from inside an action.
+        self.listen(context: context)
+        let roundTrip = self.measureRoundTrip(context: context)
+        self.act { $0.connected(roundTrip: roundTrip) }
+        context.fireChannelActive()
+    }
+
+    /// Jobs that come back to the queue from elsewhere (a late preparation of an earlier connection) wake this one,
+    /// always through the event loop, never from inside an action.
+    private func listen(context: ChannelHandlerContext) {
         let handler = NIOLoopBound(WeakHandler(self), eventLoop: context.eventLoop)
         let loop = context.eventLoop
         self.session.queue.setListener(ObjectIdentifier(self)) { loop.execute { handler.value.handler?.act { $0.jobsChanged() } } }
+    }
+
+    /// The run's round trip (its first connection's), which every connection of an adaptive run decides on.
+    private func measureRoundTrip(context: ChannelHandlerContext) -> Duration? {
         let measured = self.session.configuration.faults.assumedRoundTrip ?? Self.roundTrip(of: context.channel)
-        // The run's round trip (its first connection's), which every connection of an adaptive run decides on.
-        let roundTrip = self.meter.map { $0.measured(roundTrip: measured) } ?? measured
-        self.act { $0.connected(roundTrip: roundTrip) }
-        context.fireChannelActive()
+        return self.meter.map { $0.measured(roundTrip: measured) } ?? measured
+    }
+
+    /// A run takes this connection, kept up after its quota plan: its queue, pool, limits, meter and events from now on,
+    /// its outcome told to `done`. False, with nothing changed, when the connection is gone or was not kept.
+    func adopt(
+        queue: JobQueue, pool: NIOThreadPool, bandwidth: BandwidthLimit?, meter: LinkMeter?, done: EventLoopPromise<ConnectionOutcome>,
+        onEvent: @escaping @Sendable (UploadEvent) -> Void
+    ) -> Bool {
+        guard let context = self.context, context.channel.isActive, self.done == nil, self.session.outcome.parked, !self.session.closed else {
+            return false
+        }
+        self.session.queue.setListener(ObjectIdentifier(self), nil)
+        self.pool = pool
+        self.bandwidth = bandwidth
+        self.meter = meter
+        self.done = done
+        self.onEvent = onEvent
+        let roundTrip = self.measureRoundTrip(context: context)
+        self.act { session in
+            session.roundTrip = roundTrip
+            return session.adopt(queue)
+        }
+        self.listen(context: context)
+        return true
+    }
+
+    /// Closes a connection kept after its quota plan that no run took.
+    func letGo() {
+        guard self.done == nil, self.session.outcome.parked else { return }
+        self.act { $0.close() }
     }
 
     /// The kernel's smoothed round trip of the connection (TCP_INFO's `tcpi_rtt`, measured from the handshake on), read
@@ -175,8 +215,9 @@ final class AgentConnectionHandler: ChannelInboundHandler {
                 self.onEvent(event)
             case .log(let level, let message, let metadata):
                 self.logger.log(level: level, "\(message)", metadata: metadata)
-            case .finished(let outcome):
-                self.done.succeed(outcome)
+            case .finished(let outcome), .planned(let outcome):
+                self.done?.succeed(outcome)
+                self.done = nil
             }
         }
     }

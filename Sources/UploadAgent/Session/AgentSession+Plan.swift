@@ -27,7 +27,7 @@ extension AgentSession {
         guard var planning = self.planning, !self.closed else { return [] }
         guard self.machine.canSendPlan else {
             self.planning = nil
-            return [.log(.debug, "the relay does not answer quota plans (no QUOTA_PLAN)", [:])] + self.closeIfIdle()
+            return [.log(.debug, "the relay does not answer quota plans (no QUOTA_PLAN)", [:])] + self.planOver()
         }
         var entries: [Frame.Plan.Entry] = []
         if planning.probeAnswered {
@@ -68,6 +68,6 @@ extension AgentSession {
     private mutating func planDone(_ plan: QuotaPlan) -> [Action] {
         self.outcome.quotaPlan = plan
         self.planning = nil
-        return self.closeIfIdle()
+        return self.planOver()
     }
 }

@@ -8,14 +8,19 @@ import NIOConcurrencyHelpers
 /// loopback and a LAN the window is never the bound, and one connection is enough: a round trip below
 /// ``longLink`` opens no other.
 ///
-/// On a long link, the first connection's rate is measured over a short window; then ``firstStep`` connections run in all
-/// (4 carried 3.9 times scp's rate over 100 ms), and each later window doubles them while the window's rate was at
-/// least ``gain`` times the one before the last step: every step is taken on a measured rate, and a long thin link
-/// (a phone's) stops at the first step that did not pay. Pure decisions, sampled by ``Uploader`` once per
+/// On a long link with work waiting, ``firstStep`` connections run in all at once (4 carried 3.9 times scp's rate over
+/// 100 ms): one connection's rate is bounded by its largest window per round trip, which the round trip alone tells, and
+/// every round trip spent measuring one connection is one a long link carries a quarter of what four would. Each later
+/// window doubles them while the window's rate was at least ``gain`` times the one before the last step (for the first
+/// step, what one connection's largest send buffer carries per round trip: more than that proves the step paid). A long
+/// thin link (a phone's) stops at the first step. Pure decisions, sampled by ``Uploader`` once per
 /// ``window(roundTrip:)``.
 struct ConnectionGrowth: Sendable {
     /// The most connections.
     let maximum: Int
+    /// The largest send buffer the kernel gives a connection (tcp_wmem's maximum): one connection carries at most about
+    /// this per round trip.
+    let sendBufferLimit: Int
     /// A round trip at least this long makes the link long: one connection's window may be what holds it.
     static let longLink = Duration.milliseconds(5)
     /// The connections after the first step.
@@ -35,14 +40,15 @@ struct ConnectionGrowth: Sendable {
     private enum Phase {
         /// The first connection is not up yet.
         case waitingForRoundTrip
-        /// The link is long: this window measures the connections running now, before a step.
+        /// The link is long: the first step waits for work a new connection could take.
         case measuring
         /// A step was taken after a window whose rate was `before`.
         case grown(before: Double)
     }
 
-    init(maximum: Int) {
+    init(maximum: Int, sendBufferLimit: Int = 4 << 20) {
         self.maximum = max(1, maximum)
+        self.sendBufferLimit = max(1, sendBufferLimit)
         if self.maximum == 1 { self.settle("--connections 1") }
     }
 
@@ -52,19 +58,10 @@ struct ConnectionGrowth: Sendable {
         max(.milliseconds(500), (roundTrip ?? .zero) * 8)
     }
 
-    /// How long the first connection alone is measured, before the first step: three round trips, and at least a
-    /// quarter of a second. Only a baseline (the first step's gain is judged against it), and short: every round trip
-    /// spent on one connection is one a long link carries a quarter of what four would (16 files of 16 MiB over 100 ms:
-    /// 4.8 s with eight round trips here, against 3.6 s for curl -Z 8). Its rate is low (slow start): the first step is
-    /// judged leniently, and a long thin link stops at the next.
-    static func baselineWindow(roundTrip: Duration?) -> Duration {
-        max(.milliseconds(250), (roundTrip ?? .zero) * 3)
-    }
-
-    /// How long until the next sample: the baseline's window while the first connection alone is measured.
-    func nextWindow(roundTrip: Duration?) -> Duration {
-        if case .measuring = self.phase { return Self.baselineWindow(roundTrip: roundTrip) }
-        return Self.window(roundTrip: roundTrip)
+    /// The most one connection carries over a link of `roundTrip`: its largest send buffer per round trip, in bytes per
+    /// second (42 MB/s over 100 ms with Linux's 4 MiB; about 26 MB/s measured, the kernel keeping part for itself).
+    func oneConnectionCeiling(roundTrip: Duration) -> Double {
+        Double(self.sendBufferLimit) / max(roundTrip.inSeconds, 0.000_001)
     }
 
     /// One window's sample: the round trip of the first connection (nil until it is measured), whether a connection
@@ -84,11 +81,11 @@ struct ConnectionGrowth: Sendable {
                 return 0
             }
             self.phase = .measuring
-            return 0
+            return self.sample(roundTrip: roundTrip, connected: connected, rate: rate, workWaiting: workWaiting)
         case .measuring:
-            // Nothing sent (a first file still hashed), or nothing a new connection could take: measured again.
-            guard rate > 0, workWaiting else { return 0 }
-            return self.step(after: rate)
+            // Nothing a new connection could take (a first file still hashed, the only one): asked again.
+            guard workWaiting, let roundTrip else { return 0 }
+            return self.step(after: self.oneConnectionCeiling(roundTrip: roundTrip))
         case .grown(let before):
             guard rate >= before * Self.gain else {
                 self.settle("the connections added last raised the rate less than \(Int(((Self.gain - 1) * 100).rounded())) %")
@@ -99,7 +96,8 @@ struct ConnectionGrowth: Sendable {
         }
     }
 
-    /// Opens the next step's connections after a window of `rate`: ``firstStep`` in all at first, then twice as many.
+    /// Opens the next step's connections after a window of `rate` (for the first, one connection's ceiling):
+    /// ``firstStep`` in all at first, then twice as many.
     private mutating func step(after rate: Double) -> Int {
         let target = self.running == 1 ? Self.firstStep : self.running * 2
         let added = min(target, self.maximum) - self.running
