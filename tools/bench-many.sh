@@ -12,7 +12,8 @@
 # and prints wall seconds, aggregate MB/s and files/s, server CPU-s, client CPU-s (all processes), the server's peak
 # RSS (the relay; nginx's largest worker), the agents' largest peak RSS, failures, and the ratio ours / peer. Every run
 # checks that each server holds every file with its size, and one photo and one thumbnail per agent byte for byte.
-# BIN_DIR picks the binaries (default: a release build made here). Removes everything it made at exit.
+# BIN_DIR picks the binaries (default: a release build made here); BENCH_RELAY_ARGS adds options to upload-relay serve
+# (A/B runs, e.g. "--memory-budget 64M"). Removes everything it made at exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 agents=${1:-100}
@@ -88,9 +89,11 @@ clients() {
     [ "$failed" -eq 0 ] || { echo "   $failed clients failed; the first error:" >&2; cat "$(ls "$work"/err.* | head -1)" >&2; }
 }
 
+# Each agent has a state directory of its own, as each device has: with one shared, every send after the first handed
+# its files to the first one's runner (the same relay and token), and one process uploaded them all.
 ours_agent() {
     exec "$BIN_DIR/upload-agent" send --relay "$relay" --ca "$work/relay/dev/ca.pem" --token "$token" --json --quiet \
-        "$work/src/agent$1"
+        --state "$work/state/agent$1" "$work/src/agent$1"
 }
 
 peer_client() {
@@ -106,8 +109,9 @@ results=()
 for ((run = 1; run <= runs; run++)); do
     # ours
     rm -rf "$work/relay" "$work/ready"
+    # shellcheck disable=SC2086 # BENCH_RELAY_ARGS is a list of words
     "$BIN_DIR/upload-relay" serve --dev --data "$work/relay" --listen 127.0.0.1:0 --ready-file "$work/ready" --log-level warning \
-        >"$work/relay.log" 2>&1 &
+        ${BENCH_RELAY_ARGS:-} >"$work/relay.log" 2>&1 &
     server_pid=$!
     for _ in $(seq 300); do [ -s "$work/ready" ] && break; sleep 0.1; done
     relay=$(cat "$work/ready")
@@ -122,7 +126,7 @@ for ((run = 1; run <= runs; run++)); do
     [ "$stored" -eq "$files" ] || echo "   ours: $stored of $files stored" >&2
     check "$work/relay/store/dev"
     results+=("ours|$wall|$cpu0|$cpu1|$client_cpu|$hwm|$client_hwm|$failed|$stored")
-    rm -rf "$work/relay" "$work"/out.* "$work"/err.* "$work"/time.*
+    rm -rf "$work/relay" "$work/state" "$work"/out.* "$work"/err.* "$work"/time.*
 
     # peer: nginx, one worker per core
     d=$work/nginx

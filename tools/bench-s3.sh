@@ -87,7 +87,7 @@ for ((run = 1; run <= runs; run++)); do
         [ -s "$work/ready" ] || { cat "$work/relay.log" >&2; exit 1; }
         w0=$(tree_cpu); r0=$(cpu_of "$relay_pid"); t0=$(now)
         /usr/bin/time -f '%U %S' -o "$work/agent.time" "$BIN_DIR/upload-agent" send --relay "$(cat "$work/ready")" \
-            --ca "$work/relay/dev/ca.pem" --token "$(cat "$work/relay/dev/token")" --quiet "$src"
+            --state "$work/agent-state-$run-$workload" --ca "$work/relay/dev/ca.pem" --token "$(cat "$work/relay/dev/token")" --quiet "$src"
         t1=$(now); r1=$(cpu_of "$relay_pid"); w1=$(tree_cpu)
         kill "$relay_pid"; wait "$relay_pid" 2>/dev/null || true; relay_pid=
         verify "ours-$run/dev/$workload" "$src"

@@ -352,7 +352,7 @@ bench_ours() {
         t0=$(now)
         # shellcheck disable=SC2086 # BENCH_AGENT_ARGS is a list of words
         /usr/bin/time -f '%M %U %S' -o "$DIR/agent-$run.rss" \
-            "${CLI[@]}" "$BIN/upload-agent" send --relay "$addr" --ca "$DIR/relay/dev/ca.pem" --token "$token" \
+            "${CLI[@]}" "$BIN/upload-agent" send --relay "$addr" --ca "$DIR/relay/dev/ca.pem" --token "$token" --state "$DIR/agent-state" \
             "${prefix_args[@]}" ${BENCH_AGENT_ARGS:-} --json "$FILE" >"$DIR/agent-$run.json" 2>"$DIR/agent-$run.err" \
             || { say "upload-agent failed:"; cat "$DIR/agent-$run.err" "$DIR/agent-$run.json" >&2; return 1; }
         t1=$(now)

@@ -41,8 +41,9 @@ token=$(cat "$work/relay/dev/token")
 start=$(date +%s.%N)
 pids=()
 for a in $(seq 0 $((agents - 1))); do
+    # A state directory each, as each device has (one shared: every send hands its files to the first one's runner).
     "$bin/upload-agent" send --relay "$relay" --ca "$work/relay/dev/ca.pem" --token "$token" --json --quiet \
-        --prefix "agent$a" "$work/src/agent$a" > "$work/agent$a.json" 2> "$work/agent$a.err" &
+        --state "$work/state/agent$a" --prefix "agent$a" "$work/src/agent$a" > "$work/agent$a.json" 2> "$work/agent$a.err" &
     pids+=($!)
 done
 failed=0
