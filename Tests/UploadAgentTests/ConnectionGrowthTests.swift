@@ -1,4 +1,5 @@
 import Dispatch
+import NIOCore
 import Testing
 import UploadTestSupport
 
@@ -73,6 +74,17 @@ struct ConnectionGrowthTests {
         #expect(before == 0 && !growth.settled, "not connected yet: asked again")
         let after = growth.sample(roundTrip: nil, connected: true, rate: 1e6, workWaiting: true)
         #expect(after == 0 && growth.settled && growth.running == 1)
+    }
+
+    @Test("a relay on loopback is no long link, whatever the kernel measured (a loaded host's handshake); other addresses are judged by it")
+    func loopbackIsShort() throws {
+        for text in ["127.0.0.1", "127.3.4.5", "::1", "::ffff:127.0.0.1"] {
+            #expect(AgentConnectionHandler.isLoopback(try SocketAddress(ipAddress: text, port: 7443)), "\(text)")
+        }
+        for text in ["10.201.0.1", "192.168.1.20", "::ffff:10.0.0.1", "2001:db8::1"] {
+            #expect(!AgentConnectionHandler.isLoopback(try SocketAddress(ipAddress: text, port: 7443)), "\(text)")
+        }
+        #expect(!AgentConnectionHandler.isLoopback(nil))
     }
 
     @Test("the run's round trip is its first connection's, whatever the later ones measure")
