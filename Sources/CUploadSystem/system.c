@@ -14,18 +14,9 @@ int upload_o_direct_flag(void) {
 #include <malloc.h>
 #endif
 
-int upload_set_mmap_threshold(int bytes) {
-#if defined(__GLIBC__)
-    return mallopt(M_MMAP_THRESHOLD, bytes);
-#else
-    (void)bytes;
-    return 0;
-#endif
-}
-
 int upload_set_malloc_thresholds(int mmap_bytes, int trim_bytes) {
 #if defined(__GLIBC__)
-    return mallopt(M_MMAP_THRESHOLD, mmap_bytes) && mallopt(M_TRIM_THRESHOLD, trim_bytes);
+    return mallopt(M_MMAP_THRESHOLD, mmap_bytes) && (trim_bytes <= 0 || mallopt(M_TRIM_THRESHOLD, trim_bytes));
 #else
     (void)mmap_bytes;
     (void)trim_bytes;

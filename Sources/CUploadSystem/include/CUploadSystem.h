@@ -5,13 +5,10 @@
 /// Its value differs between architectures and Swift's Glibc module does not export it.
 int upload_o_direct_flag(void);
 
-/// Allocations of at least `bytes` get mappings of their own, unmapped when freed (mallopt M_MMAP_THRESHOLD), instead
-/// of glibc's threshold that rises to the largest block freed so far. Returns 0 where that cannot be set.
-int upload_set_mmap_threshold(int bytes);
-
-/// Allocations of at least `mmap_bytes` get mappings of their own, and the top of a malloc arena is given back to the
-/// system once `trim_bytes` of it are free (mallopt M_MMAP_THRESHOLD and M_TRIM_THRESHOLD), both fixed instead of
-/// glibc's thresholds that move with the blocks freed. Returns 0 where they cannot be set.
+/// Allocations of at least `mmap_bytes` get mappings of their own, unmapped when freed (mallopt M_MMAP_THRESHOLD), and,
+/// with `trim_bytes` above 0, the top of a malloc arena is given back to the system once that much of it is free
+/// (M_TRIM_THRESHOLD): fixed, instead of glibc's thresholds that move with the blocks freed. Returns 0 where they cannot
+/// be set.
 int upload_set_malloc_thresholds(int mmap_bytes, int trim_bytes);
 
 /// The commit the binary was built from (tools/package sets it), or "unknown" for a build from a work tree.

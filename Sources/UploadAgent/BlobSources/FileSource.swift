@@ -139,12 +139,10 @@ public final class FileSource: BlobSource {
         // the state, so that the source's own reference is not counted as a chunk's.
         var previous = state.block.take()
         var block: ByteBuffer
-        if (previous?.capacity ?? 0) >= wanted, previous?.modifyIfUniquelyOwned({ $0.clear() }) != nil, let reused = previous {
-            previous = nil
+        if previous?.clearedForReuse(atLeast: wanted) == true, let reused = previous.take() {
             block = reused
         } else {
-            if let previous { self.recycled.put(previous) }
-            previous = nil
+            if let previous = previous.take() { self.recycled.put(previous) }
             block = self.recycled.take(atLeast: wanted) ?? allocator.buffer(capacity: wanted)
         }
         let fd = state.descriptor
@@ -237,11 +235,9 @@ final class RecycledBlocks: Sendable {
     /// gone), emptied; nil when none is.
     func take(atLeast wanted: Int) -> ByteBuffer? {
         self.blocks.withLockedValue { blocks in
-            for index in blocks.indices where blocks[index].capacity >= wanted {
-                // In place: a copy of the buffer would be a second reference to its memory.
-                if blocks[index].modifyIfUniquelyOwned({ $0.clear() }) != nil {
-                    return blocks.remove(at: index)
-                }
+            // In place: a copy of the buffer would be a second reference to its memory.
+            for index in blocks.indices where blocks[index].clearedForReuse(atLeast: wanted) {
+                return blocks.remove(at: index)
             }
             return nil
         }
@@ -249,4 +245,12 @@ final class RecycledBlocks: Sendable {
 
     /// Blocks kept now (tests).
     var count: Int { self.blocks.withLockedValue { $0.count } }
+}
+
+extension ByteBuffer {
+    /// Emptied to be read into again, when it holds `wanted` bytes and nothing else refers to its memory (every chunk of
+    /// it is gone); false, unchanged, otherwise.
+    fileprivate mutating func clearedForReuse(atLeast wanted: Int) -> Bool {
+        self.capacity >= wanted && self.modifyIfUniquelyOwned({ $0.clear() }) != nil
+    }
 }

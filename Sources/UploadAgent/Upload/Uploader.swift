@@ -274,18 +274,18 @@ public final class Uploader: Sendable {
         while await queue.waitForWork(service: service) {
             let started = clock.now
             let outcome: ConnectionOutcome
+            // The first attempt only: a reconnection is a connection of its own.
+            let kept = takeKept ? await self.takeKeptConnection(queue: queue, pool: pool, bandwidth: bandwidth, meter: meter, onEvent: onEvent) : nil
+            takeKept = false
             do {
-                if takeKept, let taken = await self.takeKeptConnection(queue: queue, pool: pool, bandwidth: bandwidth, meter: meter, onEvent: onEvent)
-                {
-                    outcome = try await taken.get()
+                if let kept {
+                    outcome = try await kept.get()
                 } else {
                     outcome = try await self.runConnection(
                         queue: queue, pool: pool, configuration: configuration, bandwidth: bandwidth, tls: tls, meter: meter, onEvent: onEvent
                     )
                 }
-                takeKept = false
             } catch {
-                takeKept = false
                 outcome = ConnectionOutcome(
                     reason: Self.describe(connectError: error, configuration: configuration), fatal: false, madeProgress: false)
             }
@@ -360,12 +360,12 @@ public final class Uploader: Sendable {
         let pool = NIOThreadPool(numberOfThreads: 1)
         pool.start()
         defer { pool.shutdownGracefully { _ in } }
-        let handler = NIOLockedValueBox<KeptConnection?>(nil)
+        let made = NIOLockedValueBox<KeptConnection?>(nil)
         let outcome = try await self.runConnection(
             queue: JobQueue([]), pool: pool, configuration: self.configuration, bandwidth: nil, tls: try self.makeTLSContext(), plan: request,
-            keepAfterPlan: keepConnection, made: handler, onEvent: { _ in }
+            keepAfterPlan: keepConnection, made: made, onEvent: { _ in }
         )
-        if outcome.parked, let made = handler.withLockedValue({ $0 }) {
+        if outcome.parked, let made = made.withLockedValue({ $0 }) {
             self.kept.withLockedValue { $0 = made }
         }
         if outcome.quotaPlan == nil, let reason = outcome.reason {
