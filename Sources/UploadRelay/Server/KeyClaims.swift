@@ -30,7 +30,36 @@ package final class KeyClaims: Sendable {
         var lock: KeyLock?
     }
 
-    private let claims = NIOLockedValueBox<[String: Claim]>([:])
+    private struct State {
+        var claims: [String: Claim] = [:]
+        /// The keys of each account with an upload open now (claimed, not closing) and the size each announced: what
+        /// ``activeUploads(of:)`` answers at every OPEN, kept as claims change. Built by a walk over every claim, it cost
+        /// each OPEN time in proportion to the uploads open on the relay (thousands with many agents of one account).
+        var active: [String: [String: Int64]] = [:]
+
+        /// The account and key of a claim's name (``KeyClaims/name(account:key:)``); nil for a stripe's.
+        static func split(_ name: String) -> (account: String, key: String)? {
+            guard let zero = name.utf8.firstIndex(of: 0), !name.hasPrefix("\u{1}") else { return nil }
+            return (String(name[..<zero]), String(name[name.utf8.index(after: zero)...]))
+        }
+
+        mutating func add(_ name: String) {
+            self.claims[name] = Claim()
+            guard let (account, key) = Self.split(name) else { return }
+            self.active[account, default: [:]][key] = 0
+        }
+
+        mutating func setActive(_ name: String, announced: Int64?) {
+            guard let (account, key) = Self.split(name) else { return }
+            if let announced {
+                self.active[account, default: [:]][key] = announced
+            } else if self.active[account]?.removeValue(forKey: key) != nil, self.active[account]?.isEmpty == true {
+                self.active[account] = nil
+            }
+        }
+    }
+
+    private let state = NIOLockedValueBox(State())
     private let locks: (any KeyLocks)?
     /// One quota decision per account at a time on this relay (``admitting(account:_:)``), striped by account.
     private let admissions = (0..<16).map { _ in AsyncLock() }
@@ -40,11 +69,11 @@ package final class KeyClaims: Sendable {
 
     init(locks: (any KeyLocks)? = nil) {
         self.locks = locks
-        locks?.whenLost { [claims, lost] generation in
-            let held = claims.withLockedValue { claims -> Bool in
+        locks?.whenLost { [state, lost] generation in
+            let held = state.withLockedValue { state -> Bool in
                 var held = false
-                for (name, claim) in claims where claim.lock?.generation == generation {
-                    claims[name]?.lock = nil
+                for (name, claim) in state.claims where claim.lock?.generation == generation {
+                    state.claims[name]?.lock = nil
                     held = true
                 }
                 return held
@@ -67,11 +96,11 @@ package final class KeyClaims: Sendable {
     func lockAcrossRelays(account: String, key: String) async throws -> Bool {
         guard let locks else { return true }
         let name = Self.name(account: account, key: key)
-        if self.claims.withLockedValue({ $0[name]?.lock != nil }) { return true }
+        if self.state.withLockedValue({ $0.claims[name]?.lock != nil }) { return true }
         guard let lock = try await locks.tryLock(account: account, key: key) else { return false }
-        let kept = self.claims.withLockedValue { claims -> Bool in
-            guard claims[name] != nil, claims[name]?.lock == nil else { return false }
-            claims[name]?.lock = lock
+        let kept = self.state.withLockedValue { state -> Bool in
+            guard state.claims[name] != nil, state.claims[name]?.lock == nil else { return false }
+            state.claims[name]?.lock = lock
             return true
         }
         if !kept { locks.unlock(lock) }
@@ -79,7 +108,7 @@ package final class KeyClaims: Sendable {
     }
 
     /// How many keys are claimed now.
-    package var count: Int { self.claims.withLockedValue { $0.count } }
+    package var count: Int { self.state.withLockedValue { $0.claims.count } }
 
     static func name(account: String, key: String) -> String {
         account + "\u{0}" + key
@@ -98,41 +127,34 @@ package final class KeyClaims: Sendable {
     /// Whether a stream writes a stripe of the key's striped upload now: its session is live, whatever its age (SPEC §6.6).
     func hasStripes(account: String, key: String) -> Bool {
         let prefix = Self.stripePrefix(account: account, key: key)
-        return self.claims.withLockedValue { claims in claims.keys.contains { $0.hasPrefix(prefix) } }
+        return self.state.withLockedValue { state in state.claims.keys.contains { $0.hasPrefix(prefix) } }
     }
 
     func claim(_ name: String, whenFree: @escaping @Sendable () -> Void) -> Outcome {
-        self.claims.withLockedValue { claims in
-            guard var claim = claims[name] else {
-                claims[name] = Claim()
+        self.state.withLockedValue { state in
+            guard var claim = state.claims[name] else {
+                state.add(name)
                 return .claimed
             }
             guard claim.closing else { return .busy }
             claim.waiters.append(whenFree)
-            claims[name] = claim
+            state.claims[name] = claim
             return .queued
         }
     }
 
     /// Claims `name` only if nobody holds it, without waiting (housekeeping, which must never touch a live upload).
     func tryClaim(_ name: String) -> Bool {
-        self.claims.withLockedValue { claims in
-            guard claims[name] == nil else { return false }
-            claims[name] = Claim()
+        self.state.withLockedValue { state in
+            guard state.claims[name] == nil else { return false }
+            state.add(name)
             return true
         }
     }
 
     /// The keys of `account` with an upload open now (claimed and not closing), each with the size it announced.
     func activeUploads(of account: String) -> [String: Int64] {
-        let prefix = account + "\u{0}"
-        return self.claims.withLockedValue { claims in
-            var active: [String: Int64] = [:]
-            for (name, claim) in claims where !claim.closing && name.hasPrefix(prefix) {
-                active[String(name.dropFirst(prefix.count))] = claim.announced
-            }
-            return active
-        }
+        self.state.withLockedValue { $0.active[account] ?? [:] }
     }
 
     /// Runs an OPEN's quota decision for `account` with its uploads open now (``activeUploads(of:)``), one at a time
@@ -147,22 +169,27 @@ package final class KeyClaims: Sendable {
 
     /// The upload holding `name` announced `size` bytes (0: unknown).
     func announce(_ name: String, size: Int64) {
-        self.claims.withLockedValue { claims in
-            claims[name]?.announced = size
+        self.state.withLockedValue { state in
+            guard let claim = state.claims[name] else { return }
+            state.claims[name]?.announced = size
+            if !claim.closing { state.setActive(name, announced: size) }
         }
     }
 
     /// The key's stream has ended on the wire; its cleanup runs.
     func markClosing(_ name: String) {
-        self.claims.withLockedValue { claims in
-            claims[name]?.closing = true
+        self.state.withLockedValue { state in
+            guard state.claims[name] != nil else { return }
+            state.claims[name]?.closing = true
+            state.setActive(name, announced: nil)
         }
     }
 
     /// The key is free: every waiter is told (each claims again; one wins), and other relays may take it.
     func release(_ name: String) {
-        let claim = self.claims.withLockedValue { claims in
-            claims.removeValue(forKey: name)
+        let claim = self.state.withLockedValue { state in
+            state.setActive(name, announced: nil)
+            return state.claims.removeValue(forKey: name)
         }
         if let lock = claim?.lock { self.locks?.unlock(lock) }
         for waiter in claim?.waiters ?? [] { waiter() }
