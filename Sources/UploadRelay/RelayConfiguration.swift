@@ -55,9 +55,15 @@ public struct RelayConfiguration: Sendable {
     public var maxConnections: Int = 512
     /// The most chunk bytes all connections together may make the relay hold. Each connection's
     /// window is a share of it: the configured ``ProtocolLimits/connectionWindow`` while the budget lasts, then a
-    /// quarter of what is left, never less than ``minimumConnectionWindow``. Default 128 MiB: with 100 agents uploading 1 MiB
-    /// files at once the relay peaked at 118 MiB resident (256 MiB: 141 to 150).
-    public var memoryBudget: Int = 128 << 20
+    /// quarter of what is left, never less than ``minimumConnectionWindow``. Default 64 MiB: eight connections' windows,
+    /// more than a link of 1 Gbit/s holds over a round trip of 100 ms. With 100 agents at once (`tools/bench-many.sh`)
+    /// 128 MiB held 30 to 70 MiB more at the peak for the same throughput.
+    public var memoryBudget: Int = 64 << 20
+    /// Reads of one connection's socket per wakeup of its event loop (NIO's `maxMessagesPerRead`), each of up to
+    /// 64 KiB. TLS hands on the plaintext of all of them at once, in a buffer each connection keeps at that size, so
+    /// this bounds a connection's plaintext buffer (about 128 KiB by default). Default 2: 16 cost 1 MiB per connection
+    /// and 5 to 7 % more relay CPU on one 1 GiB upload and on 1,000 files of 1 MiB (`tools/cpu-per-gib.sh`).
+    public var readsPerWakeup: Int = 2
     /// The smallest connection window a connection is given when the memory budget is spent: agents are slowed, never
     /// refused. Default 128 KiB.
     public var minimumConnectionWindow: Int = 128 << 10

@@ -237,7 +237,16 @@ struct Serve: AsyncParsableCommand {
             valueName: "bytes"
         )
     )
-    var memoryBudget: String = "128M"
+    var memoryBudget: String = "64M"
+
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "Socket reads of one connection per wakeup, each up to 64 KiB: TLS keeps a plaintext buffer of that many per connection.",
+            valueName: "count"
+        )
+    )
+    var readsPerWakeup: Int = 2
 
     @Option(name: .long, help: ArgumentHelp("Close a connection that sends no whole frame for this long (SPEC §2.3).", valueName: "duration"))
     var idleTimeout: String = "120s"
@@ -481,9 +490,10 @@ extension Serve {
         }
         configuration.limits.streamWindow = try window(self.streamWindow, option: "--stream-window")
         configuration.limits.connectionWindow = try window(self.connectionWindow, option: "--connection-window")
-        guard self.maxStreams >= 1, self.maxConnections >= 1, self.commitGroup >= 1, self.ioThreads >= 1 else {
-            throw ValidationError("--max-streams, --max-connections, --commit-group and --io-threads must be at least 1")
+        guard self.maxStreams >= 1, self.maxConnections >= 1, self.commitGroup >= 1, self.ioThreads >= 1, self.readsPerWakeup >= 1 else {
+            throw ValidationError("--max-streams, --max-connections, --commit-group, --io-threads and --reads-per-wakeup must be at least 1")
         }
+        configuration.readsPerWakeup = self.readsPerWakeup
         configuration.limits.maxConcurrentStreams = self.maxStreams
         configuration.maxConnections = self.maxConnections
         configuration.commitGroup = self.commitGroup

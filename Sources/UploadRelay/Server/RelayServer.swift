@@ -108,7 +108,7 @@ public final class RelayServer: Service, Sendable {
                 .serverChannelOption(.backlog, value: 256)
                 .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
                 .childChannelOption(.tcpOption(.tcp_nodelay), value: 1)
-                .childChannelOption(.maxMessagesPerRead, value: 16)
+                .childChannelOption(.maxMessagesPerRead, value: UInt(max(1, configuration.readsPerWakeup)))
                 .childChannelInitializer { channel in
                     guard lifecycle.admit(channel) else {
                         services.metrics.connectionsRefused.increment()
