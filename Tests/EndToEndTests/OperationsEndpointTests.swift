@@ -1,11 +1,12 @@
 import AsyncHTTPClient
 import Foundation
 import Logging
+import NIOConcurrencyHelpers
 import NIOCore
 import NIOHTTP1
 import NIOPosix
 import Testing
-import UploadAgent
+@_spi(Testing) @testable import UploadAgent
 import UploadRelay
 import UploadTestSupport
 
@@ -174,6 +175,66 @@ struct OperationsEndpointTests {
                     FileManager.default.contents(atPath: relay.directory + "/store/dev/kept/" + (file.path as NSString).lastPathComponent)
                         == file.data)
             }
+        } catch {
+            try? await client.shutdown()
+            try? await group.shutdownGracefully()
+            await relay.stop()
+            try? FileManager.default.removeItem(atPath: relay.directory)
+            throw error
+        }
+        try await client.shutdown()
+        try? await group.shutdownGracefully()
+        await relay.stop()
+        try? FileManager.default.removeItem(atPath: relay.directory)
+    }
+
+    @Test(
+        "on a long link the first step's connections open beside the quota plan's, and the run takes them: 4 accepted in all, not 7; let go when no run takes them"
+    )
+    func warmConnectionsTaken() async throws {
+        let relay = try await Self.relay().start()
+        let client = HTTPClient(eventLoopGroupProvider: .singleton)
+        let source = TestRelay.makeDirectory()
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        defer { try? FileManager.default.removeItem(atPath: source) }
+        do {
+            // Worth it: four of the kernel's largest send buffers at least (16 MiB with Linux's defaults); striped, so
+            // stripes wait for the first step.
+            let size = Int(ConnectionGrowth.firstStep) * max(4 << 20, Uploader.kernelSendBufferLimit()) + (1 << 20)
+            let file = makeFile(source, "long.mp4", size: size, seed: 64)
+            func item(_ prefix: String) -> UploadItem {
+                UploadItem(key: prefix + "/long.mp4", displayPath: file.path, source: FileSource(path: file.path))
+            }
+            var configuration = AgentConfiguration(relayHost: "127.0.0.1", relayPort: relay.port, token: relay.token, caPath: relay.caPath)
+            configuration.faults.assumedRoundTrip = .milliseconds(50)
+            configuration.dedup = false
+            // A second at least: the first decision finds stripes waiting.
+            configuration.bandwidthLimit = max(1, size / 2)
+            let uploader = Uploader(configuration: configuration, group: group, logger: Logger(label: "test-agent"))
+            func metric(_ name: String) async throws -> Double? {
+                Self.sample(try await Self.get(client, port: relay.operationsPort, "/metrics").body, name)
+            }
+
+            let plan = try await uploader.quotaPlan(
+                QuotaPlan.Request(entries: [(item("warm").key, UInt64(size))], overwrite: false), keepConnection: true)
+            #expect(plan?.fits == true)
+            #expect(
+                await Polling.waitUntil(timeout: 10) { (try? await metric("upload_relay_connections_accepted_total")) == 4 },
+                "the plan's connection and three beside it")
+            let said = NIOLockedValueBox<[Int]>([])
+            let results = try await uploader.upload([item("warm")]) { event in
+                if case .connections(let count, _) = event { said.withLockedValue { $0.append(count) } }
+            }
+            #expect(results.map(\.status) == [.stored], "\(results)")
+            #expect(said.withLockedValue { $0.first } == 4, "\(said.withLockedValue { $0 })")
+            #expect(try await metric("upload_relay_connections_accepted_total") == 4, "the run took the three, dialing none")
+            #expect(FileManager.default.contents(atPath: relay.directory + "/store/dev/warm/long.mp4") == file.data)
+
+            // Opened, and no run takes them: let go with the plan's, all closed.
+            _ = try await uploader.quotaPlan(QuotaPlan.Request(entries: [(item("unused").key, UInt64(size))], overwrite: false), keepConnection: true)
+            #expect(await Polling.waitUntil(timeout: 10) { (try? await metric("upload_relay_connections_accepted_total")) == 8 })
+            await uploader.letGoOfKeptConnection()
+            #expect(await Polling.waitUntil(timeout: 10) { (try? await metric("upload_relay_connections")) == 0 }, "all four closed")
         } catch {
             try? await client.shutdown()
             try? await group.shutdownGracefully()

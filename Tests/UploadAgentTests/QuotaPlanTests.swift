@@ -116,6 +116,30 @@ struct AgentQuotaPlanTests {
         #expect(told.count == 1 && told.first?.quotaPlan == nil && told.first?.parked == true)
     }
 
+    @Test(
+        "kept with no plan (opened beside the quota plan's): no PLAN, told once welcomed, idle until a run takes it; not kept, it never parks"
+    )
+    func keptWithoutPlan() async throws {
+        var harness = AgentHarness(files: 1)
+        harness.session = AgentSession(configuration: harness.session.configuration, queue: JobQueue([]), keepAfterPlan: true)
+        _ = harness.session.connected(roundTrip: .milliseconds(100))
+        var actions = harness.receive(Self.welcome(features: .quotaPlan))
+        #expect(Self.plans(actions).isEmpty, "no PLAN: none was asked")
+        #expect(!Self.closes(actions), "kept: not closed")
+        let told = actions.compactMap { if case .planned(let outcome) = $0 { return outcome } else { return nil } }
+        #expect(told.count == 1 && told.first?.parked == true && told.first?.quotaPlan == nil && told.first?.welcomed == true, "\(actions)")
+        #expect(!Self.closes(harness.session.jobsChanged()))
+        actions = harness.session.adopt(harness.queue)
+        let prepared = actions.compactMap { if case .prepare(let job, _, _) = $0 { return job.key } else { return nil } }
+        #expect(prepared == ["k0"], "the run's job starts on it: \(prepared)")
+
+        var plain = AgentHarness(files: 0)
+        plain.session = AgentSession(configuration: plain.session.configuration, queue: JobQueue([]))
+        _ = plain.session.connected()
+        actions = plain.receive(Self.welcome(features: .quotaPlan))
+        #expect(!actions.contains { if case .planned = $0 { return true } else { return false } }, "not kept: nothing parks")
+    }
+
     @Test("a relay without QUOTA_PLAN: no PLAN, no answer, the connection closes as an idle one")
     func relayWithoutFeature() async {
         let (harness, actions) = Self.session([("a", 1)], features: [])

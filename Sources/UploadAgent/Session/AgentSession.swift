@@ -113,7 +113,8 @@ struct AgentSession {
     var planning: QuotaPlanning?
     /// After its quota plan the connection stays up, idle, until a run takes it (``adopt(_:)``) or it is let go: the
     /// uploads that follow the plan save its TCP, TLS and HELLO round trips (four round trips in all with the PLAN, 0.4 s
-    /// over 100 ms).
+    /// over 100 ms). Without a plan it waits so once welcomed: a connection opened beside the quota plan's, on a long
+    /// link, for the run's first added connections (``Uploader/quotaPlan(_:keepConnection:)``).
     let keepAfterPlan: Bool
     /// The account the relay welcomed the connection as.
     var account: String? = nil
@@ -127,7 +128,7 @@ struct AgentSession {
         self.configuration = configuration
         self.queue = queue
         self.planning = plan.map(QuotaPlanning.init)
-        self.keepAfterPlan = plan != nil && keepAfterPlan
+        self.keepAfterPlan = keepAfterPlan
         self.machine = AgentConnectionStateMachine(limits: configuration.limits)
     }
 
@@ -275,7 +276,8 @@ struct AgentSession {
             self.outcome.welcomed = true
             self.deflate = welcome.features.contains(.deflate)
             self.account = welcome.account
-            return [self.connectedEvent(welcome.account)] + self.askPlan() + self.openMore()
+            let plan = self.planning == nil && self.keepAfterPlan ? self.planOver() : self.askPlan()
+            return [self.connectedEvent(welcome.account)] + plan + self.openMore()
         case .offset(let offset):
             return self.receivedOffset(offset)
         case .acknowledged(let id, let offset):
@@ -330,7 +332,8 @@ struct AgentSession {
         .event(.connected(relay: "\(self.configuration.relayHost):\(self.configuration.relayPort)", account: account))
     }
 
-    /// The quota plan is over (answered, or the relay answers none): the connection closes, or, kept, waits for a run.
+    /// The quota plan is over (answered, or the relay answers none; or none was asked of a kept connection, welcomed):
+    /// the connection closes, or, kept, waits for a run.
     mutating func planOver() -> [Action] {
         guard self.keepAfterPlan, !self.closed else { return self.closeIfIdle() }
         self.outcome.parked = true

@@ -52,6 +52,14 @@ struct ConnectionGrowth: Sendable {
         if self.maximum == 1 { self.settle("--connections 1") }
     }
 
+    /// Whether a selection of `bytes` is worth opening the first step's connections before the run starts, beside the
+    /// quota plan's (``Uploader/quotaPlan(_:keepConnection:)``), once the round trip is known to be long: at least what
+    /// ``firstStep`` connections' largest send buffers carry in one round trip (16 MiB with Linux's defaults). Less, one
+    /// connection carries in a few round trips what three more handshakes would save.
+    static func worthWarming(bytes: UInt64, sendBufferLimit: Int) -> Bool {
+        bytes >= UInt64(Self.firstStep) * UInt64(max(1, sendBufferLimit))
+    }
+
     /// How long to measure between two decisions: eight round trips (a new connection's handshakes take about four,
     /// then it ramps up), and at least half a second.
     static func window(roundTrip: Duration?) -> Duration {
@@ -117,18 +125,27 @@ struct ConnectionGrowth: Sendable {
 /// and the payload bytes sent on all of them.
 final class LinkMeter: Sendable {
     private let state = NIOLockedValueBox<(roundTrip: Duration?, connected: Bool, sent: UInt64)>((nil, false, 0))
+    /// Told the first measure, once.
+    private let whenMeasured: (@Sendable (Duration?) -> Void)?
+
+    init(whenMeasured: (@Sendable (Duration?) -> Void)? = nil) {
+        self.whenMeasured = whenMeasured
+    }
 
     /// A connection came up, and the kernel measured its round trip (nil: it could not tell). The first measure is the
     /// run's, and the answer: every connection of the run decides on it (whether large files stripe), so that a round
     /// trip near ``ConnectionGrowth/longLink`` cannot make two connections, or two reconnections, decide otherwise.
     func measured(roundTrip: Duration?) -> Duration? {
-        self.state.withLockedValue { state in
-            if !state.connected {
+        let (answer, first) = self.state.withLockedValue { state in
+            let first = !state.connected
+            if first {
                 state.connected = true
                 state.roundTrip = roundTrip
             }
-            return state.roundTrip
+            return (state.roundTrip, first)
         }
+        if first { self.whenMeasured?(answer) }
+        return answer
     }
 
     /// A connection came up, whether or not its round trip was measured.

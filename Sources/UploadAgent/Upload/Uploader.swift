@@ -17,6 +17,11 @@ public final class Uploader: Sendable {
     /// The connection a quota plan was asked on, kept up for the run that follows (``quotaPlan(_:keepConnection:)``):
     /// an adaptive run's first connection takes it.
     private let kept = NIOLockedValueBox<KeptConnection?>(nil)
+    /// Connections opened beside the quota plan's on a long link, each with the share of the added connection of its
+    /// index (1 to ``ConnectionGrowth/firstStep`` - 1), waiting once welcomed: an adaptive run's first step takes them
+    /// instead of dialing (``quotaPlan(_:keepConnection:)``). Each task ends when its connection waits (its
+    /// ``KeptConnection``) or failed (nil).
+    private let warm = NIOLockedValueBox<[Int: Task<KeptConnection?, Never>]>([:])
 
     private struct KeptConnection: Sendable {
         let channel: any Channel
@@ -124,11 +129,11 @@ public final class Uploader: Sendable {
         }
         let configuration = self.configuration
         try await withThrowingTaskGroup(of: Ended.self) { group in
-            func open(_ share: AgentConfiguration, takeKept: Bool = false) {
+            func open(_ share: AgentConfiguration, takeKept: Bool = false, warmIndex: Int? = nil) {
                 group.addTask {
                     try await self.runConnections(
                         queue, service: service, pool: pool, configuration: share, tls: tls, bandwidth: bandwidth, meter: meter,
-                        takeKept: takeKept, onEvent: counted
+                        takeKept: takeKept, warmIndex: warmIndex, onEvent: counted
                     )
                     return .connections
                 }
@@ -162,7 +167,7 @@ public final class Uploader: Sendable {
                     let added = growth.sample(roundTrip: roundTrip, connected: meter.connected, rate: rate, workWaiting: queue.hasWaiting)
                     if added > 0 {
                         for index in growth.running - added..<growth.running {
-                            open(Self.addedConnectionShare(configuration, index: index))
+                            open(Self.addedConnectionShare(configuration, index: index), warmIndex: index)
                         }
                         running += added
                         self.logger.info(
@@ -262,9 +267,11 @@ public final class Uploader: Sendable {
     /// One connection at a time, reconnecting with backoff, until the queue's work is over.
     private func runConnections(
         _ queue: JobQueue, service: Bool, pool: NIOThreadPool, configuration: AgentConfiguration, tls: NIOSSLContext,
-        bandwidth: BandwidthLimit?, meter: LinkMeter?, takeKept: Bool = false, onEvent: @escaping @Sendable (UploadEvent) -> Void
+        bandwidth: BandwidthLimit?, meter: LinkMeter?, takeKept: Bool = false, warmIndex: Int? = nil,
+        onEvent: @escaping @Sendable (UploadEvent) -> Void
     ) async throws {
         var takeKept = takeKept
+        var warmIndex = warmIndex
         let clock = ContinuousClock()
         var deadline: ContinuousClock.Instant? = nil
         var backoff = Duration.milliseconds(200)
@@ -275,8 +282,14 @@ public final class Uploader: Sendable {
             let started = clock.now
             let outcome: ConnectionOutcome
             // The first attempt only: a reconnection is a connection of its own.
-            let kept = takeKept ? await self.takeKeptConnection(queue: queue, pool: pool, bandwidth: bandwidth, meter: meter, onEvent: onEvent) : nil
-            takeKept = false
+            var kept: EventLoopFuture<ConnectionOutcome>? = nil
+            if takeKept {
+                kept = await self.adoptKept(
+                    self.kept.withLockedValue({ $0.take() }), queue: queue, pool: pool, bandwidth: bandwidth, meter: meter, onEvent: onEvent)
+            } else if let index = warmIndex, let task = self.warm.withLockedValue({ $0.removeValue(forKey: index) }) {
+                kept = await self.adoptKept(await task.value, queue: queue, pool: pool, bandwidth: bandwidth, meter: meter, onEvent: onEvent)
+            }
+            (takeKept, warmIndex) = (false, nil)
             do {
                 if let kept {
                     outcome = try await kept.get()
@@ -329,6 +342,10 @@ public final class Uploader: Sendable {
         var tls = TLSConfiguration.makeClientConfiguration()
         tls.minimumTLSVersion = .tlsv13
         tls.applicationProtocols = [Self.alpn]
+        // A connection the agent closes has nothing left to hear (every RESULT is in, or it is given up): its
+        // close_notify goes out and the socket closes, without waiting for the relay's (TLS 1.3 allows it, RFC 8446
+        // §6.1). Waiting made every send a round trip longer (0.1 s of 3.7 s over 100 ms).
+        tls.shutdownTimeout = .zero
         if let ca = self.configuration.caPath {
             guard access(ca, R_OK) == 0 else {
                 throw SourceError(
@@ -355,15 +372,27 @@ public final class Uploader: Sendable {
     /// With `keepConnection` the connection stays up after the answer, idle, and the first connection of the run that
     /// follows (an adaptive one, the default) takes it: four round trips saved (TCP, TLS, HELLO, and PLAN's own, 0.4 s
     /// over 100 ms). ``letGoOfKeptConnection()`` closes it when no run takes it.
+    ///
+    /// Kept, on a long link, in an adaptive run, for a selection ``ConnectionGrowth/worthWarming(bytes:sendBufferLimit:)``:
+    /// the run's first step is known already (its connections open as soon as the round trip is, ``ConnectionGrowth``),
+    /// so they open here, as soon as this connection's TCP handshake measured the round trip, and wait once welcomed
+    /// for the run to take them: their TCP, TLS and HELLO round trips pass while the plan is asked, not after.
     public func quotaPlan(_ request: QuotaPlan.Request, keepConnection: Bool = false) async throws -> QuotaPlan? {
         await self.letGoOfKeptConnection()
         let pool = NIOThreadPool(numberOfThreads: 1)
         pool.start()
         defer { pool.shutdownGracefully { _ in } }
         let made = NIOLockedValueBox<KeptConnection?>(nil)
+        let tls = try self.makeTLSContext()
+        let configuration = self.configuration
+        let bytes = request.entries.reduce(UInt64(0)) { $0 &+ $1.size }
+        let warmUp =
+            keepConnection && configuration.adaptiveConnections && configuration.connections > 1
+            && ConnectionGrowth.worthWarming(bytes: bytes, sendBufferLimit: Self.kernelSendBufferLimit())
+        let meter = warmUp ? LinkMeter(whenMeasured: { self.warmUp(roundTrip: $0, pool: pool, tls: tls) }) : nil
         let outcome = try await self.runConnection(
-            queue: JobQueue([]), pool: pool, configuration: self.configuration, bandwidth: nil, tls: try self.makeTLSContext(), plan: request,
-            keepAfterPlan: keepConnection, made: made, onEvent: { _ in }
+            queue: JobQueue([]), pool: pool, configuration: configuration, bandwidth: nil, tls: tls, plan: request,
+            keepAfterPlan: keepConnection, made: made, meter: meter, onEvent: { _ in }
         )
         if outcome.parked, let made = made.withLockedValue({ $0 }) {
             self.kept.withLockedValue { $0 = made }
@@ -374,17 +403,47 @@ public final class Uploader: Sendable {
         return outcome.quotaPlan
     }
 
-    /// Closes the connection kept after a quota plan, if no run took it.
-    public func letGoOfKeptConnection() async {
-        guard let kept = self.kept.withLockedValue({ $0.take() }) else { return }
-        try? await kept.channel.eventLoop.submit { kept.handler.value.letGo() }.get()
+    /// Opens the first step's added connections (all but the first), each waiting once welcomed, when the round trip
+    /// the quota plan's connection measured makes the link long.
+    private func warmUp(roundTrip: Duration?, pool: NIOThreadPool, tls: NIOSSLContext) {
+        guard let roundTrip, roundTrip >= ConnectionGrowth.longLink else { return }
+        let configuration = self.configuration
+        let count = min(ConnectionGrowth.firstStep, configuration.connections)
+        guard count > 1 else { return }
+        self.logger.debug("opening connections beside the quota plan's", metadata: ["count": "\(count - 1)", "round_trip": "\(roundTrip)"])
+        self.warm.withLockedValue { warm in
+            for index in 1..<count where warm[index] == nil {
+                warm[index] = Task {
+                    let made = NIOLockedValueBox<KeptConnection?>(nil)
+                    let outcome = try? await self.runConnection(
+                        queue: JobQueue([]), pool: pool, configuration: Self.addedConnectionShare(configuration, index: index), bandwidth: nil,
+                        tls: tls, keepAfterPlan: true, made: made, onEvent: { _ in }
+                    )
+                    return outcome?.parked == true ? made.withLockedValue { $0 } : nil
+                }
+            }
+        }
     }
 
-    /// The kept connection, taken by a run for `queue`: its outcome, to be awaited; nil when none is kept, or it is gone.
-    private func takeKeptConnection(
-        queue: JobQueue, pool: NIOThreadPool, bandwidth: BandwidthLimit?, meter: LinkMeter?, onEvent: @escaping @Sendable (UploadEvent) -> Void
+    /// Closes the connection kept after a quota plan, and those opened beside it, if no run took them.
+    public func letGoOfKeptConnection() async {
+        let warm = self.warm.withLockedValue { warm in
+            defer { warm = [:] }
+            return Array(warm.values)
+        }
+        var connections = [self.kept.withLockedValue { $0.take() }]
+        for task in warm { connections.append(await task.value) }
+        for case let kept? in connections {
+            try? await kept.channel.eventLoop.submit { kept.handler.value.letGo() }.get()
+        }
+    }
+
+    /// A kept connection, taken by a run for `queue`: its outcome, to be awaited; nil when none is kept, or it is gone.
+    private func adoptKept(
+        _ kept: KeptConnection?, queue: JobQueue, pool: NIOThreadPool, bandwidth: BandwidthLimit?, meter: LinkMeter?,
+        onEvent: @escaping @Sendable (UploadEvent) -> Void
     ) async -> EventLoopFuture<ConnectionOutcome>? {
-        guard let kept = self.kept.withLockedValue({ $0.take() }) else { return nil }
+        guard let kept else { return nil }
         let loop = kept.channel.eventLoop
         let promise = loop.makePromise(of: ConnectionOutcome.self)
         let taken = try? await loop.submit {
