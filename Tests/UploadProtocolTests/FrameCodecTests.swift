@@ -137,6 +137,64 @@ struct FrameCodecTests {
         #expect(decoded == expected, "seed \(seed)")
     }
 
+    @Test(
+        "FrameReader: a CHUNK of 1 MiB in pieces keeps its data in a buffer of 1 MiB (not 2: buffers come in powers of two), deflated or not; what follows it comes after it"
+    )
+    func readerGathersChunkData() async throws {
+        var rng = SeededGenerator(seed: 7)
+        for deflated in [false, true] {
+            var data = ByteBuffer()
+            data.writeBytes((0..<(1 << 20)).map { _ in UInt8(truncatingIfNeeded: rng.next()) })
+            let chunk = Frame.chunk(Frame.Chunk(streamID: 5, offset: 1 << 20, crc32: 77, rawLength: deflated ? (1 << 20) + 32 : nil, data: data))
+            let ack = Frame.ack(Frame.Ack(streamID: 5, offset: 9))
+            var stream = chunk.encoded()
+            var tail = ack.encoded()
+            stream.writeBuffer(&tail)
+            var reader = FrameReader(decoder: FrameDecoder(maxFrameSize: (1 << 20) + 64))
+            var decoded: [Frame] = []
+            // 64 KiB reads, and one that ends the chunk and starts the ACK.
+            while stream.readableBytes > 0 {
+                reader.append(stream.readSlice(length: min(stream.readableBytes, 65_536 + 7))!)
+                while let frame = try reader.next() { decoded.append(frame) }
+            }
+            #expect(decoded == [chunk, ack], "deflated \(deflated)")
+            guard case .chunk(let got) = decoded.first else { continue }
+            #expect(got.data.capacity == 1 << 20, "deflated \(deflated): a buffer of \(got.data.capacity) bytes")
+            #expect(!reader.hasPartialFrame)
+        }
+    }
+
+    @Test("FrameReader: a CHUNK that is malformed is refused in pieces as whole: stream 0, reserved flags, too large once raised past")
+    func readerRefusesMalformedChunkInPieces() async throws {
+        var data = ByteBuffer()
+        data.writeBytes([UInt8](repeating: 7, count: 200_000))
+        let good = Frame.chunk(Frame.Chunk(streamID: 3, offset: 0, crc32: 1, data: data)).encoded()
+        var cases: [(String, ByteBuffer)] = []
+        var zero = good
+        zero.setInteger(UInt32(0), at: zero.readerIndex + 6)
+        cases.append(("stream 0", zero))
+        var flags = good
+        flags.setInteger(UInt8(0x80), at: flags.readerIndex + 5)
+        cases.append(("reserved flags", flags))
+        for (name, encoded) in cases {
+            var whole = FrameDecoder(maxFrameSize: 1 << 20)
+            var all = encoded
+            let wholeError = #expect(throws: ProtocolError.self) { _ = try whole.decodeFrame(from: &all) }
+            var reader = FrameReader(decoder: FrameDecoder(maxFrameSize: 1 << 20))
+            var pieces = encoded
+            var pieceError: (any Error)? = nil
+            while pieces.readableBytes > 0, pieceError == nil {
+                reader.append(pieces.readSlice(length: min(pieces.readableBytes, 30_000))!)
+                do {
+                    while try reader.next() != nil {}
+                } catch {
+                    pieceError = error
+                }
+            }
+            #expect(pieceError.map { "\($0)" } == wholeError.map { "\($0)" }, "\(name)")
+        }
+    }
+
     @Test("FrameReader: a length above the limit is refused as soon as its four bytes are in, however the bytes come")
     func readerRefusesOversized() async throws {
         var reader = FrameReader(decoder: FrameDecoder(maxFrameSize: 1 << 16))

@@ -150,7 +150,9 @@ extension FrameDecoder {
         }
     }
 
-    func parseChunk(_ payload: inout ByteBuffer, stream: StreamID, flags: UInt8) throws -> Frame.Chunk {
+    /// `given`: the data, when it was gathered apart from the fields (``decodeGatheredChunk(prefix:data:)``); else the
+    /// rest of `payload`.
+    func parseChunk(_ payload: inout ByteBuffer, stream: StreamID, flags: UInt8, data given: ByteBuffer? = nil) throws -> Frame.Chunk {
         let type = FrameType.chunk
         let rawOffset = try payload.readField(UInt64.self, "offset", of: type)
         let crc = try payload.readField(UInt32.self, "crc32", of: type)
@@ -158,7 +160,16 @@ extension FrameDecoder {
         if flags & Frame.Chunk.deflatedFlag != 0 {
             rawLength = try payload.readField(UInt32.self, "raw length", of: type)
         }
-        let data = payload.readSlice(length: payload.readableBytes)!
+        var rest = payload.readSlice(length: payload.readableBytes)!
+        if var given {
+            // The fields' bytes and the data's, as one frame's payload would hold them.
+            if rest.readableBytes > 0 {
+                rest.writeBuffer(&given)
+                given = rest
+            }
+            rest = given
+        }
+        let data = rest
         let offset = try FieldRules.size(rawOffset, "offset", of: type)
         if let raw = rawLength {
             guard raw >= 1 && raw <= self.maxFrameSize else {

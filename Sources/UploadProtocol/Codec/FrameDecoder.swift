@@ -50,6 +50,21 @@ public struct FrameDecoder: Sendable {
         return frame
     }
 
+    /// A CHUNK that ``FrameReader`` gathered in two parts: `prefix`, the frame's header and the CHUNK's fields; `data`,
+    /// the rest of the frame, its data. The same checks and the same frame as ``decodeFrame(from:)`` of the frame whole.
+    public mutating func decodeGatheredChunk(prefix: ByteBuffer, data: ByteBuffer) throws -> Frame {
+        let length = prefix.readableBytes + data.readableBytes
+        guard length <= self.maxFrameSize else {
+            throw ProtocolError.connection(.frameSizeError, "frame length \(length) is above the maximum frame size \(self.maxFrameSize)")
+        }
+        let header = try Self.parseHeader(prefix, length: length)
+        guard header.type == .chunk, prefix.readableBytes > FrameHeader.size else {
+            throw ProtocolError.connection(.internalError, "a frame gathered as a CHUNK is a \(header.type.name)")
+        }
+        var fields = prefix.getSlice(at: prefix.readerIndex + FrameHeader.size, length: prefix.readableBytes - FrameHeader.size)!
+        return .chunk(try self.parseChunk(&fields, stream: header.streamID, flags: header.flags, data: data))
+    }
+
     /// SPEC §1.3–§1.5: type, flags and stream id, checked before the payload is read.
     static func parseHeader(_ buffer: ByteBuffer, length: Int) throws -> FrameHeader {
         let base = buffer.readerIndex

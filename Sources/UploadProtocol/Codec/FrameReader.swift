@@ -3,10 +3,25 @@ import NIOCore
 /// Collects bytes as they arrive from a connection and hands out whole frames (SPEC §1).
 ///
 /// Wraps a ``FrameDecoder`` with the cumulation buffer a channel handler needs: append each read,
-/// then call ``next()`` until it returns nil. Frame payloads are slices of that buffer.
+/// then call ``next()`` until it returns nil. Frame payloads are slices of that buffer, or, for a CHUNK that arrived in
+/// pieces, a buffer of its own.
 public struct FrameReader: Sendable {
     public var decoder: FrameDecoder
     private var buffer: ByteBuffer? = nil
+    /// A CHUNK arriving in pieces, gathered in two parts: its header and fields, and its data in a buffer of exactly the
+    /// data's size. Gathered whole, a 1 MiB CHUNK (1 MiB and 22 bytes) took a buffer of 2 MiB: buffers come in powers of
+    /// two, so half of every gathered chunk's memory held nothing (126 MB of a relay's 144 MB heap with 100 agents).
+    private var chunk: GatheredChunk? = nil
+
+    private struct GatheredChunk: Sendable {
+        /// The frame's header and the CHUNK's fields.
+        var prefix: ByteBuffer
+        var data: ByteBuffer
+        /// The data's length, from the frame's.
+        let dataLength: Int
+
+        var missing: Int { self.dataLength - self.data.readableBytes }
+    }
 
     public init(decoder: FrameDecoder = FrameDecoder()) {
         self.decoder = decoder
@@ -19,21 +34,36 @@ public struct FrameReader: Sendable {
     }
 
     /// Whether bytes of a frame that has not fully arrived are held.
-    public var hasPartialFrame: Bool { (self.buffer?.readableBytes ?? 0) > 0 }
+    public var hasPartialFrame: Bool { self.chunk != nil || (self.buffer?.readableBytes ?? 0) > 0 }
 
     /// Adds bytes read from the connection.
     ///
     /// A read that starts with no frame in pieces is kept as it is (a frame wholly inside it is never copied). A frame
-    /// that arrives in pieces is gathered in a buffer of its own, sized for the whole frame from its length: each of
-    /// its bytes is copied once, with no compaction of a larger buffer and no copy-on-write of one whose earlier frames'
-    /// payloads are still in use.
+    /// that arrives in pieces is gathered in a buffer of its own, sized for the whole frame from its length (a CHUNK's
+    /// data in one sized for the data alone): each of its bytes is copied once, with no compaction of a larger buffer and
+    /// no copy-on-write of one whose earlier frames' payloads are still in use.
     public mutating func append(_ bytes: ByteBuffer) {
+        var bytes = bytes
+        if var chunk = self.chunk {
+            self.chunk = nil
+            var taken = bytes.readSlice(length: min(chunk.missing, bytes.readableBytes))!
+            chunk.data.writeBuffer(&taken)
+            self.chunk = chunk
+            guard bytes.readableBytes > 0 else { return }
+            // Bytes after the chunk: frames of their own, after it.
+            self.buffer = bytes
+            return
+        }
         guard var buffer = self.buffer, buffer.readableBytes > 0 else {
             self.buffer = bytes
             return
         }
         self.buffer = nil
-        var bytes = bytes
+        if let chunk = self.gatherChunk(&buffer, &bytes) {
+            self.chunk = chunk
+            if bytes.readableBytes > 0 { self.buffer = bytes }
+            return
+        }
         if buffer.readerIndex > 0 || buffer.writableBytes < bytes.readableBytes {
             // The frame's announced length, bounded by what the decoder accepts (it refuses more once it looks).
             let announced = buffer.getInteger(at: buffer.readerIndex, as: UInt32.self).map { min(Int($0), self.decoder.maxFrameSize) } ?? 0
@@ -45,8 +75,37 @@ public struct FrameReader: Sendable {
         self.buffer = buffer
     }
 
+    /// A CHUNK in pieces (`partial` holds the start of the frame, `bytes` what came next), started in two parts once its
+    /// fields are in and it does not end in `bytes`: nil otherwise, or when it is no well-formed CHUNK so far (the
+    /// decoder then says why, once it is whole). Takes from `bytes` what it gathers.
+    private func gatherChunk(_ partial: inout ByteBuffer, _ bytes: inout ByteBuffer) -> GatheredChunk? {
+        let start = partial.readerIndex
+        guard let length = partial.getInteger(at: start, as: UInt32.self).map(Int.init), length <= self.decoder.maxFrameSize,
+            partial.getInteger(at: start + 4, as: UInt8.self) == FrameType.chunk.rawValue,
+            let flags = partial.getInteger(at: start + 5, as: UInt8.self)
+        else { return nil }
+        // Header, offset and CRC-32, and the raw length of a deflated chunk.
+        let fields = FrameHeader.size + 12 + (flags & Frame.Chunk.deflatedFlag != 0 ? 4 : 0)
+        let arrived = partial.readableBytes + bytes.readableBytes
+        guard length > fields, partial.readableBytes < length, arrived >= fields, arrived < length else { return nil }
+        var prefix = ByteBufferAllocator().buffer(capacity: fields)
+        var head = partial.readSlice(length: min(fields, partial.readableBytes))!
+        prefix.writeBuffer(&head)
+        var rest = bytes.readSlice(length: fields - prefix.readableBytes)!
+        prefix.writeBuffer(&rest)
+        var data = ByteBufferAllocator().buffer(capacity: length - fields)
+        data.writeBuffer(&partial)
+        data.writeBuffer(&bytes)
+        return GatheredChunk(prefix: prefix, data: data, dataLength: length - fields)
+    }
+
     /// The next whole frame, or nil until more bytes arrive. Throws a connection-scoped ``ProtocolError``.
     public mutating func next() throws -> Frame? {
+        if let chunk = self.chunk {
+            guard chunk.missing == 0 else { return nil }
+            self.chunk = nil
+            return try self.decoder.decodeGatheredChunk(prefix: chunk.prefix, data: chunk.data)
+        }
         guard var buffer = self.buffer else { return nil }
         self.buffer = nil
         defer {
