@@ -64,6 +64,10 @@ public struct RelayConfiguration: Sendable {
     /// this bounds a connection's plaintext buffer (about 128 KiB by default). Default 2: 16 cost 1 MiB per connection
     /// and 5 to 7 % more relay CPU on one 1 GiB upload and on 1,000 files of 1 MiB (`tools/cpu-per-gib.sh`).
     public var readsPerWakeup: Int = 2
+    /// OPENs of one connection looked up at once (catalog reads, the quota decision, the staging file opened); the
+    /// others wait, in order, as frames. Default 8: one agent's small files keep the relay's I/O threads busy, and 100
+    /// agents' 6,000 OPENs no longer wait as 6,000 tasks.
+    public var lookupsPerConnection: Int = 8
     /// The smallest connection window a connection is given when the memory budget is spent: agents are slowed, never
     /// refused. Default 128 KiB.
     public var minimumConnectionWindow: Int = 128 << 10

@@ -248,6 +248,9 @@ struct Serve: AsyncParsableCommand {
     )
     var readsPerWakeup: Int = 2
 
+    @Option(name: .long, help: ArgumentHelp("OPENs of one connection looked up at once; the others wait, in order, as frames.", valueName: "count"))
+    var lookupsPerConnection: Int = 8
+
     @Option(name: .long, help: ArgumentHelp("Close a connection that sends no whole frame for this long (SPEC §2.3).", valueName: "duration"))
     var idleTimeout: String = "120s"
 
@@ -490,10 +493,14 @@ extension Serve {
         }
         configuration.limits.streamWindow = try window(self.streamWindow, option: "--stream-window")
         configuration.limits.connectionWindow = try window(self.connectionWindow, option: "--connection-window")
-        guard self.maxStreams >= 1, self.maxConnections >= 1, self.commitGroup >= 1, self.ioThreads >= 1, self.readsPerWakeup >= 1 else {
-            throw ValidationError("--max-streams, --max-connections, --commit-group, --io-threads and --reads-per-wakeup must be at least 1")
+        guard self.maxStreams >= 1, self.maxConnections >= 1, self.commitGroup >= 1, self.ioThreads >= 1, self.readsPerWakeup >= 1,
+            self.lookupsPerConnection >= 1
+        else {
+            throw ValidationError(
+                "--max-streams, --max-connections, --commit-group, --io-threads, --reads-per-wakeup and --lookups-per-connection must be at least 1")
         }
         configuration.readsPerWakeup = self.readsPerWakeup
+        configuration.lookupsPerConnection = self.lookupsPerConnection
         configuration.limits.maxConcurrentStreams = self.maxStreams
         configuration.maxConnections = self.maxConnections
         configuration.commitGroup = self.commitGroup

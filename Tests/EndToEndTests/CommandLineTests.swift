@@ -147,7 +147,9 @@ struct CommandLineTests {
     )
     func serveRefusesZeroLimits() async throws {
         let data = TestRelay.makeDirectory() + "/relay"
-        for option in ["--io-threads", "--commit-group", "--max-connections", "--status-max-connections", "--reads-per-wakeup"] {
+        for option in [
+            "--io-threads", "--commit-group", "--max-connections", "--status-max-connections", "--reads-per-wakeup", "--lookups-per-connection",
+        ] {
             let run = try await Self.run(try relayBinary(), ["serve", "--dev", "--data", data, "--listen", "127.0.0.1:0", option, "0"])
             #expect(run.status == 2, "\(option): exit \(run.status)")
             #expect(run.stderr.contains(option) && run.stderr.contains("must be at least 1"), "\(option): \(run.stderr)")

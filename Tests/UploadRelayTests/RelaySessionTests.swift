@@ -157,6 +157,37 @@ struct RelaySessionTests {
         #expect(h.session.pipelines.isEmpty)
     }
 
+    @Test(
+        "lookups of one connection run 2 at a time: the others wait in order; a CANCEL while one waits drops its session when its lookup returns; every claim and slot goes back"
+    )
+    func lookupsBounded() async throws {
+        var h = SessionHarness(configure: { $0.lookupsPerConnection = 2 })
+        h.handshake()
+        func lookups(_ actions: [RelaySession.Action]) -> [StreamID] {
+            actions.compactMap { if case .lookUp(let open, _, _) = $0 { return open.streamID } else { return nil } }
+        }
+        var started: [StreamID] = []
+        for i in 0..<5 { started += lookups(h.send(Self.open(StreamID(rawValue: UInt32(2 * i + 1)), "k\(i)"))) }
+        #expect(started == [1, 3], "two at once")
+        #expect(h.resources.claims.count == 5 && h.resources.uploadSlots.inUse == 5, "every OPEN holds its key and slot while it waits")
+        h.send(.cancel(Frame.Cancel(streamID: 7, code: .cancelled, message: "stop")))
+        let key = try ObjectKey(validating: "k")
+        var next = lookups(h.take(h.session.uploadLookedUp(1, .stored(size: 0), key: key)))
+        #expect(next == [5], "the first waiting one, in order")
+        next = lookups(h.take(h.session.uploadLookedUp(3, .stored(size: 0), key: key)))
+        #expect(next == [7])
+        next = lookups(h.take(h.session.uploadLookedUp(5, .stored(size: 0), key: key)))
+        #expect(next == [9])
+        let cancelled = h.take(
+            h.session.uploadLookedUp(7, .upload(durableOffset: 0, resumeToken: [9], resumed: false, byteLimit: nil), key: key))
+        #expect(SessionHarness.steps(cancelled).map(\.1) == [.release(discardSession: true)], "cancelled while it waited: dropped")
+        #expect(lookups(cancelled).isEmpty)
+        _ = h.take(h.session.uploadLookedUp(9, .stored(size: 0), key: key))
+        _ = h.take(h.session.storageFinished(7, .released))
+        #expect(h.session.lookupsInFlight == 0 && h.session.lookupQueue.isEmpty && h.session.opening.isEmpty)
+        #expect(h.resources.claims.count == 0 && h.resources.uploadSlots.inUse == 0, "every claim and slot given back")
+    }
+
     @Test("CANCEL during the lookup, then the connection closes: the session is still dropped when the lookup returns")
     func cancelThenCloseWhileLookingUp() async throws {
         var h = SessionHarness()
@@ -267,7 +298,10 @@ struct RelaySessionTests {
         let claims = KeyClaims()
         let memory = ResourceBudget(total: 1 << 30)
         var h = SessionHarness(
-            configure: { $0.syncBytes = Int.random(in: 1...64, using: &rng) }, claims: claims, memory: memory,
+            configure: {
+                $0.syncBytes = Int.random(in: 1...64, using: &rng)
+                $0.lookupsPerConnection = Int.random(in: 1...3, using: &rng)
+            }, claims: claims, memory: memory,
             slots: Int.random(in: 1...4, using: &rng))
         h.handshake()
         var nextID: UInt32 = 1
@@ -327,7 +361,9 @@ struct RelaySessionTests {
         }
         // The link goes; lookups return and storage finishes.
         absorb(h.take(h.session.connectionClosed()))
-        for id in lookups {
+        // Each lookup that returns may start a queued one.
+        while !lookups.isEmpty {
+            let id = lookups.removeFirst()
             absorb(
                 h.take(
                     h.session.uploadLookedUp(

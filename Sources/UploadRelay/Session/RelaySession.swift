@@ -36,6 +36,7 @@ package struct RelaySessionSettings: Sendable {
     var syncInterval: Duration
     var shutdownGrace: Duration
     var maxBlobSize: Int64
+    var lookupsPerConnection: Int
 
     init(_ configuration: RelayConfiguration) {
         self.limits = configuration.limits
@@ -46,6 +47,7 @@ package struct RelaySessionSettings: Sendable {
         self.syncInterval = configuration.syncInterval
         self.shutdownGrace = configuration.shutdownGrace
         self.maxBlobSize = configuration.maxBlobSize
+        self.lookupsPerConnection = max(1, configuration.lookupsPerConnection)
     }
 }
 
@@ -143,6 +145,10 @@ package struct RelaySession {
     var opening: [StreamID: (claim: String, closedMeanwhile: Bool?)] = [:]
     /// Streams whose OPEN waits for its key (the key's last upload is closing), and whether CANCEL came meanwhile.
     var waitingForKey: [StreamID: Bool] = [:]
+    /// Lookups of this connection running now (``RelaySessionSettings/lookupsPerConnection`` at most), and the OPENs
+    /// in ``opening`` waiting for one to return, in order. Each waits as a frame, not as a task of its own.
+    var lookupsInFlight = 0
+    var lookupQueue: [(Frame.Open, ObjectKey, Account)] = []
 
     package init(resources: RelaySessionResources, now: NIODeadline, keyFreed: @escaping @Sendable (Frame.Open, ObjectKey) -> Void) {
         self.resources = resources
