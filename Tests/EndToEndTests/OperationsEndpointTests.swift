@@ -126,16 +126,35 @@ struct OperationsEndpointTests {
         await relay.stop()
     }
 
-    @Test(
-        "a quota plan's connection kept for the uploads that follow: the relay accepts one connection for both, the files stored; not kept, or no run to take it, two and none left open"
-    )
-    func quotaPlanConnectionKept() async throws {
+    /// A relay with its operations endpoint, an HTTP client, an event loop group for an agent and a source directory,
+    /// for `body`; each stopped or removed after it, thrown or not.
+    static func withAgentAndRelay(
+        _ body: (TestRelay, HTTPClient, MultiThreadedEventLoopGroup, String) async throws -> Void
+    ) async throws {
         let relay = try await Self.relay().start()
         let client = HTTPClient(eventLoopGroupProvider: .singleton)
         let source = TestRelay.makeDirectory()
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         defer { try? FileManager.default.removeItem(atPath: source) }
+        let outcome: Result<Void, any Error>
         do {
+            try await body(relay, client, group, source)
+            outcome = .success(())
+        } catch {
+            outcome = .failure(error)
+        }
+        try? await client.shutdown()
+        try? await group.shutdownGracefully()
+        await relay.stop()
+        try? FileManager.default.removeItem(atPath: relay.directory)
+        try outcome.get()
+    }
+
+    @Test(
+        "a quota plan's connection kept for the uploads that follow: the relay accepts one connection for both, the files stored; not kept, or no run to take it, two and none left open"
+    )
+    func quotaPlanConnectionKept() async throws {
+        try await Self.withAgentAndRelay { relay, client, group, source in
             let files = (0..<3).map { makeFile(source, "p\($0).jpg", size: 40_000 + $0, seed: UInt64(60 + $0)) }
             func items(_ prefix: String) -> [UploadItem] {
                 files.map {
@@ -175,29 +194,14 @@ struct OperationsEndpointTests {
                     FileManager.default.contents(atPath: relay.directory + "/store/dev/kept/" + (file.path as NSString).lastPathComponent)
                         == file.data)
             }
-        } catch {
-            try? await client.shutdown()
-            try? await group.shutdownGracefully()
-            await relay.stop()
-            try? FileManager.default.removeItem(atPath: relay.directory)
-            throw error
         }
-        try await client.shutdown()
-        try? await group.shutdownGracefully()
-        await relay.stop()
-        try? FileManager.default.removeItem(atPath: relay.directory)
     }
 
     @Test(
         "on a long link the first step's connections open beside the quota plan's, and the run takes them: 4 accepted in all, not 7; let go when no run takes them"
     )
     func warmConnectionsTaken() async throws {
-        let relay = try await Self.relay().start()
-        let client = HTTPClient(eventLoopGroupProvider: .singleton)
-        let source = TestRelay.makeDirectory()
-        let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
-        defer { try? FileManager.default.removeItem(atPath: source) }
-        do {
+        try await Self.withAgentAndRelay { relay, client, group, source in
             // Worth it: four of the kernel's largest send buffers at least (16 MiB with Linux's defaults); striped, so
             // stripes wait for the first step.
             let size = Int(ConnectionGrowth.firstStep) * max(4 << 20, Uploader.kernelSendBufferLimit()) + (1 << 20)
@@ -235,16 +239,6 @@ struct OperationsEndpointTests {
             #expect(await Polling.waitUntil(timeout: 10) { (try? await metric("upload_relay_connections_accepted_total")) == 8 })
             await uploader.letGoOfKeptConnection()
             #expect(await Polling.waitUntil(timeout: 10) { (try? await metric("upload_relay_connections")) == 0 }, "all four closed")
-        } catch {
-            try? await client.shutdown()
-            try? await group.shutdownGracefully()
-            await relay.stop()
-            try? FileManager.default.removeItem(atPath: relay.directory)
-            throw error
         }
-        try await client.shutdown()
-        try? await group.shutdownGracefully()
-        await relay.stop()
-        try? FileManager.default.removeItem(atPath: relay.directory)
     }
 }
