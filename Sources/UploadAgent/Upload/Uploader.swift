@@ -14,14 +14,11 @@ public final class Uploader: Sendable {
     public let configuration: AgentConfiguration
     private let group: any EventLoopGroup
     private let logger: Logger
-    /// The connection a quota plan was asked on, kept up for the run that follows (``quotaPlan(_:keepConnection:)``):
-    /// an adaptive run's first connection takes it.
-    private let kept = NIOLockedValueBox<KeptConnection?>(nil)
-    /// Connections opened beside the quota plan's on a long link, each with the share of the added connection of its
-    /// index (1 to ``ConnectionGrowth/firstStep`` - 1), waiting once welcomed: an adaptive run's first step takes them
-    /// instead of dialing (``quotaPlan(_:keepConnection:)``). Each task ends when its connection waits (its
-    /// ``KeptConnection``) or failed (nil).
-    private let warm = NIOLockedValueBox<[Int: Task<KeptConnection?, Never>]>([:])
+    /// Connections kept up for the run that follows a quota plan (``quotaPlan(_:keepConnection:)``), by the index of
+    /// the adaptive run's connection that takes each instead of dialing: 0, the one the plan was asked on (the run's
+    /// first); 1 to ``ConnectionGrowth/firstStep`` - 1, those opened beside it on a long link, each with that added
+    /// connection's share. Each task ends when its connection waits (its ``KeptConnection``) or failed (nil).
+    private let kept = NIOLockedValueBox<[Int: Task<KeptConnection?, Never>]>([:])
 
     private struct KeptConnection: Sendable {
         let channel: any Channel
@@ -129,11 +126,11 @@ public final class Uploader: Sendable {
         }
         let configuration = self.configuration
         try await withThrowingTaskGroup(of: Ended.self) { group in
-            func open(_ share: AgentConfiguration, takeKept: Bool = false, warmIndex: Int? = nil) {
+            func open(_ share: AgentConfiguration, index: Int) {
                 group.addTask {
                     try await self.runConnections(
                         queue, service: service, pool: pool, configuration: share, tls: tls, bandwidth: bandwidth, meter: meter,
-                        takeKept: takeKept, warmIndex: warmIndex, onEvent: counted
+                        keptIndex: index, onEvent: counted
                     )
                     return .connections
                 }
@@ -148,7 +145,7 @@ public final class Uploader: Sendable {
             var running = 1
             var polls = 0
             // The first connection has the whole configuration, as the quota plan's had: it takes that one when kept.
-            open(configuration, takeKept: true)
+            open(configuration, index: 0)
             // The first decision comes as soon as the first connection's round trip is known (its TCP handshake
             // measures it): asked every 50 ms until then. On a short link it settles at once.
             window(.milliseconds(50))
@@ -167,7 +164,7 @@ public final class Uploader: Sendable {
                     let added = growth.sample(roundTrip: roundTrip, connected: meter.connected, rate: rate, workWaiting: queue.hasWaiting)
                     if added > 0 {
                         for index in growth.running - added..<growth.running {
-                            open(Self.addedConnectionShare(configuration, index: index), warmIndex: index)
+                            open(Self.addedConnectionShare(configuration, index: index), index: index)
                         }
                         running += added
                         self.logger.info(
@@ -267,11 +264,9 @@ public final class Uploader: Sendable {
     /// One connection at a time, reconnecting with backoff, until the queue's work is over.
     private func runConnections(
         _ queue: JobQueue, service: Bool, pool: NIOThreadPool, configuration: AgentConfiguration, tls: NIOSSLContext,
-        bandwidth: BandwidthLimit?, meter: LinkMeter?, takeKept: Bool = false, warmIndex: Int? = nil,
-        onEvent: @escaping @Sendable (UploadEvent) -> Void
+        bandwidth: BandwidthLimit?, meter: LinkMeter?, keptIndex: Int? = nil, onEvent: @escaping @Sendable (UploadEvent) -> Void
     ) async throws {
-        var takeKept = takeKept
-        var warmIndex = warmIndex
+        var keptIndex = keptIndex
         let clock = ContinuousClock()
         var deadline: ContinuousClock.Instant? = nil
         var backoff = Duration.milliseconds(200)
@@ -283,13 +278,9 @@ public final class Uploader: Sendable {
             let outcome: ConnectionOutcome
             // The first attempt only: a reconnection is a connection of its own.
             var kept: EventLoopFuture<ConnectionOutcome>? = nil
-            if takeKept {
-                kept = await self.adoptKept(
-                    self.kept.withLockedValue({ $0.take() }), queue: queue, pool: pool, bandwidth: bandwidth, meter: meter, onEvent: onEvent)
-            } else if let index = warmIndex, let task = self.warm.withLockedValue({ $0.removeValue(forKey: index) }) {
+            if let index = keptIndex.take(), let task = self.kept.withLockedValue({ $0.removeValue(forKey: index) }) {
                 kept = await self.adoptKept(await task.value, queue: queue, pool: pool, bandwidth: bandwidth, meter: meter, onEvent: onEvent)
             }
-            (takeKept, warmIndex) = (false, nil)
             do {
                 if let kept {
                     outcome = try await kept.get()
@@ -395,7 +386,7 @@ public final class Uploader: Sendable {
             keepAfterPlan: keepConnection, made: made, meter: meter, onEvent: { _ in }
         )
         if outcome.parked, let made = made.withLockedValue({ $0 }) {
-            self.kept.withLockedValue { $0 = made }
+            self.kept.withLockedValue { $0[0] = Task { made } }
         }
         if outcome.quotaPlan == nil, let reason = outcome.reason {
             throw SourceError(reason)
@@ -411,9 +402,9 @@ public final class Uploader: Sendable {
         let count = min(ConnectionGrowth.firstStep, configuration.connections)
         guard count > 1 else { return }
         self.logger.debug("opening connections beside the quota plan's", metadata: ["count": "\(count - 1)", "round_trip": "\(roundTrip)"])
-        self.warm.withLockedValue { warm in
-            for index in 1..<count where warm[index] == nil {
-                warm[index] = Task {
+        self.kept.withLockedValue { kept in
+            for index in 1..<count where kept[index] == nil {
+                kept[index] = Task {
                     let made = NIOLockedValueBox<KeptConnection?>(nil)
                     let outcome = try? await self.runConnection(
                         queue: JobQueue([]), pool: pool, configuration: Self.addedConnectionShare(configuration, index: index), bandwidth: nil,
@@ -427,13 +418,12 @@ public final class Uploader: Sendable {
 
     /// Closes the connection kept after a quota plan, and those opened beside it, if no run took them.
     public func letGoOfKeptConnection() async {
-        let warm = self.warm.withLockedValue { warm in
-            defer { warm = [:] }
-            return Array(warm.values)
+        let tasks = self.kept.withLockedValue { kept in
+            defer { kept = [:] }
+            return Array(kept.values)
         }
-        var connections = [self.kept.withLockedValue { $0.take() }]
-        for task in warm { connections.append(await task.value) }
-        for case let kept? in connections {
+        for task in tasks {
+            guard let kept = await task.value else { continue }
             try? await kept.channel.eventLoop.submit { kept.handler.value.letGo() }.get()
         }
     }

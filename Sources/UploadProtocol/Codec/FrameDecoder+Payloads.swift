@@ -160,16 +160,7 @@ extension FrameDecoder {
         if flags & Frame.Chunk.deflatedFlag != 0 {
             rawLength = try payload.readField(UInt32.self, "raw length", of: type)
         }
-        var rest = payload.readSlice(length: payload.readableBytes)!
-        if var given {
-            // The fields' bytes and the data's, as one frame's payload would hold them.
-            if rest.readableBytes > 0 {
-                rest.writeBuffer(&given)
-                given = rest
-            }
-            rest = given
-        }
-        let data = rest
+        let data = given ?? payload.readSlice(length: payload.readableBytes)!
         let offset = try FieldRules.size(rawOffset, "offset", of: type)
         if let raw = rawLength {
             guard raw >= 1 && raw <= self.maxFrameSize else {

@@ -62,7 +62,9 @@ public struct FrameDecoder: Sendable {
             throw ProtocolError.connection(.internalError, "a frame gathered as a CHUNK is a \(header.type.name)")
         }
         var fields = prefix.getSlice(at: prefix.readerIndex + FrameHeader.size, length: prefix.readableBytes - FrameHeader.size)!
-        return .chunk(try self.parseChunk(&fields, stream: header.streamID, flags: header.flags, data: data))
+        let chunk = try self.parseChunk(&fields, stream: header.streamID, flags: header.flags, data: data)
+        try Self.expectEnd(fields, .chunk)
+        return .chunk(chunk)
     }
 
     /// SPEC §1.3–§1.5: type, flags and stream id, checked before the payload is read.
