@@ -199,6 +199,38 @@ struct FileSourceTests {
         #expect(changed.content == nil)
     }
 
+    @Test(
+        "a read whose budget is exactly the rest of a file ends it (HASH goes with the last bytes, not after a second read), and finds a change made since the open"
+    )
+    func budgetToTheEnd() async throws {
+        let directory = TemporaryDirectories.make()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let file = makeFile(directory, "thumb.jpg", size: 16_384, seed: 31)
+        let source = FileSource(path: file.path)
+        defer { source.close() }
+        let info = try source.open()
+        func request(offset: UInt64, budget: Int, sha1: SHA1?) -> SourceReader.Request {
+            SourceReader.Request(
+                streamID: 1, source: source, size: 16_384, offset: offset, budget: budget, chunkSize: 1 << 20, deflate: false, sha1: sha1,
+                keepSnapshots: false, reopening: SourceReader.Reopening(fingerprint: info.fingerprint, limit: 1), corruptAt: nil
+            )
+        }
+        // The whole file in one budget: one read, ended, the SHA-1 of every byte.
+        let whole = try SourceReader.read(request(offset: 0, budget: 16_384, sha1: SHA1()))
+        #expect(whole.ended && whole.nextOffset == 16_384 && whole.chunks.map(\.offset) == [0])
+        #expect(whole.sha1.flatMap { SHA1Digest(bytes: $0.finalize()) } == SHA1Digest(bytes: SHA1.hash([UInt8](file.data))))
+        // In two budgets: the first does not end it, the second (exactly the rest) does.
+        let first = try SourceReader.read(request(offset: 0, budget: 10_000, sha1: nil))
+        #expect(!first.ended && first.nextOffset == 10_000)
+        let rest = try SourceReader.read(request(offset: 10_000, budget: 6_384, sha1: nil))
+        #expect(rest.ended && rest.nextOffset == 16_384 && rest.chunks.map(\.offset) == [10_000])
+        // Rewritten in place since the open (same size, another time): the read that ends it refuses to.
+        try Data(repeating: 0x42, count: 16_384).write(to: URL(fileURLWithPath: file.path))
+        try FileManager.default.setAttributes([.modificationDate: Date(timeIntervalSince1970: 1_000_000)], ofItemAtPath: file.path)
+        let error = #expect(throws: SourceError.self) { try SourceReader.read(request(offset: 0, budget: 16_384, sha1: nil)) }
+        #expect(error?.description.contains("during the upload: not committed") == true)
+    }
+
     @Test("a start offset past the end is refused with the sizes")
     func startPastEnd() async throws {
         let file = makeFile(TemporaryDirectories.make(), "short.bin", size: 100, seed: 3)

@@ -129,6 +129,9 @@ enum SourceReader {
             // A stream that paused (a short read) sends what came now instead of waiting to fill the batch.
             if !source.isSeekable && data.readableBytes < limit { break }
         }
+        // A batch that used its whole budget on a source's last bytes ends it too: HASH goes with them, not after a
+        // second read (a trip to the pool) that only finds the end (a small file's whole budget is its size).
+        if let size = request.size, batch.nextOffset >= size { batch.ended = true }
         if batch.ended, request.held == nil, let change = source.changeSinceOpen() {
             // Never commit a mix of two versions (the file changed while it was read): the relay discards what it
             // staged.
