@@ -164,6 +164,45 @@ struct FrameCodecTests {
         }
     }
 
+    @Test(
+        "FrameReader: once no whole frame is left in a read, nothing handed out or kept shares the read's buffer (TLS fills it again: shared, it is copied whole), whatever frame is left in pieces",
+        arguments: [0, 3, 10, 26, 30, 5_000]
+    )
+    func readerLetsGoOfTheRead(cut: Int) async throws {
+        var rng = SeededGenerator(seed: UInt64(cut) + 1)
+        func chunk(_ offset: UInt64, _ size: Int) -> Frame {
+            var data = ByteBuffer()
+            data.writeBytes((0..<size).map { _ in UInt8(truncatingIfNeeded: rng.next()) })
+            return .chunk(Frame.Chunk(streamID: 7, offset: offset, crc32: UInt32(offset), data: data))
+        }
+        // Two thumbnails' CHUNKs and an ACK whole, then the first `cut` bytes of a third CHUNK (none, its length only,
+        // part of its fields, its fields, some of its data).
+        let whole = [chunk(0, 16_384), .ack(Frame.Ack(streamID: 7, offset: 16_384)), chunk(16_384, 16_384)]
+        let last = chunk(32_768, 16_384)
+        var read = ByteBuffer()
+        for frame in whole {
+            var encoded = frame.encoded()
+            read.writeBuffer(&encoded)
+        }
+        var rest = last.encoded()
+        var head = rest.readSlice(length: cut)!
+        read.writeBuffer(&head)
+        let base = read.withUnsafeReadableBytes { UInt(bitPattern: $0.baseAddress) }
+        var reader = FrameReader(decoder: FrameDecoder(maxFrameSize: 1 << 20))
+        reader.append(read)
+        var decoded: [Frame] = []
+        while let frame = try reader.next() { decoded.append(frame) }
+        #expect(decoded == whole, "cut \(cut)")
+        #expect(reader.hasPartialFrame == (cut > 0), "cut \(cut)")
+        // Written into in place, not copied first: no one else holds it.
+        let after = read.withUnsafeMutableReadableBytes { UInt(bitPattern: $0.baseAddress) }
+        #expect(after == base, "cut \(cut): the read's buffer is still shared")
+        // The rest of the last frame comes out whole.
+        reader.append(rest)
+        #expect(try reader.next() == last, "cut \(cut)")
+        #expect(try reader.next() == nil && !reader.hasPartialFrame, "cut \(cut)")
+    }
+
     @Test("FrameReader: a CHUNK that is malformed is refused in pieces as whole: stream 0, reserved flags, too large once raised past")
     func readerRefusesMalformedChunkInPieces() async throws {
         var data = ByteBuffer()

@@ -3,8 +3,8 @@ import NIOCore
 /// Collects bytes as they arrive from a connection and hands out whole frames (SPEC §1).
 ///
 /// Wraps a ``FrameDecoder`` with the cumulation buffer a channel handler needs: append each read,
-/// then call ``next()`` until it returns nil. Frame payloads are slices of that buffer, or, for a CHUNK that arrived in
-/// pieces, a buffer of its own.
+/// then call ``next()`` until it returns nil. A CHUNK's data is a buffer of its own, of the data's size; other frames'
+/// payloads are slices of the reads, used before the next one.
 public struct FrameReader: Sendable {
     public var decoder: FrameDecoder
     private var buffer: ByteBuffer? = nil
@@ -108,11 +108,45 @@ public struct FrameReader: Sendable {
         }
         guard var buffer = self.buffer else { return nil }
         self.buffer = nil
-        defer {
-            if buffer.readableBytes > 0 {
-                self.buffer = buffer
-            }
+        let frame: Frame?
+        do {
+            frame = try self.decoder.decodeFrame(from: &buffer)
+        } catch {
+            self.buffer = buffer
+            throw error
         }
-        return try self.decoder.decodeFrame(from: &buffer)
+        guard let frame else {
+            self.keep(partial: buffer)
+            return nil
+        }
+        if buffer.readableBytes > 0 { self.buffer = buffer }
+        guard case .chunk(var chunk) = frame else { return frame }
+        chunk.data = Self.owned(chunk.data, capacity: chunk.data.readableBytes)
+        return .chunk(chunk)
+    }
+
+    /// The start of a frame, all that is left of the reads once no whole frame is: kept in memory of its own (a
+    /// CHUNK's data already in a buffer of the data's size), so that nothing of the frames holds on to the buffer the
+    /// reads came in. That buffer is TLS's, which it fills again with the next read: shared, it is copied first, at its
+    /// whole capacity, and the copy it gave away stays alive as long as any slice of it (45 of a relay's 87 MB of heap
+    /// with 100 agents sending thumbnails, held by the CHUNKs waiting for storage).
+    private mutating func keep(partial: ByteBuffer) {
+        guard partial.readableBytes > 0 else { return }
+        var partial = partial
+        var none = ByteBuffer()
+        if let chunk = self.gatherChunk(&partial, &none) {
+            self.chunk = chunk
+            return
+        }
+        let announced = partial.getInteger(at: partial.readerIndex, as: UInt32.self).map { min(Int($0), self.decoder.maxFrameSize) } ?? 0
+        self.buffer = Self.owned(partial, capacity: max(announced, partial.readableBytes))
+    }
+
+    /// `bytes` copied into a buffer of their own of at least `capacity`.
+    private static func owned(_ bytes: ByteBuffer, capacity: Int) -> ByteBuffer {
+        var bytes = bytes
+        var own = ByteBufferAllocator().buffer(capacity: capacity)
+        own.writeBuffer(&bytes)
+        return own
     }
 }
