@@ -471,7 +471,10 @@ struct WatchTests {
         let size = 200 << 20
         let file = makeFile(home, "video.mp4", size: size, seed: 7)
         let flags = noDedup ? ["--no-dedup"] : []
-        let first = try AgentProcess(["send", "--json"] + flags + [file.path], environment: environment, log: home + "/first.log")
+        // At most 40 MB/s, so that the quarter is seen seconds before the end: unlimited, a fast phase of this machine
+        // (700 MB/s on loopback) sent the whole file between two looks at the agent's record.
+        let first = try AgentProcess(
+            ["send", "--json", "--bwlimit", "40M"] + flags + [file.path], environment: environment, log: home + "/first.log")
         defer { first.stop(SIGKILL) }
         // Killed once the relay acknowledged a quarter: from the status the agent records.
         let acked = await Self.waitForQuarter(of: size, store: try AgentStateStore(directory: state + "/upload-agent"), agent: first)

@@ -157,78 +157,85 @@ struct FileSourceTests {
         "a small file hashed for dedup keeps the bytes it was hashed from, and a read from them gives the chunks a read of the file gives; a larger one, or one that changed while read, keeps none"
     )
     func heldContent() async throws {
-        let directory = TemporaryDirectories.make()
-        defer { try? FileManager.default.removeItem(atPath: directory) }
-        let file = makeFile(directory, "small.jpg", size: 40_000, seed: 21)
-        let source = FileSource(path: file.path)
-        defer { source.close() }
-        let prepared = try SourceReader.prepare(source, info: nil, knownSHA1: nil, dedup: true, reopenLimit: 1, journal: nil, hold: 64 << 10)
-        let content = try #require(prepared.content)
-        #expect(Array(content.readableBytesView) == [UInt8](file.data))
-        #expect(prepared.sha1 == SHA1Digest(bytes: SHA1.hash([UInt8](file.data))))
-        #expect(prepared.hashedBytes == 40_000)
-        // Offsets inside the held bytes (a resume), in chunks: the same frames as from the file.
-        let reopening = SourceReader.Reopening(fingerprint: prepared.info.fingerprint, limit: 1)
-        var request = SourceReader.Request(
-            streamID: 1, source: source, size: 40_000, offset: 12_000, budget: 40_000, chunkSize: 10_000, deflate: false, sha1: nil,
-            keepSnapshots: false, reopening: reopening, corruptAt: nil
-        )
-        let fromFile = try SourceReader.read(request)
-        request.held = content
-        let fromHeld = try SourceReader.read(request)
-        #expect(fromHeld.chunks.map(\.offset) == [12_000, 22_000, 32_000])
-        #expect(fromHeld.chunks == fromFile.chunks)
-        #expect(fromHeld.ended && fromHeld.nextOffset == 40_000)
-        // Too large to hold: hashed, nothing kept.
-        let large = makeFile(directory, "large.jpg", size: 70_000, seed: 22)
-        let largeSource = FileSource(path: large.path)
-        defer { largeSource.close() }
-        let notHeld = try SourceReader.prepare(largeSource, info: nil, knownSHA1: nil, dedup: true, reopenLimit: 1, journal: nil, hold: 64 << 10)
-        #expect(notHeld.content == nil && notHeld.sha1 != nil)
-        // Changed since it was opened (grown after open): nothing kept, so the send reads it and finds the change.
-        let changing = makeFile(directory, "changing.jpg", size: 30_000, seed: 23)
-        let changingSource = FileSource(path: changing.path)
-        defer { changingSource.close() }
-        let info = try changingSource.open()
-        let handle = try #require(FileHandle(forWritingAtPath: changing.path))
-        try handle.seekToEnd()
-        try handle.write(contentsOf: Data(repeating: 0x5A, count: 100))
-        try handle.close()
-        let changed = try SourceReader.prepare(
-            changingSource, info: info, knownSHA1: nil, dedup: true, reopenLimit: 1, journal: nil, hold: 64 << 10)
-        #expect(changed.content == nil)
+        try Self.withSource("small.jpg", size: 40_000, seed: 21) { directory, file, source in
+            let prepared = try SourceReader.prepare(source, info: nil, knownSHA1: nil, dedup: true, reopenLimit: 1, journal: nil, hold: 64 << 10)
+            let content = try #require(prepared.content)
+            #expect(Array(content.readableBytesView) == [UInt8](file.data))
+            #expect(prepared.sha1 == SHA1Digest(bytes: SHA1.hash([UInt8](file.data))))
+            #expect(prepared.hashedBytes == 40_000)
+            // Offsets inside the held bytes (a resume), in chunks: the same frames as from the file.
+            let reopening = SourceReader.Reopening(fingerprint: prepared.info.fingerprint, limit: 1)
+            var request = SourceReader.Request(
+                streamID: 1, source: source, size: 40_000, offset: 12_000, budget: 40_000, chunkSize: 10_000, deflate: false, sha1: nil,
+                keepSnapshots: false, reopening: reopening, corruptAt: nil
+            )
+            let fromFile = try SourceReader.read(request)
+            request.held = content
+            let fromHeld = try SourceReader.read(request)
+            #expect(fromHeld.chunks.map(\.offset) == [12_000, 22_000, 32_000])
+            #expect(fromHeld.chunks == fromFile.chunks)
+            #expect(fromHeld.ended && fromHeld.nextOffset == 40_000)
+            // Too large to hold: hashed, nothing kept.
+            let large = makeFile(directory, "large.jpg", size: 70_000, seed: 22)
+            let largeSource = FileSource(path: large.path)
+            defer { largeSource.close() }
+            let notHeld = try SourceReader.prepare(largeSource, info: nil, knownSHA1: nil, dedup: true, reopenLimit: 1, journal: nil, hold: 64 << 10)
+            #expect(notHeld.content == nil && notHeld.sha1 != nil)
+            // Changed since it was opened (grown after open): nothing kept, so the send reads it and finds the change.
+            let changing = makeFile(directory, "changing.jpg", size: 30_000, seed: 23)
+            let changingSource = FileSource(path: changing.path)
+            defer { changingSource.close() }
+            let info = try changingSource.open()
+            let handle = try #require(FileHandle(forWritingAtPath: changing.path))
+            try handle.seekToEnd()
+            try handle.write(contentsOf: Data(repeating: 0x5A, count: 100))
+            try handle.close()
+            let changed = try SourceReader.prepare(
+                changingSource, info: info, knownSHA1: nil, dedup: true, reopenLimit: 1, journal: nil, hold: 64 << 10)
+            #expect(changed.content == nil)
+        }
     }
 
     @Test(
         "a read whose budget is exactly the rest of a file ends it (HASH goes with the last bytes, not after a second read), and finds a change made since the open"
     )
     func budgetToTheEnd() async throws {
+        try Self.withSource("thumb.jpg", size: 16_384, seed: 31) { _, file, source in
+            let info = try source.open()
+            func request(offset: UInt64, budget: Int, sha1: SHA1?) -> SourceReader.Request {
+                SourceReader.Request(
+                    streamID: 1, source: source, size: 16_384, offset: offset, budget: budget, chunkSize: 1 << 20, deflate: false, sha1: sha1,
+                    keepSnapshots: false, reopening: SourceReader.Reopening(fingerprint: info.fingerprint, limit: 1), corruptAt: nil
+                )
+            }
+            // The whole file in one budget: one read, ended, the SHA-1 of every byte.
+            let whole = try SourceReader.read(request(offset: 0, budget: 16_384, sha1: SHA1()))
+            #expect(whole.ended && whole.nextOffset == 16_384 && whole.chunks.map(\.offset) == [0])
+            #expect(whole.sha1.flatMap { SHA1Digest(bytes: $0.finalize()) } == SHA1Digest(bytes: SHA1.hash([UInt8](file.data))))
+            // In two budgets: the first does not end it, the second (exactly the rest) does.
+            let first = try SourceReader.read(request(offset: 0, budget: 10_000, sha1: nil))
+            #expect(!first.ended && first.nextOffset == 10_000)
+            let rest = try SourceReader.read(request(offset: 10_000, budget: 6_384, sha1: nil))
+            #expect(rest.ended && rest.nextOffset == 16_384 && rest.chunks.map(\.offset) == [10_000])
+            // Rewritten in place since the open (same size, another time): the read that ends it refuses to.
+            try Data(repeating: 0x42, count: 16_384).write(to: URL(fileURLWithPath: file.path))
+            try FileManager.default.setAttributes([.modificationDate: Date(timeIntervalSince1970: 1_000_000)], ofItemAtPath: file.path)
+            let error = #expect(throws: SourceError.self) { try SourceReader.read(request(offset: 0, budget: 16_384, sha1: nil)) }
+            #expect(error?.description.contains("during the upload: not committed") == true)
+        }
+    }
+
+    /// A file of `size` random bytes in a directory of its own, and its source, for `body`; closed and removed after.
+    private static func withSource(
+        _ name: String, size: Int, seed: UInt64,
+        _ body: (_ directory: String, _ file: (path: String, data: Data), _ source: FileSource) throws -> Void
+    ) throws {
         let directory = TemporaryDirectories.make()
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        let file = makeFile(directory, "thumb.jpg", size: 16_384, seed: 31)
+        let file = makeFile(directory, name, size: size, seed: seed)
         let source = FileSource(path: file.path)
         defer { source.close() }
-        let info = try source.open()
-        func request(offset: UInt64, budget: Int, sha1: SHA1?) -> SourceReader.Request {
-            SourceReader.Request(
-                streamID: 1, source: source, size: 16_384, offset: offset, budget: budget, chunkSize: 1 << 20, deflate: false, sha1: sha1,
-                keepSnapshots: false, reopening: SourceReader.Reopening(fingerprint: info.fingerprint, limit: 1), corruptAt: nil
-            )
-        }
-        // The whole file in one budget: one read, ended, the SHA-1 of every byte.
-        let whole = try SourceReader.read(request(offset: 0, budget: 16_384, sha1: SHA1()))
-        #expect(whole.ended && whole.nextOffset == 16_384 && whole.chunks.map(\.offset) == [0])
-        #expect(whole.sha1.flatMap { SHA1Digest(bytes: $0.finalize()) } == SHA1Digest(bytes: SHA1.hash([UInt8](file.data))))
-        // In two budgets: the first does not end it, the second (exactly the rest) does.
-        let first = try SourceReader.read(request(offset: 0, budget: 10_000, sha1: nil))
-        #expect(!first.ended && first.nextOffset == 10_000)
-        let rest = try SourceReader.read(request(offset: 10_000, budget: 6_384, sha1: nil))
-        #expect(rest.ended && rest.nextOffset == 16_384 && rest.chunks.map(\.offset) == [10_000])
-        // Rewritten in place since the open (same size, another time): the read that ends it refuses to.
-        try Data(repeating: 0x42, count: 16_384).write(to: URL(fileURLWithPath: file.path))
-        try FileManager.default.setAttributes([.modificationDate: Date(timeIntervalSince1970: 1_000_000)], ofItemAtPath: file.path)
-        let error = #expect(throws: SourceError.self) { try SourceReader.read(request(offset: 0, budget: 16_384, sha1: nil)) }
-        #expect(error?.description.contains("during the upload: not committed") == true)
+        try body(directory, file, source)
     }
 
     @Test("a start offset past the end is refused with the sizes")
