@@ -39,7 +39,7 @@ struct UploadRelayCommand: AsyncParsableCommand {
         await Self.mainExitingTwoOnUsageError(arguments)
     }
 
-    /// TLS's plaintext buffers (the frames' chunks are slices of them, so each read takes a new one) and the staging
+    /// TLS's plaintext buffers (each read took a new one while the frames' chunks were slices of them) and the staging
     /// writes' buffers come from malloc's heap, up to 4 MiB each, and a heap keeps up to 16 MiB free at its top: with
     /// glibc's moving thresholds most of them were mapped afresh, a page fault and a zeroed page per 4 KiB (53,000 per
     /// GiB uploaded, 6 % of the relay's CPU; 4,000 to 13,000 now, the peak resident memory unchanged, 64 MiB).

@@ -65,9 +65,7 @@ public struct FrameReader: Sendable {
             return
         }
         if buffer.readerIndex > 0 || buffer.writableBytes < bytes.readableBytes {
-            // The frame's announced length, bounded by what the decoder accepts (it refuses more once it looks).
-            let announced = buffer.getInteger(at: buffer.readerIndex, as: UInt32.self).map { min(Int($0), self.decoder.maxFrameSize) } ?? 0
-            var gathered = ByteBufferAllocator().buffer(capacity: max(announced, buffer.readableBytes + bytes.readableBytes))
+            var gathered = ByteBufferAllocator().buffer(capacity: max(self.announcedLength(buffer), buffer.readableBytes + bytes.readableBytes))
             gathered.writeBuffer(&buffer)
             buffer = gathered
         }
@@ -138,8 +136,13 @@ public struct FrameReader: Sendable {
             self.chunk = chunk
             return
         }
-        let announced = partial.getInteger(at: partial.readerIndex, as: UInt32.self).map { min(Int($0), self.decoder.maxFrameSize) } ?? 0
-        self.buffer = Self.owned(partial, capacity: max(announced, partial.readableBytes))
+        self.buffer = Self.owned(partial, capacity: max(self.announcedLength(partial), partial.readableBytes))
+    }
+
+    /// The length announced by the frame `partial` starts, bounded by what the decoder accepts (it refuses more once it
+    /// looks); 0 before its four bytes are in.
+    private func announcedLength(_ partial: ByteBuffer) -> Int {
+        partial.getInteger(at: partial.readerIndex, as: UInt32.self).map { min(Int($0), self.decoder.maxFrameSize) } ?? 0
     }
 
     /// `bytes` copied into a buffer of their own of at least `capacity`.
