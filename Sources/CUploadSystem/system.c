@@ -14,12 +14,14 @@ int upload_o_direct_flag(void) {
 #include <malloc.h>
 #endif
 
-int upload_set_malloc_thresholds(int mmap_bytes, int trim_bytes) {
+int upload_set_malloc_thresholds(int mmap_bytes, int trim_bytes, int arenas) {
 #if defined(__GLIBC__)
-    return mallopt(M_MMAP_THRESHOLD, mmap_bytes) && (trim_bytes <= 0 || mallopt(M_TRIM_THRESHOLD, trim_bytes));
+    return mallopt(M_MMAP_THRESHOLD, mmap_bytes) && (trim_bytes <= 0 || mallopt(M_TRIM_THRESHOLD, trim_bytes))
+        && (arenas <= 0 || mallopt(M_ARENA_MAX, arenas));
 #else
     (void)mmap_bytes;
     (void)trim_bytes;
+    (void)arenas;
     return 0;
 #endif
 }

@@ -39,6 +39,6 @@ struct UploadAgentCommand: AsyncParsableCommand {
     /// freed, instead of staying in malloc's arenas at their peak for the life of the process: the agent's resident
     /// memory follows what it holds now, which matters on a phone-class host running for days.
     static func returnLargeBuffersAtOnce() {
-        _ = upload_set_malloc_thresholds(256 << 10, 0)
+        _ = upload_set_malloc_thresholds(256 << 10, 0, 0)
     }
 }
