@@ -66,6 +66,8 @@ public struct ProtocolLimits: Hashable, Sendable {
     public static let largestMaxFrameSize = 16_777_216
     /// The largest a credit window may grow (SPEC §5.3).
     public static let maxWindow = Int(Int32.max)
+    /// The smallest size a relay may resize a connection window to, unless WELCOME granted less (SPEC §5.5).
+    public static let smallestResizedWindow = 65_536
     /// The largest size or offset a frame may carry (SPEC §3): 2^62.
     public static let maxBlobSize: UInt64 = 1 << 62
     /// The most entries one PLAN may carry (SPEC §3.15, §12.1): its ROOM then fits in the smallest frame a side may

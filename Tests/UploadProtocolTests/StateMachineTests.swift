@@ -188,6 +188,44 @@ struct StateMachineTests {
         #expect(!result11)
     }
 
+    @Test("a resized window keeps back credit until it fits, grants beyond the bytes consumed when it grows, and never goes below 64 KiB")
+    func resizedWindow() async {
+        var window = InboundWindow(target: 100)
+        let r1 = window.receive(100)
+        #expect(r1)
+        window.resize(to: 40)
+        // 70 still outstanding (held), above 40: nothing back.
+        let r2 = window.consume(30)
+        #expect(r2 == nil)
+        let r3 = window.consume(40)
+        #expect(r3 == nil)
+        // Nothing held and no credit: the whole of the new size comes back, not the 100 consumed.
+        let r4 = window.consume(30)
+        #expect(r4 == 40)
+        #expect(window.available == 40 && window.outstanding == 40)
+        // Grown while 10 are held: the credit makes the window whole at the new size, more than the 10 consumed.
+        let r5 = window.receive(20)
+        #expect(r5)
+        window.resize(to: 300)
+        let r6 = window.consume(10)
+        #expect(r6 == 270)
+        #expect(window.available == 290 && window.buffered == 10 && window.outstanding == 300)
+
+        // The connection's window: no lower than 64 KiB (or WELCOME's window when smaller), and not before WELCOME.
+        var relay = Self.readyRelay()
+        relay.resizeConnectionWindow(to: 1)
+        #expect(relay.connectionWindowSize == ProtocolLimits.smallestResizedWindow)
+        relay.resizeConnectionWindow(to: 1 << 20)
+        #expect(relay.connectionWindowSize == 1 << 20)
+        var small = RelayConnectionStateMachine()
+        _ = small.receive(.hello(Frame.Hello(maxFrameSize: 65_536, features: [], credential: [1], agentName: "t")))
+        small.resizeConnectionWindow(to: 1 << 20)
+        #expect(small.connectionWindowSize == ProtocolLimits().connectionWindow, "no resize before WELCOME")
+        _ = small.acceptHello(account: "a", connectionWindow: 1000)
+        small.resizeConnectionWindow(to: 1)
+        #expect(small.connectionWindowSize == 1000)
+    }
+
     @Test("a stream reset by the relay returns its buffered bytes to the connection window at once")
     func resetReturnsBufferedCredit() async {
         var relay = Self.readyRelay()

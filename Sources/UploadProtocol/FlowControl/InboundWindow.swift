@@ -1,22 +1,36 @@
 /// The receiving side of one credit window: the relay's view of a stream or of the connection (SPEC §5).
 ///
-/// Bytes move through three counts: the peer's `available` credit, bytes received but not yet
-/// consumed by storage, and bytes consumed but not yet returned. Credit goes back only once
-/// the unreturned bytes reach half the target, so the peer is not flooded with tiny CREDITs.
+/// Bytes move through three counts: the peer's `available` credit, bytes received but not yet consumed by storage,
+/// and the credit owed: what the window lacks to be back at its target. Credit goes back once what is owed reaches
+/// half the target, so the peer is not flooded with tiny CREDITs; with nothing held and no credit left, all of the
+/// target is owed, so a window never stays shut.
+///
+/// A connection window may be resized while it lasts (SPEC §5.5): a smaller target keeps back the credit of consumed
+/// bytes until the credit and the bytes held fit in it; a larger one is granted beyond the bytes consumed.
 public struct InboundWindow: Hashable, Sendable {
-    /// The window the relay aims to keep open.
-    public let target: Int
+    /// The window the relay aims to keep open: the peer's credit plus the bytes it holds unconsumed.
+    public private(set) var target: Int
     /// Credit the peer holds now: the most it may send.
     public private(set) var available: Int
     /// Bytes received and not yet consumed.
     public private(set) var buffered: Int = 0
-    /// Bytes consumed and not yet returned as credit.
-    public private(set) var unreturned: Int = 0
 
     public init(target: Int) {
         precondition(target >= 0 && target <= ProtocolLimits.maxWindow, "window target \(target) outside 0...2^31-1")
         self.target = target
         self.available = target
+    }
+
+    /// Credit the window lacks to be back at its target: consumed bytes not yet returned, less what a smaller target
+    /// keeps back, plus what a larger one adds. Never negative.
+    public var unreturned: Int { max(0, self.target - self.available - self.buffered) }
+
+    /// What the peer may still make the relay hold: its credit and the bytes held now.
+    public var outstanding: Int { self.available + self.buffered }
+
+    /// Sets the target (clamped to 0...2^31-1); credit follows at the next return.
+    public mutating func resize(to target: Int) {
+        self.target = min(max(0, target), ProtocolLimits.maxWindow)
     }
 
     /// Records `count` received bytes; false when they overrun the credit (a FLOW_CONTROL_ERROR).
@@ -31,7 +45,6 @@ public struct InboundWindow: Hashable, Sendable {
     public mutating func consume(_ count: Int) -> UInt32? {
         precondition(count <= self.buffered, "consumed \(count) bytes but only \(self.buffered) are buffered")
         self.buffered -= count
-        self.unreturned += count
         guard self.unreturned >= max(1, self.target / 2) else {
             return nil
         }
@@ -42,7 +55,6 @@ public struct InboundWindow: Hashable, Sendable {
     public mutating func discard(_ count: Int) -> UInt32? {
         precondition(count <= self.buffered, "discarded \(count) bytes but only \(self.buffered) are buffered")
         self.buffered -= count
-        self.unreturned += count
         return self.returnAll()
     }
 
@@ -53,10 +65,9 @@ public struct InboundWindow: Hashable, Sendable {
     }
 
     private mutating func returnAll() -> UInt32? {
-        guard self.unreturned > 0 else { return nil }
         let increment = self.unreturned
+        guard increment > 0 else { return nil }
         self.available += increment
-        self.unreturned = 0
         return UInt32(increment)
     }
 }

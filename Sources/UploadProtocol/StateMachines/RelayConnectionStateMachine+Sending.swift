@@ -11,6 +11,7 @@ extension RelayConnectionStateMachine {
         guard case .authenticating(let hello) = self.phase else { return nil }
         let window = min(max(1, connectionWindow ?? self.limits.connectionWindow), ProtocolLimits.maxWindow)
         self.connectionWindow = InboundWindow(target: window)
+        self.welcomeConnectionWindow = window
         self.phase = .ready
         self.welcomeSent = true
         self.features = hello.features.intersection(self.supportedFeatures)
@@ -24,6 +25,21 @@ extension RelayConnectionStateMachine {
                 account: account
             )
         )
+    }
+
+    /// The connection window's size now: the most chunk bytes the agent may make the relay hold (SPEC §5.5).
+    public var connectionWindowSize: Int { self.connectionWindow.target }
+
+    /// What the agent may still make the relay hold: its connection credit and the chunk bytes not yet consumed.
+    /// Above ``connectionWindowSize`` while a smaller size keeps credit back.
+    public var connectionWindowOutstanding: Int { self.connectionWindow.outstanding }
+
+    /// Resizes the connection window (SPEC §5.5), never below the smaller of WELCOME's window and
+    /// ``ProtocolLimits/smallestResizedWindow``; credit follows as storage consumes (``storageConsumed(_:bytes:)``).
+    /// Nothing before WELCOME.
+    public mutating func resizeConnectionWindow(to size: Int) {
+        guard self.isReady else { return }
+        self.connectionWindow.resize(to: max(size, min(self.welcomeConnectionWindow, ProtocolLimits.smallestResizedWindow)))
     }
 
     /// The relay's answer to the unanswered PLAN; nil when the connection closed meanwhile, or when `room` does not

@@ -28,6 +28,8 @@ public struct RelayConnectionStateMachine: Sendable {
     var closedStreams: ClosedStreams
     var highestStreamID = StreamID.connection
     var connectionWindow: InboundWindow
+    /// The connection window WELCOME granted: a resize goes no lower than it or 64 KiB, whichever is smaller (SPEC §5.5).
+    var welcomeConnectionWindow = 0
     /// The last stream id of the agent's GOAWAY, once it sent one: it opens no more streams.
     var agentGoAway: StreamID? = nil
     /// When the last PINGs arrived, oldest first: more than ``maxPingsPerSecond`` in a second is a flood (SPEC §2.3).
