@@ -53,11 +53,14 @@ public struct RelayConfiguration: Sendable {
 
     /// The most connections at once; more are closed at accept.
     public var maxConnections: Int = 512
-    /// The most chunk bytes all connections together may make the relay hold. Each connection's
-    /// window is a share of it: the configured ``ProtocolLimits/connectionWindow`` while the budget lasts, then a
-    /// quarter of what is left, never less than ``minimumConnectionWindow``. Default 64 MiB: eight connections' windows,
-    /// more than a link of 1 Gbit/s holds over a round trip of 100 ms. With 100 agents at once (`tools/bench-many.sh`)
-    /// 128 MiB held 30 to 70 MiB more at the peak for the same throughput.
+    /// The most chunk bytes all connections together may make the relay hold. Each connection's window is a share of
+    /// it (SPEC §5.5): the budget divided among the connections, no more than ``ProtocolLimits/connectionWindow`` and
+    /// never less than ``minimumConnectionWindow``. A connection starts with its share while the budget has it free,
+    /// else with the floor, and moves toward its share each time storage consumes its bytes, so the connections that
+    /// came first give back what later ones need. Default 64 MiB: eight connections' windows, more than a link of
+    /// 1 Gbit/s holds over a round trip of 100 ms. With 100 agents at once (`tools/bench-many.sh`) 128 MiB held 30 to
+    /// 70 MiB more at the peak for the same throughput, and 32 MiB cost the relay about 8 % more CPU (a CREDIT per half
+    /// of a smaller window) for 3 MiB less.
     public var memoryBudget: Int = 64 << 20
     /// Reads of one connection's socket per wakeup of its event loop (NIO's `maxMessagesPerRead`), each of up to
     /// 64 KiB. TLS hands on the plaintext of all of them at once, in a buffer each connection keeps at that size, so
@@ -70,7 +73,7 @@ public struct RelayConfiguration: Sendable {
     /// agents' 6,000 OPENs no longer wait as 6,000 tasks.
     public var lookupsPerConnection: Int = 8
     /// The smallest connection window a connection is given when the memory budget is spent: agents are slowed, never
-    /// refused. Default 128 KiB.
+    /// refused. Default 128 KiB; never below 64 KiB (SPEC §5.5).
     public var minimumConnectionWindow: Int = 128 << 10
     /// The most uploads open at once relay-wide, each holding a file descriptor for its staging file; past it an OPEN
     /// is answered REFUSED_STREAM (the agent retries). Nil: derived at start from the descriptor limit (RLIMIT_NOFILE,

@@ -233,7 +233,7 @@ struct Serve: AsyncParsableCommand {
     @Option(
         name: .long,
         help: ArgumentHelp(
-            "Most chunk bytes all connections together may make the relay hold; each connection's window is a share of it.",
+            "Most chunk bytes all connections together may make the relay hold; each connection's window is its share of it, resized as connections come and go.",
             valueName: "bytes"
         )
     )

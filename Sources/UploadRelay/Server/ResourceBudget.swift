@@ -3,44 +3,84 @@ import NIOConcurrencyHelpers
 /// A relay-wide budget of one resource (chunk memory, open uploads), shared by every connection, so that many
 /// connections together cannot take more than the relay was given.
 ///
-/// Memory: each connection's window (SPEC §5.1) is the most chunk bytes it may make the relay hold, so the relay
-/// grants windows from a budget: a new connection gets the configured window while the budget lasts, then a quarter
-/// of what is left, and never less than a floor, so that no agent is ever refused, only slowed. File descriptors:
-/// each open upload holds its staging file, so uploads take a slot and an OPEN past the last slot is refused with
-/// REFUSED_STREAM (retried by the agent) instead of failing in the middle with EMFILE.
+/// Memory: each connection's window (SPEC §5.1) is the most chunk bytes it may make the relay hold, so windows come
+/// from the budget, and each connection's fair share is the budget divided among the connections holding windows,
+/// never more than the configured window nor less than a floor. A connection takes its share at WELCOME while the
+/// budget has it free (else the floor, which may pass the budget: no agent is ever refused, only slowed), and moves
+/// toward its share each time storage consumes its bytes (``adjust(holding:wanted:floor:)``, SPEC §5.5): the first
+/// connections give back what later ones need. File descriptors: each open upload holds its staging file, so uploads
+/// take a slot and an OPEN past the last slot is refused with REFUSED_STREAM (retried by the agent) instead of failing
+/// in the middle with EMFILE.
 package final class ResourceBudget: Sendable {
     /// The budget, in bytes or slots.
     let total: Int
-    private let used = NIOLockedValueBox(0)
+    private let state = NIOLockedValueBox((used: 0, holders: 0))
 
     init(total: Int) {
         self.total = max(0, total)
     }
 
     /// How much is taken now.
-    package var inUse: Int { self.used.withLockedValue { $0 } }
+    package var inUse: Int { self.state.withLockedValue { $0.used } }
+
+    /// How many connections hold a share (``join(preferred:floor:)`` less ``leave(_:)``).
+    package var holders: Int { self.state.withLockedValue { $0.holders } }
 
     /// Takes `count` if it fits; false (nothing taken) otherwise.
     func take(_ count: Int) -> Bool {
-        self.used.withLockedValue { used in
-            guard count <= self.total - used else { return false }
-            used += count
+        self.state.withLockedValue { state in
+            guard count <= self.total - state.used else { return false }
+            state.used += count
             return true
         }
     }
 
-    /// Takes `preferred` while the budget lasts, else a quarter of what is left, never less than `floor` (which may
-    /// pass the budget: by at most `floor` per taker). Returns what was taken.
-    func share(preferred: Int, floor: Int) -> Int {
-        self.used.withLockedValue { used in
-            let free = max(0, self.total - used)
-            let granted = max(min(preferred, floor), min(preferred, free >= preferred ? preferred : free / 4))
-            used += granted
-            return granted
+    func give(_ count: Int) {
+        self.state.withLockedValue { state in state.used = max(0, state.used - count) }
+    }
+
+    /// A new holder of a share: its fair share while the budget has it free, else what is free, never less than
+    /// `floor`. Returns what was taken.
+    func join(preferred: Int, floor: Int) -> Int {
+        self.state.withLockedValue { state in
+            state.holders += 1
+            return Self.resize(
+                &state, total: self.total, holding: 0, wanted: Self.fair(state, total: self.total, preferred: preferred, floor: floor), floor: floor)
         }
     }
 
-    func give(_ count: Int) {
-        self.used.withLockedValue { used in used = max(0, used - count) }
+    /// A holder leaves, giving back what it held.
+    func leave(_ holding: Int) {
+        self.state.withLockedValue { state in
+            state.holders = max(0, state.holders - 1)
+            state.used = max(0, state.used - holding)
+        }
+    }
+
+    /// The fair share now: the budget divided among its holders, within `floor...preferred`.
+    func fairShare(preferred: Int, floor: Int) -> Int {
+        self.state.withLockedValue { Self.fair($0, total: self.total, preferred: preferred, floor: floor) }
+    }
+
+    /// A holder of `holding` asks for `wanted`: less is given back at once; more comes only from what is free (at least
+    /// up to `floor`). Returns what it holds now.
+    func adjust(holding: Int, wanted: Int, floor: Int) -> Int {
+        self.state.withLockedValue { Self.resize(&$0, total: self.total, holding: holding, wanted: wanted, floor: floor) }
+    }
+
+    private static func fair(_ state: (used: Int, holders: Int), total: Int, preferred: Int, floor: Int) -> Int {
+        max(min(preferred, floor), min(preferred, total / max(1, state.holders)))
+    }
+
+    private static func resize(_ state: inout (used: Int, holders: Int), total: Int, holding: Int, wanted: Int, floor: Int) -> Int {
+        let granted: Int
+        if wanted <= holding {
+            granted = wanted
+        } else {
+            let free = max(0, total - state.used)
+            granted = max(min(wanted, floor), min(wanted, holding + free))
+        }
+        state.used = max(0, state.used - holding + granted)
+        return granted
     }
 }

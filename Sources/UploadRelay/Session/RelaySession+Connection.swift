@@ -116,7 +116,10 @@ extension RelaySession {
     /// The channel is gone. Durable state stays in the catalog: the agent resumes on its next connection.
     package mutating func connectionClosed() -> [Action] {
         self.closed = true
-        self.resources.memory.give(self.grantedWindow)
+        if self.holdsWindowShare {
+            self.resources.memory.leave(self.grantedWindow)
+            self.holdsWindowShare = false
+        }
         self.grantedWindow = 0
         var actions: [Action] = [.cancel(.handshake), .cancel(.liveness), .cancel(.grace)]
         for id in self.pipelines.keys.sorted() {
@@ -137,11 +140,8 @@ extension RelaySession {
         case .success(let account?) where !account.revoked:
             self.account = account
             // The connection window is this connection's share of the relay's memory budget.
-            let configuration = self.resources.settings
-            self.grantedWindow = self.resources.memory.share(
-                preferred: configuration.limits.connectionWindow,
-                floor: min(configuration.limits.connectionWindow, configuration.minimumConnectionWindow)
-            )
+            self.grantedWindow = self.resources.memory.join(preferred: self.preferredWindow, floor: self.windowFloor)
+            self.holdsWindowShare = true
             var actions: [Action] = [.cancel(.handshake)]
             if let welcome = self.machine.acceptHello(account: account.name, connectionWindow: self.grantedWindow) {
                 actions += self.write(welcome)
@@ -157,6 +157,26 @@ extension RelaySession {
             return [.log(.error, "catalog failed while checking a token", ["error": "\(error)"])]
                 + self.failConnection(.internalError, "the relay could not check the token (its catalog failed); retry later")
         }
+    }
+
+    /// The connection window a connection gets while the memory budget has room (``ProtocolLimits/connectionWindow``).
+    var preferredWindow: Int { self.resources.settings.limits.connectionWindow }
+
+    /// The smallest connection window (never below SPEC §5.5's 64 KiB): the budget may pass its total by this much per
+    /// connection.
+    var windowFloor: Int {
+        min(self.preferredWindow, max(self.resources.settings.minimumConnectionWindow, ProtocolLimits.smallestResizedWindow))
+    }
+
+    /// Moves the connection window toward this connection's fair share of the memory budget (SPEC §5.5), before
+    /// storage's consumption returns credit: a share that shrank keeps credit back, one that grew takes what the budget
+    /// has free. What the connection holds of the budget never drops below what the agent may still make it hold.
+    mutating func shareWindow() {
+        guard self.holdsWindowShare else { return }
+        let fair = self.resources.memory.fairShare(preferred: self.preferredWindow, floor: self.windowFloor)
+        let outstanding = self.machine.connectionWindowOutstanding
+        self.grantedWindow = self.resources.memory.adjust(holding: self.grantedWindow, wanted: max(fair, outstanding), floor: self.windowFloor)
+        self.machine.resizeConnectionWindow(to: min(fair, self.grantedWindow))
     }
 
     // MARK: Liveness (SPEC §2.3)

@@ -215,6 +215,7 @@ extension RelaySession {
         guard !self.closed else { return [] }
         switch event {
         case .consumed(let bytes):
+            self.shareWindow()
             return self.write(self.machine.storageConsumed(id, bytes: bytes))
         case .durable(let offset):
             return self.machine.sendAck(id, offset: offset).map { self.write($0) } ?? []

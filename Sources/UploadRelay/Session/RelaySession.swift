@@ -122,8 +122,11 @@ package struct RelaySession {
     let keyFreed: @Sendable (Frame.Open, ObjectKey) -> Void
 
     var account: Account? = nil
-    /// This connection's window, taken from the relay's memory budget at WELCOME and given back at close.
+    /// What this connection holds of the relay's memory budget: its window's size, or what the agent may still make
+    /// the relay hold while a smaller size keeps credit back (SPEC §5.5). Taken at WELCOME, given back at close.
     var grantedWindow = 0
+    /// Whether the connection counts among the budget's holders (from WELCOME to its close).
+    var holdsWindowShare = false
     /// Whether TLS selected the protocol's ALPN id (SPEC §2.1); nothing is read before.
     var alpnAccepted = false
     var closed = false
