@@ -57,11 +57,11 @@ public struct RelayConfiguration: Sendable {
     /// it (SPEC §5.5): the budget divided among the connections, no more than ``ProtocolLimits/connectionWindow`` and
     /// never less than ``minimumConnectionWindow``. A connection starts with its share while the budget has it free,
     /// else with the floor, and moves toward its share each time storage consumes its bytes, so the connections that
-    /// came first give back what later ones need. Default 64 MiB: eight connections' windows, more than a link of
-    /// 1 Gbit/s holds over a round trip of 100 ms. With 100 agents at once (`tools/bench-many.sh`) 128 MiB held 30 to
-    /// 70 MiB more at the peak for the same throughput, and 32 MiB cost the relay about 8 % more CPU (a CREDIT per half
-    /// of a smaller window) for 3 MiB less.
-    public var memoryBudget: Int = 64 << 20
+    /// came first give back what later ones need. Default 32 MiB: four connections' whole windows, or eight halves
+    /// (4 MiB each, about what a connection carries over a round trip of 100 ms with Linux's socket buffers). With 100
+    /// agents at once (`tools/bench-many.sh`) the relay's peak resident memory was 106 to 112 MiB against 112 to 119
+    /// with 64 MiB, for 0 to 3 % more CPU, and 137 against 192 when storage is the bottleneck (`--io-threads 1`).
+    public var memoryBudget: Int = 32 << 20
     /// Reads of one connection's socket per wakeup of its event loop (NIO's `maxMessagesPerRead`), each of up to
     /// 64 KiB. TLS hands on the plaintext of all of them at once, in a buffer each connection keeps at that size, so
     /// this bounds a connection's plaintext buffer (256 KiB by default, once grown: heaptrack with 100 agents). One read

@@ -237,7 +237,7 @@ struct Serve: AsyncParsableCommand {
             valueName: "bytes"
         )
     )
-    var memoryBudget: String = "64M"
+    var memoryBudget: String = "32M"
 
     @Option(
         name: .long,
