@@ -48,9 +48,11 @@ struct UploadRelayCommand: AsyncParsableCommand {
     /// with an arena per thread (glibc's default, up to 16 on 2 cores) each arena kept its own free memory at the peak.
     /// With 100 agents at once (`tools/bench-many.sh`) the relay's peak resident memory was 124 to 135 MiB with an
     /// arena per thread and 105 to 117 MiB with one, for the same CPU (one 1 GiB upload, 1,000 files of 1 MiB and
-    /// 10,000 of 16 KiB). `MALLOC_ARENA_MAX` in the environment still decides when it is set.
+    /// 10,000 of 16 KiB). `MALLOC_ARENA_MAX`, or `glibc.malloc.arena_max` in `GLIBC_TUNABLES`, still decides when set.
     static func keepBuffersInTheHeap() {
-        let arenas = ProcessInfo.processInfo.environment["MALLOC_ARENA_MAX"] == nil ? 1 : 0
+        let environment = ProcessInfo.processInfo.environment
+        let told = environment["MALLOC_ARENA_MAX"] != nil || (environment["GLIBC_TUNABLES"] ?? "").contains("arena_max")
+        let arenas = told ? 0 : 1
         _ = upload_set_malloc_thresholds(4 << 20, 16 << 20, Int32(arenas))
     }
 }

@@ -13,6 +13,8 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import agentlib  # noqa: E402
 
+# Tests that count the credit a closed stream gives back expect the whole 256K: the relay resizes connection windows to
+# its memory budget's share (SPEC 5.5), which stays 256K while --memory-budget (32M) / connections open >= 256K.
 SHARED_ARGS = ["--stream-window", "64K", "--connection-window", "256K", "--max-streams", "8", "--sync-bytes", "16K"]
 TIMEOUT_ARGS = ["--handshake-timeout", "2s", "--frame-timeout", "2s", "--idle-timeout", "4s"]
 
