@@ -60,7 +60,8 @@ public struct RelayConfiguration: Sendable {
     /// came first give back what later ones need. Default 32 MiB: four connections' whole windows, or eight halves
     /// (4 MiB each, about what a connection carries over a round trip of 100 ms with Linux's socket buffers). With 100
     /// agents at once (`tools/bench-many.sh`) the relay's peak resident memory was 106 to 112 MiB against 112 to 119
-    /// with 64 MiB, for 0 to 3 % more CPU, and 137 against 192 when storage is the bottleneck (`--io-threads 1`).
+    /// with 64 MiB, for 0 to 3 % more CPU, and 130 to 144 against 187 to 196 when storage is the bottleneck. 24 MiB
+    /// held 115 to 120 there, but cost 16 files of 16 MiB over a round trip of 100 ms 9 % of their rate.
     public var memoryBudget: Int = 32 << 20
     /// Reads of one connection's socket per wakeup of its event loop (NIO's `maxMessagesPerRead`), each of up to
     /// 64 KiB. TLS hands on the plaintext of all of them at once, in a buffer each connection keeps at that size, so
