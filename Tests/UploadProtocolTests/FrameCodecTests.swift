@@ -203,6 +203,27 @@ struct FrameCodecTests {
         #expect(try reader.next() == nil && !reader.hasPartialFrame, "cut \(cut)")
     }
 
+    @Test(
+        "FrameReader: a CHUNK's data is held in a buffer of exactly its size, not the next power of two, whole in one read or in pieces",
+        arguments: [0, 10, 26, 40_000]
+    )
+    func chunkDataExactSize(cut: Int) async throws {
+        // 327,680 bytes: a connection's share of 32 MiB among 100 agents; NIO's buffers would take 524,288.
+        let size = 327_680
+        var data = ByteBuffer()
+        data.writeBytes((0..<size).map { UInt8(truncatingIfNeeded: $0 &* 31) })
+        let frame = Frame.chunk(Frame.Chunk(streamID: 5, offset: 0, crc32: 9, data: data))
+        var encoded = frame.encoded()
+        var reader = FrameReader(decoder: FrameDecoder(maxFrameSize: 1 << 20))
+        if cut > 0 { reader.append(encoded.readSlice(length: cut)!) }
+        #expect(try reader.next() == nil || cut == 0)
+        reader.append(encoded)
+        let decoded = try #require(try reader.next())
+        #expect(decoded == frame, "cut \(cut)")
+        guard case .chunk(let chunk) = decoded else { return }
+        #expect(chunk.data.capacity == size, "cut \(cut): a buffer of \(chunk.data.capacity) bytes for \(size)")
+    }
+
     @Test("FrameReader: a CHUNK that is malformed is refused in pieces as whole: stream 0, reserved flags, too large once raised past")
     func readerRefusesMalformedChunkInPieces() async throws {
         var data = ByteBuffer()

@@ -91,7 +91,7 @@ public struct FrameReader: Sendable {
         prefix.writeBuffer(&head)
         var rest = bytes.readSlice(length: fields - prefix.readableBytes)!
         prefix.writeBuffer(&rest)
-        var data = ByteBufferAllocator().buffer(capacity: length - fields)
+        var data = ExactBuffer.make(capacity: length - fields)
         data.writeBuffer(&partial)
         data.writeBuffer(&bytes)
         return GatheredChunk(prefix: prefix, data: data, dataLength: length - fields)
@@ -119,7 +119,7 @@ public struct FrameReader: Sendable {
         }
         if buffer.readableBytes > 0 { self.buffer = buffer }
         guard case .chunk(var chunk) = frame else { return frame }
-        chunk.data = Self.owned(chunk.data, capacity: chunk.data.readableBytes)
+        chunk.data = ExactBuffer.copy(chunk.data)
         return .chunk(chunk)
     }
 
