@@ -65,9 +65,7 @@ public struct FrameReader: Sendable {
             return
         }
         if buffer.readerIndex > 0 || buffer.writableBytes < bytes.readableBytes {
-            var gathered = ByteBufferAllocator().buffer(capacity: max(self.announcedLength(buffer), buffer.readableBytes + bytes.readableBytes))
-            gathered.writeBuffer(&buffer)
-            buffer = gathered
+            buffer = Self.owned(buffer, capacity: max(self.announcedLength(buffer), buffer.readableBytes + bytes.readableBytes))
         }
         buffer.writeBuffer(&bytes)
         self.buffer = buffer

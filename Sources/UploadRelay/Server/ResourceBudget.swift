@@ -7,7 +7,7 @@ import NIOConcurrencyHelpers
 /// from the budget, and each connection's fair share is the budget divided among the connections holding windows,
 /// never more than the configured window nor less than a floor. A connection takes its share at WELCOME while the
 /// budget has it free (else the floor, which may pass the budget: no agent is ever refused, only slowed), and moves
-/// toward its share each time storage consumes its bytes (``adjust(holding:wanted:floor:)``, SPEC §5.5): the first
+/// toward its share each time storage consumes its bytes (``rebalance(holding:outstanding:preferred:floor:)``, SPEC §5.5): the first
 /// connections give back what later ones need. File descriptors: each open upload holds its staging file, so uploads
 /// take a slot and an OPEN past the last slot is refused with REFUSED_STREAM (retried by the agent) instead of failing
 /// in the middle with EMFILE.
@@ -57,15 +57,16 @@ package final class ResourceBudget: Sendable {
         }
     }
 
-    /// The fair share now: the budget divided among its holders, within `floor...preferred`.
-    func fairShare(preferred: Int, floor: Int) -> Int {
-        self.state.withLockedValue { Self.fair($0, total: self.total, preferred: preferred, floor: floor) }
-    }
-
-    /// A holder of `holding` asks for `wanted`: less is given back at once; more comes only from what is free (at least
-    /// up to `floor`). Returns what it holds now.
-    func adjust(holding: Int, wanted: Int, floor: Int) -> Int {
-        self.state.withLockedValue { Self.resize(&$0, total: self.total, holding: holding, wanted: wanted, floor: floor) }
+    /// A holder of `holding`, whose peer may still make the relay hold `outstanding` (never more than `holding`), moves
+    /// toward the fair share now (the budget divided among its holders, within `floor...preferred`): what it holds
+    /// above both goes back at once; more comes only from what is free (at least up to `floor`). Returns what it holds
+    /// now and the fair share, from one look at the budget.
+    func rebalance(holding: Int, outstanding: Int, preferred: Int, floor: Int) -> (held: Int, fair: Int) {
+        self.state.withLockedValue { state in
+            let fair = Self.fair(state, total: self.total, preferred: preferred, floor: floor)
+            let held = Self.resize(&state, total: self.total, holding: holding, wanted: max(fair, outstanding), floor: floor)
+            return (held, fair)
+        }
     }
 
     private static func fair(_ state: (used: Int, holders: Int), total: Int, preferred: Int, floor: Int) -> Int {

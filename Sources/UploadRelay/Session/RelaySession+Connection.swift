@@ -173,10 +173,11 @@ extension RelaySession {
     /// has free. What the connection holds of the budget never drops below what the agent may still make it hold.
     mutating func shareWindow() {
         guard self.holdsWindowShare else { return }
-        let fair = self.resources.memory.fairShare(preferred: self.preferredWindow, floor: self.windowFloor)
-        let outstanding = self.machine.connectionWindowOutstanding
-        self.grantedWindow = self.resources.memory.adjust(holding: self.grantedWindow, wanted: max(fair, outstanding), floor: self.windowFloor)
-        self.machine.resizeConnectionWindow(to: min(fair, self.grantedWindow))
+        let (held, fair) = self.resources.memory.rebalance(
+            holding: self.grantedWindow, outstanding: self.machine.connectionWindowOutstanding, preferred: self.preferredWindow,
+            floor: self.windowFloor)
+        self.grantedWindow = held
+        self.machine.resizeConnectionWindow(to: min(fair, held))
     }
 
     // MARK: Liveness (SPEC §2.3)
