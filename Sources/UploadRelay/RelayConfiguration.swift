@@ -64,10 +64,10 @@ public struct RelayConfiguration: Sendable {
     /// held 115 to 120 there, but cost 16 files of 16 MiB over a round trip of 100 ms 9 % of their rate.
     public var memoryBudget: Int = 32 << 20
     /// Reads of one connection's socket per wakeup of its event loop (NIO's `maxMessagesPerRead`), each of up to
-    /// 64 KiB. TLS hands on the plaintext of all of them at once, in a buffer each connection keeps at that size, so
-    /// this bounds a connection's plaintext buffer (256 KiB by default, once grown: heaptrack with 100 agents). One read
-    /// halves it but cost the relay 20 to 25 % more CPU on 1,000 files of 1 MiB. Default 2: 16 cost 1 MiB per connection
-    /// and 5 to 7 % more relay CPU on one 1 GiB upload and on 1,000 files of 1 MiB (`tools/cpu-per-gib.sh`).
+    /// 64 KiB. TLS hands on each read's plaintext before the next (`ReadCycleSplitter`), so a connection's plaintext
+    /// buffer holds one read whatever this is (128 KiB at most; it held all of a wakeup's reads, 256 KiB with 2, until
+    /// the splitter). One read per wakeup cost the relay 20 to 25 % more CPU on 1,000 files of 1 MiB. Default 2: 16
+    /// cost 5 to 7 % more relay CPU on one 1 GiB upload and on 1,000 files of 1 MiB (`tools/cpu-per-gib.sh`).
     public var readsPerWakeup: Int = 2
     /// OPENs of one connection looked up at once (catalog reads, the quota decision, the staging file opened); the
     /// others wait, in order, as frames. Default 8: one agent's small files keep the relay's I/O threads busy, and 100

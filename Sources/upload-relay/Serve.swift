@@ -242,7 +242,7 @@ struct Serve: AsyncParsableCommand {
     @Option(
         name: .long,
         help: ArgumentHelp(
-            "Socket reads of one connection per wakeup, each up to 64 KiB: TLS keeps a plaintext buffer of that many per connection.",
+            "Socket reads of one connection per wakeup, each up to 64 KiB (fewer wakeups, more of one connection at a time).",
             valueName: "count"
         )
     )

@@ -118,6 +118,7 @@ public final class RelayServer: Service, Sendable {
                     services.metrics.connectionsAccepted.increment()
                     return channel.eventLoop.makeCompletedFuture {
                         let sync = channel.pipeline.syncOperations
+                        try sync.addHandler(ReadCycleSplitter())
                         try sync.addHandler(NIOSSLServerHandler(context: tls.withLockedValue { $0 }))
                         try sync.addHandler(RelayConnectionHandler(services: services, logger: logger, eventLoop: channel.eventLoop))
                     }
