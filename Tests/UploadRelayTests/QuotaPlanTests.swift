@@ -72,17 +72,21 @@ struct QuotaPlanTests {
             backend, Frame.Plan(request: 1, overwrite: true, entries: [.init(key: "have.jpg", size: 5000), .init(key: "have.jpg", size: 1000)]))
         #expect(overwriting.needs == [2000, 0])
 
-        // No quota: said so; the needs are still what the uploads would add.
+        // No quota: every selection fits, so the relay does not grant QUOTA_PLAN (a plan would only cost the agent a
+        // round trip before its first OPEN), and the agent's machine will not send one.
         try await #require(try backend.services.catalog.updateAccount(named: "cam-7", quota: .some(nil), tokenHash: nil, revoked: nil))
-        let unlimited = try await Self.ask(backend, Frame.Plan(request: 2, overwrite: false, entries: [.init(key: "new.png", size: 1500)]))
-        #expect(unlimited.quota == nil)
-        #expect(unlimited.needs == [1500])
+        var unlimited = await Pump(backend: backend)
+        await unlimited.connect(features: .quotaPlan)
+        #expect(!unlimited.agent.machine.features.contains(.quotaPlan))
+        #expect(unlimited.agent.machine.sendPlan(Frame.Plan(request: 2, overwrite: false, entries: [])) == nil)
+        await unlimited.relay.connectionClosed()
         #expect(!backend.holdsResources)
     }
 
     @Test("a PLAN of the most entries is answered in one ROOM that fits the smallest frame a side may announce")
     func largestPlan() async throws {
         let backend = try await RelayBackend()
+        try await #require(try backend.services.catalog.updateAccount(named: "cam-7", quota: .some(1 << 40), tokenHash: nil, revoked: nil))
         let entries = (0..<ProtocolLimits.maxPlanEntries).map { Frame.Plan.Entry(key: "photos/\($0).jpg", size: UInt64($0)) }
         let room = try await Self.ask(backend, Frame.Plan(request: 7, overwrite: false, entries: entries))
         #expect(room.needs == entries.map(\.size))
@@ -92,6 +96,7 @@ struct QuotaPlanTests {
     @Test("a revoked account's PLAN closes the connection with UNAUTHENTICATED")
     func revoked() async throws {
         let backend = try await RelayBackend()
+        try await #require(try backend.services.catalog.updateAccount(named: "cam-7", quota: .some(1 << 40), tokenHash: nil, revoked: nil))
         var pump = await Pump(backend: backend)
         await pump.connect(features: .quotaPlan)
         try await #require(try backend.services.catalog.revokeAccount(named: "cam-7"))

@@ -230,8 +230,9 @@ def test_plan_answers_from_the_account_alone(relay):
 
 def test_plan_pipelined_or_unoffered_is_a_protocol_error(relay):
     """One PLAN at a time (the relay holds at most one per connection), and none without QUOTA_PLAN in force."""
-    tok = relay.add_account(acct("pp"))
+    tok = relay.add_account(acct("pp"), quota="1G")
     c = relay.session(token=tok, features=1 | QUOTA_PLAN)
+    assert c.welcome["features"] & QUOTA_PLAN, c.welcome
     # Both in one TLS record, so that the relay reads the second before it could have answered the first.
     c.send(plan_frame(1, [(b"a.jpg", 1)]) + plan_frame(2, [(b"b.jpg", 2)]))
     c.expect_conn_error("PROTOCOL_ERROR")
@@ -239,6 +240,16 @@ def test_plan_pipelined_or_unoffered_is_a_protocol_error(relay):
     assert not plain.welcome["features"] & QUOTA_PLAN
     plain.send(plan_frame(1, []))
     plain.expect_conn_error("PROTOCOL_ERROR")
+    assert relay.alive()
+
+
+def test_plan_withheld_from_an_account_without_quota(relay):
+    """With no quota every selection fits: the relay does not grant QUOTA_PLAN, and a PLAN sent anyway is refused."""
+    tok = relay.add_account(acct("pn"))
+    c = relay.session(token=tok, features=1 | QUOTA_PLAN)
+    assert not c.welcome["features"] & QUOTA_PLAN, c.welcome
+    c.send(plan_frame(1, [(b"a.jpg", 1)]))
+    c.expect_conn_error("PROTOCOL_ERROR")
     assert relay.alive()
 
 

@@ -7,14 +7,16 @@ extension RelayConnectionStateMachine {
     /// The credential is good: the WELCOME to write, or nil when the connection is no longer authenticating (it
     /// failed meanwhile). The decoder may now accept ``ProtocolLimits/maxFrameSize``. `connectionWindow`, when given,
     /// replaces the configured connection window for this connection (a share of the relay's memory budget).
-    public mutating func acceptHello(account: String, connectionWindow: Int? = nil) -> Frame? {
+    /// `withholding` names supported features this account is not granted (QUOTA_PLAN for an account with no quota,
+    /// SPEC §7.2).
+    public mutating func acceptHello(account: String, connectionWindow: Int? = nil, withholding: Frame.Features = []) -> Frame? {
         guard case .authenticating(let hello) = self.phase else { return nil }
         let window = min(max(1, connectionWindow ?? self.limits.connectionWindow), ProtocolLimits.maxWindow)
         self.connectionWindow = InboundWindow(target: window)
         self.welcomeConnectionWindow = window
         self.phase = .ready
         self.welcomeSent = true
-        self.features = hello.features.intersection(self.supportedFeatures)
+        self.features = hello.features.intersection(self.supportedFeatures).subtracting(withholding)
         return .welcome(
             Frame.Welcome(
                 version: ProtocolLimits.supportedVersions.upperBound, maxFrameSize: UInt32(self.limits.maxFrameSize),

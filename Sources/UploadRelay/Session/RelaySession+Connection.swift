@@ -143,7 +143,9 @@ extension RelaySession {
             self.grantedWindow = self.resources.memory.join(preferred: self.preferredWindow, floor: self.windowFloor)
             self.holdsWindowShare = true
             var actions: [Action] = [.cancel(.handshake)]
-            if let welcome = self.machine.acceptHello(account: account.name, connectionWindow: self.grantedWindow) {
+            // With no quota every selection fits: a plan would only cost the agent a round trip (SPEC §7.2).
+            let withheld: Frame.Features = account.quota == nil ? [.quotaPlan] : []
+            if let welcome = self.machine.acceptHello(account: account.name, connectionWindow: self.grantedWindow, withholding: withheld) {
                 actions += self.write(welcome)
             }
             return actions + [.log(.debug, "agent authenticated", [:])]
