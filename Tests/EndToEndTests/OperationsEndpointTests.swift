@@ -151,7 +151,7 @@ struct OperationsEndpointTests {
     }
 
     @Test(
-        "a quota plan's connection kept for the uploads that follow: the relay accepts one connection for both, the files stored; not kept, or no run to take it, two and none left open"
+        "a quota plan's connection kept for the uploads that follow: the relay accepts one connection for both, the files stored; not kept, or no run to take it, two and none left open; no quota, no plan, the connection kept all the same"
     )
     func quotaPlanConnectionKept() async throws {
         try await Self.withAgentAndRelay { relay, client, group, source in
@@ -162,8 +162,10 @@ struct OperationsEndpointTests {
                 }
             }
             let request = { (prefix: String) in QuotaPlan.Request(entries: items(prefix).map { ($0.key, UInt64(40_000)) }, overwrite: false) }
+            // An account with a quota: the relay grants it quota plans (SPEC §7.2).
+            let token = try await relay.addAccount("planned", quota: 1 << 30)
             let uploader = Uploader(
-                configuration: AgentConfiguration(relayHost: "127.0.0.1", relayPort: relay.port, token: relay.token, caPath: relay.caPath),
+                configuration: AgentConfiguration(relayHost: "127.0.0.1", relayPort: relay.port, token: token, caPath: relay.caPath),
                 group: group, logger: Logger(label: "test-agent")
             )
             func accepted() async throws -> Double? {
@@ -191,9 +193,21 @@ struct OperationsEndpointTests {
             #expect(await Polling.waitUntil(timeout: 10) { (try? await open()) == 0 }, "the kept connection closed")
             for file in files {
                 #expect(
-                    FileManager.default.contents(atPath: relay.directory + "/store/dev/kept/" + (file.path as NSString).lastPathComponent)
+                    FileManager.default.contents(atPath: relay.directory + "/store/planned/kept/" + (file.path as NSString).lastPathComponent)
                         == file.data)
             }
+
+            // An account with no quota is granted no plan (every selection fits): no answer, and the connection is kept
+            // for the uploads all the same.
+            let free = Uploader(
+                configuration: AgentConfiguration(relayHost: "127.0.0.1", relayPort: relay.port, token: relay.token, caPath: relay.caPath),
+                group: group, logger: Logger(label: "test-agent")
+            )
+            let none = try await free.quotaPlan(request("free"), keepConnection: true)
+            #expect(none == nil)
+            let freeResults = try await free.upload(items("free"))
+            #expect(freeResults.map(\.status) == [.stored, .stored, .stored], "\(freeResults)")
+            #expect(try await accepted() == 5, "no plan, and the uploads on the connection kept for it")
         }
     }
 
@@ -209,7 +223,9 @@ struct OperationsEndpointTests {
             func item(_ prefix: String) -> UploadItem {
                 UploadItem(key: prefix + "/long.mp4", displayPath: file.path, source: FileSource(path: file.path))
             }
-            var configuration = AgentConfiguration(relayHost: "127.0.0.1", relayPort: relay.port, token: relay.token, caPath: relay.caPath)
+            // An account with a quota, so that a plan is asked (SPEC §7.2).
+            let token = try await relay.addAccount("planned", quota: 1 << 40)
+            var configuration = AgentConfiguration(relayHost: "127.0.0.1", relayPort: relay.port, token: token, caPath: relay.caPath)
             configuration.faults.assumedRoundTrip = .milliseconds(50)
             configuration.dedup = false
             // A second at least: the first decision finds stripes waiting.
@@ -232,7 +248,7 @@ struct OperationsEndpointTests {
             #expect(results.map(\.status) == [.stored], "\(results)")
             #expect(said.withLockedValue { $0.first } == 4, "\(said.withLockedValue { $0 })")
             #expect(try await metric("upload_relay_connections_accepted_total") == 4, "the run took the three, dialing none")
-            #expect(FileManager.default.contents(atPath: relay.directory + "/store/dev/warm/long.mp4") == file.data)
+            #expect(FileManager.default.contents(atPath: relay.directory + "/store/planned/warm/long.mp4") == file.data)
 
             // Opened, and no run takes them: let go with the plan's, all closed.
             _ = try await uploader.quotaPlan(QuotaPlan.Request(entries: [(item("unused").key, UInt64(size))], overwrite: false), keepConnection: true)
