@@ -534,9 +534,11 @@ def failover(cluster: Cluster, a) -> str:
     if done.get("status") != "stored" or done.get("sha1") != digest.hexdigest():
         raise Failed(f"relay{other['index']}'s status endpoint says {done} once stored")
     resent = int(result.get("sent_bytes", 0)) - size
-    bound = a.window_mib + a.part_mib
+    # What the relay consumed runs ahead of what is durable by at most a sync's bytes plus one write batch
+    # (UploadPipeline), and the agent sends at most a window beyond what was consumed.
+    bound = a.window_mib + a.part_mib + a.batch_mib
     if resent > bound << 20:
-        raise Failed(f"re-sent {resent} bytes, more than a window and a part ({bound} MiB)")
+        raise Failed(f"re-sent {resent} bytes, more than a window, a part and a write batch ({bound} MiB)")
     return (f"failover: {a.size_mib} MiB exact in the bucket after relay{killed['index']} was killed -9 at "
             f"{killed['killed_at'] / 1e6:.0f} MB durable (seen uploading, then stored, on relay{other['index']}'s status endpoint); re-sent {resent} bytes ({resent / 1048576:.2f} MiB, bound {bound} MiB); "
             f"{elapsed:.1f} s; seed {a.seed}")
@@ -632,6 +634,8 @@ def main() -> int:
     f.add_argument("--window-mib", type=int, default=8, help="the relay's stream window (re-send bound)")
     f.add_argument("--part-mib", type=int, default=8,
                    help="the relay's part: a sync's bytes (--sync-bytes, 8 MiB), at least S3's 5 MiB (re-send bound)")
+    f.add_argument("--batch-mib", type=int, default=2,
+                   help="the relay's largest write batch (UploadPipeline's batchBytes, 2 MiB; re-send bound)")
     l = sub.add_parser("load", help="many agents at once")
     l.add_argument("--agents", type=int, default=500)
     l.add_argument("--accounts", type=int, default=20)
