@@ -83,51 +83,56 @@ struct ReadCycleSplitterTests {
         }
     }
 
-    /// `count` bytes of plaintext from the client, as the ciphertext it would send.
-    static func ciphertext(of count: Int, from client: EmbeddedChannel) throws -> ByteBuffer {
-        client.writeAndFlush(ByteBuffer(repeating: 7, count: count), promise: nil)
-        var all = ByteBuffer()
-        while var bytes = try client.readOutbound(as: ByteBuffer.self) { all.writeBuffer(&bytes) }
-        return all
+    /// What the handler after TLS saw of one read cycle of two socket reads: 192 KiB of plaintext from the client, its
+    /// ciphertext fed to the server in two halves, then the cycle's end.
+    struct TwoReads {
+        static let size = 192 << 10
+        /// The first read's ciphertext bytes.
+        var firstRead: Int
+        /// The plaintext handed on before the second read.
+        var afterFirst: Int
+        /// Whether the first read's plaintext came with its own cycle end.
+        var firstEnded: Bool
+        var events: [Recorder.Event]
+        var plaintext: Int
     }
 
-    @Test("two reads in one cycle: the first read's plaintext is handed on before the second read, each with its end")
-    func plaintextPerRead() throws {
-        let (client, server, recorder) = try Self.connectedPair(split: true)
+    static func twoReads(split: Bool) throws -> TwoReads {
+        let (client, server, recorder) = try Self.connectedPair(split: split)
         defer { Self.close(client, server) }
-        let size = 192 << 10
-        var ciphertext = try Self.ciphertext(of: size, from: client)
+        client.writeAndFlush(ByteBuffer(repeating: 7, count: TwoReads.size), promise: nil)
+        var ciphertext = ByteBuffer()
+        while var bytes = try client.readOutbound(as: ByteBuffer.self) { ciphertext.writeBuffer(&bytes) }
         let half = ciphertext.readableBytes / 2
         let first = try #require(ciphertext.getSlice(at: ciphertext.readerIndex, length: half))
         ciphertext.moveReaderIndex(forwardBy: half)
         server.pipeline.fireChannelRead(first)
         let afterFirst = recorder.plaintext
-        // Three records of 16 KiB at least: half of 192 KiB of ciphertext holds five whole ones.
-        #expect(afterFirst >= 48 << 10)
-        #expect(afterFirst <= first.readableBytes)
-        #expect(recorder.events.last == .complete)
+        let firstEnded = recorder.events.last == .complete
         server.pipeline.fireChannelRead(ciphertext)
         server.pipeline.fireChannelReadComplete()
-        #expect(recorder.plaintext == size)
+        return TwoReads(
+            firstRead: half, afterFirst: afterFirst, firstEnded: firstEnded, events: recorder.events, plaintext: recorder.plaintext)
+    }
+
+    @Test("two reads in one cycle: the first read's plaintext is handed on before the second read, each with its end")
+    func plaintextPerRead() throws {
+        let seen = try Self.twoReads(split: true)
+        // Three records of 16 KiB at least: half of 192 KiB of ciphertext holds five whole ones.
+        #expect(seen.afterFirst >= 48 << 10)
+        #expect(seen.afterFirst <= seen.firstRead)
+        #expect(seen.firstEnded)
+        #expect(seen.plaintext == TwoReads.size)
         // Every plaintext read ends its own cycle, and the socket's cycle end adds none.
-        #expect(recorder.events.filter { $0 == .complete }.count == 2)
-        #expect(recorder.events.last == .complete)
+        #expect(seen.events.filter { $0 == .complete }.count == 2)
+        #expect(seen.events.last == .complete)
     }
 
     @Test("without the splitter, TLS holds a cycle's plaintext until its end (the behaviour the splitter changes)")
     func plaintextPerCycleWithout() throws {
-        let (client, server, recorder) = try Self.connectedPair(split: false)
-        defer { Self.close(client, server) }
-        let size = 192 << 10
-        var ciphertext = try Self.ciphertext(of: size, from: client)
-        let half = ciphertext.readableBytes / 2
-        let first = try #require(ciphertext.getSlice(at: ciphertext.readerIndex, length: half))
-        ciphertext.moveReaderIndex(forwardBy: half)
-        server.pipeline.fireChannelRead(first)
-        #expect(recorder.plaintext == 0)
-        server.pipeline.fireChannelRead(ciphertext)
-        server.pipeline.fireChannelReadComplete()
-        #expect(recorder.plaintext == size)
-        #expect(recorder.events.filter { $0 == .complete }.count == 1)
+        let seen = try Self.twoReads(split: false)
+        #expect(seen.afterFirst == 0)
+        #expect(seen.plaintext == TwoReads.size)
+        #expect(seen.events.filter { $0 == .complete }.count == 1)
     }
 }
