@@ -24,6 +24,9 @@ struct CommitGroupTests {
         return RelayServices(configuration: configuration, catalog: catalog, store: store, threadPool: pool, logger: Logger(label: "test"))
     }
 
+    /// The account the tests' uploads authenticated as.
+    static let principal = Account(name: "cam-7", quota: nil, tokenHash: Tokens.hash(Array("t".utf8)))
+
     /// Stages `bytes` as a new upload of `key` and returns its commit request.
     static func staged(_ key: String, _ bytes: [UInt8], services: RelayServices, overwrite: Bool = false) async throws -> UploadPolicy.CommitRequest {
         let name = UploadPolicy.randomID()
@@ -31,7 +34,7 @@ struct CommitGroupTests {
         try await staging.write(ByteBuffer(bytes: bytes), at: 0)
         let sha1 = try #require(SHA1Digest(bytes: SHA1.hash(bytes)))
         return UploadPolicy.CommitRequest(
-            staging: staging, key: try ObjectKey(validating: key), account: "cam-7", sessionID: name, sessionRecorded: false,
+            staging: staging, key: try ObjectKey(validating: key), account: Self.principal, sessionID: name, sessionRecorded: false,
             size: Int64(bytes.count), sha1: sha1, overwrite: overwrite
         )
     }
@@ -94,6 +97,29 @@ struct CommitGroupTests {
         #expect(try await services.catalog.pendingCommits().isEmpty)
         let used = try await services.catalog.account(named: "cam-7")?.usedBytes
         #expect(used == Int64(expected.values.map(\.count).reduce(20, +)))
+    }
+
+    @Test(
+        "a commit stores nothing once its connection's token is no longer the account's: rotated, or the account deleted and made again under its name"
+    )
+    func commitNeedsThePrincipal() async throws {
+        let services = try await Self.services(pool: .singleton, quota: nil)
+        let policy = UploadPolicy(services: services)
+        // Rotated: the old token's upload is refused.
+        let rotated = try await Self.staged("rotated.jpg", [1, 2, 3], services: services)
+        #expect(try await services.catalog.updateAccount(named: "cam-7", quota: nil, tokenHash: Tokens.hash(Array("t2".utf8)), revoked: nil))
+        let refused = await policy.commit([rotated])
+        #expect(refused.map { (try? $0.get()) == nil } == [true])
+        if case .failure(let refusal) = refused.first { #expect(refusal.code == .unauthenticated) }
+        // Deleted and made again with the old token's hash would be the same principal; with a new token it is not.
+        #expect(try await services.catalog.deleteAccount(named: "cam-7"))
+        try await services.catalog.addAccount(name: "cam-7", tokenHash: Tokens.hash(Array("new device".utf8)), quota: nil)
+        let stale = try await Self.staged("photo.jpg", [4, 5, 6], services: services)
+        let results = await policy.commit([stale])
+        if case .failure(let refusal) = results.first { #expect(refusal.code == .unauthenticated) } else { Issue.record("stored: \(results)") }
+        #expect(Self.stored("rotated.jpg", services: services) == nil)
+        #expect(Self.stored("photo.jpg", services: services) == nil)
+        #expect(try await services.catalog.objects().isEmpty)
     }
 
     @Test("an upload whose commit finished, with its RESULT not yet sent, counts once against the quota, not twice")

@@ -78,7 +78,7 @@ struct DedupProbeTests {
                 continue
             }
             let storage = UploadStorage(
-                key: try ObjectKey(validating: key), account: "cam-7", overwrite: false, session: session, recorded: recorded,
+                key: try ObjectKey(validating: key), account: account, overwrite: false, session: session, recorded: recorded,
                 staging: staging, sha1: sha1, services: services, logger: Logger(label: "test")
             )
             // Chunks of 100,000 bytes (one straddles the probe's end), or of 64 KiB (one ends there).

@@ -264,29 +264,38 @@ struct RelaySessionTests {
         #expect(SessionHarness.closes(synced), "every open upload is durable: close")
     }
 
-    @Test("a revoked account's connection closes with UNAUTHENTICATED; other accounts' do not")
-    func revocation() async {
-        var h = SessionHarness()
-        h.handshake(account: "a")
-        #expect(h.session.accountRevoked("b").isEmpty)
-        let closed = h.session.accountRevoked("a")
-        #expect(SessionHarness.errors(closed).map(\.code) == [.unauthenticated])
-    }
-
     @Test(
-        "token rotate: a connection made with the old token closes with UNAUTHENTICATED saying so; one made with the new token, and other accounts', do not"
+        "a connection closes with UNAUTHENTICATED once its principal is gone (revoked, rotated, deleted, deleted and made again); others' do not"
     )
-    func rotation() async {
-        var old = SessionHarness()
-        old.handshake(account: "a", tokenHash: [1])
-        #expect(old.session.accountToken("b", is: [2]).isEmpty)
-        #expect(old.session.accountToken("a", is: [1]).isEmpty)
-        let closed = old.session.accountToken("a", is: [2])
-        #expect(SessionHarness.errors(closed).map(\.code) == [.unauthenticated])
-        #expect(SessionHarness.errors(closed).first?.message.contains("token rotate") == true)
+    func principalGone() async {
+        let a = Account(name: "a", quota: nil, tokenHash: [1])
+        let b = Account(name: "b", quota: nil, tokenHash: [9])
+        var rotated = a
+        rotated.tokenHash = [2]
+        var revoked = a
+        revoked.revoked = true
+        let cases: [(String, [String: Account], String)] = [
+            ("revoked", ["a": revoked, "b": b], "revoked"),
+            ("rotated", ["a": rotated, "b": b], "token rotate"),
+            ("deleted", ["b": b], "deleted"),
+            // Deleted and `token add` of the same name before the next look: another token, so another principal.
+            ("made again", ["a": rotated, "b": b], "token rotate"),
+        ]
+        for (what, accounts, words) in cases {
+            var h = SessionHarness()
+            h.handshake(account: "a", tokenHash: [1])
+            #expect(h.session.accountsLooked(["a": a, "b": b]).isEmpty, "\(what): unchanged")
+            #expect(h.session.accountsLooked(["a": a]).isEmpty, "\(what): another account's deletion")
+            let closed = h.session.accountsLooked(accounts)
+            #expect(SessionHarness.errors(closed).map(\.code) == [.unauthenticated], "\(what)")
+            #expect(SessionHarness.errors(closed).first?.message.contains(words) == true, "\(what)")
+        }
         var renewed = SessionHarness()
         renewed.handshake(account: "a", tokenHash: [2])
-        #expect(renewed.session.accountToken("a", is: [2]).isEmpty)
+        #expect(renewed.session.accountsLooked(["a": rotated]).isEmpty)
+        // Before authentication there is no principal to lose.
+        var fresh = SessionHarness()
+        #expect(fresh.session.accountsLooked([:]).isEmpty)
     }
 
     /// Seeded: streams opened, fed, cancelled and completed in random orders, the link cut at a random point; at the

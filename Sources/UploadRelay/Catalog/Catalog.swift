@@ -24,6 +24,13 @@ public struct Account: Hashable, Sendable {
         self.tokenHash = tokenHash
     }
 
+    /// Whether this account, as the catalog holds it now, is still the principal a connection authenticated as
+    /// `principal`: not disabled, and with the token that connection presented. A rotated token, or an account deleted
+    /// and made again under the same name (a new token), is another principal, and the old connection acts for neither.
+    public func isPrincipal(_ principal: Account) -> Bool {
+        !self.revoked && self.name == principal.name && self.tokenHash == principal.tokenHash
+    }
+
     /// Whether `bytes` more fit the quota.
     public func fits(_ bytes: Int64) -> Bool {
         guard let quota = self.quota else { return true }

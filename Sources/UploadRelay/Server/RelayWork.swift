@@ -52,7 +52,7 @@ package struct RelayWork {
             return (.refuse(code, message), nil)
         case .upload(let session, let staging, let sha1, let recorded, let resumed, let byteLimit):
             let storage = UploadStorage(
-                key: key, account: account.name, overwrite: open.overwrite, session: session, recorded: recorded, staging: staging,
+                key: key, account: account, overwrite: open.overwrite, session: session, recorded: recorded, staging: staging,
                 sha1: sha1, services: services, logger: logger
             )
             let decision = RelaySession.LookUp.upload(
@@ -61,7 +61,7 @@ package struct RelayWork {
             return (decision, storage)
         case .stripe(let session, let staging, let index):
             let storage = UploadStorage(
-                key: key, account: account.name, overwrite: false, session: session, recorded: true, staging: staging, sha1: SHA1(),
+                key: key, account: account, overwrite: false, session: session, recorded: true, staging: staging, sha1: SHA1(),
                 services: services, logger: logger, stripe: index
             )
             return (.stripe, storage)

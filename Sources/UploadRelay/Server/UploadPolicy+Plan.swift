@@ -7,10 +7,8 @@ extension UploadPolicy {
     package func plan(account: Account, plan: Frame.Plan) async -> Result<Frame.Room, Refusal> {
         let catalog = self.services.catalog
         do {
-            guard let current = try await catalog.account(named: account.name), !current.revoked else {
-                return .failure(
-                    Refusal(code: .unauthenticated, message: "the token of account \"\(account.name)\" was revoked", keepSession: true)
-                )
+            guard let current = try await catalog.account(named: account.name), current.isPrincipal(account) else {
+                return .failure(Refusal(code: .unauthenticated, message: Self.notPrincipal(account.name), keepSession: true))
             }
             let name = current.name
             let active = self.services.claims.activeUploads(of: name)

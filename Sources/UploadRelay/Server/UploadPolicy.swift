@@ -42,8 +42,9 @@ package struct UploadPolicy {
         var promised: String? = nil
         do {
             // Quota, revocation and dedup decisions read the account as it is now, not as it was at HELLO.
-            guard let current = try await self.services.catalog.account(named: account.name), !current.revoked else {
-                return .refuse(.unauthenticated, "the token of account \"\(account.name)\" was revoked")
+            // The connection acts only for the principal it authenticated as (SPEC §2.3).
+            guard let current = try await self.services.catalog.account(named: account.name), current.isPrincipal(account) else {
+                return .refuse(.unauthenticated, Self.notPrincipal(account.name))
             }
             if let part = open.part {
                 return try await self.openStripe(account: current, open: open, key: key, index: Int(part))
@@ -84,7 +85,11 @@ package struct UploadPolicy {
         case let error as CatalogError:
             switch error {
             case .unknownSession:
-                return Refusal(code: .storageError, message: error.description, keepSession: false)
+                // The session's id names its staging: the agent hears only that the upload must start again.
+                return logged(
+                    Refusal(
+                        code: .storageError, message: "the upload's session on the relay is gone (expired or replaced); upload again",
+                        keepSession: false))
             case .quotaExceeded:
                 return Refusal(code: .quotaExceeded, message: error.description, keepSession: false)
             case .accountExists, .unknownAccount, .invalidAccountName, .accountInUse:
@@ -369,7 +374,8 @@ package struct UploadPolicy {
     struct CommitRequest: Sendable {
         var staging: any StagingFile
         var key: ObjectKey
-        var account: String
+        /// The principal the upload's connection authenticated as: the commit is refused unless it still is one.
+        var account: Account
         var sessionID: String
         /// Whether the catalog holds the session (a new upload committed at once never wrote one).
         var sessionRecorded: Bool
@@ -397,9 +403,9 @@ package struct UploadPolicy {
                     results[index] = .success(status)
                 } else {
                     let pending = PendingCommit(
-                        account: request.account, key: request.key.value, size: request.size, sha1: request.sha1.hex,
+                        account: request.account.name, key: request.key.value, size: request.size, sha1: request.sha1.hex,
                         sessionID: request.sessionID, probeSHA1: request.probeSHA1,
-                        location: try self.eventLocation(request.key, account: request.account)
+                        location: try self.eventLocation(request.key, account: request.account.name)
                     )
                     ready.append((index, pending))
                 }
@@ -419,7 +425,7 @@ package struct UploadPolicy {
             reserved.map {
                 let request = requests[$0.index]
                 return StoreCommit(
-                    staging: request.staging, key: request.key, account: request.account, sha1: request.sha1, overwrite: request.overwrite
+                    staging: request.staging, key: request.key, account: request.account.name, sha1: request.sha1, overwrite: request.overwrite
                 )
             }
         )
@@ -463,12 +469,9 @@ package struct UploadPolicy {
     /// exactly these bytes already (the staged copy is dropped). Throws ``Refusal`` or the store's and catalog's errors.
     private func settledBeforeCommit(_ request: CommitRequest) async throws -> Frame.Result.Status? {
         let catalog = self.services.catalog
-        let (account, key) = (request.account, request.key)
-        guard let current = try await catalog.account(named: account), !current.revoked else {
-            throw Refusal(
-                code: .unauthenticated, message: "the token of account \"\(account)\" was revoked: nothing was stored",
-                keepSession: false
-            )
+        let (account, key) = (request.account.name, request.key)
+        guard let current = try await catalog.account(named: account), current.isPrincipal(request.account) else {
+            throw Refusal(code: .unauthenticated, message: Self.notPrincipal(account) + ": nothing was stored", keepSession: false)
         }
         let existing = try await catalog.object(account: account, key: key.value)
         if let verified = try await Self.verifiedObject(existing, services: self.services), verified.sha1 == request.sha1.hex,
@@ -507,6 +510,11 @@ package struct UploadPolicy {
             try? await services.store.removeStaging(session.stagingName)
             try? await services.catalog.deleteSession(id: session.id)
         }
+    }
+
+    /// Why a connection may no longer act for `account`: its token is not the account's valid token any more.
+    static func notPrincipal(_ account: String) -> String {
+        "the token of account \"\(account)\" is no longer valid (revoked, replaced by token rotate, or its account deleted)"
     }
 
     static func alreadyExists(_ key: ObjectKey) -> String {

@@ -15,7 +15,8 @@ import UploadProtocol
 /// once; the locks only make that visible to the compiler (a step takes the SHA-1 state out, and puts it back).
 package final class UploadStorage: Sendable {
     private let key: ObjectKey
-    private let account: String
+    /// The principal the upload's connection authenticated as; its commit is refused once it no longer is one.
+    private let account: Account
     private let overwrite: Bool
     private let session: UploadSession
     private let staging: any StagingFile
@@ -43,7 +44,7 @@ package final class UploadStorage: Sendable {
     private let stripe: (index: Int, base: Int64, length: Int64)?
 
     init(
-        key: ObjectKey, account: String, overwrite: Bool, session: UploadSession, recorded: Bool, staging: any StagingFile, sha1: SHA1,
+        key: ObjectKey, account: Account, overwrite: Bool, session: UploadSession, recorded: Bool, staging: any StagingFile, sha1: SHA1,
         services: RelayServices, logger: Logger, stripe: Int? = nil
     ) {
         let stripes = Frame.Stripes(size: UInt64(session.declaredSize ?? 0))
@@ -151,7 +152,7 @@ package final class UploadStorage: Sendable {
         if full { self.services.space.noteFull() }
         self.logger.log(
             level: full ? .warning : .error, "could not \(what) an upload's bytes",
-            metadata: ["upload.key": "\(self.key)", "account": "\(self.account)", "error": "\(error)"]
+            metadata: ["upload.key": "\(self.key)", "account": "\(self.account.name)", "error": "\(error)"]
         )
         return full
             ? StoreError.fullMessage

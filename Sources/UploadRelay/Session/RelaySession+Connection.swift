@@ -77,19 +77,24 @@ extension RelaySession {
         }
     }
 
-    /// The account's token was revoked: its connections close, rather than upload on under a token no longer valid.
-    mutating func accountRevoked(_ name: String) -> [Action] {
-        guard name == self.account?.name else { return [] }
-        return self.failConnection(.unauthenticated, "the token of account \"\(name)\" was revoked (ask the relay operator for a new one)")
-    }
-
-    /// The token of account `name` is now the one hashed `tokenHash` (`token rotate`): a connection made with another
-    /// closes; the agent's next connection needs the new token.
-    mutating func accountToken(_ name: String, is tokenHash: [UInt8]) -> [Action] {
-        guard name == self.account?.name, let current = self.account?.tokenHash, !current.isEmpty, current != tokenHash else { return [] }
-        return self.failConnection(
-            .unauthenticated, "the token of account \"\(name)\" was replaced (token rotate): connect with the new one"
-        )
+    /// The accounts as the relay's last look at the catalog found them, by name: a connection whose principal is gone
+    /// closes, rather than act on under a token no longer valid (SPEC §2.3). Gone means the account was deleted (a name
+    /// given again is another account, with another token), disabled, or given a new token (`token rotate`).
+    mutating func accountsLooked(_ accounts: [String: Account]) -> [Action] {
+        guard !self.closed, let principal = self.account else { return [] }
+        guard let current = accounts[principal.name] else {
+            return self.failConnection(
+                .unauthenticated, "account \"\(principal.name)\" was deleted (ask the relay operator for a new token)")
+        }
+        guard !current.revoked else {
+            return self.failConnection(
+                .unauthenticated, "the token of account \"\(principal.name)\" was revoked (ask the relay operator for a new one)")
+        }
+        guard current.tokenHash == principal.tokenHash else {
+            return self.failConnection(
+                .unauthenticated, "the token of account \"\(principal.name)\" was replaced (token rotate): connect with the new one")
+        }
+        return []
     }
 
     /// The relay's key locks across relays were lost (its connection to the shared catalog dropped): uploads stop, since
