@@ -42,6 +42,10 @@ let package = Package(
         .systemLibrary(name: "CUploadSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
         // What Swift's Glibc module leaves out (O_DIRECT).
         .target(name: "CUploadSystem"),
+        // Commands run apart from the agent and the relay (hooks, --when): own session, clean signals, bounded output.
+        .target(
+            name: "UploadPlatform", dependencies: ["CUploadSystem", "UploadProtocol", .product(name: "Logging", package: "swift-log")]
+        ),
         // The relay's --dev CA and server certificate, made with the system's libcrypto (OpenSSL 3).
         .target(name: "CUploadCertificates", linkerSettings: [.linkedLibrary("crypto")]),
         // SHA-1 (libcrypto, exportable state), CRC32 and deflate (libdeflate).
@@ -57,7 +61,7 @@ let package = Package(
         .target(
             name: "UploadAgent",
             dependencies: [
-                "UploadProtocol", "UploadChecksums", "UploadPayload",
+                "UploadProtocol", "UploadChecksums", "UploadPayload", "UploadPlatform",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
@@ -73,7 +77,7 @@ let package = Package(
         .target(
             name: "UploadRelay",
             dependencies: [
-                "UploadProtocol", "UploadChecksums", "UploadPayload", "CUploadSystem", "UploadS3",
+                "UploadProtocol", "UploadChecksums", "UploadPayload", "CUploadSystem", "UploadPlatform", "UploadS3",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -165,7 +169,7 @@ let package = Package(
         .executableTarget(
             name: "upload-agent",
             dependencies: [
-                "UploadAgent", "UploadCommandLine", "CUploadSystem", "UploadProtocol",
+                "UploadAgent", "UploadCommandLine", "CUploadSystem", "UploadProtocol", "UploadPlatform",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
@@ -177,7 +181,7 @@ let package = Package(
             name: "upload-relay",
             dependencies: [
                 "UploadRelay", "UploadRelayBackends", "UploadRelaySQLite", "UploadRelayPostgres", "UploadRelayLocalStore", "UploadRelayS3Store",
-                "UploadCommandLine", "UploadS3", "CUploadSystem",
+                "UploadCommandLine", "UploadS3", "CUploadSystem", "UploadPlatform",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
@@ -246,6 +250,7 @@ let package = Package(
             dependencies: [
                 "UploadAgent", "UploadProtocol", "UploadChecksums", "UploadTestSupport", "UploadCommandLine",
                 .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -266,7 +271,7 @@ let package = Package(
             name: "UploadRelayTests",
             dependencies: [
                 "UploadRelay", "UploadRelayBackends", "UploadRelaySQLite", "UploadRelayPostgres", "UploadRelayLocalStore", "UploadRelayS3Store",
-                "UploadProtocol", "UploadChecksums", "UploadPayload", "UploadTestSupport", "CUploadSystem", "UploadS3",
+                "UploadProtocol", "UploadChecksums", "UploadPayload", "UploadTestSupport", "CUploadSystem", "UploadS3", "UploadPlatform",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),

@@ -38,3 +38,164 @@ int upload_set_malloc_thresholds(int mmap_bytes, int trim_bytes, int arenas) {
 const char *upload_build_commit(void) {
     return UPLOAD_BUILD_COMMIT;
 }
+
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static long long upload_now_ms(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (long long)now.tv_sec * 1000 + now.tv_nsec / 1000000;
+}
+
+static void upload_close(int *fd) {
+    if (*fd >= 0) {
+        close(*fd);
+        *fd = -1;
+    }
+}
+
+upload_run_result upload_run_isolated(
+    const char *command, char *const envp[], const void *input, size_t input_length, int timeout_ms, int grace_ms, char *output,
+    size_t output_capacity) {
+    upload_run_result result;
+    memset(&result, 0, sizeof(result));
+    int in_pipe[2] = {-1, -1};
+    int out_pipe[2] = {-1, -1};
+    if (pipe2(in_pipe, O_CLOEXEC) != 0 || pipe2(out_pipe, O_CLOEXEC) != 0) {
+        result.error = errno;
+        upload_close(&in_pipe[0]);
+        upload_close(&in_pipe[1]);
+        return result;
+    }
+    posix_spawn_file_actions_t actions;
+    posix_spawnattr_t attributes;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawnattr_init(&attributes);
+    posix_spawn_file_actions_adddup2(&actions, in_pipe[0], 0);
+    posix_spawn_file_actions_adddup2(&actions, out_pipe[1], 1);
+    posix_spawn_file_actions_adddup2(&actions, out_pipe[1], 2);
+    // Every other descriptor of the caller's is closed (the pipes are close-on-exec; others may not be).
+    posix_spawn_file_actions_addclosefrom_np(&actions, 3);
+    sigset_t none, all;
+    sigemptyset(&none);
+    sigfillset(&all);
+    posix_spawnattr_setsigmask(&attributes, &none);
+    posix_spawnattr_setsigdefault(&attributes, &all);
+    posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+    char *argv[] = {"/bin/sh", "-c", (char *)command, NULL};
+    pid_t pid = 0;
+    int spawned = posix_spawn(&pid, "/bin/sh", &actions, &attributes, argv, envp);
+    posix_spawn_file_actions_destroy(&actions);
+    posix_spawnattr_destroy(&attributes);
+    upload_close(&in_pipe[0]);
+    upload_close(&out_pipe[1]);
+    if (spawned != 0) {
+        result.error = spawned;
+        upload_close(&in_pipe[1]);
+        upload_close(&out_pipe[0]);
+        return result;
+    }
+    result.started = 1;
+    fcntl(in_pipe[1], F_SETFL, fcntl(in_pipe[1], F_GETFL) | O_NONBLOCK);
+    fcntl(out_pipe[0], F_SETFL, fcntl(out_pipe[0], F_GETFL) | O_NONBLOCK);
+    if (input_length == 0) upload_close(&in_pipe[1]);
+    // A descriptor that becomes readable when the child exits (Linux 5.3); without it, waitpid is asked every 50 ms.
+    int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    // A write to a pipe the child closed must fail with EPIPE here, not raise SIGPIPE in the caller's thread.
+    sigset_t pipe_only, previous;
+    sigemptyset(&pipe_only);
+    sigaddset(&pipe_only, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_only, &previous);
+    size_t written = 0;
+    long long deadline = timeout_ms > 0 ? upload_now_ms() + timeout_ms : -1;
+    int stage = 0; // 0: running, 1: TERM sent, 2: KILL sent
+    int exited = 0;
+    while (!exited) {
+        struct pollfd fds[3];
+        int count = 0;
+        int out_index = -1, in_index = -1, pid_index = -1;
+        if (out_pipe[0] >= 0) {
+            fds[count] = (struct pollfd){.fd = out_pipe[0], .events = POLLIN};
+            out_index = count++;
+        }
+        if (in_pipe[1] >= 0) {
+            fds[count] = (struct pollfd){.fd = in_pipe[1], .events = POLLOUT};
+            in_index = count++;
+        }
+        if (pidfd >= 0) {
+            fds[count] = (struct pollfd){.fd = pidfd, .events = POLLIN};
+            pid_index = count++;
+        }
+        int wait_ms = pidfd >= 0 ? -1 : 50;
+        if (deadline >= 0) {
+            long long left = deadline - upload_now_ms();
+            if (left < 0) left = 0;
+            if (wait_ms < 0 || left < wait_ms) wait_ms = (int)left;
+        }
+        int ready = poll(fds, (nfds_t)count, wait_ms);
+        if (ready < 0 && errno != EINTR) break;
+        if (ready > 0 && out_index >= 0 && (fds[out_index].revents & (POLLIN | POLLHUP | POLLERR))) {
+            char scratch[4096];
+            ssize_t n = read(out_pipe[0], scratch, sizeof(scratch));
+            if (n > 0) {
+                size_t room = output_capacity - result.output_length;
+                size_t kept = (size_t)n < room ? (size_t)n : room;
+                if (kept > 0) memcpy(output + result.output_length, scratch, kept);
+                result.output_length += kept;
+                result.output_total += (size_t)n;
+            } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+                upload_close(&out_pipe[0]);
+            }
+        }
+        if (ready > 0 && in_index >= 0 && (fds[in_index].revents & (POLLOUT | POLLHUP | POLLERR))) {
+            ssize_t n = write(in_pipe[1], (const char *)input + written, input_length - written);
+            if (n > 0) written += (size_t)n;
+            if ((n < 0 && errno != EAGAIN && errno != EINTR) || written >= input_length) upload_close(&in_pipe[1]);
+        }
+        int status = 0;
+        pid_t reaped = waitpid(pid, &status, WNOHANG);
+        if (reaped == pid) {
+            result.status = status;
+            exited = 1;
+            break;
+        }
+        if (deadline >= 0 && upload_now_ms() >= deadline) {
+            if (stage == 0) {
+                kill(-pid, SIGTERM);
+                stage = 1;
+                result.timed_out = 1;
+                deadline = upload_now_ms() + (grace_ms > 0 ? grace_ms : 0);
+            } else {
+                kill(-pid, SIGKILL);
+                stage = 2;
+                deadline = -1;
+            }
+        }
+        (void)pid_index;
+    }
+    if (!exited) {
+        // poll failed: end it and wait for it.
+        kill(-pid, SIGKILL);
+        int status = 0;
+        while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+        result.status = status;
+    }
+    // What it left running in its group goes with it.
+    kill(-pid, SIGKILL);
+    struct timespec zero = {0, 0};
+    while (sigtimedwait(&pipe_only, NULL, &zero) > 0) {}
+    pthread_sigmask(SIG_SETMASK, &previous, NULL);
+    upload_close(&pidfd);
+    upload_close(&in_pipe[1]);
+    upload_close(&out_pipe[0]);
+    return result;
+}

@@ -6,6 +6,16 @@ public struct ObjectKey: Hashable, Sendable, CustomStringConvertible {
     /// The key, valid by construction.
     public let value: String
 
+    /// Keys are equal when their bytes are (SPEC §12.2), not by Swift's canonical equivalence: "café" in NFC and in
+    /// NFD are two keys.
+    public static func == (lhs: ObjectKey, rhs: ObjectKey) -> Bool {
+        lhs.value.utf8.elementsEqual(rhs.value.utf8)
+    }
+
+    public func hash(into hasher: inout Hasher) {
+        for byte in self.value.utf8 { hasher.combine(byte) }
+    }
+
     /// Why a key was refused.
     public struct Invalid: Error, Hashable, Sendable, CustomStringConvertible {
         /// The rule of SPEC §12.2 that the key breaks, in words.

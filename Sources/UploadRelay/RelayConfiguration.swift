@@ -51,8 +51,13 @@ public struct RelayConfiguration: Sendable {
     /// The local store's default ``directIOBuffer``: 1 MiB.
     public static let defaultDirectIOBuffer = 1 << 20
 
-    /// The most connections at once; more are closed at accept.
+    /// The most authenticated connections at once; one more is closed when it authenticates.
     public var maxConnections: Int = 512
+    /// What connections that have not authenticated may hold, beside the ``maxConnections`` places (sshd's
+    /// `MaxStartups`): 64 from one source address at once (more are refused at accept), 256 in all (the oldest is
+    /// closed to admit a new one). Behind a balancer that does not pass the client's address, every agent comes from
+    /// the balancer's: raise ``StrangerLimits/perSource`` to the agents that may connect at once.
+    public var strangers = StrangerLimits(perSource: 64, total: 256)
     /// The most chunk bytes all connections together may make the relay hold. Each connection's window is a share of
     /// it (SPEC §5.5): the budget divided among the connections, no more than ``ProtocolLimits/connectionWindow`` and
     /// never less than ``minimumConnectionWindow``. A connection starts with its share while the budget has it free,
@@ -152,8 +157,10 @@ public struct CommitHooks: Sendable {
     public var environment: [String] = []
     /// What every hook command gets of the relay's environment.
     public static let baseEnvironment = ["PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR"]
-    /// The longest a hook may run (a command is killed, its process group with it, after it).
+    /// The longest a hook may run: then its process group gets SIGTERM, and SIGKILL ``killGrace`` later.
     public var timeout: Duration = .seconds(30)
+    /// How long a hook told to stop (SIGTERM) has before SIGKILL.
+    public var killGrace: Duration = .seconds(2)
     /// Events delivered at once by one relay.
     public var concurrency: Int = 4
     public var retryDelay: Duration = .seconds(1)
@@ -193,8 +200,11 @@ public struct StatusEndpoint: Sendable {
     public var routes: Routes = [.status, .health]
     /// Whether connections speak TLS first (on the relay's certificate).
     public var tls = true
-    /// The most connections at once; more are closed at accept.
+    /// The most connections at once; more are closed at accept. No connection here authenticates as a whole (each
+    /// request carries its token): all are strangers, at most ``StrangerLimits/perSource`` from one source address.
     public var maxConnections: Int = 256
+    /// The most connections from one source address at once; more are refused at accept.
+    public var maxConnectionsPerSource: Int = 32
     /// A connection closes when a request is not read and answered, its answer written to the socket, within this long
     /// of the connection opening (TLS handshake included) or of the previous answer's being written.
     public var requestTimeout: Duration = .seconds(30)
@@ -227,6 +237,7 @@ public struct StatusEndpoint: Sendable {
         endpoint.routes = [.metrics, .health]
         endpoint.tls = false
         endpoint.maxConnections = 64
+        endpoint.maxConnectionsPerSource = 16
         return endpoint
     }
 }

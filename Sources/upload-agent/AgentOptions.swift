@@ -3,6 +3,8 @@ import FoundationEssentials
 import Logging
 import UploadAgent
 import UploadCommandLine
+import UploadProtocol
+import UploadPlatform
 
 /// Where the relay is and who the agent is: the options `send` and `watch` share.
 struct ConnectionOptions: ParsableArguments {
@@ -89,7 +91,8 @@ struct ConnectionOptions: ParsableArguments {
     func bootstrapLogging() {
         let level = Logger.Level(rawValue: self.logLevel) ?? .warning
         LoggingSystem.bootstrap { label in
-            var handler = StreamLogHandler.standardError(label: label)
+            // A relay's and a file system's words reach the terminal escaped.
+            var handler = PrintableLogHandler(StreamLogHandler.standardError(label: label))
             handler.logLevel = level
             return handler
         }
@@ -155,7 +158,7 @@ struct StateOptions: ParsableArguments {
             return try AgentStateStore(directory: self.directory)
         } catch {
             // Not a usage error: exit 1, with what failed and where.
-            Platform.writeStandardError("upload-agent: \(error)\n")
+            Platform.writeStandardError("upload-agent: \(Printable.escaped("\(error)"))\n")
             throw ExitCode(1)
         }
     }

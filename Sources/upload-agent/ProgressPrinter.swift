@@ -3,6 +3,7 @@ import Glibc
 import NIOConcurrencyHelpers
 import UploadAgent
 import UploadCommandLine
+import UploadProtocol
 
 /// Progress for people on stderr and one JSON object per finished item on stdout with --json.
 ///
@@ -185,7 +186,7 @@ final class ProgressPrinter: Sendable {
                 line += "      " + Format.padded(Self.bytes(done), to: 22)
             }
             let rate = Double(upload.sent) / max(0.001, now - upload.started)
-            line += "  " + Format.padded("\(Format.fixed(rate / 1e6)) MB/s", to: 10) + "  " + key
+            line += "  " + Format.padded("\(Format.fixed(rate / 1e6)) MB/s", to: 10) + "  " + Printable.escaped(key)
             lines.append(String(line.prefix(width - 1)))
         }
         if state.order.count > Self.shownUploads {
@@ -225,9 +226,11 @@ final class ProgressPrinter: Sendable {
         if json { Self.stdout(Self.jsonText(["event": "skipped", "path": path, "reason": reason])) }
     }
 
-    /// A message above the live block (which is drawn again under it).
+    /// A message above the live block (which is drawn again under it). Escaped (``Printable``): what a relay said or a
+    /// file is named can neither break the line nor act on the terminal.
     func note(_ text: String) {
         guard !self.quiet else { return }
+        let text = Printable.escaped(text)
         guard self.live else {
             Self.stderr(text + "\n")
             return

@@ -2,6 +2,7 @@ import ArgumentParser
 import FoundationEssentials
 import UploadAgent
 import UploadCommandLine
+import UploadProtocol
 
 /// `upload-agent status`: the queue at a glance, readable while an agent runs.
 struct Status: ParsableCommand {
@@ -47,10 +48,10 @@ struct Status: ParsableCommand {
         }
         var lines: [String] = []
         if paused { lines.append("PAUSED (upload-agent resume lets uploads go on)") }
-        if let hold, !paused { lines.append("HELD: \(hold)") }
+        if let hold, !paused { lines.append("HELD: \(Printable.escaped(hold))") }
         let shown = items.filter { self.all || $0.status != .done }
         for item in shown.prefix(self.all ? Int.max : 200) {
-            var line = "\(Format.padded(item.status.rawValue, to: 10)) \(item.key)"
+            var line = "\(Format.padded(item.status.rawValue, to: 10)) \(Printable.escaped(item.key))"
             if let size = item.size, [.queued, .uploading, .failed].contains(item.status) {
                 line += "  \(Format.fixed(size == 0 ? 100 : Double(item.acked) / Double(size) * 100, 0))%"
                 line += " of \(ProgressPrinter.bytes(size))"
@@ -58,9 +59,9 @@ struct Status: ParsableCommand {
                     line += "  \(Format.fixed(item.rate / 1e6)) MB/s  ETA \(Self.duration(Double(size - min(size, item.acked)) / item.rate))"
                 }
             }
-            if let error = item.error, item.status == .failed || item.status == .dropped { line += "  \(error)" }
+            if let error = item.error, item.status == .failed || item.status == .dropped { line += "  \(Printable.escaped(error))" }
             // A queued item with an error waits for the relay to have room for it (its quota, its storage).
-            if let error = item.error, item.status == .queued { line += "  waiting: \(error)" }
+            if let error = item.error, item.status == .queued { line += "  waiting: \(Printable.escaped(error))" }
             lines.append(line)
         }
         if shown.count > 200 && !self.all { lines.append("… and \(shown.count - 200) more (--json lists them all)") }

@@ -6,6 +6,7 @@ import CUploadSystem
 import FoundationEssentials
 import UploadAgent
 import UploadCommandLine
+import UploadProtocol
 
 @main
 struct UploadAgentCommand: AsyncParsableCommand {
@@ -29,7 +30,7 @@ struct UploadAgentCommand: AsyncParsableCommand {
         do {
             arguments = try ConfigFile.expand(Array(CommandLine.arguments.dropFirst()))
         } catch {
-            Platform.writeStandardError("upload-agent: \(error)\n")
+            Platform.writeStandardError("upload-agent: \(Printable.escaped("\(error)"))\n")
             Glibc.exit(2)
         }
         await Self.mainExitingTwoOnUsageError(arguments)

@@ -6,6 +6,7 @@ import NIOCore
 import NIOPosix
 import UploadAgent
 import UploadCommandLine
+import UploadProtocol
 
 struct Watch: AsyncParsableCommand {
     enum OnChange: String, ExpressibleByArgument, CaseIterable {
@@ -244,7 +245,7 @@ struct Watch: AsyncParsableCommand {
         } catch {
             watcher.stop()
             try? await group.shutdownGracefully()
-            Platform.writeStandardError("upload-agent: \(error)\n")
+            Platform.writeStandardError("upload-agent: \(Printable.escaped("\(error)"))\n")
             throw ExitCode(1)
         }
         watcher.stop()

@@ -5,6 +5,7 @@ import NIOCore
 import NIOPosix
 import ServiceLifecycle
 import UploadCommandLine
+import UploadPlatform
 import UploadRelay
 import UploadRelayBackends
 import UploadRelayLocalStore
@@ -214,8 +215,23 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .long, help: "Uploads open at once on one connection.")
     var maxStreams: Int = 64
 
-    @Option(name: .long, help: "Connections at once.")
+    @Option(name: .long, help: "Authenticated connections at once (connections still authenticating have places of their own).")
     var maxConnections: Int = 512
+
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "Connections from one address that have not authenticated yet, at once (as sshd's MaxStartups); more are refused at accept. Behind a balancer that hides the agents' addresses, raise it to the agents that may connect at once.",
+            valueName: "n")
+    )
+    var maxStrangersPerSource: Int = 64
+
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "Connections that have not authenticated yet, at once from all addresses; when full, the oldest is closed.", valueName: "n")
+    )
+    var maxStrangers: Int = 256
 
     @Option(
         name: .long,
@@ -302,7 +318,8 @@ struct Serve: AsyncParsableCommand {
                 handler.logLevel = level
                 return handler
             }
-            var handler = StreamLogHandler.standardError(label: label)
+            // Peers' words reach the text log escaped (SPEC §12.4); JSON quotes them.
+            var handler = PrintableLogHandler(StreamLogHandler.standardError(label: label))
             handler.logLevel = level
             return handler
         }
@@ -503,6 +520,10 @@ extension Serve {
         configuration.lookupsPerConnection = self.lookupsPerConnection
         configuration.limits.maxConcurrentStreams = self.maxStreams
         configuration.maxConnections = self.maxConnections
+        guard self.maxStrangersPerSource >= 1, self.maxStrangers >= self.maxStrangersPerSource else {
+            throw ValidationError("--max-strangers-per-source must be at least 1, and --max-strangers at least as many")
+        }
+        configuration.strangers = StrangerLimits(perSource: self.maxStrangersPerSource, total: self.maxStrangers)
         configuration.commitGroup = self.commitGroup
         configuration.ioThreads = self.ioThreads
         let memoryBudget = try ByteCount.parse(self.memoryBudget, option: "--memory-budget")

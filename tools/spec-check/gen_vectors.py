@@ -529,6 +529,12 @@ def invalid_vectors():
         R, [], raw_frame(T("HELLO"), 0, 0, p_hello(cred=b"t" * 1025)), "PROTOCOL_ERROR")
     add("hello-agent-name-too-long", "HELLO agentName of 256 bytes, above the 255 limit (§3.1, §12).",
         R, [], raw_frame(T("HELLO"), 0, 0, p_hello(name=b"n" * 256)), "PROTOCOL_ERROR")
+    add("hello-agent-name-control", "HELLO agentName holding a newline, which would forge a line of a text log (§1.1, §3.1).",
+        R, [], raw_frame(T("HELLO"), 0, 0, p_hello(name="agent\n... notice token rotated".encode())), "PROTOCOL_ERROR")
+    add("hello-agent-name-bidi", "HELLO agentName holding U+202E RIGHT-TO-LEFT OVERRIDE (§1.1, §3.1).",
+        R, [], raw_frame(T("HELLO"), 0, 0, p_hello(name="cam\u202egpj.exe".encode())), "PROTOCOL_ERROR")
+    add("hello-agent-name-c1", "HELLO agentName holding U+009B, the C1 control sequence introducer (§1.1, §3.1).",
+        R, [], raw_frame(T("HELLO"), 0, 0, p_hello(name="cam\u009b2J".encode())), "PROTOCOL_ERROR")
     add("hello-unsupported-version", "HELLO offering versions 2..3 only; the relay speaks version 1 (§2.2).",
         R, [], HELLO(min_version=2, max_version=3), "UNSUPPORTED_VERSION")
     add("hello-unknown-auth-method", "HELLO with auth method 9, which is not defined (§2.2, §3.1).",
@@ -558,6 +564,8 @@ def invalid_vectors():
         A, [snd(HELLO())], raw_frame(T("WELCOME"), 0, 0, p_welcome(sw=0)), "PROTOCOL_ERROR")
     add("welcome-account-too-long", "WELCOME whose account is 256 bytes, above the 255 limit (§3.2, §12.1).",
         A, [snd(HELLO())], raw_frame(T("WELCOME"), 0, 0, p_welcome(account=b"a" * 256)), "PROTOCOL_ERROR")
+    add("welcome-account-control", "WELCOME whose account holds ESC [2J, which would clear the agent's terminal (§1.1, §3.2).",
+        A, [snd(HELLO())], raw_frame(T("WELCOME"), 0, 0, p_welcome(account="cam\u001b[2J".encode())), "PROTOCOL_ERROR")
     add("welcome-max-frame-size-out-of-range", "WELCOME maxFrameSize 16777217 is above 16777216 (§1.3, §3.2).",
         A, [snd(HELLO())], raw_frame(T("WELCOME"), 0, 0, p_welcome(mfs=16777217)), "PROTOCOL_ERROR")
 

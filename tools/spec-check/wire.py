@@ -361,6 +361,23 @@ def _str(name: str, field: str, raw: bytes, limit: int | None) -> str:
     return s
 
 
+def _has_control(s: str) -> bool:
+    """C0, DEL, C1, bidirectional controls and the line separators (§1.1's "display strings")."""
+    for ch in s:
+        c = ord(ch)
+        if c <= 0x1F or 0x7F <= c <= 0x9F or c in (0x061C, 0x200E, 0x200F, 0x2028, 0x2029) \
+                or 0x202A <= c <= 0x202E or 0x2066 <= c <= 0x2069:
+            return True
+    return False
+
+
+def _display(name: str, field: str, raw: bytes, limit: int | None) -> str:
+    s = _str(name, field, raw, limit)
+    if _has_control(s):
+        raise _pe(name, f"{field} holds a control character")
+    return s
+
+
 def _check_values(name, sid, flags, v, max_frame_size, defer_key) -> dict:
     out: dict = {}
     if name == "HELLO":
@@ -372,7 +389,7 @@ def _check_values(name, sid, flags, v, max_frame_size, defer_key) -> dict:
             raise _pe(name, "max_frame_size out of range")
         if len(v["credential"]) > MAX_CREDENTIAL:
             raise _pe(name, "credential longer than 1024 bytes")
-        agent_name = _str(name, "agent_name", v["agent_name"], MAX_AGENT_NAME)
+        agent_name = _display(name, "agent_name", v["agent_name"], MAX_AGENT_NAME)
         out = {"magic": "UPLD", "min_version": v["min_version"], "max_version": v["max_version"],
                "max_frame_size": v["max_frame_size"], "features": v["features"],
                "auth_method": v["auth_method"], "credential": v["credential"].hex(),
@@ -387,7 +404,7 @@ def _check_values(name, sid, flags, v, max_frame_size, defer_key) -> dict:
                 raise _pe(name, f"{w} not in 1..2^31-1")
         if v["max_key_length"] < 1:
             raise _pe(name, "max_key_length is 0")
-        account = _str(name, "account", v["account"], MAX_ACCOUNT)
+        account = _display(name, "account", v["account"], MAX_ACCOUNT)
         out = dict(v)
         out["account"] = account
     elif name == "OPEN":

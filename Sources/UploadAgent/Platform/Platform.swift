@@ -1,6 +1,7 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import UploadPlatform
 
 /// The agent's calls into the operating system that Swift's standard library and FoundationEssentials do not make:
 /// standard error, a shell command, a thread of its own, a file's type. Linux (glibc) is what is built and tested;
@@ -33,28 +34,29 @@ package enum Platform {
         }
     }
 
-    /// Runs `/bin/sh -c command` with standard input, output and error on /dev/null and waits for it: its exit status,
-    /// or a signal's number plus 128, as a shell reports it. Throws when it cannot start.
-    package static func runShell(_ command: String) throws -> Int32 {
-        var actions = posix_spawn_file_actions_t()
-        posix_spawn_file_actions_init(&actions)
-        defer { posix_spawn_file_actions_destroy(&actions) }
-        for fd: Int32 in 0...2 {
-            posix_spawn_file_actions_addopen(&actions, fd, "/dev/null", fd == 0 ? O_RDONLY : O_WRONLY, 0)
+    /// Runs `/bin/sh -c command` apart from the agent (``IsolatedCommand``: its own session, default signals, the base
+    /// environment only, never the agent's token) and waits for it, at most `timeout`: its exit status, or a signal's
+    /// number plus 128, as a shell reports it. Throws when it cannot start or ran out of time.
+    package static func runShell(_ command: String, timeout: Duration = .seconds(60)) throws -> Int32 {
+        let environment = IsolatedCommand.environment(Self.environment())
+        let ended = IsolatedCommand(command: command, environment: environment, timeout: timeout).run()
+        if case .couldNotStart(let reason) = ended.outcome { throw SourceError("cannot run /bin/sh: \(reason)") }
+        if ended.timedOut { throw SourceError("it ran longer than \(timeout) and was killed") }
+        return ended.shellStatus
+    }
+
+    /// The process's environment, by name.
+    package static func environment() -> [String: String] {
+        var variables: [String: String] = [:]
+        var entry = environ
+        while let pointer = entry.pointee {
+            let text = String(cString: pointer)
+            if let equals = text.firstIndex(of: "=") {
+                variables[String(text[..<equals])] = String(text[text.index(after: equals)...])
+            }
+            entry += 1
         }
-        let arguments = ["/bin/sh", "-c", command]
-        var argv: [UnsafeMutablePointer<CChar>?] = arguments.map { strdup($0) } + [nil]
-        defer { for pointer in argv { free(pointer) } }
-        var pid: pid_t = 0
-        let spawned = posix_spawn(&pid, "/bin/sh", &actions, nil, &argv, environ)
-        guard spawned == 0 else { throw SourceError("cannot run /bin/sh: \(String(cString: strerror(spawned)))") }
-        var status: Int32 = 0
-        while waitpid(pid, &status, 0) < 0 {
-            guard errno == EINTR else { throw SourceError("waitpid: \(String(cString: strerror(errno)))") }
-        }
-        // WIFEXITED / WEXITSTATUS / WTERMSIG, which Swift does not import as macros.
-        let signal = status & 0x7f
-        return signal == 0 ? (status >> 8) & 0xff : 128 + signal
+        return variables
     }
 
     /// Starts `body` on a thread of its own (a blocking loop that must not hold a pool's thread), detached.

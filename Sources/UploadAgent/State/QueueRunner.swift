@@ -84,7 +84,8 @@ public final class QueueRunner: Sendable {
     private func enqueue(_ items: ArraySlice<UploadItem>, skipUnchanged: Bool, skipChanged: Bool) throws -> [EnqueueOutcome] {
         guard !items.isEmpty else { return [] }
         var entries: [QueueEntry] = []
-        var byKey: [String: UploadItem] = [:]
+        // By the key's bytes: an NFC and an NFD name are two keys (SPEC §12.2), one under String's equality.
+        var byKey: [[UInt8]: UploadItem] = [:]
         var streams: [UploadJob] = []
         for item in items {
             guard let entry = QueueEntry(item: item, configuration: self.uploader.configuration) else {
@@ -92,7 +93,7 @@ public final class QueueRunner: Sendable {
                 continue
             }
             entries.append(entry)
-            byKey[item.key] = item
+            byKey[Array(item.key.utf8)] = item
         }
         let outcomes = try self.store.enqueue(entries, target: self.target, skipUnchanged: skipUnchanged, skipChanged: skipChanged, external: false)
         var jobs = streams
@@ -101,7 +102,7 @@ public final class QueueRunner: Sendable {
         let unloaded: Bool = self.state.withLockedValue { state in
             var unloaded = false
             for (entry, outcome) in zip(entries, outcomes) {
-                guard var item = byKey[entry.key] else { continue }
+                guard var item = byKey[Array(entry.key.utf8)] else { continue }
                 item.overwrite = entry.overwrite
                 item.dedup = entry.dedup
                 item.expectedFingerprint = entry.fingerprint

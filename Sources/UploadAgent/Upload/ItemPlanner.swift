@@ -101,7 +101,9 @@ public enum ItemPlanner {
             throw PlanError(description: "--name \(name) names stdin, but no - was given among the paths")
         }
         var plan = Plan(items: [], results: [])
-        var seen: [String: String] = [:]
+        // By the key's bytes (SPEC §12.2): Swift's String equality is canonical equivalence, under which an NFC and an
+        // NFD name (two files, two keys) are one.
+        var seen: [[UInt8]: String] = [:]
         func add(_ key: String, _ display: String, _ source: any BlobSource, fingerprint: [UInt8]?, size: UInt64?) {
             let full = Self.prefixed(key, cleanPrefix)
             do {
@@ -115,7 +117,7 @@ public enum ItemPlanner {
                 )
                 return
             }
-            if let other = seen[full] {
+            if let other = seen[Array(full.utf8)] {
                 plan.results.append(
                     .failed(
                         key: full, path: display, error: "\(other) is stored as \"\(full)\" already in this run; not both",
@@ -123,7 +125,7 @@ public enum ItemPlanner {
                 )
                 return
             }
-            seen[full] = display
+            seen[Array(full.utf8)] = display
             plan.items.append(UploadItem(key: full, displayPath: display, source: source, expectedFingerprint: fingerprint))
             plan.sizes.append(size)
             plan.fileBytes = size.flatMap { size in plan.fileBytes.map { $0 + size } }

@@ -23,4 +23,13 @@ enum FieldRules {
         }
         return string
     }
+
+    /// A display string (SPEC §1.1): valid UTF-8 with no control character a log or terminal would act on.
+    static func display(_ bytes: [UInt8], max: Int, _ field: StaticString, of type: FrameType) throws -> String {
+        let string = try Self.string(bytes, max: max, field, of: type)
+        guard !Printable.hasControl(string) else {
+            throw ProtocolError.connection(.protocolError, "\(type.name) \(field) holds a control character")
+        }
+        return string
+    }
 }

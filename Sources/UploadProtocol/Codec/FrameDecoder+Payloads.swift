@@ -26,7 +26,7 @@ extension FrameDecoder {
             minVersion: minVersion, maxVersion: maxVersion, maxFrameSize: maxFrameSize, features: features,
             authMethod: method,
             credential: try FieldRules.length(credential, max: self.limits.maxCredentialLength, "credential", of: type),
-            agentName: try FieldRules.string(name, max: self.limits.maxNameLength, "agent name", of: type)
+            agentName: try FieldRules.display(name, max: self.limits.maxNameLength, "agent name", of: type)
         )
     }
 
@@ -57,7 +57,7 @@ extension FrameDecoder {
         return Frame.Welcome(
             version: version, maxFrameSize: maxFrameSize, features: features, maxStreams: maxStreams,
             connectionWindow: connectionWindow, streamWindow: streamWindow, maxKeyLength: maxKeyLength,
-            idleTimeoutMillis: idle, account: try FieldRules.string(account, max: self.limits.maxNameLength, "account", of: type)
+            idleTimeoutMillis: idle, account: try FieldRules.display(account, max: self.limits.maxNameLength, "account", of: type)
         )
     }
 

@@ -7,6 +7,8 @@ import Foundation
 import Logging
 import NIOConcurrencyHelpers
 import NIOCore
+import NIOPosix
+import UploadPlatform
 import UploadProtocol
 
 /// Delivers the catalog's queued commit events to the post-commit hooks (``CommitHooks``), in a task of the relay's: a hook
@@ -19,13 +21,18 @@ final class CommitHookRunner: Sendable {
     private let wake = Wakeup()
     private let stopping = NIOLockedValueBox(false)
     private let loopTask = NIOLockedValueBox<Task<Void, Never>?>(nil)
+    /// Threads that wait for hook commands, one per delivery at once: a hook never holds a thread of the relay's I/O
+    /// pool, however long it runs.
+    private let processes: NIOThreadPool
 
     init(services: RelayServices, hooks: CommitHooks) {
         self.services = services
         self.hooks = hooks
+        self.processes = NIOThreadPool(numberOfThreads: max(1, hooks.concurrency))
     }
 
     func start() {
+        self.processes.start()
         let task = Task(executorPreference: self.services.executor) { await self.loop() }
         self.loopTask.withLockedValue { $0 = task }
     }
@@ -40,6 +47,7 @@ final class CommitHookRunner: Sendable {
         self.stopping.withLockedValue { $0 = true }
         self.wake.signal()
         await self.loopTask.withLockedValue { $0 }?.value
+        try? await self.processes.shutdownGracefully()
     }
 
     private func loop() async {
@@ -109,13 +117,12 @@ final class CommitHookRunner: Sendable {
         return Array(data) + [UInt8(ascii: "\n")]
     }
 
-    /// Runs the command, the event on its stdin and in its environment, under coreutils' `timeout`, which signals the
-    /// command's whole process group when it is up (TERM, then KILL 2 s later). Nil when it exited 0; else why not.
+    /// Runs the command, the event on its stdin and in its environment, isolated from the relay
+    /// (``IsolatedCommand``): its own session and process group, no blocked signal, only descriptors 0 to 2. At the
+    /// timeout its group gets TERM, then KILL ``CommitHooks/killGrace`` later; its delivery is over when its first
+    /// process exits, whatever a background job keeps open. What it writes goes to the log, bounded and escaped. Nil
+    /// when it exited 0; else why not.
     private func run(_ command: String, _ event: CommitEvent) async -> String? {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-        let seconds = max(1, Int(self.hooks.timeout.inSeconds.rounded(.up)))
-        process.arguments = ["timeout", "--kill-after=2s", "\(seconds)s", "/bin/sh", "-c", command]
         var environment = Self.environment(ProcessInfo.processInfo.environment, passing: self.hooks.environment)
         environment["UPLOAD_EVENT_ID"] = "\(event.id)"
         environment["UPLOAD_ACCOUNT"] = event.account
@@ -124,59 +131,37 @@ final class CommitHookRunner: Sendable {
         environment["UPLOAD_SHA1"] = event.sha1
         environment["UPLOAD_LOCATION"] = event.location
         environment["UPLOAD_ATTEMPT"] = "\(event.attempts)"
-        process.environment = environment
-        let input = Pipe()
-        process.standardInput = input
-        process.standardOutput = FileHandle.standardError
-        process.standardError = FileHandle.standardError
-        let exited = Wakeup()
-        process.terminationHandler = { _ in exited.signal() }
+        let run = IsolatedCommand(
+            command: command, environment: environment, input: Self.json(event), timeout: self.hooks.timeout, grace: self.hooks.killGrace)
+        let ended: IsolatedCommand.Ended
         do {
-            try process.run()
+            ended = try await self.processes.runIfActive { run.run() }
         } catch {
-            return "could not start the --on-commit command: \(error)"
+            return "could not start the --on-commit command: the relay is stopping"
         }
-        // A hook that does not read its stdin must not hold the relay up: the write ends when it exits.
-        let json = Self.json(event)
-        DispatchQueue.global().async {
-            json.withUnsafeBytes { bytes in
-                guard let base = bytes.baseAddress else { return }
-                var written = 0
-                while written < bytes.count {
-                    let n = write(input.fileHandleForWriting.fileDescriptor, base + written, bytes.count - written)
-                    if n <= 0 { break }
-                    written += n
-                }
-            }
-            try? input.fileHandleForWriting.close()
+        if !ended.output.isEmpty {
+            self.services.logger.info(
+                "post-commit hook wrote",
+                metadata: ["upload.key": "\(Printable.escaped(event.key))", "hook.output": "\(ended.printableOutput)"])
         }
-        if await !exited.wait(upTo: .seconds(seconds + 10)) {
-            kill(process.processIdentifier, SIGKILL)
-            await exited.wait()
-        }
-        switch (process.terminationReason, process.terminationStatus) {
-        case (.exit, 0):
+        switch ended.outcome {
+        case .exited(0) where !ended.timedOut:
             return nil
-        case (.exit, 124), (.exit, 137):
+        case .couldNotStart(let reason):
+            return "could not start the --on-commit command: \(reason)"
+        case _ where ended.timedOut:
             return "the --on-commit command ran longer than \(self.hooks.timeout) and was killed"
-        case (.exit, let status):
+        case .exited(let status):
             return "the --on-commit command exited \(status)"
-        case (.uncaughtSignal, let signal):
+        case .signalled(let signal):
             return "the --on-commit command was killed by signal \(signal)"
-        @unknown default:
-            return "the --on-commit command ended abnormally"
         }
     }
 
     /// What a hook command's environment holds of the relay's: ``CommitHooks/baseEnvironment`` and the names the
     /// operator passes (`--hook-env`), never the rest (the relay's S3 keys, its catalog URL and password).
     static func environment(_ relay: [String: String], passing names: [String]) -> [String: String] {
-        var environment: [String: String] = [:]
-        for name in CommitHooks.baseEnvironment + names {
-            if let value = relay[name] { environment[name] = value }
-        }
-        if environment["PATH"] == nil { environment["PATH"] = "/usr/local/bin:/usr/bin:/bin" }
-        return environment
+        IsolatedCommand.environment(relay, passing: CommitHooks.baseEnvironment + names)
     }
 
     /// POSTs the event; nil on a 2xx answer. Messages name the URL without its user information or query.

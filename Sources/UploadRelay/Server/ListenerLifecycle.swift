@@ -1,19 +1,74 @@
 import NIOConcurrencyHelpers
 import NIOCore
 
+/// What connections that have not authenticated (strangers) may hold of a listener, in the way of sshd's
+/// `MaxStartups` and nginx's `limit_conn`: a pool of their own beside the authenticated connections' places, so that
+/// strangers never take those, and a cap per source address well below it, so that one source cannot take the pool.
+public struct StrangerLimits: Sendable, Hashable {
+    /// The most strangers from one source address (IPv4, or an IPv6 /64) at once; one more is refused at accept.
+    public var perSource: Int
+    /// The most strangers at once; when the pool is full, the oldest stranger is closed to admit a new one.
+    public var total: Int
+
+    public init(perSource: Int, total: Int) {
+        self.perSource = perSource
+        self.total = total
+    }
+}
+
 /// One listener's life, the same for the agents' server (``RelayServer``) and the HTTP endpoints
 /// (``RelayStatusServer``), in the way of Hummingbird's `Server`: bound once (what fails, an address in use say, fails
-/// the start and is told to whoever waits for the address), its connections admitted up to a limit and tracked until
-/// they close, then stopped at once (the listener closed, then the connections) or drained (each connection asked to
-/// finish; the listener closes once the last has).
+/// the start and is told to whoever waits for the address), its connections admitted within ``StrangerLimits`` and
+/// tracked until they close, then stopped at once (the listener closed, then the connections) or drained (each
+/// connection asked to finish; the listener closes once the last has).
+///
+/// A connection starts as a stranger. One that authenticates (``authenticated(_:)``) moves to the places of
+/// authenticated connections, at most ``maxConnections``; a listener without authentication keeps all its connections
+/// strangers.
 package final class ListenerLifecycle: Sendable {
+    /// The connections open now, each a stranger or authenticated.
+    struct Connections {
+        struct Entry {
+            var channel: any Channel
+            /// The source address a stranger counts against; nil once authenticated.
+            var strangerFrom: String?
+            /// The order of admission: the smallest is the oldest.
+            var admitted: UInt64
+        }
+        var entries: [ObjectIdentifier: Entry] = [:]
+        var strangersBySource: [String: Int] = [:]
+        var strangers = 0
+        var next: UInt64 = 0
+
+        var channels: [any Channel] { self.entries.values.map(\.channel) }
+        var isEmpty: Bool { self.entries.isEmpty }
+        var authenticated: Int { self.entries.count - self.strangers }
+
+        /// Forgets `id`'s entry, whatever it was.
+        mutating func remove(_ id: ObjectIdentifier) {
+            guard let entry = self.entries.removeValue(forKey: id) else { return }
+            if let source = entry.strangerFrom { self.forgetStranger(from: source) }
+        }
+
+        mutating func forgetStranger(from source: String) {
+            self.strangers -= 1
+            let left = (self.strangersBySource[source] ?? 1) - 1
+            self.strangersBySource[source] = left > 0 ? left : nil
+        }
+
+        /// The oldest stranger, to close when the pool is full.
+        func oldestStranger() -> ObjectIdentifier? {
+            self.entries.filter { $0.value.strangerFrom != nil }.min { $0.value.admitted < $1.value.admitted }?.key
+        }
+    }
+
     private enum State {
         /// Not listening yet: callers of ``waitUntilListening()`` wait; `stopRequested` when a stop came first.
         case starting(waiting: [CheckedContinuation<SocketAddress, any Error>], stopRequested: Bool)
         /// Listening and admitting connections.
-        case running(listener: any Channel, address: SocketAddress, connections: [ObjectIdentifier: any Channel])
+        case running(listener: any Channel, address: SocketAddress, connections: Connections)
         /// Admitting none; the listener closes when the last connection has.
-        case draining(listener: any Channel, address: SocketAddress, connections: [ObjectIdentifier: any Channel])
+        case draining(listener: any Channel, address: SocketAddress, connections: Connections)
         /// Over (or never bound: `address` nil).
         case stopped(address: SocketAddress?)
 
@@ -28,11 +83,13 @@ package final class ListenerLifecycle: Sendable {
 
     private let state = NIOLockedValueBox<State>(.starting(waiting: [], stopRequested: false))
     private let admittedTotal = NIOLockedValueBox(0)
-    /// The most connections open at once; one more is refused at accept.
+    /// The most authenticated connections open at once; one more is refused when it authenticates.
     let maxConnections: Int
+    let strangers: StrangerLimits
 
-    package init(maxConnections: Int) {
+    package init(maxConnections: Int, strangers: StrangerLimits) {
         self.maxConnections = maxConnections
+        self.strangers = strangers
     }
 
     /// Where it listens, once bound.
@@ -45,7 +102,7 @@ package final class ListenerLifecycle: Sendable {
     var connections: [any Channel] {
         self.state.withLockedValue { state in
             switch state {
-            case .running(_, _, let connections), .draining(_, _, let connections): return Array(connections.values)
+            case .running(_, _, let connections), .draining(_, _, let connections): return connections.channels
             case .starting, .stopped: return []
             }
         }
@@ -96,10 +153,10 @@ package final class ListenerLifecycle: Sendable {
             guard case .starting(_, let stopRequested) = state else { return }
             if stopRequested {
                 // A stop came while binding: no connection was admitted; stop at once.
-                state = .draining(listener: listener, address: address, connections: [:])
+                state = .draining(listener: listener, address: address, connections: Connections())
                 listener.close(promise: nil)
             } else {
-                state = .running(listener: listener, address: address, connections: [:])
+                state = .running(listener: listener, address: address, connections: Connections())
             }
         }
         for continuation in waiting { continuation.resume(returning: address) }
@@ -116,29 +173,65 @@ package final class ListenerLifecycle: Sendable {
         }
     }
 
-    /// Whether `channel`, just accepted, may stay: it listens, admits, and is below ``maxConnections``. An admitted
-    /// connection is tracked until it closes; the last one to close while draining closes the listener.
-    func admit(_ channel: any Channel) -> Bool {
-        let id = ObjectIdentifier(channel)
-        let admitted = self.state.withLockedValue { state -> Bool in
-            guard case .running(let listener, let address, var connections) = state, listener.isActive,
-                connections.count < self.maxConnections
-            else { return false }
-            connections[id] = channel
-            state = .running(listener: listener, address: address, connections: connections)
-            return true
+    /// Why a connection was not admitted.
+    package enum Refusal: Error, Hashable, Sendable {
+        /// Not listening, or draining.
+        case notRunning
+        /// Its source holds ``StrangerLimits/perSource`` strangers already.
+        case sourceFull
+        /// It authenticated while the ``ListenerLifecycle/maxConnections`` places were all taken.
+        case placesFull
+
+        /// What the relay's log says of it.
+        package var description: String {
+            switch self {
+            case .notRunning: "refusing connections: shutting down"
+            case .sourceFull: "refusing connections: their source holds its most connections that have not authenticated"
+            case .placesFull: "refusing connections: every place for an authenticated connection is taken (--max-connections)"
+            }
         }
-        guard admitted else { return false }
+    }
+
+    /// Whether `channel`, just accepted, may stay, as a stranger: it listens, admits, and its source holds fewer than
+    /// ``StrangerLimits/perSource`` strangers. When the strangers' pool is full, its oldest is closed to make room. An
+    /// admitted connection is tracked until it closes; the last one to close while draining closes the listener.
+    func admit(_ channel: any Channel) -> Refusal? {
+        let id = ObjectIdentifier(channel)
+        let source = Self.source(of: channel.remoteAddress)
+        let outcome = self.state.withLockedValue { state -> Result<(any Channel)?, Refusal> in
+            guard case .running(let listener, let address, var connections) = state, listener.isActive else {
+                return .failure(.notRunning)
+            }
+            guard connections.strangersBySource[source, default: 0] < self.strangers.perSource else { return .failure(.sourceFull) }
+            var evicted: (any Channel)? = nil
+            if connections.strangers >= self.strangers.total, let oldest = connections.oldestStranger() {
+                evicted = connections.entries[oldest]?.channel
+                connections.remove(oldest)
+            }
+            connections.entries[id] = Connections.Entry(channel: channel, strangerFrom: source, admitted: connections.next)
+            connections.next += 1
+            connections.strangers += 1
+            connections.strangersBySource[source, default: 0] += 1
+            state = .running(listener: listener, address: address, connections: connections)
+            return .success(evicted)
+        }
+        let evicted: (any Channel)?
+        switch outcome {
+        case .failure(let refusal): return refusal
+        case .success(let channel): evicted = channel
+        }
+        // Its entry is gone: its close counts for nothing more.
+        evicted?.close(promise: nil)
         self.admittedTotal.withLockedValue { $0 += 1 }
         channel.closeFuture.whenComplete { _ in
             let listener = self.state.withLockedValue { state -> (any Channel)? in
                 switch state {
                 case .running(let listener, let address, var connections):
-                    connections.removeValue(forKey: id)
+                    connections.remove(id)
                     state = .running(listener: listener, address: address, connections: connections)
                     return nil
                 case .draining(let listener, let address, var connections):
-                    connections.removeValue(forKey: id)
+                    connections.remove(id)
                     state = .draining(listener: listener, address: address, connections: connections)
                     return connections.isEmpty ? listener : nil
                 case .starting, .stopped:
@@ -147,7 +240,51 @@ package final class ListenerLifecycle: Sendable {
             }
             listener?.close(promise: nil)
         }
-        return true
+        return nil
+    }
+
+    /// `channel` authenticated: it leaves the strangers' pool for a place among the authenticated connections. False
+    /// when those are all taken (the caller closes it), or when it is no longer tracked (it was closed meanwhile).
+    func authenticated(_ channel: any Channel) -> Bool {
+        let id = ObjectIdentifier(channel)
+        return self.state.withLockedValue { state -> Bool in
+            let change = { (connections: inout Connections) -> Bool in
+                guard var entry = connections.entries[id] else { return false }
+                guard let source = entry.strangerFrom else { return true }
+                guard connections.authenticated < self.maxConnections else { return false }
+                connections.forgetStranger(from: source)
+                entry.strangerFrom = nil
+                connections.entries[id] = entry
+                return true
+            }
+            switch state {
+            case .running(let listener, let address, var connections):
+                defer { state = .running(listener: listener, address: address, connections: connections) }
+                return change(&connections)
+            case .draining(let listener, let address, var connections):
+                defer { state = .draining(listener: listener, address: address, connections: connections) }
+                return change(&connections)
+            case .starting, .stopped:
+                return false
+            }
+        }
+    }
+
+    /// The address a stranger counts against: the IPv4 address, or the /64 of an IPv6 one (one host's usual share);
+    /// a Unix socket's peers share one.
+    static func source(of address: SocketAddress?) -> String {
+        switch address {
+        case .v4?:
+            return address?.ipAddress ?? "?"
+        case .v6(let v6)?:
+            var raw = v6.address.sin6_addr
+            let prefix = withUnsafeBytes(of: &raw) { Array($0.prefix(8)) }
+            // An IPv4-mapped address is that IPv4 host.
+            if let ip = address?.ipAddress, ip.hasPrefix("::ffff:"), ip.contains(".") { return String(ip.dropFirst(7)) }
+            return prefix.map { $0 < 16 ? "0" + String($0, radix: 16) : String($0, radix: 16) }.joined() + "/64"
+        case .unixDomainSocket?, nil:
+            return "local"
+        }
     }
 
     /// Stops admitting and returns the connections to ask to finish (nil when it was not running: a stop before the
@@ -160,7 +297,7 @@ package final class ListenerLifecycle: Sendable {
                 return nil
             case .running(let listener, let address, let connections):
                 state = .draining(listener: listener, address: address, connections: connections)
-                return (listener, Array(connections.values))
+                return (listener, connections.channels)
             case .draining, .stopped:
                 return nil
             }
@@ -193,7 +330,7 @@ package final class ListenerLifecycle: Sendable {
         self.state.withLockedValue { state in
             defer { state = .stopped(address: state.address) }
             switch state {
-            case .running(_, _, let connections), .draining(_, _, let connections): return Array(connections.values)
+            case .running(_, _, let connections), .draining(_, _, let connections): return connections.channels
             case .starting, .stopped: return []
             }
         }

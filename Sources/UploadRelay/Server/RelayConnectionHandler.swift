@@ -18,9 +18,12 @@ final class RelayConnectionHandler: ChannelInboundHandler {
     /// The storage work of each upload, from its lookup until it lets go.
     private var executors: [StreamID: UploadExecutor] = [:]
     private var needsFlush = false
+    /// Asks the listener for an authenticated connection's place, once the token is accepted; false: none is free.
+    private let takePlace: (any Channel) -> Bool
 
-    init(services: RelayServices, logger: Logger, eventLoop: any EventLoop) {
+    init(services: RelayServices, logger: Logger, eventLoop: any EventLoop, takePlace: @escaping (any Channel) -> Bool = { _ in true }) {
         self.services = services
+        self.takePlace = takePlace
         self.work = RelayWork(services: services, eventLoop: eventLoop)
         self.logger = logger
         // An OPEN that waited for its key runs again on this connection's loop once the key is free. The session holds
@@ -96,10 +99,8 @@ final class RelayConnectionHandler: ChannelInboundHandler {
         switch event {
         case is RelayShutdownEvent:
             self.act { $0.shutdown() }
-        case let revoked as RelayAccountRevokedEvent:
-            self.act { $0.accountRevoked(revoked.account) }
-        case let replaced as RelayAccountTokenEvent:
-            self.act { $0.accountToken(replaced.account, is: replaced.tokenHash) }
+        case let looked as RelayAccountsEvent:
+            self.act { $0.accountsLooked(looked.accounts) }
         case is RelayKeyLocksLostEvent:
             self.act { $0.keyLocksLost() }
         case TLSUserEvent.handshakeCompleted(let negotiated):
@@ -138,7 +139,15 @@ final class RelayConnectionHandler: ChannelInboundHandler {
             case .authenticate(let hello):
                 self.logger[metadataKey: "agent"] = "\(hello.agentName)"
                 self.work.authenticate(hello) { result in
-                    if case .success(let account?) = result { self.logger[metadataKey: "account"] = "\(account.name)" }
+                    if case .success(let account?) = result, !account.revoked {
+                        self.logger[metadataKey: "account"] = "\(account.name)"
+                        if let channel = self.context?.channel, !self.takePlace(channel) {
+                            self.act {
+                                $0.failConnection(.refusedStream, "the relay holds its most connections; retry later")
+                            }
+                            return
+                        }
+                    }
                     self.act { $0.authenticated(result) }
                 }
             case .lookUp(let open, let key, let account):

@@ -19,7 +19,6 @@ public final class RelayMetrics: Sendable {
     public let perAccount: Bool
 
     let connectionsAccepted: CoreMetrics.Counter
-    let connectionsRefused: CoreMetrics.Counter
     let receivedBytes: CoreMetrics.Counter
     let creditGranted: CoreMetrics.Counter
     let durableBytes: CoreMetrics.Counter
@@ -58,7 +57,6 @@ public final class RelayMetrics: Sendable {
         self.factory = factory
         self.perAccount = perAccount
         self.connectionsAccepted = CoreMetrics.Counter(label: "upload_relay_connections_accepted_total", factory: factory)
-        self.connectionsRefused = CoreMetrics.Counter(label: "upload_relay_connections_refused_total", factory: factory)
         self.receivedBytes = CoreMetrics.Counter(label: "upload_relay_received_bytes_total", factory: factory)
         self.creditGranted = CoreMetrics.Counter(label: "upload_relay_credit_granted_bytes_total", factory: factory)
         self.durableBytes = CoreMetrics.Counter(label: "upload_relay_durable_bytes_total", factory: factory)
@@ -83,6 +81,17 @@ public final class RelayMetrics: Sendable {
     }
 
     // MARK: Events
+
+    /// A connection `listener` (upload, status, operations) did not admit, and why.
+    func refused(_ refusal: ListenerLifecycle.Refusal, listener: String) {
+        let reason =
+            switch refusal {
+            case .notRunning: "not_running"
+            case .sourceFull: "source_full"
+            case .placesFull: "places_full"
+            }
+        self.counter("upload_relay_connections_refused_total", ["listener": listener, "reason": reason]).increment()
+    }
 
     /// A frame the relay wrote to an agent: what it says of the uploads.
     func wrote(_ frame: Frame, account: String?) {

@@ -28,7 +28,7 @@ public final class RelayServer: Service, Sendable {
         self.services = services
         self.group = group
         self.tls = NIOLockedValueBox(try Self.makeTLSContext(services.configuration))
-        self.lifecycle = ListenerLifecycle(maxConnections: services.configuration.maxConnections)
+        self.lifecycle = ListenerLifecycle(maxConnections: services.configuration.maxConnections, strangers: services.configuration.strangers)
     }
 
     private static func makeTLSContext(_ configuration: RelayConfiguration) throws -> NIOSSLContext {
@@ -103,6 +103,7 @@ public final class RelayServer: Service, Sendable {
         let services = self.services
         let logger = self.services.logger
         let lifecycle = self.lifecycle
+        let refusals = BoundedLog(logger: logger)
         return try await lifecycle.listen {
             let listener = try await ServerBootstrap(group: self.group)
                 .serverChannelOption(.backlog, value: 256)
@@ -110,9 +111,9 @@ public final class RelayServer: Service, Sendable {
                 .childChannelOption(.tcpOption(.tcp_nodelay), value: 1)
                 .childChannelOption(.maxMessagesPerRead, value: UInt(max(1, configuration.readsPerWakeup)))
                 .childChannelInitializer { channel in
-                    guard lifecycle.admit(channel) else {
-                        services.metrics.connectionsRefused.increment()
-                        logger.warning("refusing connection: too many connections or shutting down")
+                    if let refusal = lifecycle.admit(channel) {
+                        services.metrics.refused(refusal, listener: "upload")
+                        refusals.warning(refusal.description, metadata: ["listener": "upload"])
                         return channel.close()
                     }
                     services.metrics.connectionsAccepted.increment()
@@ -120,7 +121,16 @@ public final class RelayServer: Service, Sendable {
                         let sync = channel.pipeline.syncOperations
                         try sync.addHandler(ReadCycleSplitter())
                         try sync.addHandler(NIOSSLServerHandler(context: tls.withLockedValue { $0 }))
-                        try sync.addHandler(RelayConnectionHandler(services: services, logger: logger, eventLoop: channel.eventLoop))
+                        try sync.addHandler(
+                            RelayConnectionHandler(services: services, logger: logger, eventLoop: channel.eventLoop) { channel in
+                                guard lifecycle.authenticated(channel) else {
+                                    services.metrics.refused(.placesFull, listener: "upload")
+                                    refusals.warning(ListenerLifecycle.Refusal.placesFull.description, metadata: ["listener": "upload"])
+                                    return false
+                                }
+                                return true
+                            }
+                        )
                     }
                 }
                 .bind(host: configuration.host, port: configuration.port)
@@ -163,24 +173,21 @@ public final class RelayServer: Service, Sendable {
         logger.info("upload-relay stopped")
     }
 
-    /// Every ``RelayConfiguration/maintenanceInterval``: connections of newly revoked accounts close (a revoked token
-    /// must not keep uploading on a connection it opened before), and sessions past their expiry go (they would hold
+    /// Every ``RelayConfiguration/maintenanceInterval``: connections whose principal is gone close (a token revoked or
+    /// replaced, or an account deleted, must not keep acting on a connection it opened before), and sessions past their expiry go (they would hold
     /// quota and staging space for good), except those whose key an upload holds right now.
     private func startMaintenance() -> (task: RepeatedTask, loop: any EventLoop) {
         let services = self.services
         let interval = TimeAmount(services.configuration.maintenanceInterval)
         let loop = self.group.next()
-        // Starts empty: an account revoked before the first look has its connections closed then too.
-        let revoked = NIOLockedValueBox<Set<String>>([])
-        // Each account's token hash at the last look; nil before the first, which tells every connection its token's.
-        let tokens = NIOLockedValueBox<[String: [UInt8]]?>(nil)
+        // The accounts at the last look; nil before the first. Only changes are logged, but every look goes to every
+        // connection: a connection compares its own principal, so no change between two looks can be missed (an
+        // account deleted at one look and made again before the next is still another principal).
+        let known = NIOLockedValueBox<[String: Account]?>(nil)
         let lastExpiry = NIOLockedValueBox(NIODeadline.now())
         let expiryEvery = min(TimeAmount.nanoseconds(TimeAmount(services.configuration.sessionExpiry).nanoseconds / 4), .minutes(10))
         let task = loop.scheduleRepeatedAsyncTask(initialDelay: interval, delay: interval) { _ in
-            services.task(on: loop) { () -> (revoked: Set<String>, tokens: [String: [UInt8]]) in
-                let accounts = try await services.catalog.accounts()
-                let now = Set(accounts.filter(\.revoked).map(\.name))
-                let hashes = Dictionary(accounts.map { ($0.name, $0.tokenHash) }, uniquingKeysWith: { first, _ in first })
+            services.task(on: loop) { () -> [String: Account] in
                 let due = lastExpiry.withLockedValue { last in
                     guard NIODeadline.now() - last >= expiryEvery else { return false }
                     last = .now()
@@ -196,37 +203,31 @@ public final class RelayServer: Service, Sendable {
                         orphansBefore: Date().addingTimeInterval(-Double(expiry.components.seconds))
                     )
                 }
-                return (now, hashes)
-            }.map { looked in
-                let now = looked.revoked
-                let (replaced, first) = tokens.withLockedValue { known -> ([String: [UInt8]], Bool) in
-                    defer { known = looked.tokens }
-                    guard let known else { return (looked.tokens, true) }
-                    return (looked.tokens.filter { known[$0.key] != nil && known[$0.key] != $0.value }, false)
+                // Read last, so that a connection authenticated while housekeeping ran is judged by a look no older.
+                let accounts = try await services.catalog.accounts()
+                return Dictionary(accounts.map { ($0.name, $0) }, uniquingKeysWith: { first, _ in first })
+            }.map { accounts in
+                let before = known.withLockedValue { known in
+                    defer { known = accounts }
+                    return known
                 }
-                if !replaced.isEmpty {
-                    let connections = self.connections
-                    for (account, hash) in replaced.sorted(by: { $0.key < $1.key }) {
-                        if !first {
-                            services.logger.notice(
-                                "token replaced: closing the connections made with the old one", metadata: ["account": "\(account)"])
-                        }
-                        for connection in connections {
-                            connection.pipeline.fireUserInboundEventTriggered(RelayAccountTokenEvent(account: account, tokenHash: hash))
+                if let before {
+                    for (name, was) in before.sorted(by: { $0.key < $1.key }) where !was.revoked {
+                        let change: String? =
+                            switch accounts[name] {
+                            case nil: "account deleted"
+                            case let now? where now.revoked: "token revoked"
+                            case let now? where now.tokenHash != was.tokenHash: "token replaced"
+                            default: nil
+                            }
+                        if let change {
+                            services.logger.notice("\(change): closing the connections made with its token", metadata: ["account": "\(name)"])
                         }
                     }
                 }
-                let newly = revoked.withLockedValue { known -> Set<String> in
-                    defer { known = now }
-                    return now.subtracting(known)
-                }
-                guard !newly.isEmpty else { return }
-                let connections = self.connections
-                for account in newly {
-                    services.logger.notice("token revoked: closing its connections", metadata: ["account": "\(account)"])
-                    for connection in connections {
-                        connection.pipeline.fireUserInboundEventTriggered(RelayAccountRevokedEvent(account: account))
-                    }
+                let event = RelayAccountsEvent(accounts: accounts)
+                for connection in self.connections {
+                    connection.pipeline.fireUserInboundEventTriggered(event)
                 }
             }.recover { error in
                 services.logger.warning("relay maintenance failed", metadata: ["error": "\(error)"])
@@ -263,18 +264,13 @@ public struct RelayShutdownEvent: Sendable {
     public init() {}
 }
 
-/// The token of `account` was revoked: its connections close, rather than upload on under a token no longer valid.
 /// The relay's key locks across relays were lost: connections with uploads close.
 struct RelayKeyLocksLostEvent: Sendable {}
 
-struct RelayAccountRevokedEvent: Sendable {
-    var account: String
-}
-
-/// The token of `account` is now the one hashed `tokenHash` (`token rotate`): connections made with another close.
-struct RelayAccountTokenEvent: Sendable {
-    var account: String
-    var tokenHash: [UInt8]
+/// The accounts as the relay's last look at the catalog found them: a connection whose principal is not among them as
+/// it authenticated (deleted, disabled, another token) closes.
+struct RelayAccountsEvent: Sendable {
+    var accounts: [String: Account]
 }
 
 /// The relay's certificate and key files, checked so that a failure names the file and what is wrong with it (never

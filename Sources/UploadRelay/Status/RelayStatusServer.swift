@@ -24,7 +24,9 @@ public final class RelayStatusServer: Service, Sendable {
         self.endpoint = endpoint
         self.group = group
         self.tls = NIOLockedValueBox(try Self.makeTLSContext(services.configuration, endpoint: endpoint))
-        self.lifecycle = ListenerLifecycle(maxConnections: endpoint.maxConnections)
+        self.lifecycle = ListenerLifecycle(
+            maxConnections: endpoint.maxConnections,
+            strangers: StrangerLimits(perSource: endpoint.maxConnectionsPerSource, total: endpoint.maxConnections))
     }
 
     private static func makeTLSContext(_ configuration: RelayConfiguration, endpoint: StatusEndpoint) throws -> NIOSSLContext? {
@@ -62,6 +64,8 @@ public final class RelayStatusServer: Service, Sendable {
         let services = self.services
         let logger = self.services.logger
         let lifecycle = self.lifecycle
+        let name = endpoint.routes.contains(.status) ? "status" : "operations"
+        let refusals = BoundedLog(logger: logger)
         return try await lifecycle.listen {
             let listener = try await ServerBootstrap(group: self.group)
                 .serverChannelOption(.backlog, value: 128)
@@ -70,7 +74,9 @@ public final class RelayStatusServer: Service, Sendable {
                 // One socket read per read the handler lets through: what a client sends ahead is taken a piece at a time.
                 .childChannelOption(.maxMessagesPerRead, value: 1)
                 .childChannelInitializer { channel in
-                    guard lifecycle.admit(channel) else {
+                    if let refusal = lifecycle.admit(channel) {
+                        services.metrics.refused(refusal, listener: name)
+                        refusals.warning(refusal.description, metadata: ["listener": "\(name)"])
                         return channel.close()
                     }
                     return channel.eventLoop.makeCompletedFuture {
