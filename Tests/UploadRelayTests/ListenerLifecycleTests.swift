@@ -68,6 +68,18 @@ struct ListenerLifecycleTests {
         #expect(lifecycle.connections.count == 5)
     }
 
+    @Test("a listener that does not evict refuses a stranger past its pool, and keeps its oldest")
+    func poolRefuses() async throws {
+        let limits = StrangerLimits(perSource: 8, total: 2, evictsOldest: false)
+        let (lifecycle, listener) = try await Self.listening(maxConnections: 2, strangers: limits)
+        defer { _ = try? listener.finish() }
+        let first = try Self.connection(from: "10.0.0.1")
+        #expect(lifecycle.admit(first) == nil)
+        #expect(lifecycle.admit(try Self.connection(from: "10.0.0.2")) == nil)
+        #expect(lifecycle.admit(try Self.connection(from: "10.0.0.3")) == .poolFull)
+        #expect(first.isActive)
+    }
+
     @Test("authenticated connections have their own places: strangers never take them, and one past them is refused")
     func authenticatedPlaces() async throws {
         let (lifecycle, listener) = try await Self.listening(maxConnections: 2, strangers: StrangerLimits(perSource: 4, total: 8))

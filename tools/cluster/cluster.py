@@ -255,7 +255,9 @@ class Cluster:
         store = [] if self.single else ["--store", f"s3://{self.bucket}/relay", "--s3-endpoint", self.endpoint]
         return [os.path.join(self.bin, "upload-relay"), "serve", "--data", data, "--listen", f"127.0.0.1:{port}",
                 "--status-listen", f"127.0.0.1:{status_port}", "--metrics-listen", f"127.0.0.1:{ops_port}",
-                "--ready-file", os.path.join(data, "ready"), *store, "--log-level", "warning", *tls]
+                "--ready-file", os.path.join(data, "ready"), *store, "--log-level", "warning", *tls,
+                # HAProxy in TCP mode hides the agents' addresses: every agent comes from its one, and 500 connect at once.
+                "--max-strangers-per-source", "1024", "--max-strangers", "1024"]
 
     def start_relay(self, index: int, port: int = 0, ops_port: int = 0):
         data = os.path.join(self.work, f"relay{index}")

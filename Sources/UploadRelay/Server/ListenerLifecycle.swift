@@ -7,12 +7,17 @@ import NIOCore
 public struct StrangerLimits: Sendable, Hashable {
     /// The most strangers from one source address (IPv4, or an IPv6 /64) at once; one more is refused at accept.
     public var perSource: Int
-    /// The most strangers at once; when the pool is full, the oldest stranger is closed to admit a new one.
+    /// The most strangers at once.
     public var total: Int
+    /// When the pool is full: close the oldest stranger to admit the new one (a listener whose connections
+    /// authenticate, so that idle strangers cannot keep an agent out), or refuse the new one (a listener where nothing
+    /// authenticates as a whole, whose oldest connections are its honest long-lived clients).
+    public var evictsOldest: Bool
 
-    public init(perSource: Int, total: Int) {
+    public init(perSource: Int, total: Int, evictsOldest: Bool = true) {
         self.perSource = perSource
         self.total = total
+        self.evictsOldest = evictsOldest
     }
 }
 
@@ -179,6 +184,8 @@ package final class ListenerLifecycle: Sendable {
         case notRunning
         /// Its source holds ``StrangerLimits/perSource`` strangers already.
         case sourceFull
+        /// The strangers' pool is full, on a listener that does not evict.
+        case poolFull
         /// It authenticated while the ``ListenerLifecycle/maxConnections`` places were all taken.
         case placesFull
 
@@ -187,6 +194,7 @@ package final class ListenerLifecycle: Sendable {
             switch self {
             case .notRunning: "refusing connections: shutting down"
             case .sourceFull: "refusing connections: their source holds its most connections that have not authenticated"
+            case .poolFull: "refusing connections: the listener holds its most connections"
             case .placesFull: "refusing connections: every place for an authenticated connection is taken (--max-connections)"
             }
         }
@@ -204,7 +212,8 @@ package final class ListenerLifecycle: Sendable {
             }
             guard connections.strangersBySource[source, default: 0] < self.strangers.perSource else { return .failure(.sourceFull) }
             var evicted: (any Channel)? = nil
-            if connections.strangers >= self.strangers.total, let oldest = connections.oldestStranger() {
+            if connections.strangers >= self.strangers.total {
+                guard self.strangers.evictsOldest, let oldest = connections.oldestStranger() else { return .failure(.poolFull) }
                 evicted = connections.entries[oldest]?.channel
                 connections.remove(oldest)
             }

@@ -88,6 +88,7 @@ public final class RelayMetrics: Sendable {
             switch refusal {
             case .notRunning: "not_running"
             case .sourceFull: "source_full"
+            case .poolFull: "pool_full"
             case .placesFull: "places_full"
             }
         self.counter("upload_relay_connections_refused_total", ["listener": listener, "reason": reason]).increment()

@@ -26,7 +26,8 @@ public final class RelayStatusServer: Service, Sendable {
         self.tls = NIOLockedValueBox(try Self.makeTLSContext(services.configuration, endpoint: endpoint))
         self.lifecycle = ListenerLifecycle(
             maxConnections: endpoint.maxConnections,
-            strangers: StrangerLimits(perSource: endpoint.maxConnectionsPerSource, total: endpoint.maxConnections))
+            strangers: StrangerLimits(
+                perSource: min(endpoint.maxConnectionsPerSource, endpoint.maxConnections), total: endpoint.maxConnections, evictsOldest: false))
     }
 
     private static func makeTLSContext(_ configuration: RelayConfiguration, endpoint: StatusEndpoint) throws -> NIOSSLContext? {
