@@ -116,6 +116,24 @@ struct StateMachineTests {
         #expect(error.code == .enhanceYourCalm)
     }
 
+    @Test("an agent answers ten PINGs a second, and takes an eleventh within the second as a flood: ENHANCE_YOUR_CALM")
+    func agentPingFlood() async {
+        var agent = Self.readyAgent(connectionWindow: 65536, streamWindow: 65536, streams: 4)
+        let start = NIODeadline.uptimeNanoseconds(1_000_000_000)
+        for i in 0..<10 {
+            #expect(
+                agent.receive(.ping(Frame.Ping(data: UInt64(i))), now: start + .milliseconds(Int64(i))) == .send(.pong(Frame.Pong(data: UInt64(i)))))
+        }
+        // A second after the oldest, the window has slid: answered.
+        #expect(agent.receive(.ping(Frame.Ping(data: 10)), now: start + .milliseconds(1000)) == .send(.pong(Frame.Pong(data: 10))))
+        // The oldest of the last ten now came 999 ms before.
+        guard case .closeConnection(let error) = agent.receive(.ping(Frame.Ping(data: 99)), now: start + .milliseconds(1000)) else {
+            Issue.record("flood not refused")
+            return
+        }
+        #expect(error.code == .enhanceYourCalm)
+    }
+
     @Test("more refused OPENs in a second than the limit is a flood: ENHANCE_YOUR_CALM")
     func refusalFlood() async {
         var limits = ProtocolLimits()

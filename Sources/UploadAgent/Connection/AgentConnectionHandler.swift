@@ -163,6 +163,9 @@ final class AgentConnectionHandler: ChannelInboundHandler {
 
     func channelWritabilityChanged(context: ChannelHandlerContext) {
         let writable = context.channel.isWritable
+        // Nothing more is read while what was written is not drained: a relay that sends without reading (a PING
+        // flood, say) cannot make the agent hold its answers without bound.
+        context.channel.setOption(.autoRead, value: writable).whenFailure { _ in }
         self.act { $0.writabilityChanged(writable) }
         context.fireChannelWritabilityChanged()
     }

@@ -1,3 +1,5 @@
+import NIOCore
+
 /// The agent's side of one connection (SPEC §2, §4, §5): pure state, no I/O.
 ///
 /// Call ``sendHello(_:)`` first, then feed every decoded frame to ``receive(_:)``. Before reading its source
@@ -29,6 +31,8 @@ public struct AgentConnectionStateMachine: Sendable {
     var connectionWindow = OutboundWindow(initial: 0)
     /// The PLAN the relay has not answered yet: its request and entry count (SPEC §3.15, one at a time).
     var unansweredPlan: (request: UInt32, count: Int)? = nil
+    /// When the relay's last PINGs arrived: more than ten a second is a flood (SPEC §2.3).
+    var pings = PingRate()
 
     public init(limits: ProtocolLimits = .init()) {
         self.limits = limits
@@ -68,8 +72,12 @@ public struct AgentConnectionStateMachine: Sendable {
 
     // MARK: Receiving
 
-    /// Takes one frame from the relay.
-    public mutating func receive(_ frame: Frame) -> AgentAction {
+    /// Takes one frame from the relay; `now` is injected so that the PING rate limit is testable.
+    public mutating func receive(_ frame: Frame, now: NIODeadline = .now()) -> AgentAction {
+        // A relay flooding PINGs is told to calm down and left, as the relay does to agents (SPEC §2.3).
+        if case .ping = frame, self.phase != .closed, !self.pings.admit(now: now) {
+            return self.fail(.enhanceYourCalm, "the relay sent more than \(PingRate.limit) PINGs in one second")
+        }
         if case .error(let error) = frame, error.streamID.isConnection {
             guard self.phase != .closed else { return .none }
             self.phase = .closed

@@ -33,7 +33,7 @@ public struct RelayConnectionStateMachine: Sendable {
     /// The last stream id of the agent's GOAWAY, once it sent one: it opens no more streams.
     var agentGoAway: StreamID? = nil
     /// When the last PINGs arrived, oldest first: more than ``maxPingsPerSecond`` in a second is a flood (SPEC §2.3).
-    var pingTimes: [NIODeadline] = []
+    var pings = PingRate()
     /// When the last refusals of OPEN happened, oldest first: more than ``ProtocolLimits/maxRefusalsPerSecond`` in a
     /// second is a flood (SPEC §12.3).
     var refusalTimes: [NIODeadline] = []
@@ -44,7 +44,7 @@ public struct RelayConnectionStateMachine: Sendable {
     var unansweredPlan: (request: UInt32, count: Int)? = nil
 
     /// The most PINGs an agent may send in any one second (SPEC §2.3).
-    public static let maxPingsPerSecond = 10
+    public static let maxPingsPerSecond = PingRate.limit
 
     /// - Parameters:
     ///   - limits: windows, stream count, key rules (SPEC §12).
@@ -96,12 +96,9 @@ public struct RelayConnectionStateMachine: Sendable {
     /// Takes one frame from the agent; `now` is injected so that rate limits are testable.
     public mutating func receive(_ frame: Frame, now: NIODeadline = .now()) -> RelayAction {
         if case .ping = frame, self.isReady {
-            if self.pingTimes.count == Self.maxPingsPerSecond {
-                if now - self.pingTimes.removeFirst() < .seconds(1) {
-                    return self.fail(.enhanceYourCalm, "more than \(Self.maxPingsPerSecond) PINGs in one second")
-                }
+            guard self.pings.admit(now: now) else {
+                return self.fail(.enhanceYourCalm, "more than \(Self.maxPingsPerSecond) PINGs in one second")
             }
-            self.pingTimes.append(now)
         }
         let action = self.receiveFrame(frame)
         if case .resetStream(let error, _) = action, case .open = frame, let flood = self.countRefusal(error.streamID, now: now) {
