@@ -3,7 +3,6 @@ import FoundationEssentials
 import Logging
 import UploadAgent
 import UploadCommandLine
-import UploadProtocol
 import UploadPlatform
 
 /// Where the relay is and who the agent is: the options `send` and `watch` share.
@@ -158,7 +157,7 @@ struct StateOptions: ParsableArguments {
             return try AgentStateStore(directory: self.directory)
         } catch {
             // Not a usage error: exit 1, with what failed and where.
-            Platform.writeStandardError("upload-agent: \(Printable.escaped("\(error)"))\n")
+            Platform.writeError(error)
             throw ExitCode(1)
         }
     }

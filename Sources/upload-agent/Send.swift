@@ -5,7 +5,6 @@ import NIOCore
 import NIOPosix
 import UploadAgent
 import UploadCommandLine
-import UploadProtocol
 
 struct Send: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
@@ -144,7 +143,7 @@ struct Send: AsyncParsableCommand {
         } catch {
             await uploader.letGoOfKeptConnection()
             try? await group.shutdownGracefully()
-            Platform.writeStandardError("upload-agent: \(Printable.escaped("\(error)"))\n")
+            Platform.writeError(error)
             throw ExitCode(1)
         }
         // The quota plan's connection, when no run took it (nothing to send, or the files went to another agent).

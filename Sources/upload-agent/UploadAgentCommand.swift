@@ -30,7 +30,7 @@ struct UploadAgentCommand: AsyncParsableCommand {
         do {
             arguments = try ConfigFile.expand(Array(CommandLine.arguments.dropFirst()))
         } catch {
-            Platform.writeStandardError("upload-agent: \(Printable.escaped("\(error)"))\n")
+            Platform.writeError(error)
             Glibc.exit(2)
         }
         await Self.mainExitingTwoOnUsageError(arguments)
@@ -41,5 +41,12 @@ struct UploadAgentCommand: AsyncParsableCommand {
     /// memory follows what it holds now, which matters on a phone-class host running for days.
     static func returnLargeBuffersAtOnce() {
         _ = upload_set_malloc_thresholds(256 << 10, 0, 0)
+    }
+}
+
+extension Platform {
+    /// `error` on standard error as `upload-agent: …`, escaped: its words may be a relay's or a file's name.
+    static func writeError(_ error: any Error) {
+        Self.writeStandardError("upload-agent: \(Printable.escaped("\(error)"))\n")
     }
 }

@@ -6,7 +6,6 @@ import NIOCore
 import NIOPosix
 import UploadAgent
 import UploadCommandLine
-import UploadProtocol
 
 struct Watch: AsyncParsableCommand {
     enum OnChange: String, ExpressibleByArgument, CaseIterable {
@@ -245,7 +244,7 @@ struct Watch: AsyncParsableCommand {
         } catch {
             watcher.stop()
             try? await group.shutdownGracefully()
-            Platform.writeStandardError("upload-agent: \(Printable.escaped("\(error)"))\n")
+            Platform.writeError(error)
             throw ExitCode(1)
         }
         watcher.stop()

@@ -6,7 +6,8 @@ import NIOTLS
 /// `--relay`), and for nothing else. NIOSSL's own check also accepts any certificate that lists the address connected
 /// to, whatever name was asked for; the agent's TLS therefore verifies the chain only (`.noHostnameVerification`), and
 /// this handler, right behind TLS, checks the name once the handshake is done. A mismatch is
-/// `NIOSSLExtraError.failedToValidateHostname`, and the connection closes before a frame is sent.
+/// `NIOSSLExtraError.failedToValidateHostname`, and the connection closes before a frame is sent; a match takes the
+/// handler out of the pipeline, so that no read of the connection passes through it.
 final class ServerIdentityCheck: ChannelInboundHandler, RemovableChannelHandler {
     typealias InboundIn = ByteBuffer
     typealias InboundOut = ByteBuffer
@@ -33,16 +34,19 @@ final class ServerIdentityCheck: ChannelInboundHandler, RemovableChannelHandler 
     }
 
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
-        if case TLSUserEvent.handshakeCompleted = event {
-            let leaf = Self.peerCertificate(context)
-            let names = leaf.map { $0._subjectAlternativeNames().map { ($0.nameType, Array($0.contents)) } } ?? []
-            guard Self.matches(self.expected, names: names) else {
-                context.fireErrorCaught(NIOSSLExtraError.failedToValidateHostname)
-                context.close(promise: nil)
-                return
-            }
+        guard case TLSUserEvent.handshakeCompleted = event else {
+            context.fireUserInboundEventTriggered(event)
+            return
+        }
+        let leaf = Self.peerCertificate(context)
+        let names = leaf.map { $0._subjectAlternativeNames().map { ($0.nameType, Array($0.contents)) } } ?? []
+        guard Self.matches(self.expected, names: names) else {
+            context.fireErrorCaught(NIOSSLExtraError.failedToValidateHostname)
+            context.close(promise: nil)
+            return
         }
         context.fireUserInboundEventTriggered(event)
+        context.pipeline.syncOperations.removeHandler(context: context, promise: nil)
     }
 
     private static func peerCertificate(_ context: ChannelHandlerContext) -> NIOSSLCertificate? {

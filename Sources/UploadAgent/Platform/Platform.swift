@@ -1,6 +1,7 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import FoundationEssentials
 import UploadPlatform
 
 /// The agent's calls into the operating system that Swift's standard library and FoundationEssentials do not make:
@@ -38,25 +39,11 @@ package enum Platform {
     /// environment only, never the agent's token) and waits for it, at most `timeout`: its exit status, or a signal's
     /// number plus 128, as a shell reports it. Throws when it cannot start or ran out of time.
     package static func runShell(_ command: String, timeout: Duration = .seconds(60)) throws -> Int32 {
-        let environment = IsolatedCommand.environment(Self.environment())
+        let environment = IsolatedCommand.environment(ProcessInfo.processInfo.environment)
         let ended = IsolatedCommand(command: command, environment: environment, timeout: timeout).run()
         if case .couldNotStart(let reason) = ended.outcome { throw SourceError("cannot run /bin/sh: \(reason)") }
         if ended.timedOut { throw SourceError("it ran longer than \(timeout) and was killed") }
         return ended.shellStatus
-    }
-
-    /// The process's environment, by name.
-    package static func environment() -> [String: String] {
-        var variables: [String: String] = [:]
-        var entry = environ
-        while let pointer = entry.pointee {
-            let text = String(cString: pointer)
-            if let equals = text.firstIndex(of: "=") {
-                variables[String(text[..<equals])] = String(text[text.index(after: equals)...])
-            }
-            entry += 1
-        }
-        return variables
     }
 
     /// Starts `body` on a thread of its own (a blocking loop that must not hold a pool's thread), detached.

@@ -63,7 +63,7 @@ package final class ListenerLifecycle: Sendable {
 
         /// The oldest stranger, to close when the pool is full.
         func oldestStranger() -> ObjectIdentifier? {
-            self.entries.filter { $0.value.strangerFrom != nil }.min { $0.value.admitted < $1.value.admitted }?.key
+            self.entries.lazy.filter { $0.value.strangerFrom != nil }.min { $0.value.admitted < $1.value.admitted }?.key
         }
     }
 
@@ -286,10 +286,10 @@ package final class ListenerLifecycle: Sendable {
         case .v4?:
             return address?.ipAddress ?? "?"
         case .v6(let v6)?:
-            var raw = v6.address.sin6_addr
-            let prefix = withUnsafeBytes(of: &raw) { Array($0.prefix(8)) }
             // An IPv4-mapped address is that IPv4 host.
             if let ip = address?.ipAddress, ip.hasPrefix("::ffff:"), ip.contains(".") { return String(ip.dropFirst(7)) }
+            var raw = v6.address.sin6_addr
+            let prefix = withUnsafeBytes(of: &raw) { Array($0.prefix(8)) }
             return prefix.map { $0 < 16 ? "0" + String($0, radix: 16) : String($0, radix: 16) }.joined() + "/64"
         case .unixDomainSocket?, nil:
             return "local"

@@ -104,6 +104,10 @@ public final class RelayServer: Service, Sendable {
         let logger = self.services.logger
         let lifecycle = self.lifecycle
         let refusals = BoundedLog(logger: logger)
+        @Sendable func refused(_ refusal: ListenerLifecycle.Refusal) {
+            services.metrics.refused(refusal, listener: "upload")
+            refusals.warning(refusal.description, metadata: ["listener": "upload"])
+        }
         return try await lifecycle.listen {
             let listener = try await ServerBootstrap(group: self.group)
                 .serverChannelOption(.backlog, value: 256)
@@ -112,8 +116,7 @@ public final class RelayServer: Service, Sendable {
                 .childChannelOption(.maxMessagesPerRead, value: UInt(max(1, configuration.readsPerWakeup)))
                 .childChannelInitializer { channel in
                     if let refusal = lifecycle.admit(channel) {
-                        services.metrics.refused(refusal, listener: "upload")
-                        refusals.warning(refusal.description, metadata: ["listener": "upload"])
+                        refused(refusal)
                         return channel.close()
                     }
                     services.metrics.connectionsAccepted.increment()
@@ -124,8 +127,7 @@ public final class RelayServer: Service, Sendable {
                         try sync.addHandler(
                             RelayConnectionHandler(services: services, logger: logger, eventLoop: channel.eventLoop) { channel in
                                 guard lifecycle.authenticated(channel) else {
-                                    services.metrics.refused(.placesFull, listener: "upload")
-                                    refusals.warning(ListenerLifecycle.Refusal.placesFull.description, metadata: ["listener": "upload"])
+                                    refused(.placesFull)
                                     return false
                                 }
                                 return true
@@ -174,8 +176,8 @@ public final class RelayServer: Service, Sendable {
     }
 
     /// Every ``RelayConfiguration/maintenanceInterval``: connections whose principal is gone close (a token revoked or
-    /// replaced, or an account deleted, must not keep acting on a connection it opened before), and sessions past their expiry go (they would hold
-    /// quota and staging space for good), except those whose key an upload holds right now.
+    /// replaced, or an account deleted, must not keep acting on a connection it opened before), and sessions past
+    /// their expiry go (they would hold quota and staging space for good), except those whose key an upload holds now.
     private func startMaintenance() -> (task: RepeatedTask, loop: any EventLoop) {
         let services = self.services
         let interval = TimeAmount(services.configuration.maintenanceInterval)

@@ -7,7 +7,7 @@ extension UploadPolicy {
     package func plan(account: Account, plan: Frame.Plan) async -> Result<Frame.Room, Refusal> {
         let catalog = self.services.catalog
         do {
-            guard let current = try await catalog.account(named: account.name), current.isPrincipal(account) else {
+            guard let current = try await self.currentAccount(of: account) else {
                 return .failure(Refusal(code: .unauthenticated, message: Self.notPrincipal(account.name), keepSession: true))
             }
             let name = current.name

@@ -42,8 +42,7 @@ package struct UploadPolicy {
         var promised: String? = nil
         do {
             // Quota, revocation and dedup decisions read the account as it is now, not as it was at HELLO.
-            // The connection acts only for the principal it authenticated as (SPEC §2.3).
-            guard let current = try await self.services.catalog.account(named: account.name), current.isPrincipal(account) else {
+            guard let current = try await self.currentAccount(of: account) else {
                 return .refuse(.unauthenticated, Self.notPrincipal(account.name))
             }
             if let part = open.part {
@@ -470,7 +469,7 @@ package struct UploadPolicy {
     private func settledBeforeCommit(_ request: CommitRequest) async throws -> Frame.Result.Status? {
         let catalog = self.services.catalog
         let (account, key) = (request.account.name, request.key)
-        guard let current = try await catalog.account(named: account), current.isPrincipal(request.account) else {
+        guard try await self.currentAccount(of: request.account) != nil else {
             throw Refusal(code: .unauthenticated, message: Self.notPrincipal(account) + ": nothing was stored", keepSession: false)
         }
         let existing = try await catalog.object(account: account, key: key.value)
@@ -510,6 +509,13 @@ package struct UploadPolicy {
             try? await services.store.removeStaging(session.stagingName)
             try? await services.catalog.deleteSession(id: session.id)
         }
+    }
+
+    /// The account as the catalog holds it now, when the connection that authenticated as `principal` may still act for
+    /// it (SPEC §2.3): nil once it was disabled, rotated, or deleted (a name given again is another token).
+    func currentAccount(of principal: Account) async throws -> Account? {
+        guard let current = try await self.services.catalog.account(named: principal.name), current.isPrincipal(principal) else { return nil }
+        return current
     }
 
     /// Why a connection may no longer act for `account`: its token is not the account's valid token any more.
