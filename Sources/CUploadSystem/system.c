@@ -161,10 +161,11 @@ upload_run_result upload_run_isolated(
             if (n > 0) written += (size_t)n;
             if ((n < 0 && errno != EAGAIN && errno != EINTR) || written >= input_length) upload_close(&in_pipe[1]);
         }
-        int status = 0;
-        pid_t reaped = waitpid(pid, &status, WNOHANG);
-        if (reaped == pid) {
-            result.status = status;
+        // Asked without reaping: until it is reaped its pid, and so its process group's id, cannot be given to
+        // another process, which the group's KILL below would otherwise reach.
+        siginfo_t info;
+        memset(&info, 0, sizeof(info));
+        if (waitid(P_PID, (id_t)pid, &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == pid) {
             exited = 1;
             break;
         }
@@ -182,15 +183,11 @@ upload_run_result upload_run_isolated(
         }
         (void)pid_index;
     }
-    if (!exited) {
-        // poll failed: end it and wait for it.
-        kill(-pid, SIGKILL);
-        int status = 0;
-        while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
-        result.status = status;
-    }
-    // What it left running in its group goes with it.
+    // What it left running in its group goes with it (or, when poll failed, it too), before it is reaped.
     kill(-pid, SIGKILL);
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+    result.status = status;
     struct timespec zero = {0, 0};
     while (sigtimedwait(&pipe_only, NULL, &zero) > 0) {}
     pthread_sigmask(SIG_SETMASK, &previous, NULL);
