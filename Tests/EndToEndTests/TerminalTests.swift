@@ -54,12 +54,13 @@ struct TerminalTests {
         let tmux = Tmux()
         defer { tmux.stop() }
         let environment = relay.environment.map { "\($0.key)='\($0.value)'" }.joined(separator: " ")
-        let command = "env \(environment) \(try CommandLineTests.agentBinary()) send --no-state --bwlimit 3M \(source)/clips; sleep 60"
+        let command = "env \(environment) \(try CommandLineTests.agentBinary()) send --no-state --bwlimit 1M \(source)/clips; sleep 60"
         try await tmux.start(command)
 
-        // Under way: a line per upload and the total line, below the messages.
+        // Under way: a line per upload and the total line, below the messages. At 1 MB/s the run lasts about 13 s, so
+        // that a machine busy with the whole suite still looks at the screen while it is under way.
         var during = ""
-        let sawBlock = await AgentProcess.waitUntil(timeout: 10) {
+        let sawBlock = await AgentProcess.waitUntil(timeout: 20) {
             during = tmux.screen()
             let uploads = during.split(separator: "\n").filter {
                 $0.range(of: #"^  +\d+% +[0-9.]+ [KM]?i?B / [0-9.]+ MiB +[0-9.]+ MB/s +clips/clip\d\.mov$"#, options: .regularExpression) != nil
