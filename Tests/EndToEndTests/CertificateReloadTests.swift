@@ -54,10 +54,11 @@ struct CertificateReloadTests {
             return (run.status, run.stdout, run.stderr)
         }
 
-        // An upload under way on a connection made with the first certificate, throttled so that it spans the reload.
+        // An upload under way on a connection made with the first certificate, throttled so that it spans the reload
+        // (6 s at 1 MB/s: a machine busy with the whole suite still sees it under way).
         let large = makeFile(home, "large.mov", size: 6 << 20, seed: 3)
         let uploading = try AgentProcess(
-            ["send", "--json", "--no-state", "--bwlimit", "2M", "--ca", first.caCertificate, large.path], environment: environment,
+            ["send", "--json", "--no-state", "--bwlimit", "1M", "--ca", first.caCertificate, large.path], environment: environment,
             log: home + "/large.log"
         )
         defer { uploading.stop(SIGKILL) }
