@@ -78,12 +78,19 @@ public final class RelayMetrics: Sendable {
         self.sessionsStaged = CoreMetrics.Gauge(label: "upload_relay_sessions_staged", factory: factory)
         self.sessionsStagedBytes = CoreMetrics.Gauge(label: "upload_relay_sessions_staged_bytes", factory: factory)
         self.ready = CoreMetrics.Gauge(label: "upload_relay_ready", factory: factory)
+        // Exposed at 0 from the start, as every counter here: a dashboard's rate() needs the series before the first
+        // refusal.
+        for refusal in [ListenerLifecycle.Refusal.sourceFull, .placesFull] { _ = self.refusals("upload", refusal) }
     }
 
     // MARK: Events
 
     /// A connection `listener` (upload, status, operations) did not admit, and why.
     func refused(_ refusal: ListenerLifecycle.Refusal, listener: String) {
+        self.refusals(listener, refusal).increment()
+    }
+
+    private func refusals(_ listener: String, _ refusal: ListenerLifecycle.Refusal) -> CoreMetrics.Counter {
         let reason =
             switch refusal {
             case .notRunning: "not_running"
@@ -91,7 +98,7 @@ public final class RelayMetrics: Sendable {
             case .poolFull: "pool_full"
             case .placesFull: "places_full"
             }
-        self.counter("upload_relay_connections_refused_total", ["listener": listener, "reason": reason]).increment()
+        return self.counter("upload_relay_connections_refused_total", ["listener": listener, "reason": reason])
     }
 
     /// A frame the relay wrote to an agent: what it says of the uploads.
