@@ -63,6 +63,23 @@ static void upload_close(int *fd) {
     }
 }
 
+// One read of the child's output: what fits is kept, all is counted. Returns what read returned; the pipe is closed
+// at its end or on an error other than "nothing yet".
+static ssize_t upload_read_output(int *fd, char *output, size_t output_capacity, upload_run_result *result) {
+    char scratch[4096];
+    ssize_t n = read(*fd, scratch, sizeof(scratch));
+    if (n > 0) {
+        size_t room = output_capacity - result->output_length;
+        size_t kept = (size_t)n < room ? (size_t)n : room;
+        if (kept > 0) memcpy(output + result->output_length, scratch, kept);
+        result->output_length += kept;
+        result->output_total += (size_t)n;
+    } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+        upload_close(fd);
+    }
+    return n;
+}
+
 upload_run_result upload_run_isolated(
     const char *command, char *const envp[], const void *input, size_t input_length, int timeout_ms, int grace_ms, char *output,
     size_t output_capacity) {
@@ -144,17 +161,7 @@ upload_run_result upload_run_isolated(
         int ready = poll(fds, (nfds_t)count, wait_ms);
         if (ready < 0 && errno != EINTR) break;
         if (ready > 0 && out_index >= 0 && (fds[out_index].revents & (POLLIN | POLLHUP | POLLERR))) {
-            char scratch[4096];
-            ssize_t n = read(out_pipe[0], scratch, sizeof(scratch));
-            if (n > 0) {
-                size_t room = output_capacity - result.output_length;
-                size_t kept = (size_t)n < room ? (size_t)n : room;
-                if (kept > 0) memcpy(output + result.output_length, scratch, kept);
-                result.output_length += kept;
-                result.output_total += (size_t)n;
-            } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
-                upload_close(&out_pipe[0]);
-            }
+            upload_read_output(&out_pipe[0], output, output_capacity, &result);
         }
         if (ready > 0 && in_index >= 0 && (fds[in_index].revents & (POLLOUT | POLLHUP | POLLERR))) {
             ssize_t n = write(in_pipe[1], (const char *)input + written, input_length - written);
@@ -188,6 +195,11 @@ upload_run_result upload_run_isolated(
     int status = 0;
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
     result.status = status;
+    // What the group wrote before it ended is still in the pipe; it is read until the pipe is empty (a process that
+    // left the group may hold the pipe open, so its end is not waited for).
+    for (int reads = 0; out_pipe[0] >= 0 && reads < 4096; reads++) {
+        if (upload_read_output(&out_pipe[0], output, output_capacity, &result) <= 0) break;
+    }
     struct timespec zero = {0, 0};
     while (sigtimedwait(&pipe_only, NULL, &zero) > 0) {}
     pthread_sigmask(SIG_SETMASK, &previous, NULL);

@@ -83,4 +83,16 @@ struct IsolatedCommandTests {
         #expect(ended.printableOutput.hasPrefix("event\\n\\u0000"))
         #expect(ended.printableOutput.hasSuffix("(9906 more bytes dropped)"))
     }
+
+    @Test("what a command wrote before it exited is all counted, however soon it exits after writing")
+    func outputBeforeExit() {
+        // 60,000 bytes fit in the pipe, so the command is gone before most of them are read.
+        for _ in 0..<20 {
+            let ended = IsolatedCommand(
+                command: "head -c 60000 /dev/zero", environment: Self.environment, input: [], timeout: .seconds(10), outputLimit: 100
+            ).run()
+            #expect(ended.outcome == .exited(0))
+            #expect(ended.outputBytes == 60_000)
+        }
+    }
 }
