@@ -101,6 +101,9 @@ public struct RelayConfiguration: Sendable {
     /// the uploads open now will still write) is refused with STORAGE_ERROR, before a byte is staged (SPEC §7). Nil: 1 GiB,
     /// or a twentieth of the file system when that is smaller.
     public var minFreeBytes: Int64? = nil
+    /// The most unfinished uploads one account may have recorded (each holds a staging file, an inode of the disk
+    /// every account shares): a new upload past it is refused QUOTA_EXCEEDED, saying so; resuming one is not (SPEC §7).
+    public var maxUnfinishedUploads: Int = 1000
     /// The largest blob accepted (SPEC §10, TOO_LARGE).
     public var maxBlobSize: Int64 = 1 << 50
 

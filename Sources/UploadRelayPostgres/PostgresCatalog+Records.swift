@@ -342,6 +342,15 @@ extension PostgresCatalog {
         try await self.keyPage("session", account, prefix, after, limit).map(Self.session)
     }
 
+    public func unfinishedUploads(account: String, limit: Int) async throws -> Int {
+        let logger = self.logger
+        return try await self.run {
+            try await Self.rows(
+                "SELECT COUNT(*)::BIGINT AS count FROM (SELECT 1 FROM session WHERE account = \(account) LIMIT \(limit)) AS s", on: $0, logger
+            ).first.map { Int(try $0["count"].decode(Int64.self)) } ?? 0
+        }
+    }
+
     /// Rows of `table` for a page of keys. COLLATE "C": the UTF-8 byte order, as SQLite's, whatever the database's
     /// collation (the indexes of schema v7 serve it).
     private func keyPage(

@@ -453,6 +453,16 @@ public final class SQLiteCatalog: Catalog {
         }
     }
 
+    public func unfinishedUploads(account: String, limit: Int) async throws -> Int {
+        try await self.reading { db in
+            let count = try Int64.fetchOne(
+                cached: db, sql: "SELECT COUNT(*) FROM (SELECT 1 FROM session WHERE account = ? LIMIT ?)",
+                arguments: StatementArguments([account, Int64(limit)] as [any DatabaseValueConvertible])
+            )
+            return Int(count ?? 0)
+        }
+    }
+
     private static let keyPage = "account = ? AND key >= ? AND key > ? AND substr(key, 1, length(?)) = ?"
 
     private static func keyPage(_ account: String, _ prefix: String, _ after: String?, _ limit: Int) -> StatementArguments {

@@ -290,6 +290,14 @@ struct Serve: AsyncParsableCommand {
         help: ArgumentHelp("Delete unfinished uploads untouched for this long, with their staged bytes (SPEC §6.6).", valueName: "duration"))
     var sessionExpiry: String = "24h"
 
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "Unfinished uploads one account may have (each holds a staging file); a new upload past it is refused with QUOTA_EXCEEDED until some finish, are cancelled or expire.",
+            valueName: "n")
+    )
+    var maxUnfinishedUploads: Int = 1000
+
     /// Every usage error before anything is created, with `serve`'s usage: the options that go together, then every
     /// value, through the one function that turns them into the relay's configuration (``relayConfiguration()``).
     func validate() throws {
@@ -540,6 +548,8 @@ extension Serve {
         configuration.limits.frameTimeout = try positive(self.frameTimeout, option: "--frame-timeout")
         configuration.limits.handshakeTimeout = try positive(self.handshakeTimeout, option: "--handshake-timeout")
         configuration.sessionExpiry = try positive(self.sessionExpiry, option: "--session-expiry")
+        guard self.maxUnfinishedUploads >= 1 else { throw ValidationError("--max-unfinished-uploads must be at least 1") }
+        configuration.maxUnfinishedUploads = self.maxUnfinishedUploads
         configuration.minFreeBytes = try self.minFree.map { try ByteCount.parse($0, option: "--min-free") }
         configuration.s3 = try self.s3Store()
         if let url = self.onCommitUrl {

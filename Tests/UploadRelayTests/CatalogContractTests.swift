@@ -214,6 +214,21 @@ struct CatalogContractTests {
         }
     }
 
+    @Test("unfinished uploads are counted per account, up to the limit asked", arguments: Backend.allCases)
+    func unfinishedUploads(_ backend: Backend) async throws {
+        try await Self.withCatalog(backend) { catalog, _ in
+            for name in ["alice", "bob"] { try await catalog.addAccount(name: name, tokenHash: [name == "alice" ? 1 : 2], quota: nil) }
+            for index in 0..<5 { try await catalog.putSession(Self.session("a\(index)", key: "k\(index)")) }
+            try await catalog.putSession(Self.session("b0", key: "k0", account: "bob"))
+            #expect(try await catalog.unfinishedUploads(account: "alice", limit: 100) == 5)
+            #expect(try await catalog.unfinishedUploads(account: "alice", limit: 3) == 3)
+            #expect(try await catalog.unfinishedUploads(account: "bob", limit: 100) == 1)
+            try await catalog.deleteSession(id: "a0")
+            #expect(try await catalog.unfinishedUploads(account: "alice", limit: 100) == 4)
+            #expect(try await catalog.unfinishedUploads(account: "carol", limit: 100) == 0)
+        }
+    }
+
     @Test(
         "sessions: recorded, replaced by key, updated with their parts, gone with them; an update of a gone one refused", arguments: Backend.allCases)
     func sessions(_ backend: Backend) async throws {

@@ -21,7 +21,7 @@ struct SessionHarness {
         configure(&configuration)
         self.resources = RelaySessionResources(
             configuration: configuration, claims: claims, memory: memory ?? ResourceBudget(total: configuration.memoryBudget),
-            uploadSlots: ResourceBudget(total: slots)
+            uploadSlots: UploadSlots(total: slots, floor: configuration.limits.maxConcurrentStreams)
         )
         let woken = self.woken
         self.session = RelaySession(resources: self.resources, now: self.now) { open, _ in woken.withLockedValue { $0.append(open) } }
@@ -221,7 +221,7 @@ struct RelaySessionTests {
         #expect(SessionHarness.steps(looked).map(\.1) == [.release(discardSession: true)], "CANCEL drops the session")
         #expect(SessionHarness.frames(looked).isEmpty)
         // The handler's release step gives the key back; the waiting OPEN is woken.
-        first.resources.uploadSlots.give(1)
+        first.resources.uploadSlots.give(for: "a")
         claims.release(KeyClaims.name(account: "a", key: "k"))
         #expect(second.woken.withLockedValue { $0.map(\.streamID) } == [Self.s3])
     }
@@ -388,7 +388,7 @@ struct RelaySessionTests {
         }
         // The handler's release steps give each slot and key back.
         for id in released {
-            h.resources.uploadSlots.give(1)
+            h.resources.uploadSlots.give(for: "a")
             claims.release(KeyClaims.name(account: "a", key: keys[id] ?? ""))
         }
         #expect(h.session.pipelines.isEmpty, "seed \(seed): pipelines left: \(h.session.pipelines.keys.sorted())")

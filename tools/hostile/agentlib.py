@@ -534,14 +534,15 @@ class Relay:
         self.conns: list = []
 
     @classmethod
-    def start(cls, extra_args=(), timeout=30.0, binary=None):
+    def start(cls, extra_args=(), timeout=30.0, binary=None, prefix=()):
         binary = binary or relay_bin()
         if not os.path.exists(binary):
             raise AssertionError(f"relay binary {binary} does not exist (set UPLOAD_RELAY_BIN)")
         data = tempfile.mkdtemp(prefix="hostile-relay-")
         ready = os.path.join(data, "ready")
         log_path = os.path.join(data, "relay.log")
-        args = [binary, "serve", "--dev", "--data", data, "--listen", "127.0.0.1:0", "--ready-file", ready,
+        # `prefix` runs the relay under another command (prlimit), which execs it: the process is the relay's.
+        args = [*prefix, binary, "serve", "--dev", "--data", data, "--listen", "127.0.0.1:0", "--ready-file", ready,
                 "--log-level", "warning", *extra_args]
         log = open(log_path, "wb")
         try:

@@ -85,10 +85,10 @@ def relay(_shared_mgr, _case):
 
 @pytest.fixture
 def make_relay(_case):
-    """Start a dedicated relay: make_relay(args, check_alive=True). Stopped and removed after the case."""
+    """Start a dedicated relay: make_relay(args, check_alive=True, prefix=()). Stopped and removed after the case."""
 
-    def make(args=(), check_alive=True):
-        r = agentlib.Relay.start(list(args))
+    def make(args=(), check_alive=True, prefix=()):
+        r = agentlib.Relay.start(list(args), prefix=prefix)
         _case.owned.append(r)
         if check_alive:
             _case.check.append(r)

@@ -355,6 +355,9 @@ public protocol SessionCatalog: Sendable {
     func completeStripes(sessionID: String) async throws -> Set<Int>
     /// ``objects(account:prefix:after:limit:)`` for the account's recorded sessions: its uploads under way.
     func sessions(account: String, prefix: String, after: String?, limit: Int) async throws -> [UploadSession]
+    /// How many unfinished uploads the account has recorded, counted up to `limit` at most (the count stops there, so
+    /// an account's thousands cost no more than the limit).
+    func unfinishedUploads(account: String, limit: Int) async throws -> Int
 }
 
 /// The object index: committed objects by key and by content (size and SHA-1), for dedup, listings and recovery.

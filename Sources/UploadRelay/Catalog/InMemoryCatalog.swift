@@ -237,6 +237,10 @@ public final class InMemoryCatalog: Catalog, MultipartLedger, Sendable {
         }
     }
 
+    public func unfinishedUploads(account: String, limit: Int) async throws -> Int {
+        self.locked { state in min(limit, state.sessions.values.lazy.filter { $0.account == account }.count) }
+    }
+
     // MARK: Objects
 
     public func object(account: String, key: String) async throws -> StoredObject? {

@@ -17,7 +17,7 @@ public final class RelayServices: Sendable {
     /// Chunk bytes the connections' windows may make the relay hold, all together.
     package let memory: ResourceBudget
     /// Uploads open at once (each holds its staging file's descriptor).
-    package let uploadSlots: ResourceBudget
+    package let uploadSlots: UploadSlots
     /// Commits of all connections, made durable in groups.
     let commits: CommitGroup
     /// The relay's disk: what open uploads will still stage there, above the free-space reserve.
@@ -63,7 +63,7 @@ public final class RelayServices: Sendable {
         self.logger = logger
         self.claims = KeyClaims(locks: catalog.keyLocks)
         self.memory = ResourceBudget(total: configuration.memoryBudget)
-        self.uploadSlots = ResourceBudget(total: configuration.maxOpenUploads ?? Int.max)
+        self.uploadSlots = UploadSlots(total: configuration.maxOpenUploads ?? Int.max, floor: configuration.limits.maxConcurrentStreams)
         self.commits = CommitGroup(maxGroup: configuration.commitGroup)
         self.space = StorageSpace(
             directory: store.localSpace(forBlobOf: 0).directory, reserve: configuration.minFreeBytes, logger: logger, measure: measureSpace

@@ -1,16 +1,14 @@
 import NIOConcurrencyHelpers
 
-/// A relay-wide budget of one resource (chunk memory, open uploads), shared by every connection, so that many
-/// connections together cannot take more than the relay was given.
+/// The relay-wide budget of chunk memory, shared by every connection, so that many connections together cannot make
+/// the relay hold more than it was given.
 ///
-/// Memory: each connection's window (SPEC §5.1) is the most chunk bytes it may make the relay hold, so windows come
-/// from the budget, and each connection's fair share is the budget divided among the connections holding windows,
-/// never more than the configured window nor less than a floor. A connection takes its share at WELCOME while the
-/// budget has it free (else the floor, which may pass the budget: no agent is ever refused, only slowed), and moves
-/// toward its share each time storage consumes its bytes (``rebalance(holding:outstanding:preferred:floor:)``, SPEC §5.5): the first
-/// connections give back what later ones need. File descriptors: each open upload holds its staging file, so uploads
-/// take a slot and an OPEN past the last slot is refused with REFUSED_STREAM (retried by the agent) instead of failing
-/// in the middle with EMFILE.
+/// Each connection's window (SPEC §5.1) is the most chunk bytes it may make the relay hold, so windows come from the
+/// budget, and each connection's fair share is the budget divided among the connections holding windows, never more
+/// than the configured window nor less than a floor. A connection takes its share at WELCOME while the budget has it
+/// free (else the floor, which may pass the budget: no agent is ever refused, only slowed), and moves toward its share
+/// each time storage consumes its bytes (``rebalance(holding:outstanding:preferred:floor:)``, SPEC §5.5): the first
+/// connections give back what later ones need. Open uploads have their own budget, ``UploadSlots``.
 package final class ResourceBudget: Sendable {
     /// The budget, in bytes or slots.
     let total: Int
@@ -25,19 +23,6 @@ package final class ResourceBudget: Sendable {
 
     /// How many connections hold a share (``join(preferred:floor:)`` less ``leave(_:)``).
     package var holders: Int { self.state.withLockedValue { $0.holders } }
-
-    /// Takes `count` if it fits; false (nothing taken) otherwise.
-    func take(_ count: Int) -> Bool {
-        self.state.withLockedValue { state in
-            guard count <= self.total - state.used else { return false }
-            state.used += count
-            return true
-        }
-    }
-
-    func give(_ count: Int) {
-        self.state.withLockedValue { state in state.used = max(0, state.used - count) }
-    }
 
     /// A new holder of a share: its fair share while the budget has it free, else what is free, never less than
     /// `floor`. Returns what was taken.

@@ -286,6 +286,13 @@ package struct UploadPolicy {
             try await store.removeStaging(session.stagingName)
             try await catalog.deleteSession(id: session.id)
         }
+        let most = self.services.configuration.maxUnfinishedUploads
+        if try await catalog.unfinishedUploads(account: name, limit: most) >= most {
+            return .refuse(
+                .quotaExceeded,
+                "account \"\(name)\" has \(most) unfinished uploads, the most it may have: finish or cancel them (upload-agent send resumes them), or they expire"
+            )
+        }
         let id = Self.randomID()
         if let full = self.admitSpace(size ?? 0, upload: id) {
             return .refuse(.storageError, full)

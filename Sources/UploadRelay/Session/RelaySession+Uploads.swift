@@ -36,9 +36,13 @@ extension RelaySession {
         }
         // Each open upload holds a descriptor for its staging file: past the budget, refuse before opening one, so that
         // connections together never run the relay out of descriptors.
-        guard self.resources.uploadSlots.take(1) else {
+        guard self.resources.uploadSlots.take(for: account.name) else {
             self.resources.claims.release(claim)
-            let message = "the relay has \(self.resources.uploadSlots.total) uploads open, its limit (file descriptors); retry shortly"
+            let slots = self.resources.uploadSlots
+            let message =
+                slots.inUse >= slots.total
+                ? "the relay has \(slots.total) uploads open, its limit (file descriptors); retry shortly"
+                : "account \"\(account.name)\" has \(slots.held(by: account.name)) uploads open, its share of the relay's \(slots.total); retry when one ends"
             return self.write(self.machine.resetStream(id, .refusedStream, message))
         }
         self.opening[id] = (claim, nil)
@@ -74,7 +78,7 @@ extension RelaySession {
         var actions: [Action] = []
         switch decision {
         case .stored, .confirm:
-            self.resources.uploadSlots.give(1)
+            self.giveSlot()
             self.resources.claims.release(claim)
             let offset: Frame.Offset
             if case .stored(let size) = decision {
@@ -87,7 +91,7 @@ extension RelaySession {
                 if let credit = self.machine.flushConnectionCredit() { actions += self.write(credit) }
             }
         case .refuse(let code, let message):
-            self.resources.uploadSlots.give(1)
+            self.giveSlot()
             self.resources.claims.release(claim)
             if !self.closed { actions += self.write(self.machine.resetStream(id, code, message)) }
         case .upload, .stripe:
@@ -154,7 +158,7 @@ extension RelaySession {
             // Storage has let go of the upload (its staging closed, its session dropped when asked), on a connection
             // open or closed: only now may another OPEN of the key go on.
             if let claim = self.releasing.removeValue(forKey: id) {
-                self.resources.uploadSlots.give(1)
+                self.giveSlot()
                 self.resources.claims.release(claim)
             }
             return []
@@ -201,7 +205,7 @@ extension RelaySession {
                 if let claim = self.uploadClaims[id] { self.resources.claims.markClosing(claim) }
             case .releaseCommitted:
                 self.pipelines[id] = nil
-                self.resources.uploadSlots.give(1)
+                self.giveSlot()
                 if let claim = self.uploadClaims.removeValue(forKey: id) { self.resources.claims.release(claim) }
                 actions.append(.dropStorage(id))
             case .report(let event):
@@ -282,5 +286,13 @@ extension RelaySession {
             let open = self.pipelines.values.filter(\.isOpen)
             return self.machine.openStreamCount == 0 || open.allSatisfy({ $0.isQuiet && !$0.isVerifying }) ? self.close() : []
         }
+    }
+}
+
+extension RelaySession {
+    /// An upload of this connection's account gave its slot back.
+    fileprivate func giveSlot() {
+        guard let account = self.account else { return }
+        self.resources.uploadSlots.give(for: account.name)
     }
 }

@@ -10,9 +10,9 @@ package struct RelaySessionResources: Sendable {
     /// Chunk bytes the connections' windows may make the relay hold, all together.
     var memory: ResourceBudget
     /// Uploads open at once (each holds its staging file's descriptor).
-    var uploadSlots: ResourceBudget
+    var uploadSlots: UploadSlots
 
-    init(configuration: RelayConfiguration, claims: KeyClaims, memory: ResourceBudget, uploadSlots: ResourceBudget) {
+    init(configuration: RelayConfiguration, claims: KeyClaims, memory: ResourceBudget, uploadSlots: UploadSlots) {
         self.settings = RelaySessionSettings(configuration)
         self.claims = claims
         self.memory = memory
