@@ -351,6 +351,16 @@ extension PostgresCatalog {
         }
     }
 
+    public func unfinishedTotals() async throws -> (uploads: Int, bytes: Int64) {
+        let logger = self.logger
+        return try await self.run {
+            let row = try await Self.rows(
+                "SELECT COUNT(*)::BIGINT AS uploads, COALESCE(SUM(durable_offset), 0)::BIGINT AS bytes FROM session", on: $0, logger
+            ).first
+            return (Int(try row?["uploads"].decode(Int64.self) ?? 0), try row?["bytes"].decode(Int64.self) ?? 0)
+        }
+    }
+
     /// Rows of `table` for a page of keys. COLLATE "C": the UTF-8 byte order, as SQLite's, whatever the database's
     /// collation (the indexes of schema v7 serve it).
     private func keyPage(

@@ -463,6 +463,13 @@ public final class SQLiteCatalog: Catalog {
         }
     }
 
+    public func unfinishedTotals() async throws -> (uploads: Int, bytes: Int64) {
+        try await self.reading { db in
+            let row = try Row.fetchOne(cached: db, sql: "SELECT COUNT(*) AS uploads, COALESCE(SUM(durable_offset), 0) AS bytes FROM session")
+            return (Int(row?["uploads"] as Int64? ?? 0), row?["bytes"] ?? 0)
+        }
+    }
+
     private static let keyPage = "account = ? AND key >= ? AND key > ? AND substr(key, 1, length(?)) = ?"
 
     private static func keyPage(_ account: String, _ prefix: String, _ after: String?, _ limit: Int) -> StatementArguments {

@@ -214,7 +214,7 @@ struct CatalogContractTests {
         }
     }
 
-    @Test("unfinished uploads are counted per account, up to the limit asked", arguments: Backend.allCases)
+    @Test("unfinished uploads are counted per account, up to the limit asked, and summed over all accounts", arguments: Backend.allCases)
     func unfinishedUploads(_ backend: Backend) async throws {
         try await Self.withCatalog(backend) { catalog, _ in
             for name in ["alice", "bob"] { try await catalog.addAccount(name: name, tokenHash: [name == "alice" ? 1 : 2], quota: nil) }
@@ -226,6 +226,10 @@ struct CatalogContractTests {
             try await catalog.deleteSession(id: "a0")
             #expect(try await catalog.unfinishedUploads(account: "alice", limit: 100) == 4)
             #expect(try await catalog.unfinishedUploads(account: "carol", limit: 100) == 0)
+            try await catalog.updateDurable(sessionID: "a1", offset: 40, sha1State: [])
+            try await catalog.updateDurable(sessionID: "b0", offset: 2, sha1State: [])
+            let totals = try await catalog.unfinishedTotals()
+            #expect(totals.uploads == 5 && totals.bytes == 42, "\(totals)")
         }
     }
 

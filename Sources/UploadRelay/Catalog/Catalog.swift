@@ -358,6 +358,9 @@ public protocol SessionCatalog: Sendable {
     /// How many unfinished uploads the account has recorded, counted up to `limit` at most (the count stops there, so
     /// an account's thousands cost no more than the limit).
     func unfinishedUploads(account: String, limit: Int) async throws -> Int
+    /// Every account's unfinished uploads together: how many, and the durable bytes of their main streams. Summed by
+    /// the catalog, so a scrape costs the same however many there are.
+    func unfinishedTotals() async throws -> (uploads: Int, bytes: Int64)
 }
 
 /// The object index: committed objects by key and by content (size and SHA-1), for dedup, listings and recovery.

@@ -241,6 +241,10 @@ public final class InMemoryCatalog: Catalog, MultipartLedger, Sendable {
         self.locked { state in min(limit, state.sessions.values.lazy.filter { $0.account == account }.count) }
     }
 
+    public func unfinishedTotals() async throws -> (uploads: Int, bytes: Int64) {
+        self.locked { state in (state.sessions.count, state.sessions.values.reduce(Int64(0)) { $0 + $1.durableOffset }) }
+    }
+
     // MARK: Objects
 
     public func object(account: String, key: String) async throws -> StoredObject? {

@@ -73,9 +73,7 @@ extension RelayServices {
             let backlog = try await catalog.commitEventBacklog()
             levels.hookQueue = backlog.count
             levels.hookOldest = backlog.oldest
-            let sessions = try await catalog.sessions(updatedBefore: .distantFuture)
-            levels.sessionsStaged = sessions.count
-            levels.stagedBytes = sessions.reduce(0) { $0 + $1.durableOffset }
+            (levels.sessionsStaged, levels.stagedBytes) = try await catalog.unfinishedTotals()
             return levels
         }.map { outcome in
             var levels = RelayMetrics.Levels()
