@@ -279,7 +279,7 @@ struct Serve: AsyncParsableCommand {
     @Option(
         name: .long,
         help: ArgumentHelp(
-            "Keep this much free on the disk uploads are staged on: an upload whose bytes do not fit above it, with what the uploads open now will still write, is refused at its start (STORAGE_ERROR, \"storage is full; retry later\"), before a byte is staged. Default: 1G, or a twentieth of the disk when that is smaller.",
+            "Keep this much free on the disk uploads are staged on: an upload whose bytes do not fit above it, with what the uploads open now will still write, is refused at its start (STORAGE_ERROR, \"storage is full; retry later\"), before a byte is staged. Default: 1G, or a twentieth of the disk when that is smaller. Files are kept free alike: a twentieth of the disk's inodes, at most 65,536, so that many small uploads cannot use up its inodes.",
             valueName: "bytes"
         )
     )

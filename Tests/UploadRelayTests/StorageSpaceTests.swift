@@ -26,7 +26,7 @@ struct StorageSpaceTests {
         let store = try LocalDirectoryStore(root: configuration.storePath, stagingDirectory: configuration.stagingDirectory)
         return RelayServices(
             configuration: configuration, catalog: catalog, store: store, threadPool: .singleton, logger: Logger(label: "test"),
-            measureSpace: { _ in (free.withLockedValue { $0 }, 1 << 40) }
+            measureSpace: { _ in StorageSpace.Look(free: free.withLockedValue { $0 }, size: 1 << 40) }
         )
     }
 
@@ -49,6 +49,28 @@ struct StorageSpaceTests {
     static func staged(_ services: RelayServices) -> [String] {
         let directory = services.configuration.stagingDirectory
         return ((try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? []).filter { !$0.hasPrefix(".") }
+    }
+
+    @Test("inodes are watched as bytes are: an OPEN needs a free file above a twentieth of them, less one per upload open now")
+    func inodes() {
+        let freeFiles = NIOLockedValueBox<Int64>(60)
+        let space = StorageSpace(directory: "/nonexistent", reserve: 0, logger: Logger(label: "test")) { _ in
+            StorageSpace.Look(free: 1 << 40, size: 1 << 40, freeFiles: freeFiles.withLockedValue { $0 }, files: 1000)
+        }
+        #expect(space.fileReserve == 50)
+        for index in 0..<10 { #expect(space.admit(1, upload: "u\(index)") == nil, "upload \(index) has a file above the reserve") }
+        let refused = space.admit(1, upload: "u10")
+        #expect(refused?.contains("storage is full (10 files free for uploads)") == true, "\(refused ?? "admitted")")
+        #expect(space.isFull)
+        #expect(space.admit(1, upload: "u3") == nil, "an upload open now already has its file")
+        space.release(upload: "u0")
+        #expect(space.admit(1, upload: "u10") == nil, "an upload that ended gave its file back")
+        freeFiles.withLockedValue { $0 = 1_000 }
+        #expect(!space.isFull)
+        let uncounted = StorageSpace(directory: "/nonexistent", reserve: 0, logger: Logger(label: "test")) { _ in
+            StorageSpace.Look(free: 1 << 40, size: 1 << 40)
+        }
+        #expect(uncounted.admit(1, upload: "u") == nil, "a file system that counts no inodes is judged by bytes")
     }
 
     @Test(

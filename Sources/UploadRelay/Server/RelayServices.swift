@@ -43,12 +43,12 @@ public final class RelayServices: Sendable {
         )
     }
 
-    /// `measureSpace` tells the free bytes and size of the file system holding a directory (tests give their own).
+    /// `measureSpace` tells the free bytes, size and inodes of the file system holding a directory (tests give their own).
     /// The configuration is narrowed to what the store can do: no stripes offered on a store without them, no blob
     /// above its largest object.
     init(
         configuration: RelayConfiguration, catalog: any Catalog, store: any BlobStore, threadPool: NIOThreadPool, logger: Logger,
-        metrics: RelayMetrics = RelayMetrics(), measureSpace: @escaping @Sendable (String) -> (free: Int64, size: Int64)?
+        metrics: RelayMetrics = RelayMetrics(), measureSpace: @escaping @Sendable (String) -> StorageSpace.Look?
     ) {
         var configuration = configuration
         let capabilities = store.capabilities

@@ -11,13 +11,28 @@ import NIOConcurrencyHelpers
 ///
 /// Each admitted upload's promise is kept under its session's id and shrinks as its bytes are written (they then show in
 /// the free space itself); it goes when the upload has written its last byte (at its commit) or ends.
+///
+/// Files run out as bytes do: each upload stages a file (an inode), and many small uploads exhaust a file system's
+/// inodes long before its bytes. So an OPEN also needs a free inode above a reserve of them (a twentieth of the file
+/// system's, at most 65,536), less one for each upload open now; a file system that has no inode count (btrfs reports
+/// none) is judged by bytes alone.
 package final class StorageSpace: Sendable {
+    /// What a look at a file system saw: bytes, and inodes when it counts them.
+    package struct Look: Sendable {
+        var free: Int64
+        var size: Int64
+        var freeFiles: Int64 = 0
+        var files: Int64 = 0
+    }
+
     /// Where the store stages bytes on the relay's disk, and the bytes kept free there.
     let directory: String
     let reserve: Int64
+    /// Inodes kept free there (0 when the file system counts none).
+    let fileReserve: Int64
     private let logger: Logger
-    /// Free bytes and size of the file system holding a directory (``look(_:)``; tests give their own).
-    private let measure: @Sendable (String) -> (free: Int64, size: Int64)?
+    /// Free bytes and size of the file system holding a directory, and its inodes (``look(_:)``; tests give their own).
+    private let measure: @Sendable (String) -> Look?
 
     private struct State {
         /// Bytes each open upload may still write, by its session's id.
@@ -35,28 +50,34 @@ package final class StorageSpace: Sendable {
     /// `reserve` nil: the default, 1 GiB or a twentieth of the file system, whichever is smaller.
     init(
         directory: String, reserve: Int64?, logger: Logger,
-        measure: @escaping @Sendable (String) -> (free: Int64, size: Int64)? = StorageSpace.look
+        measure: @escaping @Sendable (String) -> Look? = StorageSpace.look
     ) {
         self.directory = directory
         self.logger = logger
         self.measure = measure
+        let look = measure(directory)
         if let reserve {
             self.reserve = max(0, reserve)
         } else {
-            let size = measure(directory).map(\.size) ?? 0
-            self.reserve = min(Self.defaultReserve, size / 20)
+            self.reserve = min(Self.defaultReserve, (look?.size ?? 0) / 20)
         }
+        self.fileReserve = min(Self.defaultFileReserve, (look?.files ?? 0) / 20)
     }
+
+    /// The inode reserve's ceiling.
+    static let defaultFileReserve: Int64 = 65_536
 
     /// The default reserve's ceiling: 1 GiB.
     static let defaultReserve: Int64 = 1 << 30
 
     /// Free bytes for an unprivileged writer and the file system's size, or nil when it cannot be asked.
-    static func look(_ directory: String) -> (free: Int64, size: Int64)? {
+    static func look(_ directory: String) -> Look? {
         var info = statvfs()
         guard statvfs(directory, &info) == 0 else { return nil }
         let unit = Int64(info.f_frsize)
-        return (Int64(info.f_bavail) * unit, Int64(info.f_blocks) * unit)
+        return Look(
+            free: Int64(info.f_bavail) * unit, size: Int64(info.f_blocks) * unit, freeFiles: Int64(info.f_favail), files: Int64(info.f_files)
+        )
     }
 
     /// Why `bytes` more cannot be staged for the upload `upload` (its session's id), or nil once they are promised to it.
@@ -67,6 +88,16 @@ package final class StorageSpace: Sendable {
             let room = look.free - others - self.reserve
             let wasFull = state.full
             state.free = look.free
+            // Every upload open now stages a file (counted whether or not it is made yet); this one needs another,
+            // unless it is one of them.
+            let filesOpen = Int64(state.promised.count) + (state.promised[upload] == nil ? 1 : 0)
+            if look.files > 0, look.freeFiles - filesOpen < self.fileReserve {
+                state.full = true
+                return (
+                    "the relay's storage is full (\(max(0, look.freeFiles - self.fileReserve)) files free for uploads); retry later", !wasFull,
+                    look.free, others
+                )
+            }
             guard bytes <= room else {
                 state.full = true
                 return (
@@ -135,10 +166,13 @@ package final class StorageSpace: Sendable {
     /// Free bytes of the file system under ``directory`` now, or nil when it cannot be asked.
     var free: Int64? { self.measure(self.directory)?.free }
 
-    /// Whether the relay's storage is full now: less free than the reserve and what open uploads will still write.
+    /// Whether the relay's storage is full now: less free than the reserve and what open uploads will still write, or no
+    /// file left above the inode reserve for a new upload.
     var isFull: Bool {
         guard let look = self.measure(self.directory) else { return false }
-        return self.state.withLockedValue { state in look.free - state.total < self.reserve }
+        return self.state.withLockedValue { state in
+            look.free - state.total < self.reserve || (look.files > 0 && look.freeFiles - Int64(state.promised.count) - 1 < self.fileReserve)
+        }
     }
 }
 
