@@ -39,7 +39,7 @@ struct AgentHarness {
 
     /// HELLO, then WELCOME with these windows; every job prepared and opened. Returns the OPENs' stream ids.
     mutating func connect(connectionWindow: UInt32, streamWindow: UInt32, features: Frame.Features = []) -> [StreamID] {
-        _ = self.session.connected()
+        _ = self.session.connected(now: self.now)
         let welcome = self.receive(
             .welcome(
                 Frame.Welcome(
@@ -287,6 +287,48 @@ struct AgentSessionTests {
         let actions = h.receive(.offset(Frame.Offset(streamID: id, disposition: .resume, offset: 1000)))
         #expect(AgentHarness.frames(actions).contains { $0.type == .cancel })
         #expect(h.queue.results.first?.error?.contains("cannot resume at 1000") == true)
+    }
+
+    static func closes(_ actions: [AgentSession.Action]) -> Bool {
+        actions.contains { if case .close = $0 { return true } else { return false } }
+    }
+
+    @Test("a relay that owes an OFFSET and sends only PINGs is left after --retry-for from its last progress; one owed nothing is not")
+    func progressDeadline() async {
+        var h = AgentHarness(files: 2) { $0.retryFor = .seconds(15) }
+        let start = h.now
+        let ids = h.connect(connectionWindow: 8 << 20, streamWindow: 8 << 20)
+        #expect(ids.count == 2)
+        // The first OPEN is answered at 5 s: progress. The second never is; PINGs keep arriving.
+        h.now = start + .seconds(5)
+        h.receive(.offset(Frame.Offset(streamID: ids[0], disposition: .start, offset: 0)))
+        h.now = start + .seconds(19)
+        h.receive(.ping(Frame.Ping(data: 1)))
+        #expect(!Self.closes(h.session.timerFired(.progress, now: h.now)), "14 s since the last progress")
+        let late = h.session.timerFired(.progress, now: start + .seconds(20))
+        #expect(Self.closes(late), "15 s since the OFFSET, an OPEN unanswered: \(late)")
+        #expect(h.session.outcome.reason?.contains("answered nothing (OFFSET, ACK or RESULT) for 15") == true, "\(h.session.outcome)")
+
+        // Streams that wait for their own source owe the relay nothing: no deadline.
+        var quiet = AgentHarness(files: 1) { $0.retryFor = .seconds(15) }
+        let id = quiet.connect(connectionWindow: 8 << 20, streamWindow: 8 << 20)[0]
+        quiet.receive(.offset(Frame.Offset(streamID: id, disposition: .start, offset: 0)))
+        let later = quiet.session.timerFired(.progress, now: quiet.now + .seconds(60))
+        #expect(!Self.closes(later))
+        #expect(later.contains { if case .schedule(.progress, _) = $0 { return true } else { return false } }, "checked again later")
+    }
+
+    @Test("a relay that has not sent WELCOME within the welcome timeout is left, however many bytes trickle in; a welcomed one is not")
+    func welcomeDeadline() async {
+        var h = AgentHarness(files: 1)
+        let hello = h.session.connected(now: h.now)
+        #expect(hello.contains { if case .schedule(.welcome, let delay) = $0 { return delay == .seconds(15) } else { return false } })
+        h.session.received(ByteBuffer(bytes: [0]))
+        #expect(Self.closes(h.session.timerFired(.welcome, now: h.now + .seconds(15))))
+        #expect(h.session.outcome.reason?.contains("did not complete the handshake (WELCOME) within 15") == true, "\(h.session.outcome)")
+        var welcomed = AgentHarness(files: 1)
+        _ = welcomed.connect(connectionWindow: 8 << 20, streamWindow: 8 << 20)
+        #expect(welcomed.session.timerFired(.welcome, now: welcomed.now + .seconds(15)).isEmpty)
     }
 
     @Test("KEY_BUSY waits out a backoff, then the job is prepared again; it is not counted as an attempt")

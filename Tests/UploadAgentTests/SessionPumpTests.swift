@@ -79,7 +79,8 @@ struct SessionPump {
             case .close:
                 self.agentClosed = true
             case .schedule(let timer, _):
-                self.timers.append(timer)
+                // The welcome and progress deadlines are not due in a pump whose relay always answers.
+                if case .backoff = timer { self.timers.append(timer) }
             case .prepare(let job, let dedup, let probe):
                 let (journal, limit) = (self.queue.journal, self.agent.configuration.maxReopensInARow)
                 let result = Result {

@@ -195,7 +195,7 @@ final class AgentConnectionHandler: ChannelInboundHandler {
                 self.flush()
                 self.context?.close(promise: nil)
             case .schedule(let timer, let delay):
-                self.context?.eventLoop.assumeIsolated().scheduleTask(in: delay) { self.act { $0.timerFired(timer) } }
+                self.context?.eventLoop.assumeIsolated().scheduleTask(in: delay) { self.act { $0.timerFired(timer, now: .now) } }
             case .prepare(let job, let dedup, let probe):
                 let journal = self.session.queue.journal
                 let reopenLimit = self.session.configuration.maxReopensInARow

@@ -478,12 +478,14 @@ extension AgentSession {
         return actions + self.openMore() + self.pumpAll() + self.closeIfIdle()
     }
 
-    mutating func timerFired(_ timer: Timer) -> [Action] {
+    mutating func timerFired(_ timer: Timer, now: ContinuousClock.Instant = .now) -> [Action] {
         switch timer {
         case .backoff(let id):
             guard let job = self.delayed.removeValue(forKey: id) else { return [] }
             self.queue.requeue(job)
             return self.openMore() + self.closeIfIdle()
+        case .welcome, .progress:
+            return self.deadlinePassed(timer, now: now)
         }
     }
 

@@ -32,6 +32,10 @@ struct AgentSession {
     enum Timer: Hashable {
         /// A job waits out a "not now" (KEY_BUSY, REFUSED_STREAM) before it is opened again.
         case backoff(ObjectIdentifier)
+        /// The relay has had ``AgentConfiguration/welcomeTimeout`` to WELCOME the connection.
+        case welcome
+        /// The relay has had ``AgentConfiguration/retryFor`` since its last progress to answer what it owes.
+        case progress
     }
 
     enum Action {
@@ -109,6 +113,9 @@ struct AgentSession {
     var goingAway = false
     /// Keepalive periods in a row with nothing received (SPEC §2.3).
     var silentPeriods = 0
+    /// The last OFFSET, ACK, RESULT or ROOM from the relay (or the connection's start): whatever else arrives, a relay
+    /// that owes an answer and gives none for ``AgentConfiguration/retryFor`` since then is left (SPEC §2.3).
+    var lastProgressAt: ContinuousClock.Instant = .now
     /// The quota plan this connection asks before anything else (SPEC §7.2), until every PLAN is answered.
     var planning: QuotaPlanning?
     /// After its quota plan the connection stays up, idle, until a run takes it (``adopt(_:)``) or it is let go: the
@@ -136,14 +143,48 @@ struct AgentSession {
 
     /// TCP and TLS are up: HELLO. `roundTrip`: the kernel's measure of the link's round trip, when it has one; on a
     /// long link an adaptive run stripes large files (``ConnectionGrowth``).
-    mutating func connected(roundTrip: Duration? = nil) -> [Action] {
+    mutating func connected(roundTrip: Duration? = nil, now: ContinuousClock.Instant = .now) -> [Action] {
         self.roundTrip = roundTrip
+        self.lastProgressAt = now
         let hello = Frame.Hello(
             maxFrameSize: UInt32(self.configuration.limits.maxFrameSize),
             features: self.configuration.deflate ? [.deflate, .dedupProbe, .stripes, .quotaPlan] : [.dedupProbe, .stripes, .quotaPlan],
             credential: Array(self.configuration.token.utf8), agentName: self.configuration.agentName
         )
-        return self.write(self.machine.sendHello(hello))
+        return self.write(self.machine.sendHello(hello)) + [
+            .schedule(.welcome, in: TimeAmount(self.configuration.welcomeTimeout)),
+            .schedule(.progress, in: TimeAmount(self.configuration.retryFor)),
+        ]
+    }
+
+    /// Whether the relay owes this connection an answer: a WELCOME, an OFFSET to an OPEN, a RESULT to a HASH, a ROOM
+    /// to a PLAN. Bytes that wait for their source (a slow stdin) owe nothing.
+    var awaitsRelay: Bool {
+        !self.outcome.welcomed || self.planning != nil || self.senders.values.contains { !$0.started || $0.hashSent }
+    }
+
+    /// The welcome or progress deadline passed: a relay that owes an answer and gave none is left, with the reason.
+    mutating func deadlinePassed(_ timer: Timer, now: ContinuousClock.Instant) -> [Action] {
+        guard !self.closed else { return [] }
+        switch timer {
+        case .welcome:
+            guard !self.outcome.welcomed else { return [] }
+            self.outcome.reason = "the relay did not complete the handshake (WELCOME) within \(self.configuration.welcomeTimeout)"
+            return self.close()
+        case .progress:
+            let waited = now - self.lastProgressAt
+            if waited >= self.configuration.retryFor && self.awaitsRelay {
+                self.outcome.reason =
+                    self.outcome.welcomed
+                    ? "the relay answered nothing (OFFSET, ACK or RESULT) for \(self.configuration.retryFor)"
+                    : "the relay did not complete the handshake (WELCOME) within \(self.configuration.retryFor)"
+                return self.close()
+            }
+            let left = waited >= self.configuration.retryFor ? self.configuration.retryFor : self.configuration.retryFor - waited
+            return [.schedule(.progress, in: TimeAmount(max(left, .milliseconds(100))))]
+        case .backoff:
+            return []
+        }
     }
 
     /// The socket's write buffer went over its limit (`false`) or drained below half of it (`true`). Reads pause while
@@ -174,6 +215,10 @@ struct AgentSession {
             return self.run(self.machine.decodingFailed(.connection(.internalError, "\(error)")), now: now)
         }
         guard let frame else { return nil }
+        switch frame {
+        case .offset, .ack, .result, .room: self.lastProgressAt = now
+        default: break
+        }
         return self.run(self.machine.receive(frame), now: now)
     }
 

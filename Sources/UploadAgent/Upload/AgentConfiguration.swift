@@ -71,6 +71,9 @@ public struct AgentConfiguration: Sendable {
     /// With nothing received for this long the agent sends PING; with nothing for twice as long it
     /// takes the connection for dead and reconnects (SPEC §2.3). Catches links that vanish silently.
     public var keepaliveInterval: Duration = .seconds(15)
+    /// The longest a relay may take, from TCP connected, to WELCOME the connection: bytes that trickle in keep the
+    /// keepalive quiet, never this.
+    public var welcomeTimeout: Duration = .seconds(15)
     /// How many times one item may fail with a retryable stream error before it is given up.
     public var maxAttemptsPerItem = 5
     /// How many times in a row a source may be reopened after it threw ``SourceInvalidated`` with no successful read
