@@ -105,3 +105,29 @@ def test_stripe_overrun_and_twin_part(relay):
     one.expect_stream_error(1, "SIZE_MISMATCH")
     send_stripe(two, 3, "stripes/over.bin", data, token)
     finish(relay, main, 1, "stripes/over.bin", data)
+
+
+def test_part_of_a_cancelled_upload_names_nothing_of_the_relay(relay):
+    """SPEC §12.3: the main stream is cancelled while a PART stream sends; the PART's HASH is refused with words that
+    name no staging file or session of the relay's (issue 40 finding 8)."""
+    data = blob()
+    main, part = relay.session(features=STRIPES), relay.session(features=STRIPES)
+    key = f"stripes/cancelled-{os.urandom(3).hex()}.bin"
+    token = open_striped(main, 1, key, data)
+    open_part(part, 1, key, len(data), token, 1)
+    assert part.expect_offset(1)["disposition"] == "START"
+    staging = os.path.join(relay.data, "staging")
+    names = set(os.listdir(staging)) if os.path.isdir(staging) else set()
+    assert names, "the striped upload stages a file"
+    stripe = data[STRIPE:2 * STRIPE]
+    part.send_data(1, stripe)
+    main.cancel(1)
+    main.roundtrip()
+    part.hash(1, len(stripe), ZERO_SHA1)
+    f = part._expect_on_stream(1, 10.0)
+    assert f["type"] == "ERROR", f
+    message = f["message"]
+    for name in names:
+        stem = name.split(".")[0]
+        assert stem not in message and stem[:8] not in message, f"the refusal names a staging file: {message!r}"
+    assert token.hex() not in message and token.hex()[:8] not in message, message
