@@ -57,8 +57,11 @@ public enum DurationText {
 
 extension AsyncParsableCommand {
     /// Parses and runs the command, as ArgumentParser's `main()` does, except that a usage error exits 2, as scripts
-    /// expect (ArgumentParser's own default is 64). Both programs' `main` call this.
-    public static func mainExitingTwoOnUsageError(_ arguments: [String]? = nil) async {
+    /// expect (ArgumentParser's own default is 64). Both programs' `main` call this. `hidden` gives, for each value that
+    /// must not be shown (one read from a secret's file), what a message shows instead.
+    public static func mainExitingTwoOnUsageError(
+        _ arguments: [String]? = nil, hidden: @Sendable () -> [(value: String, shownAs: String)] = { [] }
+    ) async {
         do {
             var command = try Self.parseAsRoot(arguments)
             if var asyncCommand = command as? any AsyncParsableCommand {
@@ -67,10 +70,17 @@ extension AsyncParsableCommand {
                 try command.run()
             }
         } catch {
-            if Self.exitCode(for: error) == .validationFailure {
-                let message = Array((Self.fullMessage(for: error) + "\n").utf8)
-                _ = message.withUnsafeBytes { write(2, $0.baseAddress, $0.count) }
-                Glibc.exit(2)
+            let code = Self.exitCode(for: error)
+            var message = Self.fullMessage(for: error)
+            var redacted = false
+            for (value, shownAs) in hidden() where !value.isEmpty && message.contains(value) {
+                message = message.replacing(value, with: shownAs)
+                redacted = true
+            }
+            if code == .validationFailure || redacted {
+                let bytes = Array((message + "\n").utf8)
+                _ = bytes.withUnsafeBytes { write(2, $0.baseAddress, $0.count) }
+                Glibc.exit(code == .validationFailure ? 2 : code.rawValue)
             }
             Self.exit(withError: error)
         }

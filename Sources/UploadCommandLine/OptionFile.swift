@@ -36,6 +36,8 @@ public enum OptionFile {
 
     /// The file's options; a failure says which file and why, in words.
     public static func load(_ path: String, what: String) throws -> [String: Value] {
+        // Its options can run commands (hooks, --when): only its owner may write it.
+        if let problem = FileTrust.problem(path, what: "--config \(path)", secret: false) { throw Failure(problem) }
         let data: Data
         do {
             data = try Data(contentsOf: URL(fileURLWithPath: path))

@@ -4,6 +4,7 @@ import Logging
 import NIOCore
 import NIOPosix
 import ServiceLifecycle
+import Synchronization
 import UploadCommandLine
 import UploadPlatform
 import UploadRelay
@@ -318,6 +319,10 @@ struct Serve: AsyncParsableCommand {
     }
 
     func run() async throws {
+        // From the first moment: SIGHUP's default would end a relay still starting (waiting for its catalog, say) when a
+        // certificate renewal signals it. One that comes before the listeners are up reloads once they are.
+        let hangup = Hangup()
+        defer { hangup.cancel() }
         let level = Logger.Level(rawValue: self.logLevel) ?? .info
         let json = self.logFormat == "json"
         LoggingSystem.bootstrap { label in
@@ -417,9 +422,7 @@ struct Serve: AsyncParsableCommand {
             }
         }
         // SIGHUP: the certificate and key are read again (a renewal); connections open keep theirs.
-        signal(SIGHUP, SIG_IGN)
-        let hangup = DispatchSource.makeSignalSource(signal: SIGHUP, queue: .global())
-        hangup.setEventHandler {
+        hangup.whenSignalled {
             do {
                 try server.reloadCertificate()
                 try statusServer?.reloadCertificate()
@@ -431,8 +434,6 @@ struct Serve: AsyncParsableCommand {
                 )
             }
         }
-        hangup.resume()
-        defer { hangup.cancel() }
         let group2 = ServiceGroup(
             configuration: .init(
                 services: [
@@ -619,4 +620,40 @@ extension Serve {
         try S3Setup.configuration(bucket: bucket, prefix: prefix, endpoint: self.s3Endpoint, region: self.s3Region)
     }
 
+}
+
+/// SIGHUP, caught from the start of `serve`: what it does is set once the relay is ready; one that came before runs
+/// then. Unchecked: the dispatch source is only resumed and cancelled, which Dispatch allows from any thread; the rest
+/// is behind the mutex.
+final class Hangup: @unchecked Sendable {
+    private let source: any DispatchSourceSignal
+    private let state = Mutex<(action: (@Sendable () -> Void)?, pending: Bool)>((nil, false))
+
+    init() {
+        signal(SIGHUP, SIG_IGN)
+        self.source = DispatchSource.makeSignalSource(signal: SIGHUP, queue: .global())
+        // The handler holds this object until the source is cancelled (Dispatch then lets its handlers go).
+        self.source.setEventHandler {
+            let action = self.state.withLock { state in
+                if state.action == nil { state.pending = true }
+                return state.action
+            }
+            action?()
+        }
+        self.source.resume()
+    }
+
+    /// From now on SIGHUP runs `action`; at once when one came before.
+    func whenSignalled(_ action: @escaping @Sendable () -> Void) {
+        let pending = self.state.withLock { state in
+            state.action = action
+            defer { state.pending = false }
+            return state.pending
+        }
+        if pending { action() }
+    }
+
+    func cancel() {
+        self.source.cancel()
+    }
 }

@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import Synchronization
 import UploadCommandLine
 
 /// Where `serve` takes its options from besides the command line, each overriding the one before:
@@ -136,7 +137,18 @@ enum ServeConfig {
                 options.append((option, ["--" + option, try Self.secret(value, origin: variable)]))
                 continue
             }
-            guard let takesValue = Self.options[name], !value.isEmpty || !takesValue else { continue }
+            guard let takesValue = Self.options[name] else {
+                // A variable one or two letters from an option's is a typo, refused as the file refuses one; others
+                // (the package's UPLOAD_RELAY_OPTIONS, a script's own) are not the relay's.
+                if let near = Self.nearestOption(to: name) {
+                    let suggestion = Self.prefix + near.uppercased().replacing("-", with: "_")
+                    throw Failure(
+                        description: "\(variable) is not an option of upload-relay serve: did you mean \(suggestion)? (see upload-relay serve --help)"
+                    )
+                }
+                continue
+            }
+            guard !value.isEmpty || !takesValue else { continue }
             if takesValue {
                 options.append((name, ["--" + name, value]))
             } else {
@@ -148,6 +160,29 @@ enum ServeConfig {
             }
         }
         return options
+    }
+
+    /// The option (or `NAME-file`) at most two edits from `name`, when `name` is long enough for that to mean a typo.
+    static func nearestOption(to name: String) -> String? {
+        guard name.count >= 4 else { return nil }
+        let candidates = Self.options.keys.flatMap { option in Self.options[option] == true ? [option, option + "-file"] : [option] }
+        let scored = candidates.map { ($0, Self.editDistance(name, $0)) }.filter { $0.1 <= 2 }
+        return scored.min { $0.1 < $1.1 || ($0.1 == $1.1 && $0.0 < $1.0) }?.0
+    }
+
+    /// Levenshtein distance, by characters.
+    static func editDistance(_ a: String, _ b: String) -> Int {
+        let (a, b) = (Array(a), Array(b))
+        guard !a.isEmpty else { return b.count }
+        var previous = Array(0...b.count)
+        for i in 1...a.count {
+            var current = [i] + Array(repeating: 0, count: b.count)
+            for j in stride(from: 1, through: b.count, by: 1) {
+                current[j] = min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1))
+            }
+            previous = current
+        }
+        return previous[b.count]
     }
 
     /// The command line with each `--NAME-file PATH` (NAME an option that takes a value) made `--NAME VALUE`.
@@ -188,14 +223,21 @@ enum ServeConfig {
         return Self.options[option] == true ? option : nil
     }
 
-    /// A value read from a file: its content without the trailing newline.
+    /// Each value read from a file so far, with how messages show it instead: a value that does not parse must not be
+    /// echoed (`--listen-file /etc/shadow` would print the file).
+    static let valuesRead = Mutex<[(value: String, shownAs: String)]>([])
+
+    /// A value read from a file: its content without the trailing newline. The file is a secret's: only its owner may
+    /// change it, and not every user may read it (``FileTrust``).
     static func secret(_ path: String, origin: String) throws -> String {
+        if let problem = FileTrust.problem(path, what: "\(origin) \(path)", secret: true) { throw Failure(description: problem) }
         guard let data = FileManager.default.contents(atPath: path), let text = String(data: data, encoding: .utf8) else {
             throw Failure(description: "\(origin): cannot read \(path) (it must exist, be readable by this user and hold UTF-8 text)")
         }
         var value = text
         while value.hasSuffix("\n") || value.hasSuffix("\r") { value.removeLast() }
         guard !value.isEmpty else { throw Failure(description: "\(origin): \(path) is empty") }
+        Self.valuesRead.withLock { $0.append((value, "(the content of \(path))")) }
         return value
     }
 }

@@ -36,7 +36,7 @@ struct UploadRelayCommand: AsyncParsableCommand {
             FileHandle.standardError.write(Data("upload-relay: \(error)\n".utf8))
             Glibc.exit(2)
         }
-        await Self.mainExitingTwoOnUsageError(arguments)
+        await Self.mainExitingTwoOnUsageError(arguments) { ServeConfig.valuesRead.withLock { $0 } }
     }
 
     /// TLS's plaintext buffers (each read took a new one while the frames' chunks were slices of them) and the staging

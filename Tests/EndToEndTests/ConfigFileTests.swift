@@ -111,6 +111,7 @@ struct ConfigFileTests {
         ]
         if let catalogURL {
             try Data((catalogURL + "\n").utf8).write(to: URL(fileURLWithPath: home + "/catalog-url"))
+            chmod(home + "/catalog-url", 0o600)
             object["catalog-file"] = home + "/catalog-url"
         }
         try self.write(object, to: home + "/relay.json")
@@ -157,5 +158,105 @@ struct ConfigFileTests {
             try relayBinary(), ["serve", "--config", home + "/relay.json", "--catalog-file", home + "/none"])
         #expect(unreadable.status == 2)
         #expect(unreadable.stderr.contains("--catalog-file: cannot read \(home)/none"), "\(unreadable.stderr)")
+    }
+
+    @Test(
+        "configuration taken as sshd's StrictModes takes it: a --config others can change, a secret's file every user can read, and a directory anyone can write are refused; a file's value is never echoed; a typo in UPLOAD_RELAY_* is named"
+    )
+    func strictConfiguration() async throws {
+        let home = TestRelay.makeDirectory()
+        defer { try? FileManager.default.removeItem(atPath: home) }
+        let relay = try relayBinary()
+        let config = home + "/relay.json"
+        try self.write(["data": home + "/data", "dev": true, "listen": "127.0.0.1:0"], to: config)
+        func serve(_ arguments: [String], environment: [String: String] = [:]) async throws -> CommandLineTests.Run {
+            try await CommandLineTests.run(relay, ["serve"] + arguments, environment: environment)
+        }
+        chmod(config, 0o666)
+        let writable = try await serve(["--config", config])
+        #expect(writable.status == 2)
+        #expect(
+            writable.stderr.contains("--config \(config) can be changed by users other than its owner (mode 0666); chmod go-w"), "\(writable.stderr)")
+        chmod(config, 0o644)
+        let open = home + "/open"
+        try FileManager.default.createDirectory(atPath: open, withIntermediateDirectories: true)
+        chmod(open, 0o777)
+        try self.write(["data": home + "/data"], to: open + "/relay.json")
+        let inOpen = try await serve(["--config", open + "/relay.json"])
+        #expect(inOpen.status == 2)
+        #expect(inOpen.stderr.contains("which every user can write (mode 0777)"), "\(inOpen.stderr)")
+
+        let secret = home + "/catalog-url"
+        try Data("postgres://u:hunter2@127.0.0.1:1/db\n".utf8).write(to: URL(fileURLWithPath: secret))
+        chmod(secret, 0o644)
+        let readable = try await serve(["--config", config, "--catalog-file", secret])
+        #expect(readable.status == 2)
+        #expect(readable.stderr.contains("holds a secret that every user can read (mode 0644); chmod o-r"), "\(readable.stderr)")
+        #expect(!readable.stderr.contains("hunter2"))
+
+        // A value read from a file that does not parse is named by its file, never shown.
+        let listen = home + "/listen"
+        try Data("root:$6$notahash:19000:0:99999:7:::\n".utf8).write(to: URL(fileURLWithPath: listen))
+        chmod(listen, 0o600)
+        let shown = try await serve(["--config", config, "--listen-file", listen])
+        #expect(shown.status == 2)
+        #expect(!shown.stderr.contains("notahash"), "\(shown.stderr)")
+        #expect(shown.stderr.contains("(the content of \(listen))"), "\(shown.stderr)")
+
+        // A catalog URL that cannot be used is shown without its password, however it is malformed.
+        for url in ["postgres://u:hunter2@host:notaport/db", "postgre://u:hunter2@h/db", "postgres://u:hunter2@/db", "mysql://u:hunter2@h/db"] {
+            let bad = try await serve(["--config", config, "--catalog", url])
+            #expect(bad.status != 0)
+            #expect(!bad.stderr.contains("hunter2"), "\(url): \(bad.stderr)")
+        }
+
+        // UPLOAD_RELAY_* one or two letters from an option is refused and named, as the same typo in the file is.
+        let typo = try await serve(["--config", config], environment: ["UPLOAD_RELAY_MIN_FRE": "2G"])
+        #expect(typo.status == 2)
+        #expect(
+            typo.stderr.contains("UPLOAD_RELAY_MIN_FRE is not an option of upload-relay serve: did you mean UPLOAD_RELAY_MIN_FREE?"), "\(typo.stderr)"
+        )
+    }
+
+    @Test("SIGHUP while the relay waits for its catalog does not end it: it goes on to its own outcome")
+    func hangupBeforeReady() async throws {
+        let home = TestRelay.makeDirectory()
+        defer { try? FileManager.default.removeItem(atPath: home) }
+        // A "PostgreSQL" that accepts and never answers: the relay waits for it.
+        let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(listener) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                bind(listener, $0, length) == 0 && listen(listener, 8) == 0 && getsockname(listener, $0, &length) == 0
+            }
+        }
+        try #require(bound)
+        let port = Int(UInt16(bigEndian: address.sin_port))
+        let relay = try ChildProcess(
+            try relayBinary(),
+            [
+                "serve", "--dev", "--data", home + "/data", "--listen", "127.0.0.1:0", "--ready-file", home + "/ready", "--catalog",
+                "postgres://u:p@127.0.0.1:\(port)/db?sslmode=disable",
+            ],
+            readyFile: home + "/ready", logFile: home + "/relay.log"
+        )
+        defer {
+            relay.kill(SIGKILL)
+            _ = relay.waitForExit()
+        }
+        // Once the relay has connected to the silent server, it is waiting for its catalog: then the signal.
+        var waiting = pollfd(fd: listener, events: Int16(POLLIN), revents: 0)
+        try #require(poll(&waiting, 1, 30_000) == 1, "the relay never connected to its catalog")
+        let connection = accept(listener, nil, nil)
+        defer { if connection >= 0 { close(connection) } }
+        relay.kill(SIGHUP)
+        let status = relay.waitForExit()
+        #expect(relay.process.terminationReason == .exit, "ended by a signal (\(status)): \(relay.log)")
+        #expect(status == 2, "\(relay.log)")
+        #expect(relay.log.contains("--catalog"), "\(relay.log)")
     }
 }
