@@ -133,8 +133,10 @@ def GOAWAY(last, code="NO_ERROR", message=""):
 
 
 def PLAN(request, entries, overwrite=False):
+    """Entries are (key, size); a key given as bytes is one that is not UTF-8, written as key_hex (Appendix A.1)."""
     return {"type": "PLAN", "stream": 0, "flags": 0x04 if overwrite else 0, "request": request,
-            "entries": [{"key": k, "size": n} for k, n in entries]}
+            "entries": [{"key_hex": k.hex(), "size": n} if isinstance(k, bytes) else {"key": k, "size": n}
+                        for k, n in entries]}
 
 
 def ROOM(request, quota, used, needs):
@@ -386,6 +388,8 @@ def valid_vectors():
         PLAN(7, [("cam-7/2026/a.jpg", 3145728), ("cam-7/2026/clip.mp4", 1073741824)]))
     add("plan-overwrite", "PLAN with OVERWRITE and no entry: asks only for the quota and its use (§3.15).",
         PLAN(8, [], overwrite=True))
+    add("plan-key-not-utf8", "PLAN whose second key is not UTF-8: PLAN does not check it (the relay answers it as a new key), and the vector gives its bytes as key_hex (§3.15, Appendix A.1).",
+        PLAN(9, [("a.jpg", 10), (b"bad\xff.jpg", 20)]))
     add("room", "ROOM answering the PLAN of vector plan: 10 GiB quota, 9 GiB used; the photo needs 3 MiB, the clip 1 GiB less the 512 MiB its unfinished upload holds (§3.16, §7.2).",
         ROOM(7, 10737418240, 9663676416, [3145728, 536870912]))
     add("room-no-quota", "ROOM for an account without a quota: quota 0xFFFFFFFFFFFFFFFF (§3.16).",

@@ -508,7 +508,8 @@ def _check_values(name, sid, flags, v, max_frame_size, defer_key) -> dict:
         for raw, size in v["entries"]:
             _u62(name, "size", size)
             key = _utf8(raw)
-            entries.append({"key": key if key is not None else "<invalid UTF-8>", "size": size})
+            # A key that is not UTF-8 (PLAN does not check it) is given as its bytes, so that the vector round-trips.
+            entries.append({"key": key, "size": size} if key is not None else {"key_hex": bytes(raw).hex(), "size": size})
         out = {"request": v["request"], "entries": entries}
     elif name == "ROOM":
         if v["quota"] != NO_QUOTA:
@@ -597,7 +598,7 @@ def encode(f: dict) -> bytes:
     elif t == "PLAN":
         p = struct.pack(">IH", f["request"], len(f["entries"]))
         for e in f["entries"]:
-            p += _s16(e["key"]) + struct.pack(">Q", e["size"])
+            p += (_b16(e["key_hex"]) if "key_hex" in e else _s16(e["key"])) + struct.pack(">Q", e["size"])
     elif t == "ROOM":
         quota = NO_QUOTA if f["quota"] == "none" else f["quota"]
         p = struct.pack(">IQQH", f["request"], quota, f["used"], len(f["needs"]))

@@ -72,7 +72,11 @@ enum FrameJSON {
             f["message"] = g.message
         case .plan(let p):
             f["request"] = "\(p.request)"
-            f["entries"] = Self.list(p.entries.map { ["key": String(validating: $0.rawKey, as: UTF8.self) ?? "<invalid UTF-8>", "size": $0.size] })
+            f["entries"] = Self.list(
+                p.entries.map { entry in
+                    String(validating: entry.rawKey, as: UTF8.self).map { ["key": $0, "size": entry.size] }
+                        ?? ["key_hex": entry.rawKey.hexString, "size": entry.size]
+                })
         case .room(let r):
             f["request"] = "\(r.request)"
             f["quota"] = r.quota.map { "\($0)" } ?? "none"
