@@ -257,6 +257,79 @@ struct HookTests {
         #expect(!FileManager.default.fileExists(atPath: relay.storePath + ".previews/dev/DCIM/IMG_0002.jpg.preview.jpg"))
         await relay.stop()
     }
+
+    @Test(
+        "through the relay binary, --hook-timeout 2s: a hook that ignores TERM is killed at its timeout and retried, one that leaves a background job holding its output is over when it exits, the next event is delivered, and SIGTERM stops the relay within the timeout plus 10 s"
+    )
+    func hooksThatHold() async throws {
+        let work = TestRelay.makeDirectory()
+        let data = work + "/data"
+        var leftBehind: [Int32] = []
+        defer {
+            for pid in leftBehind { kill(pid, SIGKILL) }
+            try? FileManager.default.removeItem(atPath: work)
+        }
+        // trap*: ignores TERM and sleeps on its first attempt; bg*: leaves a job of its own session holding the output;
+        // hang*: ignores TERM and sleeps on every attempt, its pid noted.
+        try """
+        #!/bin/sh
+        case "$UPLOAD_KEY" in
+            trap*) if [ "$UPLOAD_ATTEMPT" -lt 2 ]; then trap '' TERM; sleep 1000; fi ;;
+            bg*) setsid sleep 1000 & echo $! >> \(work)/background.pids ;;
+            hang*) trap '' TERM; echo $$ >> \(work)/hang.pids; sleep 1000 ;;
+        esac
+        printf '%s %s\\n' "$UPLOAD_KEY" "$UPLOAD_ATTEMPT" >> \(work)/delivered.txt
+        """.write(toFile: work + "/hook.sh", atomically: true, encoding: .utf8)
+        let relay = try ChildProcess(
+            try relayBinary(),
+            [
+                "serve", "--dev", "--data", data, "--listen", "127.0.0.1:0", "--ready-file", work + "/ready", "--on-commit",
+                "/bin/sh " + work + "/hook.sh", "--hook-timeout", "2s", "--hook-concurrency", "1",
+            ],
+            readyFile: work + "/ready", logFile: work + "/relay.log"
+        )
+        defer {
+            relay.kill(SIGKILL)
+            _ = relay.waitForExit()
+        }
+        let port = try await relay.waitUntilReady()
+        let token = try String(contentsOfFile: data + "/dev/token", encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
+        func send(_ names: [String]) async throws {
+            let paths = names.enumerated().map { makeFile(work, $0.element, size: 5_000 + $0.offset, seed: UInt64(90 + $0.offset)).path }
+            let sent = try await CommandLineTests.run(
+                try CommandLineTests.agentBinary(),
+                ["send", "--no-state", "--relay", "127.0.0.1:\(port)", "--ca", data + "/dev/ca.pem", "--token", token] + paths
+            )
+            #expect(sent.status == 0, "\(sent.stderr)")
+        }
+        func delivered() -> [String] {
+            ((try? String(contentsOfFile: work + "/delivered.txt", encoding: .utf8)) ?? "").split(separator: "\n").map(String.init)
+        }
+        try await send(["trap.jpg", "bg.jpg", "last.jpg"])
+        let all = try await Polling.eventually(timeout: 30) { Set(delivered().map { $0.split(separator: " ")[0] }).count == 3 }
+        leftBehind += ((try? String(contentsOfFile: work + "/background.pids", encoding: .utf8)) ?? "").split(separator: "\n").compactMap {
+            Int32($0)
+        }
+        #expect(all, "delivered: \(delivered()); \(relay.log)")
+        #expect(delivered().contains("trap.jpg 2"), "the TERM-ignoring hook was killed and its event delivered again: \(delivered())")
+        #expect(delivered().contains("bg.jpg 1") && delivered().contains("last.jpg 1"), "\(delivered())")
+
+        // A hook that never ends, whatever it is sent: SIGTERM stops the relay within the timeout plus 10 s, the hook gone.
+        try await send(["hang.jpg"])
+        let started = try await Polling.eventually(timeout: 30) { FileManager.default.fileExists(atPath: work + "/hang.pids") }
+        try #require(started, "\(relay.log)")
+        let hook = Int32(((try? String(contentsOfFile: work + "/hang.pids", encoding: .utf8)) ?? "").split(separator: "\n").first ?? "") ?? 0
+        let stopping = Date()
+        relay.kill(SIGTERM)
+        let status = relay.waitForExit()
+        let took = Date().timeIntervalSince(stopping)
+        #expect(took < 12, "the relay took \(took) s to stop with a hook running")
+        #expect(status == 0, "\(relay.log)")
+        // Killed with its group by the relay; reaped by init once the relay is gone.
+        let gone = try await Polling.eventually(timeout: 10) { hook > 0 && kill(hook, 0) != 0 }
+        #expect(gone, "the hook \(hook) outlived the relay")
+        if hook > 0 { leftBehind.append(hook) }
+    }
 }
 
 /// Lowercase hex SHA-1, as events carry it.
