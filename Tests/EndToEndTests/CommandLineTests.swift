@@ -543,6 +543,47 @@ struct CommandLineTests {
         #expect(FileManager.default.contents(atPath: data + "/store/dev/third/clip.mp4") == clip.data)
     }
 
+    @Test(
+        "the name verified is the one asked for: --server-name wrong.example against a certificate for localhost and 127.0.0.1 is refused, though it lists the address dialled (finding 7)"
+    )
+    func serverNameVerified() async throws {
+        let relay = try await DevRelay()
+        defer { relay.stop() }
+        let source = TestRelay.makeDirectory()
+        defer { try? FileManager.default.removeItem(atPath: source) }
+        let file = makeFile(source, "photo.jpg", size: 1000, seed: 70)
+        let refused = try await Self.run(
+            try Self.agentBinary(), ["send", "--json", "--no-state", "--retry-for", "5s", "--server-name", "wrong.example", file.path],
+            environment: relay.environment)
+        #expect(refused.status != 0, "\(refused.stdout) \(refused.stderr)")
+        #expect((refused.stdout + refused.stderr).contains("wrong.example"), "\(refused.stdout) \(refused.stderr)")
+        #expect(!FileManager.default.fileExists(atPath: relay.data + "/store/dev/photo.jpg"))
+        let named = try await Self.run(
+            try Self.agentBinary(), ["send", "--json", "--no-state", "--server-name", "localhost", file.path], environment: relay.environment)
+        #expect(named.status == 0, "\(named.stderr)")
+    }
+
+    @Test("send DIR holding café.txt twice, its name in NFC and in NFD: both stored, each under its own bytes (finding 11)")
+    func canonicallyEquivalentNames() async throws {
+        let relay = try await DevRelay()
+        defer { relay.stop() }
+        let source = TestRelay.makeDirectory()
+        defer { try? FileManager.default.removeItem(atPath: source) }
+        let composed = "caf\u{E9}.txt"
+        let decomposed = "cafe\u{301}.txt"
+        #expect(composed == decomposed && Array(composed.utf8) != Array(decomposed.utf8), "Swift compares them equal; their bytes differ")
+        let first = makeFile(source + "/names", composed, size: 300, seed: 71)
+        let second = makeFile(source + "/names", decomposed, size: 400, seed: 72)
+        let run = try await Self.run(try Self.agentBinary(), ["send", "--json", "--no-state", source + "/names"], environment: relay.environment)
+        let lines = try Self.jsonLines(run.stdout)
+        #expect(run.status == 0 && lines.count == 2, "\(run.stdout) \(run.stderr)")
+        #expect(lines.allSatisfy { $0["status"] as? String == "stored" }, "\(run.stdout)")
+        let stored = try FileManager.default.contentsOfDirectory(atPath: relay.data + "/store/dev/names").map { Array($0.utf8) }
+        #expect(Set(stored) == [Array(composed.utf8), Array(decomposed.utf8)], "\(stored)")
+        #expect(FileManager.default.contents(atPath: relay.data + "/store/dev/names/" + composed) == first.data)
+        #expect(FileManager.default.contents(atPath: relay.data + "/store/dev/names/" + decomposed) == second.data)
+    }
+
     @Test("send --json: names with quotes and accents come out as valid JSON, byte for byte")
     func jsonEscapes() async throws {
         let relay = try await DevRelay()
