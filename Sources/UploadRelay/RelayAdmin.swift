@@ -78,6 +78,8 @@ public enum RelayAdmin {
         public var refused: [(key: String, reason: String)] = []
         public var uploadsDropped = 0
         public var deleted = false
+        /// How the running relays took the revocation that came first.
+        public var looks = Looks()
     }
 
     /// Deletes account `name`: its token is refused first (running relays close its connections), then its uploads
@@ -88,6 +90,10 @@ public enum RelayAdmin {
     ) async throws -> AccountDeletion {
         var outcome = AccountDeletion()
         guard try await catalog.revokeAccount(named: name) else { throw CatalogError.unknownAccount(name) }
+        // After the revocation is in the catalog: a look that read the accounts since has seen it.
+        let revoked = Date()
+        // No relay acts for the account from here on: each has closed its connections before anything of it goes.
+        outcome.looks = try await Self.waitForLooks(catalog: catalog, after: revoked)
         let keys = RelayRuntime.KeyGuard.claiming(KeyClaims(locks: catalog.keyLocks))
         for session in try await catalog.sessions(updatedBefore: .distantFuture) where session.account == name {
             let dropped = try await keys.holding(name, session.key) { () async throws -> Bool in
@@ -127,5 +133,30 @@ public enum RelayAdmin {
             logger.notice("deleted an account (upload-relay token delete)", metadata: ["account": "\(name)", "objects": "\(objects.rawValue)"])
         }
         return outcome
+    }
+
+    /// How the running relays took an account change: how many told their connections, and how many did not within
+    /// the wait.
+    public struct Looks: Hashable, Sendable {
+        public var told = 0
+        public var silent = 0
+    }
+
+    /// Waits until every running relay (one that looked at the accounts within `live` before `after`) has told its
+    /// connections the accounts as they were at `after` or later: then none of them holds a connection of a principal
+    /// that was gone by `after`. Relays that do not within `timeout` are counted silent.
+    public static func waitForLooks(
+        catalog: any Catalog, after: Date, timeout: Duration = .seconds(30), live: TimeInterval = 10
+    ) async throws -> Looks {
+        let deadline = ContinuousClock.now + timeout
+        while true {
+            let running = try await catalog.relayLooks().values.filter { $0 > after.addingTimeInterval(-live) }
+            let behind = running.filter { $0 < after }.count
+            if behind == 0 || ContinuousClock.now >= deadline {
+                return Looks(told: running.count - behind, silent: behind)
+            }
+            // The catalog is asked again shortly: relays look every couple of seconds.
+            try await Task.sleep(for: .milliseconds(100))
+        }
     }
 }

@@ -49,6 +49,38 @@ extension PostgresCatalog {
         return try await self.run { try await Self.rows("SELECT * FROM account ORDER BY name COLLATE \"C\"", on: $0, logger).map(Self.account) }
     }
 
+    public func recordLook(relay: String, readAt: Date) async throws {
+        let (logger, at) = (self.logger, readAt.timeIntervalSince1970)
+        _ = try await self.run { connection in
+            try await connection.query(
+                """
+                INSERT INTO relay_look (relay, read_at) VALUES (\(relay), \(at))
+                ON CONFLICT (relay) DO UPDATE SET read_at = excluded.read_at
+                """, logger: logger)
+            try await connection.query("DELETE FROM relay_look WHERE read_at < \(at - 86_400)", logger: logger)
+            return true
+        }
+    }
+
+    public func relayLooks() async throws -> [String: Date] {
+        let logger = self.logger
+        return try await self.run { connection in
+            var looks: [String: Date] = [:]
+            for row in try await Self.rows("SELECT relay, read_at FROM relay_look", on: connection, logger) {
+                looks[try row["relay"].decode(String.self)] = Date(timeIntervalSince1970: try row["read_at"].decode(Double.self))
+            }
+            return looks
+        }
+    }
+
+    public func forgetLook(relay: String) async throws {
+        let logger = self.logger
+        _ = try await self.run { connection in
+            try await connection.query("DELETE FROM relay_look WHERE relay = \(relay)", logger: logger)
+            return true
+        }
+    }
+
     public func revokeAccount(named name: String) async throws -> Bool {
         let logger = self.logger
         return try await self.run {

@@ -567,5 +567,11 @@ public final class PostgresCatalog: Catalog, @unchecked Sendable {
                 """
             ]
         ),
+        (
+            // Each relay's last look at the accounts (``RelayAdmin/waitForLooks(catalog:after:timeout:)``): a token
+            // delete or revocation returns once every running relay has told its connections.
+            11,
+            ["CREATE TABLE relay_look (relay TEXT PRIMARY KEY, read_at DOUBLE PRECISION NOT NULL)"]
+        ),
     ]
 }

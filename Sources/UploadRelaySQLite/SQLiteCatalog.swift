@@ -129,7 +129,7 @@ public final class SQLiteCatalog: Catalog {
                     """
             )
         }
-        // Versions 7 and 8 are PostgreSQL's alone (key order, reservations across relays).
+        // Versions 7, 8 and 10 are PostgreSQL's alone (key order, reservations and key claims across relays).
         migrator.registerMigration("v9: multipart uploads begun (the S3 store's ledger)") { db in
             try db.execute(
                 sql: """
@@ -143,6 +143,9 @@ public final class SQLiteCatalog: Catalog {
                     );
                     """
             )
+        }
+        migrator.registerMigration("v11: the relays' looks at the accounts") { db in
+            try db.execute(sql: "CREATE TABLE relay_look (relay TEXT PRIMARY KEY NOT NULL, read_at DOUBLE NOT NULL)")
         }
         return migrator
     }
@@ -189,6 +192,30 @@ public final class SQLiteCatalog: Catalog {
         try await self.reading { db in
             try Row.fetchAll(cached: db, sql: "SELECT * FROM account ORDER BY name").map(Self.account)
         }
+    }
+
+    public func recordLook(relay: String, readAt: Date) async throws {
+        try await self.writing { db in
+            let at = readAt.timeIntervalSince1970
+            try db.execute(
+                cached: "INSERT INTO relay_look (relay, read_at) VALUES (?, ?) ON CONFLICT (relay) DO UPDATE SET read_at = excluded.read_at",
+                arguments: [relay, at])
+            try db.execute(cached: "DELETE FROM relay_look WHERE read_at < ?", arguments: [at - 86_400])
+        }
+    }
+
+    public func relayLooks() async throws -> [String: Date] {
+        try await self.reading { db in
+            var looks: [String: Date] = [:]
+            for row in try Row.fetchAll(cached: db, sql: "SELECT relay, read_at FROM relay_look") {
+                looks[row["relay"]] = Date(timeIntervalSince1970: row["read_at"])
+            }
+            return looks
+        }
+    }
+
+    public func forgetLook(relay: String) async throws {
+        try await self.writing { db in try db.execute(cached: "DELETE FROM relay_look WHERE relay = ?", arguments: [relay]) }
     }
 
     public func revokeAccount(named name: String) async throws -> Bool {

@@ -125,11 +125,29 @@ struct Token: AsyncParsableCommand {
         }
     }
 
-    /// Applies a change to account `name`, or fails naming it when there is no such account.
-    static func update(_ name: String, _ options: Options, quota: Int64?? = nil, tokenHash: [UInt8]? = nil, revoked: Bool? = nil) async throws {
+    /// Applies a change to account `name`, or fails naming it when there is no such account. A change that ends what
+    /// its open connections may do (a new token, disabled) returns once every running relay has closed them: then
+    /// the words for it.
+    @discardableResult
+    static func update(
+        _ name: String, _ options: Options, quota: Int64?? = nil, tokenHash: [UInt8]? = nil, revoked: Bool? = nil
+    ) async throws -> String {
         let catalog = try await options.openCatalog()
+        defer { (catalog as? PostgresCatalog)?.shutdown() }
         guard try await catalog.updateAccount(named: name, quota: quota, tokenHash: tokenHash, revoked: revoked) else {
             throw ValidationError(CatalogError.unknownAccount(name).description)
+        }
+        guard tokenHash != nil || revoked == true else { return "" }
+        return Self.words(try await RelayAdmin.waitForLooks(catalog: catalog, after: Date()))
+    }
+
+    /// What the running relays did with the connections of a principal that is gone.
+    static func words(_ looks: RelayAdmin.Looks) -> String {
+        switch (looks.told, looks.silent) {
+        case (0, 0): return ""
+        case (let told, 0): return "; \(told == 1 ? "the running relay has" : "the \(told) running relays have") closed its connections"
+        case (_, let silent):
+            return "; \(silent) running relays did not answer within 30 s: they close its connections at their next look at the catalog"
         }
     }
 
@@ -151,9 +169,9 @@ struct Token: AsyncParsableCommand {
 
         func run() async throws {
             let token = Tokens.generate()
-            try await Token.update(self.name, self.options, tokenHash: Tokens.hash(Array(token.utf8)))
+            let relays = try await Token.update(self.name, self.options, tokenHash: Tokens.hash(Array(token.utf8)))
             print(token)
-            Token.say("new token for account \"\(self.name)\" (shown once); the old one is refused from now on")
+            Token.say("new token for account \"\(self.name)\" (shown once); the old one is refused from now on" + relays)
         }
     }
 
@@ -189,8 +207,8 @@ struct Token: AsyncParsableCommand {
         @OptionGroup var options: Options
 
         func run() async throws {
-            try await Token.update(self.name, self.options, revoked: true)
-            Token.say("account \"\(self.name)\" disabled: its token is refused until `token enable`")
+            let relays = try await Token.update(self.name, self.options, revoked: true)
+            Token.say("account \"\(self.name)\" disabled: its token is refused until `token enable`" + relays)
         }
     }
 
@@ -220,10 +238,12 @@ struct Token: AsyncParsableCommand {
 
         func run() async throws {
             let catalog = try await self.options.openCatalog()
+            defer { (catalog as? PostgresCatalog)?.shutdown() }
             guard try await catalog.revokeAccount(named: self.name) else {
                 throw ValidationError(CatalogError.unknownAccount(self.name).description)
             }
-            FileHandle.standardError.write(Data("revoked the token of account \"\(self.name)\"\n".utf8))
+            let relays = Token.words(try await RelayAdmin.waitForLooks(catalog: catalog, after: Date()))
+            Token.say("revoked the token of account \"\(self.name)\"" + relays)
         }
     }
 
@@ -285,7 +305,7 @@ struct Token: AsyncParsableCommand {
                 )
                 throw ExitCode(1)
             }
-            Token.say("account \"\(self.name)\" deleted" + (words.isEmpty ? "" : ": " + words.joined(separator: ", ")))
+            Token.say("account \"\(self.name)\" deleted" + (words.isEmpty ? "" : ": " + words.joined(separator: ", ")) + Token.words(outcome.looks))
         }
     }
 }

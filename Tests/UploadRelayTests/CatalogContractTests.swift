@@ -214,6 +214,23 @@ struct CatalogContractTests {
         }
     }
 
+    @Test("relays' looks: recorded per relay, the latest kept, forgotten when the relay stops", arguments: Backend.allCases)
+    func relayLooks(_ backend: Backend) async throws {
+        try await Self.withCatalog(backend) { catalog, _ in
+            let now = Date(timeIntervalSince1970: Date().timeIntervalSince1970.rounded())
+            try await catalog.recordLook(relay: "a", readAt: now.addingTimeInterval(-5))
+            try await catalog.recordLook(relay: "a", readAt: now)
+            try await catalog.recordLook(relay: "b", readAt: now.addingTimeInterval(-1))
+            #expect(try await catalog.relayLooks() == ["a": now, "b": now.addingTimeInterval(-1)])
+            try await catalog.forgetLook(relay: "b")
+            #expect(try await catalog.relayLooks() == ["a": now])
+            // A look of a relay gone for more than a day is forgotten by the next look of any.
+            try await catalog.recordLook(relay: "old", readAt: now.addingTimeInterval(-90_000))
+            try await catalog.recordLook(relay: "a", readAt: now.addingTimeInterval(1))
+            #expect(try await catalog.relayLooks().keys.sorted() == ["a"])
+        }
+    }
+
     @Test("unfinished uploads are counted per account, up to the limit asked, and summed over all accounts", arguments: Backend.allCases)
     func unfinishedUploads(_ backend: Backend) async throws {
         try await Self.withCatalog(backend) { catalog, _ in

@@ -328,6 +328,13 @@ public protocol AccountCatalog: Sendable {
     /// Changes what is given of account `name`: its quota (`.some(nil)`: no limit), its token's hash (a rotation), whether
     /// it is disabled. False when there is no such account.
     func updateAccount(named name: String, quota: Int64??, tokenHash: [UInt8]?, revoked: Bool?) async throws -> Bool
+    /// Relay `relay` (an id of its running process) told each of its connections the accounts as read at `readAt`:
+    /// those whose principal was gone by then are closing. Looks older than a day are forgotten meanwhile.
+    func recordLook(relay: String, readAt: Date) async throws
+    /// Each relay's last look: when the accounts it last told its connections about were read, by its clock.
+    func relayLooks() async throws -> [String: Date]
+    /// Relay `relay` stopped, every connection of its closed.
+    func forgetLook(relay: String) async throws
 }
 
 /// Upload sessions: what is durable of each unfinished upload, so that any relay sharing the catalog can resume it.

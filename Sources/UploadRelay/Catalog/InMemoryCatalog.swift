@@ -18,6 +18,7 @@ public final class InMemoryCatalog: Catalog, MultipartLedger, Sendable {
 
     private struct State {
         var accounts: [String: Account] = [:]
+        var looks: [String: Date] = [:]
         var sessions: [String: UploadSession] = [:]
         var parts: [String: [Int: StagedPart]] = [:]
         var stripes: [String: [Int: Int64]] = [:]
@@ -141,6 +142,21 @@ public final class InMemoryCatalog: Catalog, MultipartLedger, Sendable {
 
     public func accounts() async throws -> [Account] {
         self.locked { $0.accounts.values.sorted { Self.precedes($0.name, $1.name) } }
+    }
+
+    public func recordLook(relay: String, readAt: Date) async throws {
+        self.locked { state in
+            state.looks[relay] = readAt
+            state.looks = state.looks.filter { $0.value > readAt.addingTimeInterval(-86_400) }
+        }
+    }
+
+    public func relayLooks() async throws -> [String: Date] {
+        self.locked { $0.looks }
+    }
+
+    public func forgetLook(relay: String) async throws {
+        self.locked { $0.looks[relay] = nil }
     }
 
     public func revokeAccount(named name: String) async throws -> Bool {

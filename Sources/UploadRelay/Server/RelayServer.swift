@@ -166,6 +166,8 @@ public final class RelayServer: Service, Sendable {
         let stopped = maintenance.loop.makePromise(of: Void.self)
         maintenance.task.cancel(promise: stopped)
         try? await stopped.futureResult.get()
+        // Every connection is closed: an admin's wait need not count this relay any more.
+        try? await services.catalog.forgetLook(relay: maintenance.relayID)
         if let hooks {
             services.commitEventsQueued.withLockedValue { $0 = nil }
             // The deliveries under way end within the hook timeout.
@@ -178,7 +180,7 @@ public final class RelayServer: Service, Sendable {
     /// Every ``RelayConfiguration/maintenanceInterval``: connections whose principal is gone close (a token revoked or
     /// replaced, or an account deleted, must not keep acting on a connection it opened before), and sessions past
     /// their expiry go (they would hold quota and staging space for good), except those whose key an upload holds now.
-    private func startMaintenance() -> (task: RepeatedTask, loop: any EventLoop) {
+    private func startMaintenance() -> (task: RepeatedTask, loop: any EventLoop, relayID: String) {
         let services = self.services
         let interval = TimeAmount(services.configuration.maintenanceInterval)
         let loop = self.group.next()
@@ -188,8 +190,16 @@ public final class RelayServer: Service, Sendable {
         let known = NIOLockedValueBox<[String: Account]?>(nil)
         let lastExpiry = NIOLockedValueBox(NIODeadline.now())
         let expiryEvery = min(TimeAmount.nanoseconds(TimeAmount(services.configuration.sessionExpiry).nanoseconds / 4), .minutes(10))
+        // This process's name in the catalog's record of looks (``Catalog/recordLook(relay:readAt:)``).
+        let relayID = "\(ProcessInfo.processInfo.hostName)/\(getpid())/\(UInt32.random(in: 0...UInt32.max))"
+        // A relay that has just started holds no connection of a principal gone before now: recorded at once, so that an
+        // admin's wait counts it from its first moment.
+        let started = Date()
+        services.task(on: loop) { try await services.catalog.recordLook(relay: relayID, readAt: started) }.whenFailure { error in
+            services.logger.warning("could not record the relay's start in the catalog", metadata: ["error": "\(error)"])
+        }
         let task = loop.scheduleRepeatedAsyncTask(initialDelay: interval, delay: interval) { _ in
-            services.task(on: loop) { () -> [String: Account] in
+            services.task(on: loop) { () -> (accounts: [String: Account], readAt: Date) in
                 let due = lastExpiry.withLockedValue { last in
                     guard NIODeadline.now() - last >= expiryEvery else { return false }
                     last = .now()
@@ -206,9 +216,10 @@ public final class RelayServer: Service, Sendable {
                     )
                 }
                 // Read last, so that a connection authenticated while housekeeping ran is judged by a look no older.
+                let readAt = Date()
                 let accounts = try await services.catalog.accounts()
-                return Dictionary(accounts.map { ($0.name, $0) }, uniquingKeysWith: { first, _ in first })
-            }.map { accounts in
+                return (Dictionary(accounts.map { ($0.name, $0) }, uniquingKeysWith: { first, _ in first }), readAt)
+            }.flatMap { (accounts, readAt) in
                 let before = known.withLockedValue { known in
                     defer { known = accounts }
                     return known
@@ -231,11 +242,13 @@ public final class RelayServer: Service, Sendable {
                 for connection in self.connections {
                     connection.pipeline.fireUserInboundEventTriggered(event)
                 }
+                // Every connection is told: `token delete` and `revoke` wait for this record (RelayAdmin.waitForLooks).
+                return services.task(on: loop) { try await services.catalog.recordLook(relay: relayID, readAt: readAt) }
             }.recover { error in
                 services.logger.warning("relay maintenance failed", metadata: ["error": "\(error)"])
             }
         }
-        return (task, loop)
+        return (task, loop, relayID)
     }
 
     /// The connections open now.
