@@ -28,7 +28,7 @@ public final class PostgresCatalog: Catalog, @unchecked Sendable {
 
     /// The schema version this code writes: the SQLite catalog's migrations, v1 to v6, v7 (indexes in byte order) and
     /// v8 (what the uploads open on each relay announced) and v9 (the multipart uploads begun, ``MultipartLedger``).
-    static let schemaVersion = 10
+    static let schemaVersion = 11
 
     /// Connects (lazily, from a pool) to `url`, `postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?sslmode=disable|require]`,
     /// and migrates the schema.

@@ -2,8 +2,9 @@
 staging file and an inode of the disk everyone stages on, are capped; past the cap a new upload is refused
 QUOTA_EXCEEDED in words, while its own unfinished uploads still resume and other accounts upload as before."""
 import os
+import time
 
-from agentlib import pattern, sha1, describe
+from agentlib import NoFrame, pattern, sha1, describe
 
 CAP = 12
 
@@ -89,3 +90,33 @@ def test_one_account_cannot_take_every_upload_slot(make_relay):
     assert relay.read_object("photo.jpg") == data
     for c in conns:
         c.close()
+
+
+def test_idle_connections_give_their_memory_share_back(make_relay):
+    """Four connections that only wait hold the whole memory budget; another account's upload gets the smallest
+    window. Idle for 5 s while the budget is short, they are asked to go (GOAWAY), and the upload's window grows."""
+    relay = make_relay(["--memory-budget", "4M", "--connection-window", "1M", "--stream-window", "1M"])
+    hog = f"hog{os.urandom(3).hex()}"
+    relay.add_account(hog)
+    hogs = [relay.session(token=relay.tokens[hog]) for _ in range(4)]
+    assert sum(h.welcome["connection_window"] for h in hogs) == 4 << 20, [h.welcome["connection_window"] for h in hogs]
+    victim = relay.session()
+    assert victim.welcome["connection_window"] <= 256 << 10, victim.welcome
+    # As many as the upload needs are asked to go: one whole window's worth here.
+    asked = []
+    deadline = time.monotonic() + 20
+    while not asked and time.monotonic() < deadline:
+        for h in hogs:
+            try:
+                f = h.next_frame(0.2, lambda f: f["type"] in ("GOAWAY", "ERROR"))
+            except NoFrame:
+                continue
+            assert f["type"] == "GOAWAY" and f["code"] == "NO_ERROR", describe(f)
+            asked.append(h)
+    assert asked, "no idle connection was asked to go within 20 s"
+    data = pattern(4 << 20, 11)
+    assert victim.upload_honest("big.bin", data, sid=1, timeout=30.0)["type"] == "RESULT"
+    assert relay.read_object("big.bin") == data
+    # Without the idle connections' shares it could never pass the smallest window.
+    assert victim.conn_window >= 2 * victim.welcome["connection_window"], \
+        f"the uploading connection's window stayed at {victim.conn_window}"

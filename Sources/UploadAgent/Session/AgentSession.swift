@@ -34,7 +34,7 @@ struct AgentSession {
         case backoff(ObjectIdentifier)
         /// The relay has had ``AgentConfiguration/welcomeTimeout`` to WELCOME the connection.
         case welcome
-        /// The relay has had ``AgentConfiguration/retryFor`` since its last progress to answer what it owes.
+        /// The relay has had ``AgentSession/progressTimeout`` since its last progress to answer what it owes.
         case progress
     }
 
@@ -114,7 +114,7 @@ struct AgentSession {
     /// Keepalive periods in a row with nothing received (SPEC §2.3).
     var silentPeriods = 0
     /// The last OFFSET, ACK, RESULT or ROOM from the relay (or the connection's start): whatever else arrives, a relay
-    /// that owes an answer and gives none for ``AgentConfiguration/retryFor`` since then is left (SPEC §2.3).
+    /// that owes an answer and gives none for ``progressTimeout`` since then is left (SPEC §2.3).
     var lastProgressAt: ContinuousClock.Instant = .now
     /// The quota plan this connection asks before anything else (SPEC §7.2), until every PLAN is answered.
     var planning: QuotaPlanning?
@@ -153,9 +153,13 @@ struct AgentSession {
         )
         return self.write(self.machine.sendHello(hello)) + [
             .schedule(.welcome, in: TimeAmount(self.configuration.welcomeTimeout)),
-            .schedule(.progress, in: TimeAmount(self.configuration.retryFor)),
+            .schedule(.progress, in: TimeAmount(self.progressTimeout)),
         ]
     }
+
+    /// How long a relay that owes an answer may give none: `--retry-for`, never less than the welcome timeout (with
+    /// `--retry-for 0`, one connection is still given its time).
+    var progressTimeout: Duration { max(self.configuration.retryFor, self.configuration.welcomeTimeout) }
 
     /// Whether the relay owes this connection an answer: a WELCOME, an OFFSET to an OPEN, a RESULT to a HASH, a ROOM
     /// to a PLAN. Bytes that wait for their source (a slow stdin) owe nothing.
@@ -173,14 +177,15 @@ struct AgentSession {
             return self.close()
         case .progress:
             let waited = now - self.lastProgressAt
-            if waited >= self.configuration.retryFor && self.awaitsRelay {
+            let timeout = self.progressTimeout
+            if waited >= timeout && self.awaitsRelay {
                 self.outcome.reason =
                     self.outcome.welcomed
-                    ? "the relay answered nothing (OFFSET, ACK or RESULT) for \(self.configuration.retryFor)"
-                    : "the relay did not complete the handshake (WELCOME) within \(self.configuration.retryFor)"
+                    ? "the relay answered nothing (OFFSET, ACK or RESULT) for \(timeout)"
+                    : "the relay did not complete the handshake (WELCOME) within \(timeout)"
                 return self.close()
             }
-            let left = waited >= self.configuration.retryFor ? self.configuration.retryFor : self.configuration.retryFor - waited
+            let left = waited >= timeout ? timeout : timeout - waited
             return [.schedule(.progress, in: TimeAmount(max(left, .milliseconds(100))))]
         case .backoff:
             return []

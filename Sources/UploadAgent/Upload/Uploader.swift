@@ -19,6 +19,9 @@ public final class Uploader: Sendable {
     /// first); 1 to ``ConnectionGrowth/firstStep`` - 1, those opened beside it on a long link, each with that added
     /// connection's share. Each task ends when its connection waits (its ``KeptConnection``) or failed (nil).
     private let kept = NIOLockedValueBox<[Int: Task<KeptConnection?, Never>]>([:])
+    /// When the quota plan's connection began, and why it ended, when the relay never welcomed it: the run that follows
+    /// counts `--retry-for` from then, so an unanswering relay costs one wait, not two.
+    private let unanswered = NIOLockedValueBox<(since: ContinuousClock.Instant, reason: String)?>(nil)
 
     private struct KeptConnection: Sendable {
         let channel: any Channel
@@ -268,12 +271,22 @@ public final class Uploader: Sendable {
     ) async throws {
         var keptIndex = keptIndex
         let clock = ContinuousClock()
-        var deadline: ContinuousClock.Instant? = nil
+        var earlier = self.unanswered.withLockedValue { $0 }
+        var deadline: ContinuousClock.Instant? = earlier.map { $0.since + configuration.retryFor }
         var backoff = Duration.milliseconds(200)
         var mark = queue.progressMark
         // Whether a relay ever welcomed a connection of this run: giving up then is NO_PROGRESS, else RELAY_UNREACHABLE.
         var welcomed = false
         while await queue.waitForWork(service: service) {
+            if let unanswered = earlier.take(), let passed = deadline, clock.now >= passed, !configuration.retryForever {
+                // The quota plan's connection already waited for this relay for --retry-for.
+                let reason = "gave up after \(configuration.retryFor) without progress: \(unanswered.reason)"
+                for result in queue.failWaiting(reason, code: UploadResult.ErrorCode.relayUnreachable) {
+                    onEvent(.finished(result))
+                }
+                if service { continue }
+                break
+            }
             let started = clock.now
             let outcome: ConnectionOutcome
             // The first attempt only: a reconnection is a connection of its own.
@@ -384,6 +397,8 @@ public final class Uploader: Sendable {
             keepConnection && configuration.adaptiveConnections && configuration.connections > 1
             && ConnectionGrowth.worthWarming(bytes: bytes, sendBufferLimit: Self.kernelSendBufferLimit())
         let meter = warmUp ? LinkMeter(whenMeasured: { self.warmUp(roundTrip: $0, pool: pool, tls: tls) }) : nil
+        let started = ContinuousClock.now
+        self.unanswered.withLockedValue { $0 = nil }
         let outcome = try await self.runConnection(
             queue: JobQueue([]), pool: pool, configuration: configuration, bandwidth: nil, tls: tls, plan: request,
             keepAfterPlan: keepConnection, made: made, meter: meter, onEvent: { _ in }
@@ -392,6 +407,7 @@ public final class Uploader: Sendable {
             self.kept.withLockedValue { $0[0] = Task { made } }
         }
         if outcome.quotaPlan == nil, let reason = outcome.reason {
+            if !outcome.welcomed { self.unanswered.withLockedValue { $0 = (started, reason) } }
             throw SourceError(reason)
         }
         return outcome.quotaPlan

@@ -21,6 +21,9 @@ package final class ResourceBudget: Sendable {
     /// How much is taken now.
     package var inUse: Int { self.state.withLockedValue { $0.used } }
 
+    /// How much is not taken now (none when floors took more than the budget).
+    package var free: Int { self.state.withLockedValue { max(0, self.total - $0.used) } }
+
     /// How many connections hold a share (``join(preferred:floor:)`` less ``leave(_:)``).
     package var holders: Int { self.state.withLockedValue { $0.holders } }
 

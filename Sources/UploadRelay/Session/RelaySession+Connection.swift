@@ -1,3 +1,4 @@
+import Logging
 import NIOCore
 import UploadProtocol
 
@@ -44,6 +45,7 @@ extension RelaySession {
         }
         guard let frame else { return nil }
         self.lastFrameAt = now
+        if case .chunk = frame { self.lastChunkAt = now }
         self.frameStartedAt = nil
         return self.run(self.machine.receive(frame, now: now))
     }
@@ -80,7 +82,7 @@ extension RelaySession {
     /// The accounts as the relay's last look at the catalog found them, by name: a connection whose principal is gone
     /// closes, rather than act on under a token no longer valid (SPEC §2.3). Gone means the account was deleted (a name
     /// given again is another account, with another token), disabled, or given a new token (`token rotate`).
-    mutating func accountsLooked(_ accounts: [String: Account]) -> [Action] {
+    mutating func accountsLooked(_ accounts: [String: Account], now: NIODeadline = .now()) -> [Action] {
         guard !self.closed, let principal = self.account else { return [] }
         guard let current = accounts[principal.name] else {
             return self.failConnection(
@@ -94,7 +96,36 @@ extension RelaySession {
             return self.failConnection(
                 .unauthenticated, "the token of account \"\(principal.name)\" was replaced (token rotate): connect with the new one")
         }
-        return []
+        return self.giveBackIdleShare(now: now)
+    }
+
+    /// A connection that holds more of the memory budget than the smallest window, has no upload open or opening and has
+    /// sent no CHUNK for ``RelaySessionSettings/idleShareTimeout``, while the budget cannot give every connection a
+    /// whole window, is asked to go: GOAWAY, then it closes, its share going to the connections that upload. The credit
+    /// it holds cannot be taken back otherwise (SPEC §5.5); connections that only PING held the whole budget while
+    /// another account's upload crawled at the floor. Its agent reconnects when it has something to send. Checked at
+    /// each of the relay's looks at the accounts.
+    mutating func giveBackIdleShare(now: NIODeadline) -> [Action] {
+        let memory = self.resources.memory
+        guard case .none = self.drain, self.machine.isReady, self.holdsWindowShare, self.grantedWindow > self.windowFloor,
+            self.machine.openStreamCount == 0, self.opening.isEmpty, self.pipelines.isEmpty, self.waitingForKey.isEmpty,
+            now - self.lastChunkAt >= TimeAmount(self.resources.settings.idleShareTimeout),
+            memory.free < self.preferredWindow, memory.holders * self.preferredWindow > memory.total,
+            let goAway = self.machine.sendGoAway(.noError, "idle while uploads wait for the relay's memory; reconnect to send more")
+        else { return [] }
+        self.drain = .draining
+        let metadata: Logger.Metadata = ["connection.window": "\(self.grantedWindow)", "memory.free": "\(memory.free)"]
+        let actions =
+            [.log(.info, "asking an idle connection to go: its memory share goes to uploads", metadata)] + self.write(goAway)
+            + [.schedule(.grace, in: TimeAmount(self.resources.settings.shutdownGrace))] + self.closeIfDrained()
+        // With no upload open it holds no chunk, and after GOAWAY it can open none: its share goes back now, not when
+        // TLS has finished closing (a peer that does not answer close_notify holds the socket for seconds).
+        if self.closed {
+            memory.leave(self.grantedWindow)
+            self.holdsWindowShare = false
+            self.grantedWindow = 0
+        }
+        return actions
     }
 
     /// The relay's key locks across relays were lost (its connection to the shared catalog dropped): uploads stop, since

@@ -35,6 +35,7 @@ package struct RelaySessionSettings: Sendable {
     var syncBytes: Int
     var syncInterval: Duration
     var shutdownGrace: Duration
+    var idleShareTimeout: Duration
     var maxBlobSize: Int64
     var lookupsPerConnection: Int
 
@@ -46,6 +47,7 @@ package struct RelaySessionSettings: Sendable {
         self.syncBytes = configuration.syncBytes
         self.syncInterval = configuration.syncInterval
         self.shutdownGrace = configuration.shutdownGrace
+        self.idleShareTimeout = configuration.idleShareTimeout
         self.maxBlobSize = configuration.maxBlobSize
         self.lookupsPerConnection = max(1, configuration.lookupsPerConnection)
     }
@@ -133,6 +135,8 @@ package struct RelaySession {
     var drain = Drain.none
     /// When the last whole frame arrived (or the connection was accepted).
     var lastFrameAt: NIODeadline
+    /// When the last CHUNK arrived (or the connection was accepted): an idle connection gives its memory share back.
+    var lastChunkAt: NIODeadline
     /// When the first byte of the frame now arriving came; nil between frames.
     var frameStartedAt: NIODeadline? = nil
 
@@ -157,6 +161,7 @@ package struct RelaySession {
         self.resources = resources
         self.keyFreed = keyFreed
         self.lastFrameAt = now
+        self.lastChunkAt = now
         self.machine = RelayConnectionStateMachine(
             limits: resources.settings.limits,
             supportedFeatures: Frame.Features([.dedupProbe, .quotaPlan])
