@@ -62,6 +62,24 @@ start() {
 {"identities": [{"name": "relay", "credentials": [{"accessKey": "uploadtestkey", "secretKey": "uploadtestsecret"}],
   "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}
 JSON
+    # A port chosen free may be taken before weed binds it (an outbound connection's ephemeral port, say): weed then
+    # exits with "Port allocation failed", and the start is tried again with other ports.
+    local attempt
+    for attempt in 1 2 3; do
+        if launch "$dir"; then return 0; fi
+        grep -q "Port allocation failed" "$dir/weed.log" 2>/dev/null || break
+        echo "SeaweedFS: a port was taken meanwhile (attempt $attempt); trying other ports" >&2
+        stop "$dir" 2>/dev/null || true
+    done
+    echo "SeaweedFS did not start; its log ($dir/weed.log) ends:" >&2
+    tail -20 "$dir/weed.log" >&2
+    stop "$dir"
+    return 1
+}
+
+# One try at starting weed mini on fresh ports; 0 once S3 answers.
+launch() {
+    local dir=$1
     read -r s3 master mgrpc volume vgrpc filer fgrpc admin agrpc s3grpc metrics debug < <(free_ports 12)
     echo "$mgrpc $vgrpc $fgrpc $s3grpc $agrpc" >"$dir/weed.grpc-ports"
     local private=() tmp
@@ -90,9 +108,6 @@ JSON
         kill -0 "$(cat "$dir/weed.pid")" 2>/dev/null || break
         sleep 0.1
     done
-    echo "SeaweedFS did not start; its log ($dir/weed.log) ends:" >&2
-    tail -20 "$dir/weed.log" >&2
-    stop "$dir"
     return 1
 }
 
