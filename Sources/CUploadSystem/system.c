@@ -198,7 +198,9 @@ upload_run_result upload_run_isolated(
     // What the group wrote before it ended is still in the pipe; it is read until the pipe is empty (a process that
     // left the group may hold the pipe open, so its end is not waited for).
     for (int reads = 0; out_pipe[0] >= 0 && reads < 4096; reads++) {
-        if (upload_read_output(&out_pipe[0], output, output_capacity, &result) <= 0) break;
+        ssize_t n = upload_read_output(&out_pipe[0], output, output_capacity, &result);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
     }
     struct timespec zero = {0, 0};
     while (sigtimedwait(&pipe_only, NULL, &zero) > 0) {}

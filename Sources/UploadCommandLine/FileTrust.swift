@@ -22,18 +22,32 @@ public enum FileTrust {
         if secret && mode & 0o004 != 0 {
             return "\(what) holds a secret that every user can read (mode \(octal)); chmod o-r \(path) (0600, or 0640 with the service's group)"
         }
-        // Each directory above it: one others may write lets them put another file in its place (a sticky one, such as
-        // /tmp, only lets owners rename theirs).
-        var directory = Self.parent(of: Self.absolute(path))
+        // Each directory above the file it names (links resolved): one that another user owns, or that others may
+        // write, lets them put another file in its place (a sticky one, such as /tmp, only lets owners rename theirs).
+        var directory = Self.parent(of: Self.resolved(path))
         while true {
             var above = stat()
-            if stat(directory, &above) == 0, above.st_mode & 0o002 != 0, above.st_mode & 0o1000 == 0 {
-                return
-                    "\(what) is in \(directory), which every user can write (mode 0\(String(above.st_mode & 0o7777, radix: 8))): anyone can replace it; chmod o-w \(directory)"
+            if stat(directory, &above) == 0 {
+                let mode = above.st_mode & 0o7777
+                let octal = "0" + String(mode, radix: 8)
+                if above.st_uid != 0 && above.st_uid != me {
+                    return "\(what) is in \(directory), which belongs to user \(above.st_uid) (neither root nor \(me)): its owner can replace it"
+                }
+                if mode & 0o022 != 0 && mode & 0o1000 == 0 {
+                    return
+                        "\(what) is in \(directory), which users other than its owner can write (mode \(octal)): they can replace it; chmod go-w \(directory)"
+                }
             }
             if directory == "/" { return nil }
             directory = Self.parent(of: directory)
         }
+    }
+
+    /// The path with every link resolved, or the path as given (absolute) when it cannot be.
+    private static func resolved(_ path: String) -> String {
+        guard let real = realpath(path, nil) else { return Self.absolute(path) }
+        defer { free(real) }
+        return String(cString: real)
     }
 
     private static func absolute(_ path: String) -> String {

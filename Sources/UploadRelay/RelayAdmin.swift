@@ -91,7 +91,7 @@ public enum RelayAdmin {
         var outcome = AccountDeletion()
         guard try await catalog.revokeAccount(named: name) else { throw CatalogError.unknownAccount(name) }
         // After the revocation is in the catalog: a look that read the accounts since has seen it.
-        let revoked = Date()
+        let revoked = try await catalog.clock()
         // No relay acts for the account from here on: each has closed its connections before anything of it goes.
         outcome.looks = try await Self.waitForLooks(catalog: catalog, after: revoked)
         let keys = RelayRuntime.KeyGuard.claiming(KeyClaims(locks: catalog.keyLocks))

@@ -92,9 +92,9 @@ public struct RelayConfiguration: Sendable {
     public var ioThreads: Int = 4
     /// How long GOAWAY waits for in-flight uploads to reach a durable point before closing.
     public var shutdownGrace: Duration = .seconds(10)
-    /// A connection that has sent no CHUNK for this long, has no upload open and holds more than the smallest window
-    /// is asked to go (GOAWAY) while the memory budget cannot give every connection a whole window: the credit it holds
-    /// cannot be taken back otherwise (SPEC §5.5), and uploads of other connections wait for it.
+    /// A connection that has sent nothing but PINGs for this long, has no upload open and holds more than its fair share
+    /// of the memory budget is asked to go (GOAWAY) while the budget cannot give every connection a whole window: the
+    /// credit it holds cannot be taken back otherwise (SPEC §5.5), and uploads of other connections wait for it.
     public var idleShareTimeout: Duration = .seconds(5)
     /// Unfinished uploads untouched this long are deleted with their staging files (SPEC §6.6), checked at start and
     /// then every ``maintenanceInterval``.

@@ -180,8 +180,14 @@ public enum RelayRuntime {
         var configuration = configuration
         // Under each key's lock across relays when the catalog is shared: other relays' uploads and commits run on.
         let startup = KeyGuard.claiming(KeyClaims(locks: catalog.keyLocks))
-        try await Self.recover(catalog: catalog, store: store, logger: logger, keys: startup)
-        try await Self.cleanUp(catalog: catalog, store: store, expiry: configuration.sessionExpiry, logger: logger, keys: startup)
+        do {
+            try await Self.recover(catalog: catalog, store: store, logger: logger, keys: startup)
+            try await Self.cleanUp(catalog: catalog, store: store, expiry: configuration.sessionExpiry, logger: logger, keys: startup)
+        } catch  where StorageSpace.isDiskFull(error) {
+            // A relay killed on a full disk still starts: what the crash left is settled by its looks once there is room
+            // (uploads are refused meanwhile, STORAGE_ERROR, as the disk is full).
+            logger.warning("the disk is full: what the last run left is settled once there is room", metadata: ["error": "\(error)"])
+        }
         let pool = threadPool ?? NIOThreadPool(numberOfThreads: configuration.ioThreads)
         if threadPool == nil { pool.start() }
         if configuration.maxOpenUploads == nil {

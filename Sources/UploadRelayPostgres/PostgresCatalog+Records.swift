@@ -49,13 +49,21 @@ extension PostgresCatalog {
         return try await self.run { try await Self.rows("SELECT * FROM account ORDER BY name COLLATE \"C\"", on: $0, logger).map(Self.account) }
     }
 
+    public func clock() async throws -> Date {
+        let logger = self.logger
+        return try await self.run { connection in
+            let row = try await Self.rows("SELECT extract(epoch FROM clock_timestamp())::DOUBLE PRECISION AS now", on: connection, logger).first
+            return Date(timeIntervalSince1970: try row?["now"].decode(Double.self) ?? Date().timeIntervalSince1970)
+        }
+    }
+
     public func recordLook(relay: String, readAt: Date) async throws {
         let (logger, at) = (self.logger, readAt.timeIntervalSince1970)
         _ = try await self.run { connection in
             try await connection.query(
                 """
                 INSERT INTO relay_look (relay, read_at) VALUES (\(relay), \(at))
-                ON CONFLICT (relay) DO UPDATE SET read_at = excluded.read_at
+                ON CONFLICT (relay) DO UPDATE SET read_at = GREATEST(relay_look.read_at, excluded.read_at)
                 """, logger: logger)
             try await connection.query("DELETE FROM relay_look WHERE read_at < \(at - 86_400)", logger: logger)
             return true

@@ -194,11 +194,15 @@ public final class SQLiteCatalog: Catalog {
         }
     }
 
+    /// One host: its clock.
+    public func clock() async throws -> Date { Date() }
+
     public func recordLook(relay: String, readAt: Date) async throws {
         try await self.writing { db in
             let at = readAt.timeIntervalSince1970
             try db.execute(
-                cached: "INSERT INTO relay_look (relay, read_at) VALUES (?, ?) ON CONFLICT (relay) DO UPDATE SET read_at = excluded.read_at",
+                cached:
+                    "INSERT INTO relay_look (relay, read_at) VALUES (?, ?) ON CONFLICT (relay) DO UPDATE SET read_at = max(read_at, excluded.read_at)",
                 arguments: [relay, at])
             try db.execute(cached: "DELETE FROM relay_look WHERE read_at < ?", arguments: [at - 86_400])
         }

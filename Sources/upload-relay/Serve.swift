@@ -627,11 +627,13 @@ extension Serve {
 /// is behind the mutex.
 final class Hangup: @unchecked Sendable {
     private let source: any DispatchSourceSignal
+    /// Serial: a reload never runs beside another.
+    private let queue = DispatchQueue(label: "upload-relay.sighup")
     private let state = Mutex<(action: (@Sendable () -> Void)?, pending: Bool)>((nil, false))
 
     init() {
         signal(SIGHUP, SIG_IGN)
-        self.source = DispatchSource.makeSignalSource(signal: SIGHUP, queue: .global())
+        self.source = DispatchSource.makeSignalSource(signal: SIGHUP, queue: self.queue)
         // The handler holds this object until the source is cancelled (Dispatch then lets its handlers go).
         self.source.setEventHandler {
             let action = self.state.withLock { state in
@@ -650,7 +652,7 @@ final class Hangup: @unchecked Sendable {
             defer { state.pending = false }
             return state.pending
         }
-        if pending { action() }
+        if pending { self.queue.async(execute: action) }
     }
 
     func cancel() {

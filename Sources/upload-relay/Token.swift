@@ -138,7 +138,7 @@ struct Token: AsyncParsableCommand {
             throw ValidationError(CatalogError.unknownAccount(name).description)
         }
         guard tokenHash != nil || revoked == true else { return "" }
-        return Self.words(try await RelayAdmin.waitForLooks(catalog: catalog, after: Date()))
+        return Self.words(try await RelayAdmin.waitForLooks(catalog: catalog, after: try await catalog.clock()))
     }
 
     /// What the running relays did with the connections of a principal that is gone.
@@ -242,7 +242,7 @@ struct Token: AsyncParsableCommand {
             guard try await catalog.revokeAccount(named: self.name) else {
                 throw ValidationError(CatalogError.unknownAccount(self.name).description)
             }
-            let relays = Token.words(try await RelayAdmin.waitForLooks(catalog: catalog, after: Date()))
+            let relays = Token.words(try await RelayAdmin.waitForLooks(catalog: catalog, after: try await catalog.clock()))
             Token.say("revoked the token of account \"\(self.name)\"" + relays)
         }
     }

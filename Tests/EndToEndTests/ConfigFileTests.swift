@@ -5,8 +5,10 @@ import UploadTestSupport
 /// `--config FILE` and `--bwlimit`, through the agent binary against a relay in this process.
 @Suite("End to end: config file and bandwidth limit", .serialized)
 struct ConfigFileTests {
+    /// Writes a configuration only its owner may change (0644), whatever the umask: the programs refuse others.
     func write(_ object: [String: Any], to path: String) throws {
         try JSONSerialization.data(withJSONObject: object).write(to: URL(fileURLWithPath: path))
+        chmod(path, 0o644)
     }
 
     @Test("options come from the file; the command line overrides them; a section holds a command's own")
@@ -184,7 +186,7 @@ struct ConfigFileTests {
         try self.write(["data": home + "/data"], to: open + "/relay.json")
         let inOpen = try await serve(["--config", open + "/relay.json"])
         #expect(inOpen.status == 2)
-        #expect(inOpen.stderr.contains("which every user can write (mode 0777)"), "\(inOpen.stderr)")
+        #expect(inOpen.stderr.contains("which users other than its owner can write (mode 0777)"), "\(inOpen.stderr)")
 
         let secret = home + "/catalog-url"
         try Data("postgres://u:hunter2@127.0.0.1:1/db\n".utf8).write(to: URL(fileURLWithPath: secret))

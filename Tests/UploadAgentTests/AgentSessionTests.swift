@@ -34,6 +34,8 @@ struct AgentHarness {
         self.session.received(bytes)
         var actions: [AgentSession.Action] = []
         while let more = self.session.nextFrame(now: self.now) { actions += more }
+        // As the connection handler does after each input.
+        self.session.noteOwed(now: self.now)
         return actions
     }
 
@@ -53,6 +55,7 @@ struct AgentHarness {
             let opened = self.session.prepared(job, .success(SourceReader.Prepared(info: job.info!, sha1: nil)))
             for frame in Self.frames(opened) { if case .open(let open) = frame { ids.append(open.streamID) } }
         }
+        self.session.noteOwed(now: self.now)
         return ids
     }
 
@@ -294,7 +297,7 @@ struct AgentSessionTests {
     }
 
     @Test("a relay that owes an OFFSET and sends only PINGs is left after --retry-for from its last progress; one owed nothing is not")
-    func progressDeadline() async {
+    func progressDeadline() async throws {
         var h = AgentHarness(files: 2) { $0.retryFor = .seconds(15) }
         let start = h.now
         let ids = h.connect(connectionWindow: 8 << 20, streamWindow: 8 << 20)
@@ -316,6 +319,11 @@ struct AgentSessionTests {
         let later = quiet.session.timerFired(.progress, now: quiet.now + .seconds(60))
         #expect(!Self.closes(later))
         #expect(later.contains { if case .schedule(.progress, _) = $0 { return true } else { return false } }, "checked again later")
+        // Its source done a minute later, its HASH goes out: the relay has the whole timeout for the RESULT from then.
+        quiet.session.senders[id]?.hashedSHA1 = try #require(SHA1Digest(bytes: [UInt8](repeating: 0, count: 20)))
+        quiet.session.noteOwed(now: quiet.now + .seconds(61))
+        #expect(!Self.closes(quiet.session.timerFired(.progress, now: quiet.now + .seconds(70))), "9 s since the HASH")
+        #expect(Self.closes(quiet.session.timerFired(.progress, now: quiet.now + .seconds(76))), "15 s since the HASH, no RESULT")
     }
 
     @Test("a relay that has not sent WELCOME within the welcome timeout is left, however many bytes trickle in; a welcomed one is not")
@@ -329,6 +337,20 @@ struct AgentSessionTests {
         var welcomed = AgentHarness(files: 1)
         _ = welcomed.connect(connectionWindow: 8 << 20, streamWindow: 8 << 20)
         #expect(welcomed.session.timerFired(.welcome, now: welcomed.now + .seconds(15)).isEmpty)
+    }
+
+    @Test("50 OPENs refused within a second pause opening (the relay ends a connection at 100): a timer opens again")
+    func refusalsPauseOpening() async {
+        var h = AgentHarness(files: 8)
+        _ = h.connect(connectionWindow: 8 << 20, streamWindow: 8 << 20)
+        for _ in 0..<AgentSession.refusalLimit { h.session.openRefused(now: .now) }
+        let paused = h.session.openMore()
+        #expect(paused.allSatisfy { if case .schedule(.refusals, _) = $0 { return true } else { return false } } && paused.count == 1, "\(paused)")
+        #expect(h.session.openMore().isEmpty, "one timer, however often it is asked")
+        // A second later the refusals are old: it opens again.
+        h.session.refusedOpens = h.session.refusedOpens.map { $0 - .seconds(2) }
+        let again = h.session.timerFired(.refusals)
+        #expect(!again.contains { if case .schedule(.refusals, _) = $0 { return true } else { return false } }, "\(again)")
     }
 
     @Test("KEY_BUSY waits out a backoff, then the job is prepared again; it is not counted as an attempt")

@@ -80,7 +80,10 @@ struct SessionPump {
                 self.agentClosed = true
             case .schedule(let timer, _):
                 // The welcome and progress deadlines are not due in a pump whose relay always answers.
-                if case .backoff = timer { self.timers.append(timer) }
+                switch timer {
+                case .backoff, .refusals: self.timers.append(timer)
+                case .welcome, .progress: break
+                }
             case .prepare(let job, let dedup, let probe):
                 let (journal, limit) = (self.queue.journal, self.agent.configuration.maxReopensInARow)
                 let result = Result {

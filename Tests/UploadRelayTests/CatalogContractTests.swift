@@ -222,6 +222,10 @@ struct CatalogContractTests {
             try await catalog.recordLook(relay: "a", readAt: now)
             try await catalog.recordLook(relay: "b", readAt: now.addingTimeInterval(-1))
             #expect(try await catalog.relayLooks() == ["a": now, "b": now.addingTimeInterval(-1)])
+            // A look that arrives late never replaces a later one.
+            try await catalog.recordLook(relay: "a", readAt: now.addingTimeInterval(-3))
+            #expect(try await catalog.relayLooks()["a"] == now)
+            #expect(abs(try await catalog.clock().timeIntervalSinceNow) < 60, "the catalog's clock")
             try await catalog.forgetLook(relay: "b")
             #expect(try await catalog.relayLooks() == ["a": now])
             // A look of a relay gone for more than a day is forgotten by the next look of any.

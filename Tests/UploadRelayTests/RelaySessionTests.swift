@@ -202,6 +202,41 @@ struct RelaySessionTests {
         #expect(SessionHarness.frames(looked).isEmpty)
     }
 
+    @Test(
+        "a connection that only PINGs for 5 s, holding more than its share while another waits at the floor, is asked to go; one with an upload open, or below its share, is not"
+    )
+    func idleShareGoesBack() async throws {
+        let memory = ResourceBudget(total: 4 << 20)
+        let windows: (inout RelayConfiguration) -> Void = {
+            $0.memoryBudget = 4 << 20
+            $0.limits.connectionWindow = 1 << 20
+        }
+        var hogs = (0..<4).map { _ in SessionHarness(configure: windows, memory: memory) }
+        for index in hogs.indices { hogs[index].handshake(account: "hog") }
+        var waiting = SessionHarness(configure: windows, memory: memory)
+        waiting.handshake(account: "b")
+        #expect(waiting.session.grantedWindow < 1 << 20, "the budget is taken: the floor")
+        let accounts = ["hog": Account(name: "hog", quota: nil, tokenHash: [1]), "b": Account(name: "b", quota: nil, tokenHash: [1])]
+        // 4 s of PINGs: not yet.
+        let early = hogs[0].now + .seconds(4)
+        hogs[0].now = early
+        hogs[0].send(.ping(Frame.Ping(data: 7)))
+        #expect(!SessionHarness.closes(hogs[0].session.accountsLooked(accounts, now: early)))
+        // A hog with an upload open is busy, whatever the time.
+        hogs[1].send(Self.open(Self.s1, "k"))
+        #expect(hogs[1].session.accountsLooked(accounts, now: hogs[1].now + .seconds(60)).isEmpty)
+        // Idle past 5 s: GOAWAY, closed, its share back at once.
+        let late = hogs[2].now + .seconds(5)
+        let asked = hogs[2].session.accountsLooked(accounts, now: late)
+        #expect(SessionHarness.frames(asked).contains { if case .goAway(let g) = $0 { return g.code == .noError } else { return false } }, "\(asked)")
+        #expect(SessionHarness.closes(asked))
+        #expect(memory.free >= (1 << 20) - waiting.session.grantedWindow, "the share went back before TLS closed")
+        #expect(hogs[2].session.grantedWindow == 0)
+        _ = hogs[2].session.connectionClosed()
+        // The budget can give each connection left a whole window now: the next idle hog stays.
+        #expect(!SessionHarness.closes(hogs[3].session.accountsLooked(accounts, now: hogs[3].now + .seconds(60))))
+    }
+
     @Test("a second OPEN of an open key is KEY_BUSY; of a closing key it waits and is woken when the key is free")
     func keyClaims() async throws {
         let claims = KeyClaims()

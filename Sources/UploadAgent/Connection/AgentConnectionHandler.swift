@@ -47,6 +47,7 @@ final class AgentConnectionHandler: ChannelInboundHandler {
     /// Feeds one input to the session and runs what it decides.
     private func act(on input: (inout AgentSession) -> [AgentSession.Action]) {
         self.run(input(&self.session))
+        self.session.noteOwed(now: .now)
         self.flush()
     }
 
@@ -158,6 +159,7 @@ final class AgentConnectionHandler: ChannelInboundHandler {
         self.session.received(self.unwrapInboundIn(data))
         while let actions = self.session.nextFrame(now: .now) {
             self.run(actions)
+            self.session.noteOwed(now: .now)
         }
     }
 

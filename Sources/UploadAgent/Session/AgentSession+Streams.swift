@@ -31,6 +31,7 @@ extension AgentSession {
     mutating func openMore() -> [Action] {
         self.releaseTwins()
         guard !self.closed else { return [] }
+        if let paused = self.refusalPause(now: .now) { return paused }
         if !self.deferred.isEmpty && !self.senders.values.contains(where: { $0.job.striped }) {
             // The striped upload they waited for left this connection (finished, failed, confirmed, retried).
             self.releaseDeferred()
@@ -412,6 +413,7 @@ extension AgentSession {
     mutating func streamFailed(_ id: StreamID, _ code: WireErrorCode, _ message: String, now: ContinuousClock.Instant) -> [Action] {
         guard let sender = self.senders.removeValue(forKey: id) else { return [] }
         let job = sender.job
+        if !sender.started { self.openRefused(now: now) }
         job.lastError = "\(code.name): \(message)"
         job.hashUndecided(sender.hashedSHA1)
         // No room on the relay for this item: the account's quota (which a long-running agent waits out), or the relay's
@@ -455,9 +457,11 @@ extension AgentSession {
         // Another upload of the same key (the same files sent twice at once) may take long: KEY_BUSY waits ten times
         // --retry-for; a full relay (REFUSED_STREAM) waits --retry-for.
         let patience = code == .keyBusy ? self.configuration.retryFor * 10 : self.configuration.retryFor
+        // A long-running agent waits out "not now" however long it lasts: an account past its share of the relay's
+        // upload slots is refused until its own uploads end.
         let retry =
             busy
-            ? now - (job.busySince ?? now) < patience
+            ? self.configuration.retryForever || now - (job.busySince ?? now) < patience
             : code.isRetryable && job.attempts < self.configuration.maxAttemptsPerItem
         guard retry else {
             let result = job.finish(
@@ -486,6 +490,9 @@ extension AgentSession {
             return self.openMore() + self.closeIfIdle()
         case .welcome, .progress:
             return self.deadlinePassed(timer, now: now)
+        case .refusals:
+            self.refusalPauseArmed = false
+            return self.openMore() + self.closeIfIdle()
         }
     }
 

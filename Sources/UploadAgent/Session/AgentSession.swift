@@ -36,6 +36,8 @@ struct AgentSession {
         case welcome
         /// The relay has had ``AgentSession/progressTimeout`` since its last progress to answer what it owes.
         case progress
+        /// Opening paused after many refused OPENs (``refusedOpens``): open again.
+        case refusals
     }
 
     enum Action {
@@ -114,8 +116,18 @@ struct AgentSession {
     /// Keepalive periods in a row with nothing received (SPEC §2.3).
     var silentPeriods = 0
     /// The last OFFSET, ACK, RESULT or ROOM from the relay (or the connection's start): whatever else arrives, a relay
-    /// that owes an answer and gives none for ``progressTimeout`` since then is left (SPEC §2.3).
+    /// that owes an answer and gives none for ``progressTimeout`` since then, or since it came to owe one, is left
+    /// (SPEC §2.3).
     var lastProgressAt: ContinuousClock.Instant = .now
+    /// When the relay refused this connection's last OPENs (ERROR before OFFSET), the latest ``refusalLimit`` of them:
+    /// at that many within a second the agent opens nothing more until the oldest is a second old, well below the
+    /// relay's 100 a second (SPEC §12.1), which would end the connection. A full relay refuses each small file at once.
+    var refusedOpens: [ContinuousClock.Instant] = []
+    var refusalPauseArmed = false
+    static let refusalLimit = 50
+    /// Since when the relay owes an answer without a break (``awaitsRelay``); nil while it owes none. A stream that
+    /// waited minutes for its source and then sent HASH gives the relay its whole time for the RESULT.
+    var owedSince: ContinuousClock.Instant? = nil
     /// The quota plan this connection asks before anything else (SPEC §7.2), until every PLAN is answered.
     var planning: QuotaPlanning?
     /// After its quota plan the connection stays up, idle, until a run takes it (``adopt(_:)``) or it is let go: the
@@ -167,6 +179,15 @@ struct AgentSession {
         !self.outcome.welcomed || self.planning != nil || self.senders.values.contains { !$0.started || $0.hashSent }
     }
 
+    /// Called after each input: notes when the relay came to owe an answer.
+    mutating func noteOwed(now: ContinuousClock.Instant) {
+        if !self.awaitsRelay {
+            self.owedSince = nil
+        } else if self.owedSince == nil {
+            self.owedSince = now
+        }
+    }
+
     /// The welcome or progress deadline passed: a relay that owes an answer and gave none is left, with the reason.
     mutating func deadlinePassed(_ timer: Timer, now: ContinuousClock.Instant) -> [Action] {
         guard !self.closed else { return [] }
@@ -176,7 +197,8 @@ struct AgentSession {
             self.outcome.reason = "the relay did not complete the handshake (WELCOME) within \(self.configuration.welcomeTimeout)"
             return self.close()
         case .progress:
-            let waited = now - self.lastProgressAt
+            self.noteOwed(now: now)
+            let waited = now - max(self.lastProgressAt, self.owedSince ?? now)
             let timeout = self.progressTimeout
             if waited >= timeout && self.awaitsRelay {
                 self.outcome.reason =
@@ -187,9 +209,25 @@ struct AgentSession {
             }
             let left = waited >= timeout ? timeout : timeout - waited
             return [.schedule(.progress, in: TimeAmount(max(left, .milliseconds(100))))]
-        case .backoff:
+        case .backoff, .refusals:
             return []
         }
+    }
+
+    /// Counts a refused OPEN.
+    mutating func openRefused(now: ContinuousClock.Instant) {
+        self.refusedOpens.append(now)
+        if self.refusedOpens.count > Self.refusalLimit { self.refusedOpens.removeFirst() }
+    }
+
+    /// Nil while OPENs may go; else the actions of a pause (a timer to open again, armed once).
+    mutating func refusalPause(now: ContinuousClock.Instant) -> [Action]? {
+        guard self.refusedOpens.count >= Self.refusalLimit, let oldest = self.refusedOpens.first, now - oldest < .seconds(1) else {
+            return nil
+        }
+        guard !self.refusalPauseArmed else { return [] }
+        self.refusalPauseArmed = true
+        return [.schedule(.refusals, in: TimeAmount(oldest + .seconds(1) - now))]
     }
 
     /// The socket's write buffer went over its limit (`false`) or drained below half of it (`true`). Reads pause while

@@ -57,6 +57,8 @@ public final class Uploader: Sendable {
     func run(_ queue: JobQueue, service: Bool, onEvent: @escaping @Sendable (UploadEvent) -> Void) async throws {
         let pool = NIOThreadPool(numberOfThreads: self.configuration.ioThreads)
         pool.start()
+        // A quota plan's unanswered connection counts for this run only.
+        defer { self.unanswered.withLockedValue { $0 = nil } }
         let outcome: Result<Void, any Error>
         do {
             try await self.run(queue, service: service, pool: pool, onEvent: onEvent)

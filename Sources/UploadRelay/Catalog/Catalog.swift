@@ -328,10 +328,14 @@ public protocol AccountCatalog: Sendable {
     /// Changes what is given of account `name`: its quota (`.some(nil)`: no limit), its token's hash (a rotation), whether
     /// it is disabled. False when there is no such account.
     func updateAccount(named name: String, quota: Int64??, tokenHash: [UInt8]?, revoked: Bool?) async throws -> Bool
+    /// The catalog's own time (the database server's clock where relays share one): looks and the changes they are
+    /// compared with are timed by it, whatever the hosts' clocks say.
+    func clock() async throws -> Date
     /// Relay `relay` (an id of its running process) told each of its connections the accounts as read at `readAt`:
     /// those whose principal was gone by then are closing. Looks older than a day are forgotten meanwhile.
     func recordLook(relay: String, readAt: Date) async throws
-    /// Each relay's last look: when the accounts it last told its connections about were read, by its clock.
+    /// Each relay's last look: when the accounts it last told its connections about were read, by ``clock()``. A look
+    /// recorded out of order never replaces a later one.
     func relayLooks() async throws -> [String: Date]
     /// Relay `relay` stopped, every connection of its closed.
     func forgetLook(relay: String) async throws

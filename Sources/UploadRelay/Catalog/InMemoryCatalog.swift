@@ -144,9 +144,11 @@ public final class InMemoryCatalog: Catalog, MultipartLedger, Sendable {
         self.locked { $0.accounts.values.sorted { Self.precedes($0.name, $1.name) } }
     }
 
+    public func clock() async throws -> Date { Date() }
+
     public func recordLook(relay: String, readAt: Date) async throws {
         self.locked { state in
-            state.looks[relay] = readAt
+            state.looks[relay] = max(state.looks[relay] ?? readAt, readAt)
             state.looks = state.looks.filter { $0.value > readAt.addingTimeInterval(-86_400) }
         }
     }

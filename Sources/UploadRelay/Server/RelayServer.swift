@@ -194,8 +194,9 @@ public final class RelayServer: Service, Sendable {
         let relayID = "\(ProcessInfo.processInfo.hostName)/\(getpid())/\(UInt32.random(in: 0...UInt32.max))"
         // A relay that has just started holds no connection of a principal gone before now: recorded at once, so that an
         // admin's wait counts it from its first moment.
-        let started = Date()
-        services.task(on: loop) { try await services.catalog.recordLook(relay: relayID, readAt: started) }.whenFailure { error in
+        services.task(on: loop) {
+            try await services.catalog.recordLook(relay: relayID, readAt: try await services.catalog.clock())
+        }.whenFailure { error in
             services.logger.warning("could not record the relay's start in the catalog", metadata: ["error": "\(error)"])
         }
         let task = loop.scheduleRepeatedAsyncTask(initialDelay: interval, delay: interval) { _ in
@@ -206,17 +207,23 @@ public final class RelayServer: Service, Sendable {
                     return true
                 }
                 let keys = RelayRuntime.KeyGuard.claiming(services.claims)
-                // Commits a failure left pending are settled under their key (review: they held quota until a restart).
-                try await RelayRuntime.recover(catalog: services.catalog, store: services.store, logger: services.logger, keys: keys, objects: false)
-                if due {
-                    let expiry = services.configuration.sessionExpiry
-                    try await RelayRuntime.cleanUp(
-                        catalog: services.catalog, store: services.store, expiry: expiry, logger: services.logger, keys: keys,
-                        orphansBefore: Date().addingTimeInterval(-Double(expiry.components.seconds))
-                    )
+                // Housekeeping that fails is said, and the look at the accounts goes on all the same.
+                do {
+                    // Commits a failure left pending are settled under their key (they held quota until a restart).
+                    try await RelayRuntime.recover(
+                        catalog: services.catalog, store: services.store, logger: services.logger, keys: keys, objects: false)
+                    if due {
+                        let expiry = services.configuration.sessionExpiry
+                        try await RelayRuntime.cleanUp(
+                            catalog: services.catalog, store: services.store, expiry: expiry, logger: services.logger, keys: keys,
+                            orphansBefore: Date().addingTimeInterval(-Double(expiry.components.seconds))
+                        )
+                    }
+                } catch {
+                    services.logger.warning("relay housekeeping failed", metadata: ["error": "\(error)"])
                 }
                 // Read last, so that a connection authenticated while housekeeping ran is judged by a look no older.
-                let readAt = Date()
+                let readAt = try await services.catalog.clock()
                 let accounts = try await services.catalog.accounts()
                 return (Dictionary(accounts.map { ($0.name, $0) }, uniquingKeysWith: { first, _ in first }), readAt)
             }.flatMap { (accounts, readAt) in
@@ -239,11 +246,14 @@ public final class RelayServer: Service, Sendable {
                     }
                 }
                 let event = RelayAccountsEvent(accounts: accounts)
-                for connection in self.connections {
-                    connection.pipeline.fireUserInboundEventTriggered(event)
+                let told = self.connections.map { connection in
+                    connection.eventLoop.submit { connection.pipeline.fireUserInboundEventTriggered(event) }
                 }
-                // Every connection is told: `token delete` and `revoke` wait for this record (RelayAdmin.waitForLooks).
-                return services.task(on: loop) { try await services.catalog.recordLook(relay: relayID, readAt: readAt) }
+                // Once every connection has taken it in: `token delete` and `revoke` wait for this record
+                // (RelayAdmin.waitForLooks).
+                return EventLoopFuture.andAllComplete(told, on: loop).flatMap {
+                    services.task(on: loop) { try await services.catalog.recordLook(relay: relayID, readAt: readAt) }
+                }
             }.recover { error in
                 services.logger.warning("relay maintenance failed", metadata: ["error": "\(error)"])
             }

@@ -74,9 +74,15 @@ package final class StorageSpace: Sendable {
     static func look(_ directory: String) -> Look? {
         var info = statvfs()
         guard statvfs(directory, &info) == 0 else { return nil }
-        let unit = Int64(info.f_frsize)
+        // Clamped and saturating: a server may report counts no signed 64-bit number holds.
+        let unit = Int64(clamping: info.f_frsize)
+        func bytes(_ blocks: UInt) -> Int64 {
+            let (product, overflow) = Int64(clamping: blocks).multipliedReportingOverflow(by: unit)
+            return overflow ? .max : product
+        }
         return Look(
-            free: Int64(info.f_bavail) * unit, size: Int64(info.f_blocks) * unit, freeFiles: Int64(info.f_favail), files: Int64(info.f_files)
+            free: bytes(info.f_bavail), size: bytes(info.f_blocks), freeFiles: Int64(clamping: info.f_favail),
+            files: Int64(clamping: info.f_files)
         )
     }
 

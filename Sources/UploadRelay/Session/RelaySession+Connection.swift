@@ -45,7 +45,10 @@ extension RelaySession {
         }
         guard let frame else { return nil }
         self.lastFrameAt = now
-        if case .chunk = frame { self.lastChunkAt = now }
+        switch frame {
+        case .ping, .pong: break
+        default: self.lastActiveAt = now
+        }
         self.frameStartedAt = nil
         return self.run(self.machine.receive(frame, now: now))
     }
@@ -99,17 +102,22 @@ extension RelaySession {
         return self.giveBackIdleShare(now: now)
     }
 
-    /// A connection that holds more of the memory budget than the smallest window, has no upload open or opening and has
-    /// sent no CHUNK for ``RelaySessionSettings/idleShareTimeout``, while the budget cannot give every connection a
-    /// whole window, is asked to go: GOAWAY, then it closes, its share going to the connections that upload. The credit
-    /// it holds cannot be taken back otherwise (SPEC §5.5); connections that only PING held the whole budget while
-    /// another account's upload crawled at the floor. Its agent reconnects when it has something to send. Checked at
-    /// each of the relay's looks at the accounts.
+    /// A connection that holds more of the memory budget than its fair share, has had no upload open or opening and
+    /// sent nothing but PINGs for ``RelaySessionSettings/idleShareTimeout``, while the budget cannot give every
+    /// connection a whole window, is asked to go: GOAWAY, then it closes, its share going to the connections that
+    /// upload. The credit it holds cannot be taken back otherwise (SPEC §5.5); connections that only PING held the
+    /// whole budget while another account's upload crawled at the floor. Its agent reconnects when it has something to
+    /// send. Checked at each of the relay's looks at the accounts.
     mutating func giveBackIdleShare(now: NIODeadline) -> [Action] {
         let memory = self.resources.memory
+        if self.machine.openStreamCount > 0 || !self.opening.isEmpty || !self.pipelines.isEmpty || !self.waitingForKey.isEmpty {
+            // An upload open now (verifying, say) is activity, whatever the frames.
+            self.lastActiveAt = now
+            return []
+        }
+        let fair = memory.total / max(1, memory.holders)
         guard case .none = self.drain, self.machine.isReady, self.holdsWindowShare, self.grantedWindow > self.windowFloor,
-            self.machine.openStreamCount == 0, self.opening.isEmpty, self.pipelines.isEmpty, self.waitingForKey.isEmpty,
-            now - self.lastChunkAt >= TimeAmount(self.resources.settings.idleShareTimeout),
+            self.grantedWindow > fair, now - self.lastActiveAt >= TimeAmount(self.resources.settings.idleShareTimeout),
             memory.free < self.preferredWindow, memory.holders * self.preferredWindow > memory.total,
             let goAway = self.machine.sendGoAway(.noError, "idle while uploads wait for the relay's memory; reconnect to send more")
         else { return [] }

@@ -135,8 +135,9 @@ package struct RelaySession {
     var drain = Drain.none
     /// When the last whole frame arrived (or the connection was accepted).
     var lastFrameAt: NIODeadline
-    /// When the last CHUNK arrived (or the connection was accepted): an idle connection gives its memory share back.
-    var lastChunkAt: NIODeadline
+    /// When the connection last did something (a frame other than PING or PONG, or an upload open or opening at a look),
+    /// or was accepted: an idle connection gives its memory share back.
+    var lastActiveAt: NIODeadline
     /// When the first byte of the frame now arriving came; nil between frames.
     var frameStartedAt: NIODeadline? = nil
 
@@ -161,7 +162,7 @@ package struct RelaySession {
         self.resources = resources
         self.keyFreed = keyFreed
         self.lastFrameAt = now
-        self.lastChunkAt = now
+        self.lastActiveAt = now
         self.machine = RelayConnectionStateMachine(
             limits: resources.settings.limits,
             supportedFeatures: Frame.Features([.dedupProbe, .quotaPlan])
