@@ -43,19 +43,11 @@ public enum FileTrust {
         }
     }
 
-    /// The path with every link resolved, or the path as given (absolute) when it cannot be.
+    /// The path with every link resolved; the path as given when it cannot be (the file vanished since its stat).
     private static func resolved(_ path: String) -> String {
-        guard let real = realpath(path, nil) else { return Self.absolute(path) }
+        guard let real = realpath(path, nil) else { return path }
         defer { free(real) }
         return String(cString: real)
-    }
-
-    private static func absolute(_ path: String) -> String {
-        if path.hasPrefix("/") { return path }
-        var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
-        guard getcwd(&buffer, buffer.count) != nil else { return "/" + path }
-        let cwd = String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
-        return (cwd == "/" ? "" : cwd) + "/" + path
     }
 
     private static func parent(of path: String) -> String {

@@ -94,10 +94,8 @@ package final class StorageSpace: Sendable {
             let room = look.free - others - self.reserve
             let wasFull = state.full
             state.free = look.free
-            // Every upload open now stages a file (counted whether or not it is made yet); this one needs another,
-            // unless it is one of them.
-            let filesOpen = Int64(state.promised.count) + (state.promised[upload] == nil ? 1 : 0)
-            if look.files > 0, look.freeFiles - filesOpen < self.fileReserve {
+            // This upload needs a file of its own, unless it is one of those open now.
+            if self.lacksFile(look, open: state.promised.count - (state.promised[upload] == nil ? 0 : 1)) {
                 state.full = true
                 return (
                     "the relay's storage is full (\(max(0, look.freeFiles - self.fileReserve)) files free for uploads); retry later", !wasFull,
@@ -177,8 +175,14 @@ package final class StorageSpace: Sendable {
     var isFull: Bool {
         guard let look = self.measure(self.directory) else { return false }
         return self.state.withLockedValue { state in
-            look.free - state.total < self.reserve || (look.files > 0 && look.freeFiles - Int64(state.promised.count) - 1 < self.fileReserve)
+            look.free - state.total < self.reserve || self.lacksFile(look, open: state.promised.count)
         }
+    }
+
+    /// Whether a new upload finds no file above the inode reserve, besides the `open` uploads staging one now (counted
+    /// whether or not their file is made yet). A file system that counts no inodes never lacks one.
+    private func lacksFile(_ look: Look, open: Int) -> Bool {
+        look.files > 0 && look.freeFiles - Int64(open) - 1 < self.fileReserve
     }
 }
 

@@ -102,6 +102,15 @@ extension RelaySession {
         return self.giveBackIdleShare(now: now)
     }
 
+    /// Gives the connection's share of the memory budget back, once.
+    mutating func leaveWindowShare() {
+        if self.holdsWindowShare {
+            self.resources.memory.leave(self.grantedWindow)
+            self.holdsWindowShare = false
+        }
+        self.grantedWindow = 0
+    }
+
     /// A connection that holds more of the memory budget than its fair share, has had no upload open or opening and
     /// sent nothing but PINGs for ``RelaySessionSettings/idleShareTimeout``, while the budget cannot give every
     /// connection a whole window, is asked to go: GOAWAY, then it closes, its share going to the connections that
@@ -128,11 +137,7 @@ extension RelaySession {
             + [.schedule(.grace, in: TimeAmount(self.resources.settings.shutdownGrace))] + self.closeIfDrained()
         // With no upload open it holds no chunk, and after GOAWAY it can open none: its share goes back now, not when
         // TLS has finished closing (a peer that does not answer close_notify holds the socket for seconds).
-        if self.closed {
-            memory.leave(self.grantedWindow)
-            self.holdsWindowShare = false
-            self.grantedWindow = 0
-        }
+        if self.closed { self.leaveWindowShare() }
         return actions
     }
 
@@ -160,11 +165,7 @@ extension RelaySession {
     /// The channel is gone. Durable state stays in the catalog: the agent resumes on its next connection.
     package mutating func connectionClosed() -> [Action] {
         self.closed = true
-        if self.holdsWindowShare {
-            self.resources.memory.leave(self.grantedWindow)
-            self.holdsWindowShare = false
-        }
-        self.grantedWindow = 0
+        self.leaveWindowShare()
         var actions: [Action] = [.cancel(.handshake), .cancel(.liveness), .cancel(.grace)]
         for id in self.pipelines.keys.sorted() {
             actions += self.abortUpload(id, keepSession: true)
