@@ -95,13 +95,21 @@ public enum RelayAdmin {
         // No relay acts for the account from here on: each has closed its connections before anything of it goes.
         outcome.looks = try await Self.waitForLooks(catalog: catalog, after: revoked)
         let keys = RelayRuntime.KeyGuard.claiming(KeyClaims(locks: catalog.keyLocks))
-        for session in try await catalog.sessions(updatedBefore: .distantFuture) where session.account == name {
-            let dropped = try await keys.holding(name, session.key) { () async throws -> Bool in
-                try await catalog.deleteSession(id: session.id)
-                try? await store.removeStaging(session.stagingName)
-                return true
+        // A connection the relays just closed records what it had made durable as it goes: such sessions appear for a
+        // moment after the looks, and are dropped as they do, for a few seconds.
+        let settling = ContinuousClock.now + .seconds(5)
+        while true {
+            for session in try await catalog.sessions(updatedBefore: .distantFuture) where session.account == name {
+                let dropped = try await keys.holding(name, session.key) { () async throws -> Bool in
+                    try await catalog.deleteSession(id: session.id)
+                    try? await store.removeStaging(session.stagingName)
+                    return true
+                }
+                if dropped == true { outcome.uploadsDropped += 1 }
             }
-            if dropped == true { outcome.uploadsDropped += 1 }
+            let left = try await catalog.sessions(updatedBefore: .distantFuture).contains { $0.account == name }
+            guard left, ContinuousClock.now < settling else { break }
+            try await Task.sleep(for: .milliseconds(100))
         }
         // Nothing of the objects is touched while the account cannot go anyway: an upload a relay holds, a commit.
         if try await catalog.sessions(updatedBefore: .distantFuture).contains(where: { $0.account == name }) {
