@@ -203,7 +203,7 @@ struct RelaySessionTests {
     }
 
     @Test(
-        "a connection that only PINGs for 5 s, holding more than its share while another waits at the floor, is asked to go; one with an upload open, or below its share, is not"
+        "a connection that only PINGs for 5 s, holding more than its share while others wait at the floor, is asked to go, also with an upload open; one whose OPEN is looked up, or below its share, is not"
     )
     func idleShareGoesBack() async throws {
         let memory = ResourceBudget(total: 4 << 20)
@@ -216,15 +216,31 @@ struct RelaySessionTests {
         var waiting = SessionHarness(configure: windows, memory: memory)
         waiting.handshake(account: "b")
         #expect(waiting.session.grantedWindow < 1 << 20, "the budget is taken: the floor")
+        // A second one at the floor keeps the budget short after one hog has gone.
+        var waitingToo = SessionHarness(configure: windows, memory: memory)
+        waitingToo.handshake(account: "b")
         let accounts = ["hog": Account(name: "hog", quota: nil, tokenHash: [1]), "b": Account(name: "b", quota: nil, tokenHash: [1])]
         // 4 s of PINGs: not yet.
         let early = hogs[0].now + .seconds(4)
         hogs[0].now = early
         hogs[0].send(.ping(Frame.Ping(data: 7)))
         #expect(!SessionHarness.closes(hogs[0].session.accountsLooked(accounts, now: early)))
-        // A hog with an upload open is busy, whatever the time.
+        // A hog whose OPEN the relay is still looking up is busy, whatever the time.
         hogs[1].send(Self.open(Self.s1, "k"))
         #expect(hogs[1].session.accountsLooked(accounts, now: hogs[1].now + .seconds(60)).isEmpty)
+        // Looked up, it holds credit and sends nothing but PINGs: idle too, asked to go; what arrived is acknowledged.
+        _ = hogs[1].take(
+            hogs[1].session.uploadLookedUp(
+                Self.s1, .upload(durableOffset: 0, resumeToken: [], resumed: false, byteLimit: nil), key: try ObjectKey(validating: "k")))
+        hogs[1].send(.ping(Frame.Ping(data: 8)))
+        #expect(hogs[1].session.accountsLooked(accounts, now: hogs[1].now + .seconds(64)).isEmpty, "4 s after its last look")
+        let openIdle = hogs[1].take(hogs[1].session.accountsLooked(accounts, now: hogs[1].now + .seconds(65)))
+        #expect(SessionHarness.frames(openIdle).contains { if case .goAway = $0 { return true } else { return false } }, "\(openIdle)")
+        if !SessionHarness.closes(openIdle) {
+            let synced = hogs[1].take(hogs[1].session.storageFinished(Self.s1, .synced(.success(0))))
+            #expect(SessionHarness.closes(synced), "closed once durable, without the drain period: \(synced)")
+        }
+        _ = hogs[1].session.connectionClosed()
         // Idle past 5 s: GOAWAY, closed, its share back at once.
         let late = hogs[2].now + .seconds(5)
         let asked = hogs[2].session.accountsLooked(accounts, now: late)

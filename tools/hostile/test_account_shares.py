@@ -4,6 +4,8 @@ QUOTA_EXCEEDED in words, while its own unfinished uploads still resume and other
 import os
 import time
 
+import pytest
+
 from agentlib import NoFrame, pattern, sha1, describe
 
 CAP = 12
@@ -92,14 +94,20 @@ def test_one_account_cannot_take_every_upload_slot(make_relay):
         c.close()
 
 
-def test_idle_connections_give_their_memory_share_back(make_relay):
-    """Four connections that only wait hold the whole memory budget; another account's upload gets the smallest
-    window. Idle for 5 s while the budget is short, they are asked to go (GOAWAY), and the upload's window grows."""
+@pytest.mark.parametrize("holding", ["nothing", "an open upload"])
+def test_idle_connections_give_their_memory_share_back(make_relay, holding):
+    """Four connections that only wait (with nothing open, or after opening an upload and sending none of it) hold
+    the whole memory budget; another account's upload gets the smallest window. Idle for 5 s while the budget is
+    short, they are asked to go (GOAWAY), and the upload's window grows."""
     relay = make_relay(["--memory-budget", "4M", "--connection-window", "1M", "--stream-window", "1M"])
     hog = f"hog{os.urandom(3).hex()}"
     relay.add_account(hog)
     hogs = [relay.session(token=relay.tokens[hog]) for _ in range(4)]
     assert sum(h.welcome["connection_window"] for h in hogs) == 4 << 20, [h.welcome["connection_window"] for h in hogs]
+    if holding == "an open upload":
+        for n, h in enumerate(hogs):
+            h.open(1, f"held{n}.bin", size=8 << 20)
+            assert h.expect_offset(1)["disposition"] == "START"
     victim = relay.session()
     assert victim.welcome["connection_window"] <= 256 << 10, victim.welcome
     # As many as the upload needs are asked to go: one whole window's worth here.

@@ -111,16 +111,23 @@ extension RelaySession {
         self.grantedWindow = 0
     }
 
-    /// A connection that holds more of the memory budget than its fair share, has had no upload open or opening and
-    /// sent nothing but PINGs for ``RelaySessionSettings/idleShareTimeout``, while the budget cannot give every
-    /// connection a whole window, is asked to go: GOAWAY, then it closes, its share going to the connections that
-    /// upload. The credit it holds cannot be taken back otherwise (SPEC §5.5); connections that only PING held the
-    /// whole budget while another account's upload crawled at the floor. Its agent reconnects when it has something to
-    /// send. Checked at each of the relay's looks at the accounts.
+    /// A connection that holds more of the memory budget than its fair share and has sent nothing but PINGs for
+    /// ``RelaySessionSettings/idleShareTimeout``, while the budget cannot give every connection a whole window, is asked
+    /// to go: GOAWAY, what arrived is made durable and acknowledged, then it closes, its share going to the connections
+    /// that upload. The credit it holds cannot be taken back otherwise (SPEC §5.5); connections that only PING, or that
+    /// open an upload and then send nothing, held the whole budget while another account's upload crawled at the floor.
+    /// Its agent reconnects and goes on from the acknowledged bytes. Checked at each of the relay's looks at the
+    /// accounts.
+    ///
+    /// Idle means the agent could send and does not: work of the relay's own (an OPEN looked up, a key waited for,
+    /// chunks written or synced, a HASH verified) is activity, and so is holding no credit, which leaves the agent
+    /// nothing it may send.
     mutating func giveBackIdleShare(now: NIODeadline) -> [Action] {
         let memory = self.resources.memory
-        if self.machine.openStreamCount > 0 || !self.opening.isEmpty || !self.pipelines.isEmpty || !self.waitingForKey.isEmpty {
-            // An upload open now (verifying, say) is activity, whatever the frames.
+        let relayWorks =
+            !self.opening.isEmpty || !self.waitingForKey.isEmpty
+            || self.pipelines.values.contains { !$0.isOpen || !$0.isQuiet || $0.isVerifying }
+        if relayWorks || (self.machine.openStreamCount > 0 && self.machine.connectionWindowOutstanding == 0) {
             self.lastActiveAt = now
             return []
         }
@@ -132,11 +139,13 @@ extension RelaySession {
         else { return [] }
         self.drain = .draining
         let metadata: Logger.Metadata = ["connection.window": "\(self.grantedWindow)", "memory.free": "\(memory.free)"]
+        // The drain period is skipped: an idle agent has nothing in flight to finish. Its open uploads are made durable
+        // and acknowledged, then the connection closes.
         let actions =
             [.log(.info, "asking an idle connection to go: its memory share goes to uploads", metadata)] + self.write(goAway)
-            + [.schedule(.grace, in: TimeAmount(self.resources.settings.shutdownGrace))] + self.closeIfDrained()
-        // With no upload open it holds no chunk, and after GOAWAY it can open none: its share goes back now, not when
-        // TLS has finished closing (a peer that does not answer close_notify holds the socket for seconds).
+            + self.graceEnded()
+        // Closed, it holds no chunk, and after GOAWAY it can open no upload: its share goes back now, not when TLS has
+        // finished closing (a peer that does not answer close_notify holds the socket for seconds).
         if self.closed { self.leaveWindowShare() }
         return actions
     }
