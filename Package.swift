@@ -35,8 +35,9 @@ let package = Package(
             dependencies: [.product(name: "NIOCore", package: "swift-nio")]
         ),
         // System libraries, reached through tiny module maps.
-        // libdeflate: CRC-32 with the CPU's carry-less multiply (5-6x zlib's here) and zlib streams made 1.7x faster.
-        .systemLibrary(name: "CUploadDeflate", pkgConfig: "libdeflate", providers: [.apt(["libdeflate-dev"])]),
+        // CRC-32 and zlib streams: zlib (the design's system package), or libdeflate loaded at run time when installed
+        // (CRC-32 with the CPU's carry-less multiply, zlib streams made faster; docs/benchmarks.md).
+        .target(name: "CUploadDeflate", linkerSettings: [.linkedLibrary("z")]),
         .systemLibrary(name: "CUploadCrypto", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),
         // The agent's state database, on SQLite's C API (no binding library: GRDB brings Foundation and ICU's data).
         .systemLibrary(name: "CUploadSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
@@ -48,7 +49,7 @@ let package = Package(
         ),
         // The relay's --dev CA and server certificate, made with the system's libcrypto (OpenSSL 3).
         .target(name: "CUploadCertificates", linkerSettings: [.linkedLibrary("crypto")]),
-        // SHA-1 (libcrypto, exportable state), CRC32 and deflate (libdeflate).
+        // SHA-1 (libcrypto, exportable state), CRC32 and deflate (zlib or libdeflate).
         .target(
             name: "UploadChecksums",
             dependencies: ["CUploadDeflate", "CUploadCrypto"]

@@ -1,16 +1,19 @@
 import CUploadDeflate
 
-/// Per-chunk compression: zlib streams (RFC 1950), made and read by libdeflate, a whole buffer at a time (SPEC §9).
-/// Any zlib inflater reads what this makes; libdeflate checks each stream's Adler-32 when it inflates.
+/// Per-chunk compression: zlib streams (RFC 1950), made and read a whole buffer at a time (SPEC §9) by libdeflate when
+/// it is installed, else by zlib. Any zlib inflater reads what this makes; the inflater checks each stream's Adler-32.
 public enum Deflate {
     /// Why a deflated chunk could not be inflated.
     public struct InflateError: Error, Hashable, Sendable, CustomStringConvertible {
         public var description: String
     }
 
+    /// The library that computes CRC-32s and zlib streams: "libdeflate" or "zlib".
+    public static var library: String { String(cString: upload_deflate_library()) }
+
     /// The most bytes `compress(_:into:level:)` can write for `count` input bytes.
     public static func bound(_ count: Int) -> Int {
-        libdeflate_zlib_compress_bound(nil, count)
+        upload_zlib_compress_bound(count)
     }
 
     /// Compresses `input` into `output`; returns the compressed length, or nil when compression
@@ -18,12 +21,9 @@ public enum Deflate {
     public static func compress(
         _ input: UnsafeRawBufferPointer, into output: UnsafeMutableRawBufferPointer, level: Int32 = 1
     ) -> Int? {
-        guard let source = input.baseAddress, let destination = output.baseAddress, input.count > 0,
-            let compressor = libdeflate_alloc_compressor(level)
-        else { return nil }
-        defer { libdeflate_free_compressor(compressor) }
-        // At most input.count - 1 bytes: libdeflate returns 0 when the stream does not fit, so "no smaller" is 0 too.
-        let length = libdeflate_zlib_compress(compressor, source, input.count, destination, min(output.count, input.count - 1))
+        guard let source = input.baseAddress, let destination = output.baseAddress, input.count > 0 else { return nil }
+        // At most input.count - 1 bytes: a stream that does not fit is 0, so "no smaller" is 0 too.
+        let length = upload_zlib_compress(level, source, input.count, destination, min(output.count, input.count - 1))
         return length > 0 ? length : nil
     }
 
@@ -32,29 +32,23 @@ public enum Deflate {
         guard let source = input.baseAddress, let destination = output.baseAddress else {
             throw InflateError(description: "empty deflated data")
         }
-        guard let decompressor = libdeflate_alloc_decompressor() else {
-            throw InflateError(description: "no memory for a decompressor")
-        }
-        defer { libdeflate_free_decompressor(decompressor) }
         var consumed = 0
         var produced = 0
-        let status = libdeflate_zlib_decompress_ex(
-            decompressor, source, input.count, destination, output.count, &consumed, &produced
-        )
+        let status = upload_zlib_inflate(source, input.count, destination, output.count, &consumed, &produced)
         switch status {
-        case LIBDEFLATE_SUCCESS:
+        case UPLOAD_INFLATE_SUCCESS:
             guard produced == output.count else {
                 throw InflateError(description: "deflated data inflates to \(produced) bytes, not the \(output.count) announced")
             }
             guard consumed == input.count else {
                 throw InflateError(description: "\(input.count - consumed) bytes follow the end of the deflated data")
             }
-        case LIBDEFLATE_INSUFFICIENT_SPACE:
+        case UPLOAD_INFLATE_INSUFFICIENT_SPACE:
             throw InflateError(description: "deflated data inflates to more than the \(output.count) bytes announced")
-        case LIBDEFLATE_BAD_DATA:
-            throw InflateError(description: "deflated data is corrupt or truncated")
+        case UPLOAD_INFLATE_NO_MEMORY:
+            throw InflateError(description: "no memory for a decompressor")
         default:
-            throw InflateError(description: "libdeflate failed with status \(status.rawValue)")
+            throw InflateError(description: "deflated data is corrupt or truncated")
         }
     }
 }

@@ -1,9 +1,18 @@
+import Foundation
 import Testing
 import UploadChecksums
 import UploadTestSupport
 
-@Suite("CRC32 and deflate from libdeflate")
+@Suite("CRC32 and deflate from zlib or libdeflate")
 struct CRC32AndDeflateTests {
+    @Test("libdeflate is used when its shared library is installed, unless UPLOAD_DEFLATE_LIBRARY=zlib; zlib otherwise")
+    func library() async {
+        let installed = ["/usr/lib/x86_64-linux-gnu/libdeflate.so.0", "/usr/lib/aarch64-linux-gnu/libdeflate.so.0"]
+            .contains { FileManager.default.fileExists(atPath: $0) }
+        let zlibAsked = ProcessInfo.processInfo.environment["UPLOAD_DEFLATE_LIBRARY"] == "zlib"
+        #expect(Deflate.library == (installed && !zlibAsked ? "libdeflate" : "zlib"))
+    }
+
     @Test("CRC-32 check value and empty input")
     func checkValue() async {
         #expect(CRC32.checksum(Array("123456789".utf8)) == 0xCBF4_3926)
