@@ -4,8 +4,9 @@
 //
 // Prints GB/s for 1 MiB CHUNK frames (the codec's share of an upload) and frames/s for small
 // control frames (ACK, CREDIT, OPEN), and the codec's cost as a share of a 1 GB/s upload; then the
-// checksums every byte pays on each side (SHA-1 from libcrypto, CRC-32 from libdeflate), in CPU-seconds per GB:
-// the floor the integrity checks put under an upload's CPU, whatever the rest of the path does.
+// checksums every byte pays on each side (SHA-1 from libcrypto, CRC-32 from libdeflate or zlib), in CPU-seconds per
+// GB: the floor the integrity checks put under an upload's CPU, whatever the rest of the path does; and what --deflate
+// costs per MiB of text-like data. UPLOAD_DEFLATE_LIBRARY=zlib measures zlib where libdeflate is installed.
 
 import Foundation
 import NIOCore
@@ -112,6 +113,28 @@ sink &+= Int(crc.value) &+ Int(sha1.byteCount)
 let sha1Gbps = sha1Rate * Double(payloadSize) / 1e9
 let crcGbps = crcRate * Double(payloadSize) / 1e9
 print(String(format: "  SHA-1 (libcrypto):                                          %9.2f GB/s = %.2f CPU-s/GB", sha1Gbps, 1 / sha1Gbps))
-print(String(format: "  CRC-32 (libdeflate):                                          %9.2f GB/s = %.2f CPU-s/GB", crcGbps, 1 / crcGbps))
+let library = Deflate.library.padding(toLength: 10, withPad: " ", startingAt: 0)
+print(String(format: "  CRC-32 (%@):                                     %9.2f GB/s = %.2f CPU-s/GB", library, crcGbps, 1 / crcGbps))
 print(String(format: "  both, on both sides of an upload:                           %.2f CPU-s/GB", 2 * (1 / sha1Gbps + 1 / crcGbps)))
+
+// --deflate: a chunk of text-like bytes (log lines with counters) compressed at level 1 and inflated, 1 MiB at a time.
+let text = Array((0..<payloadSize / 48 + 1).map { "line \($0): upload committed, offset \($0 &* 7919)\n" }.joined().utf8.prefix(payloadSize))
+var packed = [UInt8](repeating: 0, count: Deflate.bound(text.count))
+var packedLength = 0
+let compressRate = text.withUnsafeBytes { input in
+    packed.withUnsafeMutableBytes { output in
+        measure("deflate", batch: 4) { packedLength = Deflate.compress(input, into: output) ?? 0 }
+    }
+}
+var inflated = [UInt8](repeating: 0, count: text.count)
+let inflateRate = packed.withUnsafeBytes { input in
+    inflated.withUnsafeMutableBytes { output in
+        measure("inflate", batch: 4) { try? Deflate.inflate(UnsafeRawBufferPointer(rebasing: input.prefix(packedLength)), into: output) }
+    }
+}
+sink &+= Int(inflated[inflated.count / 2])
+print(
+    String(
+        format: "  deflate level 1 (%@), text-like, to %.0f %%:       %9.2f GB/s; inflate %.2f GB/s", library,
+        100 * Double(packedLength) / Double(text.count), compressRate * Double(text.count) / 1e9, inflateRate * Double(text.count) / 1e9))
 if sink == 42 { print("") }
