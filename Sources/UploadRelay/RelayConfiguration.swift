@@ -63,20 +63,18 @@ public struct RelayConfiguration: Sendable {
     /// never less than ``minimumConnectionWindow``. A connection starts with its share while the budget has it free,
     /// else with the floor, and moves toward its share each time storage consumes its bytes, so the connections that
     /// came first give back what later ones need. Default 32 MiB: four connections' whole windows, or eight halves
-    /// (4 MiB each, about what a connection carries over a round trip of 100 ms with Linux's socket buffers). With 100
-    /// agents at once (`tools/bench-many.sh`) the relay's peak resident memory was 106 to 112 MiB against 112 to 119
-    /// with 64 MiB, for 0 to 3 % more CPU, and 130 to 144 against 187 to 196 when storage is the bottleneck. 24 MiB
-    /// held 115 to 120 there, but cost 16 files of 16 MiB over a round trip of 100 ms 9 % of their rate.
+    /// (4 MiB each, about what a connection carries over a round trip of 100 ms with Linux's socket buffers). More
+    /// mostly holds chunks waiting for a slow disk; less slows uploads over long links, whose rate is a window per
+    /// round trip (docs/benchmarks.md, `tools/bench-many.sh`).
     public var memoryBudget: Int = 32 << 20
     /// Reads of one connection's socket per wakeup of its event loop (NIO's `maxMessagesPerRead`), each of up to
     /// 64 KiB. TLS hands on each read's plaintext before the next (`ReadCycleSplitter`), so a connection's plaintext
-    /// buffer holds one read whatever this is (128 KiB at most; it held all of a wakeup's reads, 256 KiB with 2, until
-    /// the splitter). One read per wakeup cost the relay 20 to 25 % more CPU on 1,000 files of 1 MiB. Default 2: 16
-    /// cost 5 to 7 % more relay CPU on one 1 GiB upload and on 1,000 files of 1 MiB (`tools/cpu-per-gib.sh`).
+    /// buffer holds one read whatever this is. Default 2: one read per wakeup pays a wakeup per 64 KiB, and many let
+    /// one busy connection delay the others of its event loop for no gain in CPU (`tools/cpu-per-gib.sh`).
     public var readsPerWakeup: Int = 2
     /// OPENs of one connection looked up at once (catalog reads, the quota decision, the staging file opened); the
-    /// others wait, in order, as frames. Default 8: one agent's small files keep the relay's I/O threads busy, and 100
-    /// agents' 6,000 OPENs no longer wait as 6,000 tasks.
+    /// others wait, in order, as frames. Default 8: one agent's small files keep the relay's I/O threads busy, and the OPENs
+    /// of 100 agents at once wait as frames, not as one task each.
     public var lookupsPerConnection: Int = 8
     /// The smallest connection window a connection is given when the memory budget is spent: agents are slowed, never
     /// refused. Default 128 KiB; never below 64 KiB (SPEC §5.5).

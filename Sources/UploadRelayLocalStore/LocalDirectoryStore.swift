@@ -213,10 +213,9 @@ public final class LocalDirectoryStore: BlobStore {
 
     /// Each file cut to size and synced, then renamed into place; then each directory that received one is synced once,
     /// and only then is any of them reported committed. The files of a group are synced at once, each with its own
-    /// `fdatasync(2)` on a thread of its own, not one after another (on 10,000 small uploads the group's syncs in turn
-    /// were what its commits waited for). Not one `syncfs(2)` for the group: no faster here (10,000 x 16 KiB, five runs
-    /// each), it would also flush every other writer's data on the file system, and report their write errors as the
-    /// group's.
+    /// `fdatasync(2)` on a thread of its own, not one after another (syncs in turn are what a group of small uploads
+    /// would wait for). Not one `syncfs(2)` for the group: it would also flush every other writer's data on the file
+    /// system, and report their write errors as the group's.
     public func commit(_ batch: [StoreCommit]) async -> [Result<ObjectIdentity, any Error>] {
         do {
             return try await self.blocking { self.commitNow(batch) }

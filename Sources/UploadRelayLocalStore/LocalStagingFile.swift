@@ -16,9 +16,8 @@ import NIOPosix
 /// blocks, through an aligned buffer borrowed from ``DirectScratch`` for that write, and the last partial block
 /// waits in a block of the file's own until the next write; ``sync()`` writes it padded with zeros. So an open
 /// upload holds one block, whatever its size, and the buffers follow the writes under way. ``seal()`` cuts
-/// the file to the bytes written before commit. On the machines measured here a buffered write cost about one
-/// CPU-second per GiB in page-cache copies (`dd` buffered 1.0 GB/s, direct 1.9 GB/s), the largest cost
-/// after SHA-1. Direct I/O needs writes in order; the first write elsewhere, or a file system that refuses
+/// the file to the bytes written before commit. A buffered write pays a copy into the page cache, the largest cost per
+/// byte after SHA-1, for bytes that are read again only if the relay restarts. Direct I/O needs writes in order; the first write elsewhere, or a file system that refuses
 /// it, turns the file back to plain writes, with the same bytes and durability.
 final class LocalStagingFile: StagingFile, @unchecked Sendable {
     /// Offsets, lengths and buffer addresses of direct writes are multiples of this.

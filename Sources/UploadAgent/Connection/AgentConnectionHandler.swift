@@ -72,8 +72,8 @@ final class AgentConnectionHandler: ChannelInboundHandler {
 
     /// The run's round trip (its first connection's), which every connection of an adaptive run decides on. A relay
     /// on this host is no long link whatever the kernel measured: on a loaded machine the handshake's round trip on
-    /// loopback reached 5 ms and more (a scheduling delay, not a distance), and 40 agents at once opened 4 connections
-    /// each.
+    /// loopback can reach milliseconds (a scheduling delay, not a distance), and many agents at once would each open
+    /// several connections.
     private func measureRoundTrip(context: ChannelHandlerContext) -> Duration? {
         let kernel = Self.isLoopback(context.channel.remoteAddress) ? Duration.zero : Self.roundTrip(of: context.channel)
         let measured = self.session.configuration.faults.assumedRoundTrip ?? kernel

@@ -350,7 +350,7 @@ public final class Uploader: Sendable {
         tls.applicationProtocols = [Self.alpn]
         // A connection the agent closes has nothing left to hear (every RESULT is in, or it is given up): its
         // close_notify goes out and the socket closes, without waiting for the relay's (TLS 1.3 allows it, RFC 8446
-        // §6.1). Waiting made every send a round trip longer (0.1 s of 3.7 s over 100 ms).
+        // §6.1). Waiting would make every send a round trip longer.
         tls.shutdownTimeout = .zero
         // The chain is verified here, the name by ServerIdentityCheck: NIOSSL's own name check also passes any
         // certificate that lists the address connected to, whatever name the user asked for.

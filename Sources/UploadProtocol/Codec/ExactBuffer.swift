@@ -9,8 +9,8 @@ import Darwin
 
 /// Buffers of exactly the size asked for. `ByteBufferAllocator.buffer(capacity:)` rounds every capacity up to a power
 /// of two, so a CHUNK of 327 KiB (an agent sends what its credit allows, and a connection's share of the relay's memory
-/// is rarely a power of two) took 512 KiB: with 100 agents and storage the bottleneck, 48 to 52 MiB of chunk data lived
-/// in the relay where the windows allowed 33. These come from malloc at their size, through NIO's allocator hooks
+/// is rarely a power of two) would take 512 KiB, and the chunk data a relay holds could reach half again what the
+/// windows allow. These come from malloc at their size, through NIO's allocator hooks
 /// (an SPI of NIOCore's, `CustomByteBufferAllocator`; growing one beyond its size reallocates as usual).
 enum ExactBuffer {
     static let allocator = ByteBufferAllocator(
