@@ -292,6 +292,24 @@ struct AgentSessionTests {
         #expect(h.queue.results.first?.error?.contains("cannot resume at 1000") == true)
     }
 
+    @Test(
+        "a stream source that cannot follow the relay's retry fails with the relay's error (soak seed 4702 round 26: a full disk reported as stdin's)"
+    )
+    func streamSourceAfterRefusal() async throws {
+        var h = AgentHarness(files: 1, seekable: false)
+        let id = h.connect(connectionWindow: 8 << 20, streamWindow: 8 << 20)[0]
+        let failed = h.receive(.error(Frame.Error(streamID: id, code: .internalError, message: "the staging file failed")))
+        let job = try #require(
+            failed.lazy.compactMap { action -> UploadJob? in if case .prepare(let job, _, _) = action { return job } else { return nil } }.first,
+            "retried at once: \(failed)")
+        let opened = h.session.prepared(job, .success(SourceReader.Prepared(info: job.info!, sha1: nil)))
+        let again = try #require(AgentHarness.frames(opened).lazy.compactMap { if case .open(let o) = $0 { return o.streamID } else { return nil } }.first)
+        h.receive(.offset(Frame.Offset(streamID: again, disposition: .resume, offset: 1000)))
+        let result = try #require(h.queue.results.first)
+        #expect(result.errorCode == WireErrorCode.internalError.name, "\(result)")
+        #expect(result.error?.contains("the staging file failed") == true && result.error?.contains("cannot resume at 1000") == true, "\(result)")
+    }
+
     static func closes(_ actions: [AgentSession.Action]) -> Bool {
         actions.contains { if case .close = $0 { return true } else { return false } }
     }

@@ -404,7 +404,15 @@ extension AgentSession {
             actions += self.write(cancel)
         }
         if let sender = self.senders.removeValue(forKey: id) {
-            actions += self.complete(sender.job, sender.job.finish(.failed, sha1: "", error: message, code: UploadResult.ErrorCode.sourceError))
+            let job = sender.job
+            if !job.item.source.isSeekable, let refusal = job.lastRefusal {
+                // A stream cannot be sent again from the offset the relay asks after its own failure (its storage full,
+                // say): that failure is the item's result, with what it cost.
+                let error = "relay refused \"\(job.key)\": \(refusal.code.name): \(refusal.message); retried, but \(message)"
+                actions += self.complete(job, job.finish(.failed, sha1: "", error: error, code: refusal.code.name))
+            } else {
+                actions += self.complete(job, job.finish(.failed, sha1: "", error: message, code: UploadResult.ErrorCode.sourceError))
+            }
         }
         return actions + self.pumpAll()
     }
@@ -415,6 +423,7 @@ extension AgentSession {
         let job = sender.job
         if !sender.started { self.openRefused(now: now) }
         job.lastError = "\(code.name): \(message)"
+        job.lastRefusal = (code, message)
         job.hashUndecided(sender.hashedSHA1)
         // No room on the relay for this item: the account's quota (which a long-running agent waits out), or the relay's
         // storage, full or failing (which passes). The item waits on its own, longer each time, while the others go on:

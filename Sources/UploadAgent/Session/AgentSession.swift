@@ -376,6 +376,8 @@ struct AgentSession {
                 return self.pump(id)
             }
             sender.job.acknowledge(offset)
+            // The relay holds bytes of this try: an earlier refusal is no longer why a later failure happens.
+            sender.job.lastRefusal = nil
             self.queue.acknowledged(sender.job)
             self.outcome.madeProgress = true
             return [.event(.acknowledged(key: sender.job.key, offset: offset))] + self.pump(id)

@@ -83,6 +83,8 @@ final class UploadJob: @unchecked Sendable {
     var noRoomRetries = 0
     var noRoomSince: ContinuousClock.Instant? = nil
     var lastError: String? = nil
+    /// The relay's last error on this job's stream, for the result of a stream source that cannot follow a retry.
+    var lastRefusal: (code: WireErrorCode, message: String)? = nil
     var result: UploadResult? = nil
 
     /// For a PART job (SPEC §6.7): the main job whose upload it belongs to, the stripe it sends, and the stripes' state
