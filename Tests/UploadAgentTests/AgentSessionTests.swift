@@ -303,7 +303,8 @@ struct AgentSessionTests {
             failed.lazy.compactMap { action -> UploadJob? in if case .prepare(let job, _, _) = action { return job } else { return nil } }.first,
             "retried at once: \(failed)")
         let opened = h.session.prepared(job, .success(SourceReader.Prepared(info: job.info!, sha1: nil)))
-        let again = try #require(AgentHarness.frames(opened).lazy.compactMap { if case .open(let o) = $0 { return o.streamID } else { return nil } }.first)
+        let again = try #require(
+            AgentHarness.frames(opened).lazy.compactMap { if case .open(let o) = $0 { return o.streamID } else { return nil } }.first)
         h.receive(.offset(Frame.Offset(streamID: again, disposition: .resume, offset: 1000)))
         let result = try #require(h.queue.results.first)
         #expect(result.errorCode == WireErrorCode.internalError.name, "\(result)")
