@@ -196,26 +196,15 @@ def describe(f) -> str:
 
 # ------------------------------------------------------------------ connection
 
-class Conn:
-    def __init__(self, relay: "Relay", sock):
-        self.relay = relay
+class Transport:
+    """A socket (TLS or plain) read into a buffer with deadlines: what the framed and the HTTP clients share."""
+
+    def __init__(self, sock):
         self.sock = sock
         self.buf = b""
-        self.pending: deque = deque()
-        self.seen: list = []           # every frame received, in order
         self.closed = False
         self.close_reason = ""
-        self.conn_error = None         # ERROR(0) frame, if received
-        self.welcome = None
-        self.max_recv = AGENT_MAX_FRAME
-        self.conn_window = 0
-        self.stream_window: dict = {}
-        self.acks: dict = {}           # stream -> highest ACK offset
-        self.credit0 = 0               # total CREDIT(0) received
-        self.closed_streams: dict = {}  # stream -> the frame that closed it at the relay
-        self.next_sid = 1
 
-    # -- transport
     def send(self, data: bytes):
         self.sock.sendall(data)
 
@@ -232,7 +221,7 @@ class Conn:
         except OSError:
             pass
 
-    def _fill(self, deadline: float) -> bool:
+    def fill(self, deadline: float) -> bool:
         """Read more bytes; False on timeout. Raises Closed on EOF/reset."""
         if self.closed:
             raise Closed(self.close_reason)
@@ -256,6 +245,23 @@ class Conn:
             raise Closed("EOF")
         self.buf += data
         return True
+
+
+class Conn(Transport):
+    def __init__(self, relay: "Relay", sock):
+        super().__init__(sock)
+        self.relay = relay
+        self.pending: deque = deque()
+        self.seen: list = []           # every frame received, in order
+        self.conn_error = None         # ERROR(0) frame, if received
+        self.welcome = None
+        self.max_recv = AGENT_MAX_FRAME
+        self.conn_window = 0
+        self.stream_window: dict = {}
+        self.acks: dict = {}           # stream -> highest ACK offset
+        self.credit0 = 0               # total CREDIT(0) received
+        self.closed_streams: dict = {}  # stream -> the frame that closed it at the relay
+        self.next_sid = 1
 
     def _parse_one(self):
         try:
@@ -299,7 +305,7 @@ class Conn:
         if f is not None:
             self.pending.append(f)
             return True
-        if not self._fill(deadline):
+        if not self.fill(deadline):
             return False
         while True:
             f = self._parse_one()

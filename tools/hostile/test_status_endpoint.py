@@ -117,53 +117,8 @@ class Resp:
         return f"{self.status} {self.reason} {self.body[:300]!r}"
 
 
-class Http:
+class Http(agentlib.Transport):
     """One connection speaking raw HTTP/1.1 (over TLS, or not)."""
-
-    def __init__(self, sock):
-        self.sock = sock
-        self.buf = b""
-        self.closed = False
-        self.close_reason = ""
-
-    def send(self, data: bytes):
-        self.sock.sendall(data)
-
-    def try_send(self, data: bytes) -> bool:
-        try:
-            self.sock.sendall(data)
-            return True
-        except (OSError, ssl.SSLError):
-            return False
-
-    def close(self):
-        try:
-            self.sock.close()
-        except OSError:
-            pass
-
-    def fill(self, deadline: float) -> bool:
-        """Read more; False on timeout; Closed on EOF or reset."""
-        if self.closed:
-            raise Closed(self.close_reason)
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return False
-        self.sock.settimeout(remaining)
-        try:
-            data = self.sock.recv(262144)
-        except (socket.timeout, TimeoutError):
-            return False
-        except ssl.SSLWantReadError:
-            return True
-        except (OSError, ssl.SSLError) as e:
-            self.closed, self.close_reason = True, f"reset ({e.__class__.__name__}: {e})"
-            raise Closed(self.close_reason)
-        if not data:
-            self.closed, self.close_reason = True, "EOF"
-            raise Closed("EOF")
-        self.buf += data
-        return True
 
     def response(self, timeout=10.0, head_only=False) -> Resp:
         """The next whole response (Content-Length framed). Closed if the connection ends first, TimeoutError."""

@@ -2,7 +2,6 @@
 import Glibc
 #endif
 import AsyncHTTPClient
-import Dispatch
 import Foundation
 import Logging
 import NIOConcurrencyHelpers
@@ -189,9 +188,10 @@ final class CommitHookRunner: Sendable {
 final class Wakeup: Sendable {
     private struct State {
         var signalled = false
-        var waiter: CheckedContinuation<Bool, Never>?
-        /// Tells a timeout apart from the wait it was set for.
+        var waiter: (generation: Int, continuation: CheckedContinuation<Bool, Never>)?
+        /// Tells a cancelled wait apart from the next one.
         var generation = 0
+        var cancelled = 0
     }
 
     private let state = NIOLockedValueBox(State())
@@ -203,7 +203,7 @@ final class Wakeup: Sendable {
                 return nil
             }
             state.waiter = nil
-            return waiter
+            return waiter.continuation
         }
         waiter?.resume(returning: true)
     }
@@ -211,30 +211,48 @@ final class Wakeup: Sendable {
     /// Waits for a signal, at most `limit` (nil: for ever); whether one came. One waiter at a time.
     @discardableResult
     func wait(upTo limit: Duration? = nil) async -> Bool {
-        await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in
-            let generation = self.state.withLockedValue { state -> Int? in
-                if state.signalled {
-                    state.signalled = false
+        guard let limit else { return await self.waitForSignal() }
+        return await withTaskGroup(of: Bool.self) { group in
+            group.addTask { await self.waitForSignal() }
+            group.addTask {
+                try? await Task.sleep(for: limit)
+                return false
+            }
+            var signalled = await group.next() ?? false
+            group.cancelAll()
+            // A signal that came as the time ran out is not lost.
+            while let other = await group.next() { signalled = signalled || other }
+            return signalled
+        }
+    }
+
+    /// Waits for a signal until the task is cancelled; whether one came.
+    private func waitForSignal() async -> Bool {
+        let generation = self.state.withLockedValue { state -> Int in
+            state.generation += 1
+            return state.generation
+        }
+        return await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in
+                let now = self.state.withLockedValue { state -> Bool? in
+                    if state.signalled {
+                        state.signalled = false
+                        return true
+                    }
+                    if state.cancelled == generation { return false }
+                    state.waiter = (generation, continuation)
                     return nil
                 }
-                state.waiter = continuation
-                state.generation += 1
-                return state.generation
+                if let now { continuation.resume(returning: now) }
             }
-            guard let generation else {
-                continuation.resume(returning: true)
-                return
+        } onCancel: {
+            let waiter = self.state.withLockedValue { state -> CheckedContinuation<Bool, Never>? in
+                state.cancelled = generation
+                guard let waiter = state.waiter, waiter.generation == generation else { return nil }
+                state.waiter = nil
+                return waiter.continuation
             }
-            guard let limit else { return }
-            let nanoseconds = max(0, limit.components.seconds * 1_000_000_000 + limit.components.attoseconds / 1_000_000_000)
-            DispatchQueue.global().asyncAfter(deadline: .now() + .nanoseconds(Int(clamping: nanoseconds))) {
-                let waiter = self.state.withLockedValue { state -> CheckedContinuation<Bool, Never>? in
-                    guard state.generation == generation, let waiter = state.waiter else { return nil }
-                    state.waiter = nil
-                    return waiter
-                }
-                waiter?.resume(returning: false)
-            }
+            waiter?.resume(returning: false)
         }
     }
 }
