@@ -204,6 +204,16 @@ let package = Package(
             ],
             path: "tools/codec-benchmark"
         ),
+        // The relay's seams in memory (catalog, store, key locks), with the answers of the real ones: for tests and
+        // tools, never shipped in a binary.
+        .target(
+            name: "UploadRelayTesting",
+            dependencies: [
+                "UploadRelay", "UploadProtocol", "UploadChecksums",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+            ]
+        ),
         // What the test targets and the fuzz harness share: the seeded generator, temporary directories, and the pump
         // that drives the relay's real session (catalog, store, pipeline) against the agent's state machine.
         .target(
@@ -271,8 +281,9 @@ let package = Package(
         .testTarget(
             name: "UploadRelayTests",
             dependencies: [
-                "UploadRelay", "UploadRelayBackends", "UploadRelaySQLite", "UploadRelayPostgres", "UploadRelayLocalStore", "UploadRelayS3Store",
-                "UploadProtocol", "UploadChecksums", "UploadPayload", "UploadTestSupport", "CUploadSystem", "UploadS3", "UploadPlatform",
+                "UploadRelay", "UploadRelayTesting", "UploadRelayBackends", "UploadRelaySQLite", "UploadRelayPostgres", "UploadRelayLocalStore",
+                "UploadRelayS3Store", "UploadProtocol", "UploadChecksums", "UploadPayload", "UploadTestSupport", "CUploadSystem", "UploadS3",
+                "UploadPlatform",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),

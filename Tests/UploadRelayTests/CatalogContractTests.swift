@@ -6,6 +6,7 @@ import Testing
 import UploadTestSupport
 
 @testable import UploadRelay
+import UploadRelayTesting
 @testable import UploadRelayPostgres
 @testable import UploadRelaySQLite
 

@@ -7,6 +7,7 @@ import UploadProtocol
 import UploadTestSupport
 
 @testable import UploadRelay
+import UploadRelayTesting
 @testable import UploadRelayLocalStore
 @testable import UploadRelayPostgres
 @testable import UploadRelaySQLite

@@ -2,6 +2,7 @@ import Foundation
 import Testing
 
 @testable import UploadRelay
+import UploadRelayTesting
 
 /// `token delete`, `revoke`, `disable` and `rotate` return once every running relay has told its connections: the
 /// catalog's record of each relay's last look at the accounts (``RelayAdmin/waitForLooks(catalog:after:timeout:live:)``).

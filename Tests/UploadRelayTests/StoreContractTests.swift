@@ -10,6 +10,7 @@ import UploadS3
 import UploadTestSupport
 
 @testable import UploadRelay
+import UploadRelayTesting
 
 /// One suite, every store: each test runs against the local directory, the S3 store (on the SeaweedFS tools/test
 /// starts; each test gets a bucket of its own) and the in-memory store. What one answers, the others must, as far as

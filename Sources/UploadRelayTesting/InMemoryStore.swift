@@ -3,6 +3,7 @@ import NIOConcurrencyHelpers
 import NIOCore
 import UploadChecksums
 import UploadProtocol
+import UploadRelay
 
 /// A store in memory, for tests and tools: the same answers as the local directory and the S3 store (the store contract
 /// suite runs on all three), every call one step under one lock. It keeps what a crash would keep apart from what was

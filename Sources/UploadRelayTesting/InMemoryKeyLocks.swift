@@ -1,4 +1,5 @@
 import NIOConcurrencyHelpers
+import UploadRelay
 
 /// Key locks in memory, for tests and tools, with the rules of PostgreSQL's (the key lock contract suite runs on both):
 /// the relays of one process share a ``Table``, each through an ``InMemoryKeyLocks`` of its own, which stands for its
