@@ -78,7 +78,7 @@ let package = Package(
         .target(
             name: "UploadRelay",
             dependencies: [
-                "UploadProtocol", "UploadChecksums", "UploadPayload", "CUploadSystem", "UploadPlatform", "UploadS3",
+                "UploadProtocol", "UploadChecksums", "UploadPayload", "CUploadSystem", "UploadPlatform",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOCore", package: "swift-nio"),

@@ -1,6 +1,5 @@
 import Foundation
 import UploadProtocol
-import UploadS3
 
 /// Everything `upload-relay serve` can be told, typed (the CLI only fills this in).
 public struct RelayConfiguration: Sendable {
@@ -20,8 +19,6 @@ public struct RelayConfiguration: Sendable {
     /// The modes of what the relay creates: private to its user by default (directories 0700, files 0600).
     public var fileModes: FileModes = .private
 
-    /// Objects in an S3-compatible bucket instead of ``storePath`` (`--store s3://BUCKET/PREFIX`); nil: the local store.
-    public var s3: S3StoreConfiguration?
     /// What runs after each commit (`--on-commit`, `--on-commit-url`); nil: nothing, and no events are queued.
     public var hooks: CommitHooks? = nil
     /// The HTTPS status endpoint (`--status-listen`); nil: none.
@@ -120,30 +117,6 @@ public struct RelayConfiguration: Sendable {
     /// Where an S3 store spools the bytes since an upload's last part.
     public var spoolDirectory: String { self.dataDirectory + "/spool" }
     public var stagingDirectory: String { self.dataDirectory + "/staging" }
-}
-
-/// Where an S3 store keeps objects, and how it signs.
-public struct S3StoreConfiguration: Sendable {
-    public var endpoint: S3Endpoint
-    public var credentials: S3Credentials
-    public var bucket: String
-    /// Put before every `ACCOUNT/KEY`; may be empty.
-    public var prefix: String
-    /// The least part but the last (S3's least is 5 MiB; some servers take less).
-    public var minPartBytes: Int64 = S3StoreConfiguration.s3MinPartBytes
-    /// S3's least part but the last.
-    public static let s3MinPartBytes: Int64 = 5 << 20
-    /// Uploads of one commit group made objects at once (`--s3-commits-at-once`).
-    public var commitsAtOnce = S3StoreConfiguration.defaultCommitsAtOnce
-    /// The default ``commitsAtOnce``: 8.
-    public static let defaultCommitsAtOnce = 8
-
-    public init(endpoint: S3Endpoint, credentials: S3Credentials, bucket: String, prefix: String) {
-        self.endpoint = endpoint
-        self.credentials = credentials
-        self.bucket = bucket
-        self.prefix = prefix
-    }
 }
 
 /// Post-commit hooks: a command, a URL, or both, given each committed object as JSON. Each event waits in

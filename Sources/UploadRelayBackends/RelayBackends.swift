@@ -44,14 +44,16 @@ extension RelayRuntime {
         }
     }
 
-    /// Builds the server's shared services on the store the configuration names (whose capabilities may narrow it: an
-    /// S3 store takes no stripes, and no blob above S3's largest object).
-    public static func makeServices(configuration: RelayConfiguration, catalog: any Catalog, logger: Logger) async throws -> RelayServices {
+    /// Builds the server's shared services on the store the configuration names, or on the bucket `s3` names (whose
+    /// capabilities may narrow it: an S3 store takes no stripes, and no blob above S3's largest object).
+    public static func makeServices(
+        configuration: RelayConfiguration, s3: S3StoreConfiguration? = nil, catalog: any Catalog, logger: Logger
+    ) async throws -> RelayServices {
         // The store's system calls run on the relay's I/O pool.
         let pool = NIOThreadPool(numberOfThreads: configuration.ioThreads)
         pool.start()
         do {
-            let store = try Self.openStore(configuration, catalog: catalog, logger: logger, threadPool: pool)
+            let store = try Self.openStore(configuration, s3: s3, catalog: catalog, logger: logger, threadPool: pool)
             return try await Self.makeServices(configuration: configuration, catalog: catalog, store: store, logger: logger, threadPool: pool)
         } catch {
             try? await pool.shutdownGracefully()
@@ -59,12 +61,13 @@ extension RelayRuntime {
         }
     }
 
-    /// The store the configuration names: an S3 bucket, or the local directory. The admin commands (`rm`, `token
+    /// The S3 bucket `s3` names, else the local directory the configuration names. The admin commands (`rm`, `token
     /// delete`) open the same as `serve`. Its system calls run on `threadPool`.
     public static func openStore(
-        _ configuration: RelayConfiguration, catalog: any Catalog, logger: Logger, threadPool: NIOThreadPool = .singleton
+        _ configuration: RelayConfiguration, s3: S3StoreConfiguration? = nil, catalog: any Catalog, logger: Logger,
+        threadPool: NIOThreadPool = .singleton
     ) throws -> any BlobStore {
-        if let s3 = configuration.s3 {
+        if let s3 {
             if s3.prefix.isEmpty {
                 logger.warning(
                     "the S3 store has no prefix: objects go at the top of the bucket; share the bucket with nothing else, or give --store s3://BUCKET/PREFIX",

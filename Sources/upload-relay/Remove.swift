@@ -26,11 +26,12 @@ struct StoreOptions: ParsableArguments {
     var s3Region: String?
 
     func openStore(data: String, catalog: any Catalog, logger: Logger) throws -> any BlobStore {
-        var configuration = RelayConfiguration(certificatePath: "", privateKeyPath: "", dataDirectory: data, storePath: self.store)
+        let configuration = RelayConfiguration(certificatePath: "", privateKeyPath: "", dataDirectory: data, storePath: self.store)
+        var s3: S3StoreConfiguration? = nil
         if let store = self.store, let (bucket, prefix) = S3Store.parse(store) {
-            configuration.s3 = try S3Setup.configuration(bucket: bucket, prefix: prefix, endpoint: self.s3Endpoint, region: self.s3Region)
+            s3 = try S3Setup.configuration(bucket: bucket, prefix: prefix, endpoint: self.s3Endpoint, region: self.s3Region)
         }
-        return try RelayRuntime.openStore(configuration, catalog: catalog, logger: logger)
+        return try RelayRuntime.openStore(configuration, s3: s3, catalog: catalog, logger: logger)
     }
 }
 

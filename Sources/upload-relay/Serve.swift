@@ -315,6 +315,7 @@ struct Serve: AsyncParsableCommand {
             throw ValidationError("--log-format must be text or json")
         }
         _ = try self.relayConfiguration()
+        _ = try self.s3Store()
     }
 
     func run() async throws {
@@ -374,7 +375,7 @@ struct Serve: AsyncParsableCommand {
             FileHandle.standardError.write(Data("upload-relay: \(error)\n".utf8))
             throw ExitCode(1)
         }
-        let services = try await RelayRuntime.makeServices(configuration: configuration, catalog: catalog, logger: logger)
+        let services = try await RelayRuntime.makeServices(configuration: configuration, s3: try self.s3Store(), catalog: catalog, logger: logger)
         let group = MultiThreadedEventLoopGroup(numberOfThreads: System.coreCount)
         let server = try RelayServer(services: services, group: group)
         let statusServer = try configuration.status.map { try RelayStatusServer(services: services, endpoint: $0, group: group) }
@@ -551,7 +552,6 @@ extension Serve {
         guard self.maxUnfinishedUploads >= 1 else { throw ValidationError("--max-unfinished-uploads must be at least 1") }
         configuration.maxUnfinishedUploads = self.maxUnfinishedUploads
         configuration.minFreeBytes = try self.minFree.map { try ByteCount.parse($0, option: "--min-free") }
-        configuration.s3 = try self.s3Store()
         if let url = self.onCommitUrl {
             guard HookEndpoint.isValid(url) else {
                 throw ValidationError("--on-commit-url \(HookEndpoint.redacted(url)): give an http:// or https:// URL")

@@ -4,6 +4,7 @@ import NIOCore
 import Testing
 import UploadAgent
 import UploadRelay
+import UploadRelayS3Store
 import UploadS3
 import UploadTestSupport
 
@@ -54,8 +55,7 @@ struct S3StoreTests {
     func recordedAtOpenFindsItsParts() async throws {
         let server = try S3TestServer()
         try await S3TestServer.withBucket { _, bucket in
-            let relay = try await TestRelay {
-                $0.s3 = Self.configuration(server, bucket: bucket)
+            let relay = try await TestRelay(s3: Self.configuration(server, bucket: bucket)) {
                 $0.syncBytes = 1 << 20
             }.start()
             // The source stalls at 8 MiB, past the first part (5 MiB), until the checks are done: the upload cannot end
@@ -95,7 +95,7 @@ struct S3StoreTests {
     func photosAndVideo() async throws {
         let server = try S3TestServer()
         try await S3TestServer.withBucket { client, bucket in
-            let relay = try await TestRelay { $0.s3 = Self.configuration(server, bucket: bucket) }.start()
+            let relay = try await TestRelay(s3: Self.configuration(server, bucket: bucket)).start()
             let source = TestRelay.makeDirectory()
             var files = [(key: String, data: Data)]()
             var items: [UploadItem] = []
@@ -131,7 +131,7 @@ struct S3StoreTests {
     func ifNoneMatch() async throws {
         let server = try S3TestServer()
         try await S3TestServer.withBucket { client, bucket in
-            let relay = try await TestRelay { $0.s3 = Self.configuration(server, bucket: bucket) }.start()
+            let relay = try await TestRelay(s3: Self.configuration(server, bucket: bucket)).start()
             let theirs = ByteBuffer(string: "someone else's bytes")
             try await client.putObject(bucket: bucket, key: "relay/dev/taken.jpg", body: theirs)
             let source = TestRelay.makeDirectory()
@@ -159,7 +159,7 @@ struct S3StoreTests {
     func keyTooLongForS3() async throws {
         let server = try S3TestServer()
         try await S3TestServer.withBucket { client, bucket in
-            let relay = try await TestRelay { $0.s3 = Self.configuration(server, bucket: bucket) }.start()
+            let relay = try await TestRelay(s3: Self.configuration(server, bucket: bucket)).start()
             let source = TestRelay.makeDirectory()
             let file = makeFile(source, "a.jpg", size: 10_000, seed: 5)
             // 1,019 bytes: a valid key, but "relay/dev/" before it makes 1,029.
@@ -181,7 +181,7 @@ struct S3StoreTests {
     func expiryAborts() async throws {
         let server = try S3TestServer()
         try await S3TestServer.withBucket { client, bucket in
-            let relay = try await TestRelay { $0.s3 = Self.configuration(server, bucket: bucket) }.start()
+            let relay = try await TestRelay(s3: Self.configuration(server, bucket: bucket)).start()
             let source = TestRelay.makeDirectory()
             let file = makeFile(source, "long.mov", size: 32 << 20, seed: 41)
             let agent = try AgentProcess(

@@ -6,6 +6,7 @@ import UploadAgent
 import UploadRelay
 import UploadRelayBackends
 import UploadRelayPostgres
+import UploadRelayS3Store
 import UploadTestSupport
 
 /// A real relay in this process, on 127.0.0.1 with a fresh data directory, dev certificates and a token.
@@ -31,9 +32,10 @@ final class TestRelay: @unchecked Sendable {
         TemporaryDirectories.make(prefix: "upload-e2e-")
     }
 
-    /// `catalogURL`: a shared PostgreSQL catalog instead of SQLite in the directory.
+    /// `catalogURL`: a shared PostgreSQL catalog instead of SQLite in the directory; `s3`: a bucket instead of the local store.
     init(
-        directory: String? = nil, devNames: [String] = [], catalogURL: String? = nil, configure: (inout RelayConfiguration) -> Void = { _ in }
+        directory: String? = nil, devNames: [String] = [], catalogURL: String? = nil, s3: S3StoreConfiguration? = nil,
+        configure: (inout RelayConfiguration) -> Void = { _ in }
     ) async throws {
         self.directory = directory ?? Self.makeDirectory()
         var quiet = Logger(label: "test-catalog")
@@ -50,7 +52,7 @@ final class TestRelay: @unchecked Sendable {
         configure(&configuration)
         var logger = Logger(label: "test-relay")
         logger.logLevel = .warning
-        let services = try await RelayRuntime.makeServices(configuration: configuration, catalog: catalog, logger: logger)
+        let services = try await RelayRuntime.makeServices(configuration: configuration, s3: s3, catalog: catalog, logger: logger)
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 2)
         self.services = services
         self.group = group
