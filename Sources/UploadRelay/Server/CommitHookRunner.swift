@@ -10,16 +10,15 @@ import NIOPosix
 import UploadPlatform
 import UploadProtocol
 
-/// Delivers the catalog's queued commit events to the post-commit hooks (``CommitHooks``), in a task of the relay's: a hook
-/// command is waited for without holding a thread, so a slow or hung hook holds no upload up. At least once: an event
-/// goes from the outbox only once every hook took it; a relay that dies mid-delivery leaves it for the next look, its
-/// own or another relay's, once its lease ran out.
+/// Delivers the catalog's queued commit events to the post-commit hooks (``CommitHooks``), in a child task of the
+/// relay server's ``RelayServer/run()`` (``run()``): a hook command is waited for without holding a thread, so a slow or
+/// hung hook holds no upload up. At least once: an event goes from the outbox only once every hook took it; a relay that
+/// dies mid-delivery leaves it for the next look, its own or another relay's, once its lease ran out.
 final class CommitHookRunner: Sendable {
     private let services: RelayServices
     private let hooks: CommitHooks
     private let wake = Wakeup()
     private let stopping = NIOLockedValueBox(false)
-    private let loopTask = NIOLockedValueBox<Task<Void, Never>?>(nil)
     /// Threads that wait for hook commands, one per delivery at once: a hook never holds a thread of the relay's I/O
     /// pool, however long it runs.
     private let processes: NIOThreadPool
@@ -30,22 +29,22 @@ final class CommitHookRunner: Sendable {
         self.processes = NIOThreadPool(numberOfThreads: max(1, hooks.concurrency))
     }
 
-    func start() {
-        self.processes.start()
-        let task = Task(executorPreference: self.services.executor) { await self.loop() }
-        self.loopTask.withLockedValue { $0 = task }
-    }
-
     /// A commit queued an event: look now.
     func nudge() {
         self.wake.signal()
     }
 
-    /// Ends the loop once the deliveries under way end (each within the hook timeout); what is left waits in the outbox.
-    func stop() async {
+    /// Ends ``run()`` once the deliveries under way end (each within the hook timeout); what is left waits in the
+    /// outbox.
+    func stop() {
         self.stopping.withLockedValue { $0 = true }
         self.wake.signal()
-        await self.loopTask.withLockedValue { $0 }?.value
+    }
+
+    /// Delivers until ``stop()`` or cancellation, then lets the hook threads go.
+    func run() async {
+        self.processes.start()
+        await self.loop()
         try? await self.processes.shutdownGracefully()
     }
 
@@ -53,7 +52,7 @@ final class CommitHookRunner: Sendable {
         let logger = self.services.logger
         // Held long enough for a delivery to end, however slow: then another look may take it again.
         let lease = self.hooks.timeout * 2 + .seconds(10)
-        while !self.stopping.withLockedValue({ $0 }) {
+        while !self.stopping.withLockedValue({ $0 }) && !Task.isCancelled {
             let events: [CommitEvent]
             do {
                 events = try await self.services.catalog.claimCommitEvents(limit: max(1, self.hooks.concurrency), lease: lease)

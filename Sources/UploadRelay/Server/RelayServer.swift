@@ -152,26 +152,35 @@ public final class RelayServer: Service, Sendable {
             }
         }
         let hooks = services.configuration.hooks.map { CommitHookRunner(services: services, hooks: $0) }
-        if let hooks {
-            services.commitEventsQueued.withLockedValue { $0 = { hooks.nudge() } }
-            hooks.start()
-        }
-        let maintenance = self.startMaintenance()
-        // A cancelled group (another service failed) stops the relay as SIGTERM does.
-        try await withTaskCancellationOrGracefulShutdownHandler {
-            try await channel.closeFuture.get()
-        } onCancelOrGracefulShutdown: {
-            self.shutdown()
-        }
-        let stopped = maintenance.loop.makePromise(of: Void.self)
-        maintenance.task.cancel(promise: stopped)
-        try? await stopped.futureResult.get()
-        // Every connection is closed: an admin's wait need not count this relay any more.
-        try? await services.catalog.forgetLook(relay: maintenance.relayID)
-        if let hooks {
-            services.commitEventsQueued.withLockedValue { $0 = nil }
-            // The deliveries under way end within the hook timeout.
-            await hooks.stop()
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            if let hooks {
+                services.commitEventsQueued.withLockedValue { $0 = { hooks.nudge() } }
+                group.addTask(executorPreference: services.executor) { await hooks.run() }
+            }
+            let maintenance = self.startMaintenance()
+            var failure: (any Error)? = nil
+            do {
+                // A cancelled group (another service failed) stops the relay as SIGTERM does.
+                try await withTaskCancellationOrGracefulShutdownHandler {
+                    try await channel.closeFuture.get()
+                } onCancelOrGracefulShutdown: {
+                    self.shutdown()
+                }
+            } catch {
+                failure = error
+            }
+            let stopped = maintenance.loop.makePromise(of: Void.self)
+            maintenance.task.cancel(promise: stopped)
+            try? await stopped.futureResult.get()
+            // Every connection is closed: an admin's wait need not count this relay any more.
+            try? await services.catalog.forgetLook(relay: maintenance.relayID)
+            if let hooks {
+                services.commitEventsQueued.withLockedValue { $0 = nil }
+                // The deliveries under way end within the hook timeout.
+                hooks.stop()
+            }
+            try await group.waitForAll()
+            if let failure { throw failure }
         }
         self.lifecycle.finish()
         logger.info("upload-relay stopped")
