@@ -79,7 +79,6 @@ let package = Package(
             name: "UploadRelay",
             dependencies: [
                 "UploadProtocol", "UploadChecksums", "UploadPayload", "CUploadSystem", "UploadPlatform",
-                .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -146,6 +145,7 @@ let package = Package(
             dependencies: [
                 "UploadRelay", "UploadRelaySQLite", "UploadRelayPostgres", "UploadRelayLocalStore", "UploadRelayS3Store", "UploadS3",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ]

@@ -145,6 +145,9 @@ public struct CommitHooks: Sendable {
     public var maxRetryDelay: Duration = .seconds(300)
     /// How often the outbox is looked at when no commit said so (events other relays queued, retries due).
     public var pollInterval: Duration = .seconds(1)
+    /// How a ``url`` hook's event is POSTed. The relay's core holds no HTTP client: `RelayRuntime.makeServices` of
+    /// UploadRelayBackends gives one (on AsyncHTTPClient) when this is nil.
+    public var poster: (any HookPoster)? = nil
 
     public init(command: String? = nil, url: String? = nil) {
         self.command = command

@@ -3,6 +3,7 @@ import Glibc
 #endif
 import AsyncHTTPClient
 import Logging
+import NIOCore
 import NIOPosix
 import UploadRelay
 import UploadRelayLocalStore
@@ -49,6 +50,8 @@ extension RelayRuntime {
     public static func makeServices(
         configuration: RelayConfiguration, s3: S3StoreConfiguration? = nil, catalog: any Catalog, logger: Logger
     ) async throws -> RelayServices {
+        var configuration = configuration
+        if configuration.hooks?.url != nil && configuration.hooks?.poster == nil { configuration.hooks?.poster = HTTPHookPoster() }
         // The store's system calls run on the relay's I/O pool.
         let pool = NIOThreadPool(numberOfThreads: configuration.ioThreads)
         pool.start()
@@ -85,5 +88,20 @@ extension RelayRuntime {
             root: configuration.storePath, stagingDirectory: configuration.stagingDirectory, directBuffer: configuration.directIOBuffer,
             modes: configuration.fileModes, threadPool: threadPool
         )
+    }
+}
+
+/// URL hooks' POSTs on AsyncHTTPClient's shared client.
+struct HTTPHookPoster: HookPoster {
+    func post(url: String, authorization: String?, json: [UInt8], timeout: Duration) async throws -> Int {
+        var request = HTTPClientRequest(url: url)
+        request.method = .POST
+        request.headers.add(name: "Content-Type", value: "application/json")
+        request.headers.add(name: "User-Agent", value: "upload-relay")
+        if let authorization { request.headers.add(name: "Authorization", value: authorization) }
+        request.body = .bytes(ByteBuffer(bytes: json))
+        let response = try await HTTPClient.shared.execute(request, timeout: .nanoseconds(Int64(TimeAmount(timeout).nanoseconds)))
+        _ = try? await response.body.collect(upTo: 1 << 16)
+        return Int(response.status.code)
     }
 }

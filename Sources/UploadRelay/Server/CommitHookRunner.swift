@@ -1,7 +1,6 @@
 #if canImport(Glibc)
 import Glibc
 #endif
-import AsyncHTTPClient
 import Foundation
 import Logging
 import NIOConcurrencyHelpers
@@ -164,17 +163,10 @@ final class CommitHookRunner: Sendable {
 
     /// POSTs the event; nil on a 2xx answer. Messages name the URL without its user information or query.
     private func post(_ endpoint: HookEndpoint, _ event: CommitEvent) async -> String? {
-        let timeout = self.hooks.timeout
+        guard let poster = self.hooks.poster else { return "--on-commit-url \(endpoint.redacted): this relay has no HTTP client" }
         do {
-            var request = HTTPClientRequest(url: endpoint.url)
-            request.method = .POST
-            request.headers.add(name: "Content-Type", value: "application/json")
-            request.headers.add(name: "User-Agent", value: "upload-relay")
-            if let authorization = endpoint.authorization { request.headers.add(name: "Authorization", value: authorization) }
-            request.body = .bytes(ByteBuffer(bytes: Self.json(event)))
-            let response = try await HTTPClient.shared.execute(request, timeout: .nanoseconds(Int64(TimeAmount(timeout).nanoseconds)))
-            _ = try? await response.body.collect(upTo: 1 << 16)
-            let status = response.status.code
+            let status = try await poster.post(
+                url: endpoint.url, authorization: endpoint.authorization, json: Self.json(event), timeout: self.hooks.timeout)
             return (200..<300).contains(status) ? nil : "--on-commit-url \(endpoint.redacted) answered HTTP \(status)"
         } catch {
             return "--on-commit-url \(endpoint.redacted): \(error)"
