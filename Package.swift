@@ -146,6 +146,7 @@ let package = Package(
                 "UploadRelay", "UploadRelaySQLite", "UploadRelayPostgres", "UploadRelayLocalStore", "UploadRelayS3Store", "UploadS3",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ]
@@ -182,11 +183,12 @@ let package = Package(
             name: "upload-relay",
             dependencies: [
                 "UploadRelay", "UploadRelayBackends", "UploadRelaySQLite", "UploadRelayPostgres", "UploadRelayLocalStore", "UploadRelayS3Store",
-                "UploadCommandLine", "UploadS3", "CUploadSystem", "UploadPlatform",
+                "UploadCommandLine", "UploadS3", "CUploadSystem", "UploadPlatform", "UploadProtocol",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "UnixSignals", package: "swift-service-lifecycle"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
@@ -259,7 +261,7 @@ let package = Package(
         .testTarget(
             name: "UploadAgentTests",
             dependencies: [
-                "UploadAgent", "UploadProtocol", "UploadChecksums", "UploadTestSupport", "UploadCommandLine",
+                "UploadAgent", "UploadProtocol", "UploadChecksums", "UploadTestSupport", "UploadCommandLine", "UploadRelay",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -284,6 +286,7 @@ let package = Package(
                 "UploadRelay", "UploadRelayTesting", "UploadRelayBackends", "UploadRelaySQLite", "UploadRelayPostgres", "UploadRelayLocalStore",
                 "UploadRelayS3Store", "UploadProtocol", "UploadChecksums", "UploadPayload", "UploadTestSupport", "CUploadSystem", "UploadS3",
                 "UploadPlatform",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
@@ -298,3 +301,12 @@ let package = Package(
     ],
     swiftLanguageModes: [.v6]
 )
+
+// Every Swift target of ours: `any` spelled out for existentials, and a module's members visible only where it is
+// imported.
+for target in package.targets where target.type != .system && target.type != .binary && target.type != .plugin {
+    target.swiftSettings =
+        (target.swiftSettings ?? []) + [
+            .enableUpcomingFeature("ExistentialAny"), .enableUpcomingFeature("MemberImportVisibility"),
+        ]
+}

@@ -11,6 +11,7 @@ import UploadRelayPostgres
 import UploadRelayS3Store
 import UploadRelaySQLite
 import UploadS3
+import NIOHTTP1
 
 /// The relay put together from its configuration: which catalog and which store, the only place that knows every
 /// backend. The relay's core (``RelayRuntime``, the server) sees them through ``Catalog`` and ``BlobStore`` alone.

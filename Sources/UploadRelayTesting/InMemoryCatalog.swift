@@ -1,6 +1,7 @@
 import Foundation
 import NIOConcurrencyHelpers
 import UploadRelay
+import UploadProtocol
 
 /// A catalog in memory, for tests and tools: the same answers as the SQLite and PostgreSQL catalogs (the contract suite
 /// runs on all three), every call one step under one lock as a transaction would be, nothing durable. Several relays

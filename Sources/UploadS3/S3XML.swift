@@ -1,4 +1,5 @@
 import NIOCore
+import Foundation
 
 /// The little XML S3 answers with (an upload id, an error's code, a listing's entries), read by element name.
 ///

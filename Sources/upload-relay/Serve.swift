@@ -11,6 +11,8 @@ import UploadRelayBackends
 import UploadRelayLocalStore
 import UploadRelayS3Store
 import UploadS3
+import UnixSignals
+import UploadProtocol
 
 struct Serve: AsyncParsableCommand {
     static let configuration = CommandConfiguration(

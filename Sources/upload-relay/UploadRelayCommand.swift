@@ -2,6 +2,7 @@ import ArgumentParser
 import CUploadSystem
 import Foundation
 import UploadCommandLine
+import Synchronization
 
 @main
 struct UploadRelayCommand: AsyncParsableCommand {

@@ -5,6 +5,7 @@ import NIOSSL
 import NIOTLS
 import Testing
 import UploadRelay
+import UploadProtocol
 
 /// Starting and stopping the relay in-process: the path every other test ends on.
 @Suite("Relay lifecycle")

@@ -6,6 +6,7 @@ import Testing
 import UploadTestSupport
 
 @testable import UploadAgent
+import NIOCore
 
 /// A persistent queue much longer than the jobs it holds in memory: the rest wait in the state database and come in
 /// as uploads end. Real relay over TLS in this process.

@@ -3,6 +3,7 @@ import Testing
 import UploadAgent
 import UploadProtocol
 import UploadTestSupport
+import UploadRelay
 
 /// `upload-agent watch` and the persistent queue, as a device uses them: files appear, are written slowly, are
 /// deleted, are copied under two names; the agent is paused, killed and restarted. Real binary, real relay, real TLS.

@@ -7,6 +7,7 @@ import UploadProtocol
 @testable import UploadRelay
 @testable import UploadRelaySQLite
 import UploadTestSupport
+import NIOConcurrencyHelpers
 
 /// What users and hostile agents do that the first tests did not (issue 6): galleries of big files, several accounts,
 /// files that change under the agent, keys in each other's way, revoked tokens.

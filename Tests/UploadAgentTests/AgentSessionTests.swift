@@ -5,6 +5,7 @@ import UploadProtocol
 import UploadTestSupport
 
 @testable import UploadAgent
+import UploadChecksums
 
 /// An agent session driven by hand: frames from a scripted relay in, actions out. No socket, no thread, no file read.
 struct AgentHarness {

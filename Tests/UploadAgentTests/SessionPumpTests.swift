@@ -6,6 +6,7 @@ import UploadProtocol
 import UploadTestSupport
 
 @testable import UploadAgent
+import UploadRelay
 
 /// The agent's real session against the relay's real session, in memory: frames as bytes both ways, cut at random
 /// places; the agent's source work (open and hash, read, hash a prefix) and the relay's storage steps run in an order

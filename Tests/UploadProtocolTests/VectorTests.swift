@@ -4,6 +4,7 @@ import Testing
 import UploadChecksums
 @testable import UploadProtocol
 import UploadPayload
+import UploadTestSupport
 
 /// Loads every vector of protocol/vectors/ (SPEC appendix A): the spec's own bytes, written
 /// by an implementation that never saw this Swift code.

@@ -8,6 +8,7 @@ import UploadPayload
 import UploadProtocol
 @testable import UploadRelay
 import UploadTestSupport
+import NIOPosix
 
 /// The relay's side of the dedup probe (SPEC §7.1): which OPENs are answered CONFIRM, and the probe digests it records.
 @Suite("Dedup probe at the relay")

@@ -11,6 +11,7 @@ import UploadRelayTesting
 @testable import UploadRelayLocalStore
 @testable import UploadRelayPostgres
 @testable import UploadRelaySQLite
+import PostgresNIO
 
 /// Keys locked across relays: with one PostgreSQL catalog behind several relays, an upload of a key runs on one relay
 /// at a time, and no relay's housekeeping touches what another relay's upload holds. The lock contract runs on the

@@ -7,6 +7,7 @@ import UploadTestSupport
 @testable import UploadRelay
 @testable import UploadRelayS3Store
 @testable import UploadRelaySQLite
+import AsyncHTTPClient
 
 /// Multipart uploads a relay began and never recorded (killed between the two), and other writers' uploads in the same
 /// bucket: against the run's real SeaweedFS.

@@ -4,6 +4,7 @@ import Testing
 import UploadChecksums
 import UploadProtocol
 import UploadTestSupport
+import UploadRelay
 
 /// The agent's state machine pumped against the relay's real session (its catalog, store and upload pipeline in a
 /// temporary directory) through the real codec: no sockets, no threads.

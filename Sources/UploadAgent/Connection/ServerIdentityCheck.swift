@@ -86,12 +86,12 @@ final class ServerIdentityCheck: ChannelInboundHandler, RemovableChannelHandler 
 
     private static func bytes(of address: SocketAddress) -> [UInt8]? {
         switch address {
+        // The address bytes of `sockaddr_in` and `sockaddr_in6`, at their fixed places (RFC 3493 §3.3: family and port
+        // first, then the IPv4 address; family, port and flow label, then the IPv6 address).
         case .v4(let v4):
-            var raw = v4.address.sin_addr
-            return withUnsafeBytes(of: &raw) { Array($0) }
+            return withUnsafeBytes(of: v4.address) { Array($0[4..<8]) }
         case .v6(let v6):
-            var raw = v6.address.sin6_addr
-            return withUnsafeBytes(of: &raw) { Array($0) }
+            return withUnsafeBytes(of: v6.address) { Array($0[8..<24]) }
         case .unixDomainSocket:
             return nil
         }

@@ -1,4 +1,5 @@
 import UploadProtocol
+import Logging
 
 /// A quota plan asked on a connection (SPEC §7.2). A first PLAN with no entry asks for the quota and its use: when the
 /// whole selection fits even if every byte of it counted (no quota, or room for all its sizes), that is the answer, and

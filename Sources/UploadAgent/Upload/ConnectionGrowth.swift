@@ -1,4 +1,5 @@
 import NIOConcurrencyHelpers
+import UploadProtocol
 
 /// How many connections an adaptive run opens (``AgentConfiguration/adaptiveConnections``): one, and more, up to
 /// ``AgentConfiguration/connections``, while the link is long and the connections added last raised the run's rate.

@@ -1,5 +1,6 @@
 import NIOConcurrencyHelpers
 import UploadProtocol
+import CoreMetrics
 
 /// Group commit: the commits of many uploads, from any connection, made durable together. A commit that
 /// arrives while a group is under way waits for the next group; each group is one task of the relay's, one catalog transaction to

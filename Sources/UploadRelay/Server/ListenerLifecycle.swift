@@ -1,5 +1,8 @@
 import NIOConcurrencyHelpers
 import NIOCore
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// What connections that have not authenticated (strangers) may hold of a listener, in the way of sshd's
 /// `MaxStartups` and nginx's `limit_conn`: a pool of their own beside the authenticated connections' places, so that

@@ -2,6 +2,8 @@ import Logging
 import NIOCore
 import NIOTLS
 import UploadProtocol
+import CoreMetrics
+import NIOConcurrencyHelpers
 
 /// One agent connection on the relay: turns channel events into ``RelaySession`` inputs and runs the actions the
 /// session returns (write, close, timers, catalog and storage work). It decides nothing itself.

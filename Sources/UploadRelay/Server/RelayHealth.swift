@@ -1,6 +1,8 @@
 import Foundation
 import Glibc
 import NIOCore
+import Logging
+import NIOConcurrencyHelpers
 
 /// What `/readyz` answers: whether this relay should be sent new agents, and each check's outcome.
 public struct RelayReadiness: Sendable, Hashable {

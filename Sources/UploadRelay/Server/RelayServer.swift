@@ -6,6 +6,7 @@ import NIOPosix
 import NIOSSL
 import ServiceLifecycle
 import UploadProtocol
+import CoreMetrics
 
 /// `upload-relay serve`: accepts agents over TLS and runs each connection's ``RelayConnectionHandler``.
 ///

@@ -2,6 +2,7 @@ import Foundation
 import Logging
 import UploadChecksums
 import UploadProtocol
+import NIOConcurrencyHelpers
 
 /// The relay's rules for OPEN and for commit (SPEC §6, §7, §8.3): revocation, resume, dedup, quota, overwrite and
 /// key conflicts, decided against the catalog and the store; and the one place where store and catalog errors

@@ -5,6 +5,7 @@ import NIOCore
 import UploadChecksums
 import UploadPayload
 import UploadProtocol
+import CoreMetrics
 
 /// The storage work of one upload, each step an async function of the step: open and write chunks, sync and record,
 /// verify and commit, release. No thread and no event loop of its own: ``UploadExecutor`` runs ``perform(_:)`` as a
