@@ -17,8 +17,9 @@ import NIOPosix
 /// waits in a block of the file's own until the next write; ``sync()`` writes it padded with zeros. So an open
 /// upload holds one block, whatever its size, and the buffers follow the writes under way. ``seal()`` cuts
 /// the file to the bytes written before commit. A buffered write pays a copy into the page cache, the largest cost per
-/// byte after SHA-1, for bytes that are read again only if the relay restarts. Direct I/O needs writes in order; the first write elsewhere, or a file system that refuses
-/// it, turns the file back to plain writes, with the same bytes and durability.
+/// byte after SHA-1, for bytes that are read again only if the relay restarts. Direct I/O needs writes in order; the
+/// first write elsewhere, or a file system that refuses it, turns the file back to plain writes, with the same bytes
+/// and durability.
 final class LocalStagingFile: StagingFile, @unchecked Sendable {
     /// Offsets, lengths and buffer addresses of direct writes are multiples of this.
     static let block = 4096

@@ -14,7 +14,7 @@ import PostgresNIO
 /// - Commits serialize per account on its row (`SELECT ... FOR UPDATE`): the quota one relay checks is the quota
 ///   another one's commit leaves, whatever relay each upload reached.
 /// - Every call is async, as the protocol says: a query waits for the database without holding a thread.
-public final class PostgresCatalog: Catalog, @unchecked Sendable {
+public final class PostgresCatalog: Catalog, Sendable {
     let client: PostgresClient
     let logger: Logger
     /// The longest a call waits for the database (a connection included): past it, a ``CatalogFailure`` says so. The

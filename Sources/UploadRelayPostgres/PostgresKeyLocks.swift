@@ -51,7 +51,7 @@ public struct LockHeartbeat: Sendable {
 /// The size an admitted upload announced is recorded under its key's claim (`open_reservation`, with ``backendPID``):
 /// other relays count it against the account's quota while this connection holds the key's claim, and no longer once
 /// it is let go or the connection drops (``PostgresCatalog/admit(account:key:announced:growth:active:)``).
-final class PostgresKeyLocks: KeyLocks, @unchecked Sendable {
+final class PostgresKeyLocks: KeyLocks, Sendable {
     private struct State {
         var connection: PostgresConnection?
         /// The server process of `connection`: the one that holds its liveness lock in `pg_locks`.
