@@ -128,7 +128,7 @@ struct AgentSessionTests {
     func smallUploadsShareAPlace() async {
         // 2 places: 16 shares.
         var small = AgentHarness(files: 40, size: 100_000) { $0.concurrency = 2 }
-        _ = small.session.connected()
+        _ = small.session.connected(now: .now)
         var prepares = small.receive(
             .welcome(
                 Frame.Welcome(
@@ -182,7 +182,7 @@ struct AgentSessionTests {
     @Test("dedup probe: a large file is opened with its first MiB's SHA-1; CONFIRM prepares it again, hashed whole, and opens it with its SHA-1")
     func probeThenConfirm() async throws {
         var h = AgentHarness(files: 1, size: 8 << 20) { $0.dedup = true }
-        _ = h.session.connected()
+        _ = h.session.connected(now: .now)
         let welcome = h.receive(
             .welcome(
                 Frame.Welcome(
@@ -369,7 +369,7 @@ struct AgentSessionTests {
         #expect(h.session.openMore().isEmpty, "one timer, however often it is asked")
         // A second later the refusals are old: it opens again.
         h.session.refusedOpens = h.session.refusedOpens.map { $0 - .seconds(2) }
-        let again = h.session.timerFired(.refusals)
+        let again = h.session.timerFired(.refusals, now: .now)
         #expect(!again.contains { if case .schedule(.refusals, _) = $0 { return true } else { return false } }, "\(again)")
     }
 
@@ -384,7 +384,7 @@ struct AgentSessionTests {
         }
         #expect(delay <= .seconds(2))
         #expect(h.jobs[0].attempts == 0)
-        let again = h.session.timerFired(timer)
+        let again = h.session.timerFired(timer, now: .now)
         #expect(again.contains { if case .prepare = $0 { return true } else { return false } })
     }
 
@@ -409,7 +409,7 @@ struct AgentSessionTests {
             )
         )
         var old = AgentHarness(files: 1)
-        _ = old.session.connected()
+        _ = old.session.connected(now: .now)
         guard case .prepare(let job, _, _)? = old.receive(welcome).first(where: { if case .prepare = $0 { return true } else { return false } })
         else {
             Issue.record("no prepare")
@@ -418,7 +418,7 @@ struct AgentSessionTests {
         _ = old.session.connectionClosed()
         // The next connection is up with nothing to do (the job is still being prepared); then the preparation ends.
         var next = AgentSession(configuration: old.session.configuration, queue: old.queue)
-        _ = next.connected()
+        _ = next.connected(now: .now)
         next.received(FrameEncoder.encodeToBuffer(welcome))
         var opened: [AgentSession.Action] = []
         while let more = next.nextFrame(now: .now) { opened += more }

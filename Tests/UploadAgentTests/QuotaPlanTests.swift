@@ -23,7 +23,7 @@ struct AgentQuotaPlanTests {
         var harness = AgentHarness(files: 0)
         harness.session = AgentSession(
             configuration: harness.session.configuration, queue: harness.queue, plan: QuotaPlan.Request(entries: entries, overwrite: false))
-        let hello = AgentHarness.frames(harness.session.connected())
+        let hello = AgentHarness.frames(harness.session.connected(now: .now))
         if case .hello(let h) = hello.first { #expect(h.features.contains(.quotaPlan)) } else { Issue.record("no HELLO") }
         let actions = harness.receive(Self.welcome(features: features))
         return (harness, actions)
@@ -83,7 +83,7 @@ struct AgentQuotaPlanTests {
         harness.session = AgentSession(
             configuration: harness.session.configuration, queue: empty, plan: QuotaPlan.Request(entries: [("k0", 400)], overwrite: false),
             keepAfterPlan: true)
-        _ = harness.session.connected(roundTrip: .milliseconds(100))
+        _ = harness.session.connected(roundTrip: .milliseconds(100), now: .now)
         var actions = harness.receive(Self.welcome(features: .quotaPlan))
         #expect(actions.contains { if case .event(.connected(_, "cam-7")) = $0 { return true } else { return false } })
         let probe = try #require(Self.plans(actions).first)
@@ -109,7 +109,7 @@ struct AgentQuotaPlanTests {
         harness.session = AgentSession(
             configuration: harness.session.configuration, queue: harness.queue, plan: QuotaPlan.Request(entries: [("a", 1)], overwrite: false),
             keepAfterPlan: true)
-        _ = harness.session.connected()
+        _ = harness.session.connected(now: .now)
         let actions = harness.receive(Self.welcome(features: []))
         #expect(!Self.closes(actions))
         let told = actions.compactMap { if case .planned(let outcome) = $0 { return outcome } else { return nil } }
@@ -122,7 +122,7 @@ struct AgentQuotaPlanTests {
     func keptWithoutPlan() async throws {
         var harness = AgentHarness(files: 1)
         harness.session = AgentSession(configuration: harness.session.configuration, queue: JobQueue([]), keepAfterPlan: true)
-        _ = harness.session.connected(roundTrip: .milliseconds(100))
+        _ = harness.session.connected(roundTrip: .milliseconds(100), now: .now)
         var actions = harness.receive(Self.welcome(features: .quotaPlan))
         #expect(Self.plans(actions).isEmpty, "no PLAN: none was asked")
         #expect(!Self.closes(actions), "kept: not closed")
@@ -135,7 +135,7 @@ struct AgentQuotaPlanTests {
 
         var plain = AgentHarness(files: 0)
         plain.session = AgentSession(configuration: plain.session.configuration, queue: JobQueue([]))
-        _ = plain.session.connected()
+        _ = plain.session.connected(now: .now)
         actions = plain.receive(Self.welcome(features: .quotaPlan))
         #expect(!actions.contains { if case .planned = $0 { return true } else { return false } }, "not kept: nothing parks")
     }

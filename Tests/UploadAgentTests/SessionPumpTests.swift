@@ -40,7 +40,7 @@ struct SessionPump {
         self.rng = SeededGenerator(seed: seed)
         self.maxCuts = maxCuts
         await self.send(toAgent: self.relay.start())
-        self.run(self.agent.connected())
+        self.run(self.agent.connected(now: .now))
     }
 
     /// A new connection for what the queue still holds, as the uploader makes after a break: the old session's source
@@ -59,7 +59,7 @@ struct SessionPump {
         self.agentClosed = false
         self.connections += 1
         await self.send(toAgent: self.relay.start())
-        self.run(self.agent.connected())
+        self.run(self.agent.connected(now: .now))
     }
 
     mutating func send(toAgent frames: [Frame]) {
@@ -123,7 +123,7 @@ struct SessionPump {
             }
             if !self.timers.isEmpty, !self.agentClosed {
                 let timer = self.timers.removeFirst()
-                self.run(self.agent.timerFired(timer))
+                self.run(self.agent.timerFired(timer, now: .now))
                 return true
             }
             return false

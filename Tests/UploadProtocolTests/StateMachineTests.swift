@@ -7,7 +7,7 @@ import UploadTestSupport
 struct StateMachineTests {
     static func readyRelay(limits: ProtocolLimits = ProtocolLimits()) -> RelayConnectionStateMachine {
         var relay = RelayConnectionStateMachine(limits: limits)
-        _ = relay.receive(.hello(Frame.Hello(maxFrameSize: 65_536, features: [], credential: [1], agentName: "t")))
+        _ = relay.receive(.hello(Frame.Hello(maxFrameSize: 65_536, features: [], credential: [1], agentName: "t")), now: .now())
         _ = relay.acceptHello(account: "a")
         return relay
     }
@@ -22,12 +22,13 @@ struct StateMachineTests {
                     version: 1, maxFrameSize: 65_536, features: [], maxStreams: 64, connectionWindow: connectionWindow,
                     streamWindow: streamWindow, maxKeyLength: 1024, idleTimeoutMillis: 120_000, account: "a"
                 )
-            )
+            ),
+            now: .now()
         )
         for i in 0..<streams {
             let id = StreamID(rawValue: UInt32(2 * i + 1))
             _ = agent.sendOpen(Frame.Open(streamID: id, key: "k\(i)", size: 1 << 20, sha1: nil, overwrite: false, fingerprint: [], resumeToken: []))
-            _ = agent.receive(.offset(Frame.Offset(streamID: id, disposition: .start, offset: 0)))
+            _ = agent.receive(.offset(Frame.Offset(streamID: id, disposition: .start, offset: 0)), now: .now())
         }
         return agent
     }
@@ -92,7 +93,7 @@ struct StateMachineTests {
                 agent.releaseReservation(on: id)
             default:
                 let increment = UInt32(random.next() % 10_000)
-                if agent.receive(.credit(Frame.Credit(streamID: .connection, increment: increment))) == .creditGranted(.connection) {
+                if agent.receive(.credit(Frame.Credit(streamID: .connection, increment: increment)), now: .now()) == .creditGranted(.connection) {
                     granted += Int(increment)
                 }
             }
@@ -173,16 +174,16 @@ struct StateMachineTests {
         limits.streamWindow = 1000
         limits.connectionWindow = 4000
         var relay = Self.readyRelay(limits: limits)
-        _ = relay.receive(.open(Frame.Open(streamID: 1, key: "k")))
+        _ = relay.receive(.open(Frame.Open(streamID: 1, key: "k")), now: .now())
         _ = relay.sendOffset(Frame.Offset(streamID: 1, disposition: .start, offset: 0))
         let chunk = Frame.Chunk(streamID: 1, offset: 0, crc32: 0, data: ByteBuffer(repeating: 0, count: 400))
-        let result3 = relay.receive(.chunk(chunk))
+        let result3 = relay.receive(.chunk(chunk), now: .now())
         #expect(result3 == .write(chunk))
         let result4 = relay.storageConsumed(1, bytes: 400)
         #expect(result4 == [])
         var second = chunk
         second.offset = 400
-        let result5 = relay.receive(.chunk(second))
+        let result5 = relay.receive(.chunk(second), now: .now())
         #expect(result5 == .write(second))
         let result6 = relay.storageConsumed(1, bytes: 400)
         #expect(result6 == [.credit(Frame.Credit(streamID: 1, increment: 800))])
@@ -236,7 +237,7 @@ struct StateMachineTests {
         relay.resizeConnectionWindow(to: 1 << 20)
         #expect(relay.connectionWindowSize == 1 << 20)
         var small = RelayConnectionStateMachine()
-        _ = small.receive(.hello(Frame.Hello(maxFrameSize: 65_536, features: [], credential: [1], agentName: "t")))
+        _ = small.receive(.hello(Frame.Hello(maxFrameSize: 65_536, features: [], credential: [1], agentName: "t")), now: .now())
         small.resizeConnectionWindow(to: 1 << 20)
         #expect(small.connectionWindowSize == ProtocolLimits().connectionWindow, "no resize before WELCOME")
         _ = small.acceptHello(account: "a", connectionWindow: 1000)
@@ -247,11 +248,11 @@ struct StateMachineTests {
     @Test("a stream reset by the relay returns its buffered bytes to the connection window at once")
     func resetReturnsBufferedCredit() async {
         var relay = Self.readyRelay()
-        _ = relay.receive(.open(Frame.Open(streamID: 1, key: "k")))
+        _ = relay.receive(.open(Frame.Open(streamID: 1, key: "k")), now: .now())
         _ = relay.sendOffset(Frame.Offset(streamID: 1, disposition: .start, offset: 0))
         let chunk = Frame.Chunk(streamID: 1, offset: 0, crc32: 0, data: ByteBuffer(repeating: 0, count: 300))
-        _ = relay.receive(.chunk(chunk))
-        let frames = relay.resetStream(1, .storageError, "disk full")
+        _ = relay.receive(.chunk(chunk), now: .now())
+        let frames = relay.resetStream(1, .storageError, "disk full", now: .now())
         #expect(
             frames == [
                 .error(Frame.Error(streamID: 1, code: .storageError, message: "disk full")),

@@ -163,7 +163,7 @@ struct VectorReplay {
             case .result(let r):
                 produced = self.relay.sendResult(r)
             case .error(let e):
-                produced = self.relay.resetStream(e.streamID, e.code, e.message).first
+                produced = self.relay.resetStream(e.streamID, e.code, e.message, now: .now()).first
             case .goAway(let g):
                 produced = self.relay.sendGoAway(g.code, g.message)
             case .room(let r):
@@ -213,7 +213,7 @@ struct VectorReplay {
         var last = "no frame decoded"
         for frame in frames {
             if self.isRelay {
-                switch self.relay.receive(frame) {
+                switch self.relay.receive(frame, now: .now()) {
                 case .closeConnection(let e): return .connectionError(e)
                 case .resetStream(let e, _): return .streamError(e)
                 case .write(let chunk):
@@ -233,7 +233,7 @@ struct VectorReplay {
                 case let other: last = "\(other)"
                 }
             } else {
-                switch self.agent.receive(frame) {
+                switch self.agent.receive(frame, now: .now()) {
                 case .closeConnection(let e): return .connectionError(e)
                 case .resetStream(let e): return .streamError(e)
                 case let other: last = "\(other)"
@@ -245,7 +245,7 @@ struct VectorReplay {
 
     private mutating func resetByRelay(_ error: ProtocolError) -> Outcome {
         guard case .stream(let id) = error.scope else { return .noError("not a stream error") }
-        guard case .error(let e)? = self.relay.resetStream(id, error.code, error.message).first else {
+        guard case .error(let e)? = self.relay.resetStream(id, error.code, error.message, now: .now()).first else {
             return .noError("stream \(id) could not be reset")
         }
         return .streamError(e)

@@ -335,18 +335,18 @@ struct RelaySessionTests {
         for (what, accounts, words) in cases {
             var h = SessionHarness()
             h.handshake(account: "a", tokenHash: [1])
-            #expect(h.session.accountsLooked(["a": a, "b": b]).isEmpty, "\(what): unchanged")
-            #expect(h.session.accountsLooked(["a": a]).isEmpty, "\(what): another account's deletion")
-            let closed = h.session.accountsLooked(accounts)
+            #expect(h.session.accountsLooked(["a": a, "b": b], now: h.now).isEmpty, "\(what): unchanged")
+            #expect(h.session.accountsLooked(["a": a], now: h.now).isEmpty, "\(what): another account's deletion")
+            let closed = h.session.accountsLooked(accounts, now: h.now)
             #expect(SessionHarness.errors(closed).map(\.code) == [.unauthenticated], "\(what)")
             #expect(SessionHarness.errors(closed).first?.message.contains(words) == true, "\(what)")
         }
         var renewed = SessionHarness()
         renewed.handshake(account: "a", tokenHash: [2])
-        #expect(renewed.session.accountsLooked(["a": rotated]).isEmpty)
+        #expect(renewed.session.accountsLooked(["a": rotated], now: renewed.now).isEmpty)
         // Before authentication there is no principal to lose.
         var fresh = SessionHarness()
-        #expect(fresh.session.accountsLooked([:]).isEmpty)
+        #expect(fresh.session.accountsLooked([:], now: fresh.now).isEmpty)
     }
 
     /// Seeded: streams opened, fed, cancelled and completed in random orders, the link cut at a random point; at the

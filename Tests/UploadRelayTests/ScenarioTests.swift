@@ -284,7 +284,7 @@ struct ScenarioTests {
         #expect(!pump.agent.machine.canOpenStream)
         // An agent that opens anyway (it had not seen GOAWAY yet) is refused on that stream only.
         var late = pump.relay.machine
-        let refused = late.receive(.open(Frame.Open(streamID: 3, key: "late")))
+        let refused = late.receive(.open(Frame.Open(streamID: 3, key: "late")), now: .now())
         #expect(
             refused
                 == .resetStream(

@@ -105,7 +105,7 @@ public struct MemoryAgent {
             do {
                 self.decoder.maxFrameSize = self.machine.inboundFrameLimit
                 guard let frame = try self.decoder.decodeFrame(from: &bytes) else { break }
-                action = self.machine.receive(frame)
+                action = self.machine.receive(frame, now: .now())
             } catch let error as ProtocolError {
                 action = self.machine.decodingFailed(error)
             } catch {

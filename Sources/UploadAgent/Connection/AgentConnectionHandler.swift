@@ -58,7 +58,7 @@ final class AgentConnectionHandler: ChannelInboundHandler {
     func channelActive(context: ChannelHandlerContext) {
         self.listen(context: context)
         let roundTrip = self.measureRoundTrip(context: context)
-        self.act { $0.connected(roundTrip: roundTrip) }
+        self.act { $0.connected(roundTrip: roundTrip, now: .now) }
         context.fireChannelActive()
     }
 

@@ -491,7 +491,7 @@ extension AgentSession {
         return actions + self.openMore() + self.pumpAll() + self.closeIfIdle()
     }
 
-    mutating func timerFired(_ timer: Timer, now: ContinuousClock.Instant = .now) -> [Action] {
+    mutating func timerFired(_ timer: Timer, now: ContinuousClock.Instant) -> [Action] {
         switch timer {
         case .backoff(let id):
             guard let job = self.delayed.removeValue(forKey: id) else { return [] }

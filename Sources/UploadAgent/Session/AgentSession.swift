@@ -118,7 +118,9 @@ struct AgentSession {
     /// The last OFFSET, ACK, RESULT or ROOM from the relay (or the connection's start): whatever else arrives, a relay
     /// that owes an answer and gives none for ``progressTimeout`` since then, or since it came to owe one, is left
     /// (SPEC §2.3).
-    var lastProgressAt: ContinuousClock.Instant = .now
+    var lastProgressAt: ContinuousClock.Instant? = nil
+    /// The time of the session's first frame: the origin of ``deadline(_:)``.
+    var epoch: ContinuousClock.Instant? = nil
     /// When the relay refused this connection's last OPENs (ERROR before OFFSET), the latest ``refusalLimit`` of them:
     /// at that many within a second the agent opens nothing more until the oldest is a second old, well below the
     /// relay's 100 a second (SPEC §12.1), which would end the connection. A full relay refuses each small file at once.
@@ -155,7 +157,7 @@ struct AgentSession {
 
     /// TCP and TLS are up: HELLO. `roundTrip`: the kernel's measure of the link's round trip, when it has one; on a
     /// long link an adaptive run stripes large files (``ConnectionGrowth``).
-    mutating func connected(roundTrip: Duration? = nil, now: ContinuousClock.Instant = .now) -> [Action] {
+    mutating func connected(roundTrip: Duration? = nil, now: ContinuousClock.Instant) -> [Action] {
         self.roundTrip = roundTrip
         self.lastProgressAt = now
         let hello = Frame.Hello(
@@ -198,7 +200,7 @@ struct AgentSession {
             return self.close()
         case .progress:
             self.noteOwed(now: now)
-            let waited = now - max(self.lastProgressAt, self.owedSince ?? now)
+            let waited = now - max(self.lastProgressAt ?? now, self.owedSince ?? now)
             let timeout = self.progressTimeout
             if waited >= timeout && self.awaitsRelay {
                 self.outcome.reason =
@@ -262,7 +264,17 @@ struct AgentSession {
         case .offset, .ack, .result, .room: self.lastProgressAt = now
         default: break
         }
-        return self.run(self.machine.receive(frame), now: now)
+        return self.run(self.machine.receive(frame, now: self.deadline(now)), now: now)
+    }
+
+    /// `now` on the state machine's clock (NIO's deadlines, for the PING rate): the time since the session's first
+    /// input, so that the session reads no clock of its own and the machine sees the same spacing.
+    private mutating func deadline(_ now: ContinuousClock.Instant) -> NIODeadline {
+        let epoch = self.epoch ?? now
+        self.epoch = epoch
+        let elapsed = max(.zero, now - epoch)
+        let nanoseconds = elapsed.components.seconds * 1_000_000_000 + elapsed.components.attoseconds / 1_000_000_000
+        return .uptimeNanoseconds(UInt64(nanoseconds))
     }
 
     /// A keepalive period passed with nothing received (SPEC §2.3): PING once, then take the link for dead.

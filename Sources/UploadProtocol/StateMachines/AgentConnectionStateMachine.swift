@@ -73,7 +73,7 @@ public struct AgentConnectionStateMachine: Sendable {
     // MARK: Receiving
 
     /// Takes one frame from the relay; `now` is injected so that the PING rate limit is testable.
-    public mutating func receive(_ frame: Frame, now: NIODeadline = .now()) -> AgentAction {
+    public mutating func receive(_ frame: Frame, now: NIODeadline) -> AgentAction {
         // A relay flooding PINGs is told to calm down and left, as the relay does to agents (SPEC §2.3).
         if case .ping = frame, self.phase != .closed, !self.pings.admit(now: now) {
             return self.fail(.enhanceYourCalm, "the relay sent more than \(PingRate.limit) PINGs in one second")

@@ -122,7 +122,7 @@ extension RelayConnectionStateMachine {
 
     /// The relay fails one stream (CRC mismatch, storage error, quota, …): the ERROR and any CREDIT to write. A refused
     /// OPEN counts against ``ProtocolLimits/maxRefusalsPerSecond``: past it, the frames close the connection instead.
-    public mutating func resetStream(_ id: StreamID, _ code: WireErrorCode, _ message: String, now: NIODeadline = .now()) -> [Frame] {
+    public mutating func resetStream(_ id: StreamID, _ code: WireErrorCode, _ message: String, now: NIODeadline) -> [Frame] {
         guard self.isReady, let stream = self.streams[id] else { return [] }
         if stream.isOpening, case .closeConnection(let error) = self.countRefusal(id, now: now) {
             return [.error(error)]

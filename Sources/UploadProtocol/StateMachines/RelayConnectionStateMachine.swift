@@ -94,7 +94,7 @@ public struct RelayConnectionStateMachine: Sendable {
     // MARK: Receiving
 
     /// Takes one frame from the agent; `now` is injected so that rate limits are testable.
-    public mutating func receive(_ frame: Frame, now: NIODeadline = .now()) -> RelayAction {
+    public mutating func receive(_ frame: Frame, now: NIODeadline) -> RelayAction {
         if case .ping = frame, self.isReady {
             guard self.pings.admit(now: now) else {
                 return self.fail(.enhanceYourCalm, "more than \(Self.maxPingsPerSecond) PINGs in one second")

@@ -102,7 +102,7 @@ final class RelayConnectionHandler: ChannelInboundHandler {
         case is RelayShutdownEvent:
             self.act { $0.shutdown() }
         case let looked as RelayAccountsEvent:
-            self.act { $0.accountsLooked(looked.accounts) }
+            self.act { $0.accountsLooked(looked.accounts, now: .now()) }
         case is RelayKeyLocksLostEvent:
             self.act { $0.keyLocksLost() }
         case TLSUserEvent.handshakeCompleted(let negotiated):

@@ -45,6 +45,7 @@ extension RelaySession {
         }
         guard let frame else { return nil }
         self.lastFrameAt = now
+        self.latestInputAt = max(self.latestInputAt, now)
         switch frame {
         case .ping, .pong: break
         default: self.lastActiveAt = now
@@ -66,6 +67,7 @@ extension RelaySession {
     }
 
     package mutating func timerFired(_ timer: Timer, now: NIODeadline) -> [Action] {
+        self.latestInputAt = max(self.latestInputAt, now)
         switch timer {
         case .handshake:
             guard !self.machine.isReady, !self.closed else { return [] }
@@ -85,7 +87,8 @@ extension RelaySession {
     /// The accounts as the relay's last look at the catalog found them, by name: a connection whose principal is gone
     /// closes, rather than act on under a token no longer valid (SPEC §2.3). Gone means the account was deleted (a name
     /// given again is another account, with another token), disabled, or given a new token (`token rotate`).
-    mutating func accountsLooked(_ accounts: [String: Account], now: NIODeadline = .now()) -> [Action] {
+    mutating func accountsLooked(_ accounts: [String: Account], now: NIODeadline) -> [Action] {
+        self.latestInputAt = max(self.latestInputAt, now)
         guard !self.closed, let principal = self.account else { return [] }
         guard let current = accounts[principal.name] else {
             return self.failConnection(

@@ -26,7 +26,7 @@ extension RelaySession {
         switch self.resources.claims.claim(claim, whenFree: { keyFreed(open, key) }) {
         case .busy:
             let what = open.part.map { "stripe \($0) of \"\(key)\" is being sent on another stream" } ?? "another upload of \"\(key)\" is in progress"
-            return self.write(self.machine.resetStream(id, .keyBusy, "\(what); retry when it ends"))
+            return self.write(self.machine.resetStream(id, .keyBusy, "\(what); retry when it ends", now: self.latestInputAt))
         case .queued:
             // The key's last upload is closing: this OPEN goes on once it is released.
             self.waitingForKey[id] = false
@@ -43,7 +43,7 @@ extension RelaySession {
                 slots.inUse >= slots.total
                 ? "the relay has \(slots.total) uploads open, its limit (file descriptors); retry shortly"
                 : "account \"\(account.name)\" has \(slots.held(by: account.name)) uploads open, its share of the relay's \(slots.total); retry when one ends"
-            return self.write(self.machine.resetStream(id, .refusedStream, message))
+            return self.write(self.machine.resetStream(id, .refusedStream, message, now: self.latestInputAt))
         }
         self.opening[id] = (claim, nil)
         self.lookupQueue.append((open, key, account))
@@ -93,7 +93,7 @@ extension RelaySession {
         case .refuse(let code, let message):
             self.giveSlot()
             self.resources.claims.release(claim)
-            if !self.closed { actions += self.write(self.machine.resetStream(id, code, message)) }
+            if !self.closed { actions += self.write(self.machine.resetStream(id, code, message, now: self.latestInputAt)) }
         case .upload, .stripe:
             var durableOffset: Int64 = 0
             var resumeToken: [UInt8] = []
@@ -235,7 +235,7 @@ extension RelaySession {
             return actions + [.log(.info, "upload committed", metadata)]
         case .failed(let code, let message):
             let metadata: [String: Logger.MetadataValue] = ["stream.id": "\(id)", "error.code": "\(code.name)", "error.message": "\(message)"]
-            return [.log(.info, "upload failed", metadata)] + self.write(self.machine.resetStream(id, code, message))
+            return [.log(.info, "upload failed", metadata)] + self.write(self.machine.resetStream(id, code, message, now: self.latestInputAt))
         }
     }
 

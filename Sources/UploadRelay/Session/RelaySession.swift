@@ -140,6 +140,9 @@ package struct RelaySession {
     var lastActiveAt: NIODeadline
     /// When the first byte of the frame now arriving came; nil between frames.
     var frameStartedAt: NIODeadline? = nil
+    /// The time of the latest input that carried one (a frame, a timer, a look at the accounts): the session's clock for
+    /// decisions made on inputs without one (a refused OPEN's place in the refusal rate). The session reads no clock.
+    var latestInputAt: NIODeadline
 
     /// Uploads by stream, from the lookup's answer until their storage lets go (which may be after the stream ended).
     var pipelines: [StreamID: UploadPipeline] = [:]
@@ -163,6 +166,7 @@ package struct RelaySession {
         self.keyFreed = keyFreed
         self.lastFrameAt = now
         self.lastActiveAt = now
+        self.latestInputAt = now
         self.machine = RelayConnectionStateMachine(
             limits: resources.settings.limits,
             supportedFeatures: Frame.Features([.dedupProbe, .quotaPlan])
