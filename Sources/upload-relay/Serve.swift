@@ -323,8 +323,7 @@ struct Serve: AsyncParsableCommand {
     func run() async throws {
         // From the first moment: SIGHUP's default would end a relay still starting (waiting for its catalog, say) when a
         // certificate renewal signals it. One that comes before the listeners are up reloads once they are.
-        let hangup = Hangup()
-        defer { hangup.cancel() }
+        let hangup = await Hangup()
         let level = Logger.Level(rawValue: self.logLevel) ?? .info
         let json = self.logFormat == "json"
         LoggingSystem.bootstrap { label in
@@ -424,7 +423,7 @@ struct Serve: AsyncParsableCommand {
             }
         }
         // SIGHUP: the certificate and key are read again (a renewal); connections open keep theirs.
-        hangup.whenSignalled {
+        let reloader = ReloadOnHangup(hangup: hangup) {
             do {
                 try server.reloadCertificate()
                 try statusServer?.reloadCertificate()
@@ -443,7 +442,9 @@ struct Serve: AsyncParsableCommand {
                 ]
                     + [statusServer, operationsServer].compactMap { $0 }.map {
                         .init(service: $0, successTerminationBehavior: .gracefullyShutdownGroup, failureTerminationBehavior: .gracefullyShutdownGroup)
-                    },
+                    }
+                    // Last: the first to stop at shutdown, so that no reload runs while the servers close.
+                    + [.init(service: reloader, successTerminationBehavior: .ignore, failureTerminationBehavior: .ignore)],
                 gracefulShutdownSignals: [.sigterm, .sigint], logger: logger
             )
         )
