@@ -62,7 +62,7 @@ public final class PostgresCatalog: Catalog, Sendable {
     }
 
     /// Where the catalog's background tasks run (its pool's run loop, the lock connection's heartbeat and unlocks).
-    static let executor = QueueExecutor(label: "upload-relay.postgres")
+    static let executor = RelayExecutor.dedicated()
 
     /// Closes the pool's connections.
     public func shutdown() {

@@ -1,4 +1,3 @@
-import Dispatch
 import NIOCore
 import NIOPosix
 
@@ -16,6 +15,15 @@ package final class RelayExecutor: TaskExecutor, @unchecked Sendable {
     package init(pool: NIOThreadPool) {
         self.pool = pool
         self.thread = PoolThread(pool)
+    }
+
+    /// An executor on a pool of its own, started and never stopped: for a backend's background tasks (a database
+    /// client's connection pool, its lock connection's heartbeat), which must go on whatever the process does with
+    /// Swift's shared cooperative pool. Their jobs never block.
+    package static func dedicated(threads: Int = System.coreCount) -> RelayExecutor {
+        let pool = NIOThreadPool(numberOfThreads: max(1, threads))
+        pool.start()
+        return RelayExecutor(pool: pool)
     }
 
     package func enqueue(_ job: consuming ExecutorJob) {
@@ -81,22 +89,5 @@ extension RelayServices {
     /// Runs `body` as a task of the relay's (``RelayExecutor``).
     package func task(_ body: @escaping @Sendable () async -> Void) {
         Task(executorPreference: self.executor) { await body() }
-    }
-}
-
-/// Runs tasks' jobs on a concurrent dispatch queue of its own: for a backend's background tasks (a database client's
-/// connection pool, its lock connection's heartbeat), which must go on whatever the process does with Swift's shared
-/// cooperative pool. The jobs never block.
-package final class QueueExecutor: TaskExecutor, @unchecked Sendable {
-    private let queue: DispatchQueue
-
-    package init(label: String) {
-        self.queue = DispatchQueue(label: label, attributes: .concurrent)
-    }
-
-    package func enqueue(_ job: consuming ExecutorJob) {
-        let job = UnownedJob(job)
-        let executor = self.asUnownedTaskExecutor()
-        self.queue.async { job.runSynchronously(on: executor) }
     }
 }
