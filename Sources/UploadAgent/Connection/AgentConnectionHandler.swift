@@ -259,3 +259,7 @@ final class AgentConnectionHandler: ChannelInboundHandler {
         }
     }
 }
+
+// Held by its channel and used on its event loop only (NIO handlers are not Sendable).
+@available(*, unavailable)
+extension AgentConnectionHandler: Sendable {}

@@ -97,3 +97,7 @@ final class ServerIdentityCheck: ChannelInboundHandler, RemovableChannelHandler 
         }
     }
 }
+
+// Held by its channel and used on its event loop only (NIO handlers are not Sendable).
+@available(*, unavailable)
+extension ServerIdentityCheck: Sendable {}

@@ -20,3 +20,7 @@ final class ReadCycleSplitter: ChannelInboundHandler {
 
     func channelReadComplete(context: ChannelHandlerContext) {}
 }
+
+// Held by its channel and used on its event loop only (NIO handlers are not Sendable).
+@available(*, unavailable)
+extension ReadCycleSplitter: Sendable {}

@@ -182,3 +182,7 @@ final class RelayConnectionHandler: ChannelInboundHandler {
         }
     }
 }
+
+// Held by its channel and used on its event loop only (NIO handlers are not Sendable).
+@available(*, unavailable)
+extension RelayConnectionHandler: Sendable {}

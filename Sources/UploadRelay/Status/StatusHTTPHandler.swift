@@ -342,3 +342,7 @@ final class StatusHTTPHandler: ChannelDuplexHandler {
         return (try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes])).map(Array.init) ?? []
     }
 }
+
+// Held by its channel and used on its event loop only (NIO handlers are not Sendable).
+@available(*, unavailable)
+extension StatusHTTPHandler: Sendable {}
