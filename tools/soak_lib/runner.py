@@ -1150,6 +1150,16 @@ class Round:
         # The relay's disk: an item refused as the storage is full is right when it does not fit in what is free
         # now, above the relay's reserve (serve --help, --min-free); what it refused is all that the disk did not hold.
         free, reserve = self.disk_free() if self.disk else (0, 0)
+        # What the agents' quota plans admitted and the full disk then refused: the plan counts it against the quota
+        # (SPEC §7.2), so a file it left out for that room was rightly QUOTA_EXCEEDED, though it fits on its own now.
+        admitted_refused = {a.name: 0 for a in self.plan.accounts}
+        if self.disk:
+            for j in self.plan.jobs:
+                res = final.get(j.idx, {})
+                for key, src in j.expected.items():
+                    o = res.get(key)
+                    if o is not None and o.get("status") not in OK_STATUSES and STORAGE_FULL_RE.search(o.get("error") or ""):
+                        admitted_refused[j.account] += src.size
         refused = []
         for j in self.plan.jobs:
             if j.watch is not None:
@@ -1165,7 +1175,8 @@ class Round:
                     continue
                 quota = self.account(j.account).quota
                 err = (o or {}).get("error") or ""
-                if o is not None and quota is not None and "quota" in err.lower() and used[j.account] + held[j.account] + src.size > quota:
+                if o is not None and quota is not None and "quota" in err.lower() \
+                        and used[j.account] + held[j.account] + admitted_refused[j.account] + src.size > quota:
                     continue
                 if self.disk and o is not None and STORAGE_FULL_RE.search(err):
                     if -(-src.size // 4096) * 4096 + reserve + TMPFS_SLACK > free:
