@@ -54,10 +54,15 @@ struct QuotaCheck {
                 sizes = size.flatMap { size in sizes.map { $0 + size } }
                 continue
             }
+            let needs = need[index] ?? size ?? 0
+            // A file smaller than the room left is left out for the files that fit before it (QuotaPlan.overflow: in order).
+            let why =
+                needs > left
+                ? "\(account) has \(room)" : "the files that fit take the \(bytes(left)) \(account) has left of its \(bytes(quota)) quota"
             let message =
                 fits
                 ? "QUOTA_EXCEEDED: not sent: the selection needs \(bytes(answer.needed)) and \(account) has \(room); --send-what-fits sends the files that fit"
-                : "QUOTA_EXCEEDED: does not fit: it needs \(bytes(need[index] ?? size ?? 0)) and \(account) has \(room) (the selection needs \(bytes(answer.needed)))"
+                : "QUOTA_EXCEEDED: does not fit: it needs \(bytes(needs)) and \(why) (the selection needs \(bytes(answer.needed)))"
             check.held.append(.failed(key: item.key, path: item.displayPath, error: message, code: code))
         }
         check.itemBytes = sizes

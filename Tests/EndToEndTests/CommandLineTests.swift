@@ -301,6 +301,8 @@ struct CommandLineTests {
         // Bound first: an optional chain inside #expect's receiver makes the check vacuous (it passes whatever the text).
         let cError = (c?["error"] as? String) ?? ""
         #expect(cError.contains("does not fit: it needs 48.8 KiB"), "\(String(describing: c))")
+        // Smaller than the room left: the files before it take that room, and the message says so.
+        #expect(cError.contains("the files that fit take the 68.4 KiB account \"dev\" has left"), "\(cError)")
         #expect(
             refused.lines.filter { ($0["error"] as? String ?? "").contains("not sent: the selection needs 78.1 KiB") }.count == 2, "\(refused.lines)")
         #expect(refused.stderr.contains("nothing was sent") && refused.stderr.contains("--send-what-fits"), "\(refused.stderr)")
