@@ -262,23 +262,30 @@ public final class QueueRunner: Sendable {
     /// Uploads until the queue is empty (`service` false) or until ``stop()``, looking for changes from other
     /// processes every `pollInterval`.
     public func run(service: Bool, pollInterval: Duration = .seconds(1), onEvent: @escaping @Sendable (UploadEvent) -> Void) async throws {
-        let poller = Task {
-            while !Task.isCancelled {
-                try await Task.sleep(for: pollInterval)
-                try self.refresh()
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask {
+                // A look that fails ends the looking; the run goes on with what it has.
+                do {
+                    while true {
+                        try await Task.sleep(for: pollInterval)
+                        try self.refresh()
+                    }
+                } catch {}
             }
-        }
-        defer {
-            poller.cancel()
-            self.journal.flushNow()
-        }
-        try await self.uploader.run(self.queue, service: service, onEvent: onEvent)
-        if !service, let reason = self.queue.gaveUpReason {
+            defer { self.journal.flushNow() }
+            do {
+                try await self.uploader.run(self.queue, service: service, onEvent: onEvent)
+            } catch {
+                group.cancelAll()
+                throw error
+            }
+            // No more loads from here on.
+            group.cancelAll()
+            try await group.waitForAll()
+            guard !service, let reason = self.queue.gaveUpReason else { return }
             // The run gave up (a refused token, no progress): the items still in the database, which it never loaded,
-            // get their result too, as those it held did. No more loads first: rows loaded after the give-up (another
-            // process queued more meanwhile) fail here with the rest.
-            poller.cancel()
-            _ = await poller.result
+            // get their result too, as those it held did. Rows loaded after the give-up (another process queued more
+            // meanwhile) fail here with the rest.
             let code = self.queue.gaveUpCode
             for result in self.queue.failWaiting(reason, code: code) { onEvent(.finished(result)) }
             self.journal.flushNow()
