@@ -54,12 +54,8 @@ uint32_t upload_crc32(uint32_t crc, const void *bytes, size_t length) {
 }
 
 size_t upload_zlib_compress_bound(size_t length) {
-    size_t zlib = (size_t)compressBound((uLong)length);
-    if (use_fast()) {
-        size_t libdeflate = fast.zlib_compress_bound(NULL, length);
-        return libdeflate > zlib ? libdeflate : zlib;
-    }
-    return zlib;
+    if (use_fast()) return fast.zlib_compress_bound(NULL, length);
+    return (size_t)compressBound((uLong)length);
 }
 
 size_t upload_zlib_compress(int level, const void *input, size_t length, void *output, size_t capacity) {

@@ -101,7 +101,7 @@ struct HTTPHookPoster: HookPoster {
         request.headers.add(name: "User-Agent", value: "upload-relay")
         if let authorization { request.headers.add(name: "Authorization", value: authorization) }
         request.body = .bytes(ByteBuffer(bytes: json))
-        let response = try await HTTPClient.shared.execute(request, timeout: .nanoseconds(Int64(TimeAmount(timeout).nanoseconds)))
+        let response = try await HTTPClient.shared.execute(request, timeout: TimeAmount(timeout))
         _ = try? await response.body.collect(upTo: 1 << 16)
         return Int(response.status.code)
     }

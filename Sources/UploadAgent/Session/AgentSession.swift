@@ -272,9 +272,7 @@ struct AgentSession {
     private mutating func deadline(_ now: ContinuousClock.Instant) -> NIODeadline {
         let epoch = self.epoch ?? now
         self.epoch = epoch
-        let elapsed = max(.zero, now - epoch)
-        let nanoseconds = elapsed.components.seconds * 1_000_000_000 + elapsed.components.attoseconds / 1_000_000_000
-        return .uptimeNanoseconds(UInt64(nanoseconds))
+        return .uptimeNanoseconds(0) + TimeAmount(max(.zero, now - epoch))
     }
 
     /// A keepalive period passed with nothing received (SPEC §2.3): PING once, then take the link for dead.
