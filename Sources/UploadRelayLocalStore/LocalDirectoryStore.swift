@@ -27,6 +27,8 @@ public final class LocalDirectoryStore: BlobStore {
     public let modes: FileModes
     /// Where its system calls run: a caller's task waits for them without holding its thread.
     public let threadPool: NIOThreadPool
+    /// The staging files it opened that are alive: only those are committed.
+    let opened = StagingRegistry<LocalStagingFile>()
 
     /// The default ``directBuffer``: 1 MiB.
     public static let defaultDirectBuffer = RelayConfiguration.defaultDirectIOBuffer
@@ -93,11 +95,13 @@ public final class LocalDirectoryStore: BlobStore {
         }
         // The staging file's name must survive a crash too, once a session records it: a resume finds it after a
         // restart. A new file's name is made durable by its first sync (a small upload committed at once never needs it).
-        return LocalStagingFile(
+        let file = LocalStagingFile(
             name: name, path: path, directory: self.stagingDirectory, descriptor: fd, offset: offset,
             directBuffer: (expectedSize ?? .max) < Int64(self.directBuffer) ? 0 : self.directBuffer, nameIsDurable: offset > 0,
-            threadPool: self.threadPool
+            threadPool: self.threadPool, registry: self.opened
         )
+        self.opened.register(file)
+        return file
     }
 
     /// No direct I/O: its buffer writes in order from one offset and cuts the file to what it wrote on close.
@@ -115,10 +119,12 @@ public final class LocalDirectoryStore: BlobStore {
                 throw error
             }
         }
-        return LocalStagingFile(
+        let file = LocalStagingFile(
             name: name, path: path, directory: self.stagingDirectory, descriptor: fd, offset: size, directBuffer: 0, nameIsDurable: true,
-            threadPool: self.threadPool
+            threadPool: self.threadPool, registry: self.opened
         )
+        self.opened.register(file)
+        return file
     }
 
     /// Every byte of an upload is staged here until its commit renames it into place.
@@ -218,39 +224,61 @@ public final class LocalDirectoryStore: BlobStore {
     /// system, and report their write errors as the group's.
     public func commit(_ batch: [StoreCommit]) async -> [Result<ObjectIdentity, any Error>] {
         do {
-            return try await self.blocking { self.commitNow(batch) }
+            let grouped = batch.count > 1
+            var (results, sealed) = try await self.blocking { self.sealAll(batch, sync: !grouped) }
+            if grouped {
+                // The group's syncs at once, each file's own (its errors its own; nothing of other writers' is flushed),
+                // rather than one after another: the disk takes them together.
+                let failed = await withTaskGroup(of: (Int, (any Error)?).self) { group in
+                    for (index, file) in sealed {
+                        group.addTask {
+                            do {
+                                try await self.blocking { try file.syncSealed() }
+                                return (index, nil)
+                            } catch {
+                                return (index, error)
+                            }
+                        }
+                    }
+                    var failed: [Int: any Error] = [:]
+                    for await (index, error) in group { failed[index] = error }
+                    return failed
+                }
+                for (index, error) in failed { results[index] = .failure(error) }
+                sealed.removeAll { failed[$0.index] != nil }
+            }
+            return try await self.blocking { [sealed, results] in
+                var results = results
+                self.placeAll(batch, sealed, grouped: grouped, into: &results)
+                return results
+            }
         } catch {
             return batch.map { _ in .failure(StoreError("the relay is stopping: nothing was committed")) }
         }
     }
 
-    private func commitNow(_ batch: [StoreCommit]) -> [Result<ObjectIdentity, any Error>] {
+    /// Seals each item's staging (its bytes durable with `sync`); a failure is that item's result.
+    private func sealAll(
+        _ batch: [StoreCommit], sync: Bool
+    ) -> ([Result<ObjectIdentity, any Error>], [(index: Int, file: LocalStagingFile)]) {
         var results = [Result<ObjectIdentity, any Error>](repeating: .failure(StoreError("not committed")), count: batch.count)
-        let grouped = batch.count > 1
         var sealed: [(index: Int, file: LocalStagingFile)] = []
         for (index, item) in batch.enumerated() {
             do {
-                sealed.append((index, try self.seal(item.staging, as: item.key, account: item.account, sync: !grouped)))
+                sealed.append((index, try self.seal(item.staging, as: item.key, account: item.account, sync: sync)))
             } catch {
                 results[index] = .failure(error)
             }
         }
-        if grouped {
-            // The group's syncs at once, each file's own (its errors its own; nothing of other writers' is flushed),
-            // rather than one after another: the disk takes them together.
-            let files = sealed
-            let failures = NIOLockedValueBox<[Int: any Error]>([:])
-            DispatchQueue.concurrentPerform(iterations: files.count) { position in
-                do {
-                    try files[position].file.syncSealed()
-                } catch {
-                    failures.withLockedValue { $0[files[position].index] = error }
-                }
-            }
-            let failed = failures.withLockedValue { $0 }
-            for (index, error) in failed { results[index] = .failure(error) }
-            sealed.removeAll { failed[$0.index] != nil }
-        }
+        return (results, sealed)
+    }
+
+    /// Renames each sealed file into place and syncs each directory that received one once; only then is an item's
+    /// result its identity.
+    private func placeAll(
+        _ batch: [StoreCommit], _ sealed: [(index: Int, file: LocalStagingFile)], grouped: Bool,
+        into results: inout [Result<ObjectIdentity, any Error>]
+    ) {
         var placed: [(index: Int, directory: String, path: String)] = []
         var checked: Set<String> = []
         for (index, file) in sealed {
@@ -281,13 +309,12 @@ public final class LocalDirectoryStore: BlobStore {
                 return try Self.identityAfterRename(path)
             }
         }
-        return results
     }
 
     /// Seals the staging file for `key` (cut to size; its bytes durable with `sync`), once no object is in the key's way.
     private func seal(_ staging: any StagingFile, as key: ObjectKey, account: String, sync: Bool) throws -> LocalStagingFile {
-        guard let file = staging as? LocalStagingFile else {
-            throw StoreError("a local directory store commits only its own staging files")
+        guard let file = self.opened.own(staging) else {
+            throw StoreError("staging \(staging.name) is not this store's: a local directory store commits only its own staging files")
         }
         if let conflict = try self.conflictNow(for: key, account: account) {
             throw StoreError(conflict)

@@ -46,6 +46,8 @@ final class LocalStagingFile: StagingFile, @unchecked Sendable {
     private let directCapacity: Int
     /// Where its blocking calls run.
     private let threadPool: NIOThreadPool
+    /// Its store's record of its open stagings, which this one leaves when freed.
+    private let registry: StagingRegistry<LocalStagingFile>
 
     /// Bytes in `[start, start + fill)` of the file, fewer than a block, not yet on disk; `start` is block-aligned.
     private struct DirectTail {
@@ -59,9 +61,10 @@ final class LocalStagingFile: StagingFile, @unchecked Sendable {
     /// `directBuffer` > 0 asks for direct I/O through a buffer of that many bytes, rounded up to whole blocks.
     init(
         name: String, path: String, directory: String, descriptor: Int32, offset: Int64, directBuffer: Int, nameIsDurable: Bool,
-        threadPool: NIOThreadPool
+        threadPool: NIOThreadPool, registry: StagingRegistry<LocalStagingFile>
     ) {
         self.threadPool = threadPool
+        self.registry = registry
         self.name = name
         self.path = path
         self.directory = directory
@@ -76,6 +79,7 @@ final class LocalStagingFile: StagingFile, @unchecked Sendable {
 
     deinit {
         self.close()
+        self.registry.forget(ObjectIdentifier(self))
     }
 
     /// Whether writes currently bypass the page cache.

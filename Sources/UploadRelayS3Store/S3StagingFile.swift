@@ -56,6 +56,7 @@ final class S3StagingFile: StagingFile, @unchecked Sendable {
     }
 
     deinit {
+        self.store.opened.forget(ObjectIdentifier(self))
         if self.descriptor >= 0 {
             Glibc.close(self.descriptor)
             unlink(self.spoolPath)

@@ -52,6 +52,8 @@ public final class S3Store: BlobStore, Sendable {
     public let ledger: (any MultipartLedger)?
     /// Where the spool's system calls run.
     public let threadPool: NIOThreadPool
+    /// The stagings it opened that are alive: only those are committed.
+    let opened = StagingRegistry<S3StagingFile>()
     private let logger: Logger?
 
     /// S3's least part size (but the last).
@@ -183,10 +185,12 @@ public final class S3Store: BlobStore, Sendable {
         guard fd >= 0 else {
             throw StoreError("cannot create spool file \(spool): \(FileSystem.reason())", isNoSpace: errno == ENOSPC)
         }
-        return S3StagingFile(
+        let staging = S3StagingFile(
             store: self, name: name, key: key, account: account, objectKey: objectKey, spoolPath: spool, descriptor: fd, base: base, upload: upload,
             expectedSize: expectedSize
         )
+        self.opened.register(staging)
+        return staging
     }
 
     public func removeStaging(_ name: String) async throws {
@@ -310,7 +314,7 @@ public final class S3Store: BlobStore, Sendable {
     private func commit(
         _ staging: any StagingFile, as key: ObjectKey, account: String, sha1: SHA1Digest?, overwrite: Bool
     ) async throws -> ObjectIdentity {
-        guard let staging = staging as? S3StagingFile else { throw StoreError("staging \(staging.name) is not an S3 upload") }
+        guard let staging = self.opened.own(staging) else { throw StoreError("staging \(staging.name) is not this store's S3 upload") }
         let objectKey = self.objectKey(key, account: account)
         guard objectKey == staging.objectKey else {
             throw StoreError("staging of s3://\(self.bucket)/\(staging.objectKey) cannot become \(objectKey)")

@@ -40,6 +40,8 @@ public final class InMemoryStore: BlobStore, Sendable {
     }
 
     private let state = NIOLockedValueBox(State())
+    /// The stagings it opened that are alive: only those are committed.
+    fileprivate let opened = StagingRegistry<InMemoryStaging>()
 
     /// `largestObject`: the most bytes of one object (a store of a bounded backend, in tests).
     public init(stripes: Bool = true, largestObject: Int64 = .max) {
@@ -83,7 +85,7 @@ public final class InMemoryStore: BlobStore, Sendable {
                     staged.opening = opening
                     state.staged[name] = staged
                 }
-                return InMemoryStaging(store: self, name: name, opening: opening)
+                return self.opened.registered(InMemoryStaging(store: self, name: name, opening: opening))
             case .striped(let size, let creating):
                 guard self.capabilities.stripes else { throw StoreError("this store takes no striped uploads") }
                 if state.staged[name] == nil {
@@ -92,7 +94,7 @@ public final class InMemoryStore: BlobStore, Sendable {
                 }
                 // Stripes share the staging: every handle writes (opening 0 is every handle's).
                 state.staged[name]?.opening = 0
-                return InMemoryStaging(store: self, name: name, opening: 0)
+                return self.opened.registered(InMemoryStaging(store: self, name: name, opening: 0))
             }
         }
     }
@@ -156,7 +158,7 @@ public final class InMemoryStore: BlobStore, Sendable {
         self.state.withLockedValue { state in
             batch.map { item in
                 Result {
-                    guard let staging = item.staging as? InMemoryStaging, staging.store === self else {
+                    guard let staging = self.opened.own(item.staging) else {
                         throw StoreError("staging \(item.staging.name) is not this store's")
                     }
                     guard let staged = state.staged[staging.name] else { throw StoreError("staging \(staging.name) is gone") }
@@ -235,6 +237,10 @@ final class InMemoryStaging: StagingFile, Sendable {
         self.store = store
         self.name = name
         self.opening = opening
+    }
+
+    deinit {
+        self.store.opened.forget(ObjectIdentifier(self))
     }
 
     func write(_ bytes: ByteBuffer, at offset: Int64) async throws {

@@ -228,6 +228,24 @@ struct StoreContractTests {
         }
     }
 
+    @Test(
+        "a store commits only the stagings it opened: another store's, even of the same kind, is refused and places nothing",
+        arguments: Backend.allCases)
+    func foreignStaging(_ backend: Backend) async throws {
+        try await Self.withStore(backend) { store in
+            try await Self.withStore(backend) { other in
+                let bytes = Self.bytes(1000, seed: 9)
+                let staging = try await other.openStaging(.named("s9", expectedSize: Int64(bytes.count), key: "x.jpg"))
+                try await Self.write(bytes, to: staging, at: 0)
+                await #expect(throws: StoreError.self) { try await store.commit(staging, as: Self.key("x.jpg"), account: "a1") }
+                #expect(try await store.identity(of: Self.key("x.jpg"), account: "a1") == nil)
+                // The store that opened it still commits it.
+                let identity = try await other.commit(staging, as: Self.key("x.jpg"), account: "a1")
+                #expect(identity.size == Int64(bytes.count))
+            }
+        }
+    }
+
     @Test("a removed staging is gone, and removing one that is missing is fine", arguments: Backend.allCases)
     func removeStaging(_ backend: Backend) async throws {
         try await Self.withStore(backend) { store in
