@@ -95,13 +95,12 @@ public final class LocalDirectoryStore: BlobStore {
         }
         // The staging file's name must survive a crash too, once a session records it: a resume finds it after a
         // restart. A new file's name is made durable by its first sync (a small upload committed at once never needs it).
-        let file = LocalStagingFile(
-            name: name, path: path, directory: self.stagingDirectory, descriptor: fd, offset: offset,
-            directBuffer: (expectedSize ?? .max) < Int64(self.directBuffer) ? 0 : self.directBuffer, nameIsDurable: offset > 0,
-            threadPool: self.threadPool, registry: self.opened
-        )
-        self.opened.register(file)
-        return file
+        return self.opened.registered(
+            LocalStagingFile(
+                name: name, path: path, directory: self.stagingDirectory, descriptor: fd, offset: offset,
+                directBuffer: (expectedSize ?? .max) < Int64(self.directBuffer) ? 0 : self.directBuffer, nameIsDurable: offset > 0,
+                threadPool: self.threadPool, registry: self.opened
+            ))
     }
 
     /// No direct I/O: its buffer writes in order from one offset and cuts the file to what it wrote on close.
@@ -119,12 +118,11 @@ public final class LocalDirectoryStore: BlobStore {
                 throw error
             }
         }
-        let file = LocalStagingFile(
-            name: name, path: path, directory: self.stagingDirectory, descriptor: fd, offset: size, directBuffer: 0, nameIsDurable: true,
-            threadPool: self.threadPool, registry: self.opened
-        )
-        self.opened.register(file)
-        return file
+        return self.opened.registered(
+            LocalStagingFile(
+                name: name, path: path, directory: self.stagingDirectory, descriptor: fd, offset: size, directBuffer: 0, nameIsDurable: true,
+                threadPool: self.threadPool, registry: self.opened
+            ))
     }
 
     /// Every byte of an upload is staged here until its commit renames it into place.
@@ -224,32 +222,37 @@ public final class LocalDirectoryStore: BlobStore {
     /// system, and report their write errors as the group's.
     public func commit(_ batch: [StoreCommit]) async -> [Result<ObjectIdentity, any Error>] {
         do {
-            let grouped = batch.count > 1
-            var (results, sealed) = try await self.blocking { self.sealAll(batch, sync: !grouped) }
-            if grouped {
-                // The group's syncs at once, each file's own (its errors its own; nothing of other writers' is flushed),
-                // rather than one after another: the disk takes them together.
-                let failed = await withTaskGroup(of: (Int, (any Error)?).self) { group in
-                    for (index, file) in sealed {
-                        group.addTask {
-                            do {
-                                try await self.blocking { try file.syncSealed() }
-                                return (index, nil)
-                            } catch {
-                                return (index, error)
-                            }
+            guard batch.count > 1 else {
+                // One file: sealed with its own sync and placed in one trip to the thread pool.
+                return try await self.blocking {
+                    var (results, sealed) = self.sealAll(batch, sync: true)
+                    self.placeAll(batch, sealed, grouped: false, into: &results)
+                    return results
+                }
+            }
+            var (results, sealed) = try await self.blocking { self.sealAll(batch, sync: false) }
+            // The group's syncs at once, each file's own (its errors its own; nothing of other writers' is flushed),
+            // rather than one after another: the disk takes them together.
+            let failed = await withTaskGroup(of: (Int, (any Error)?).self) { group in
+                for (index, file) in sealed {
+                    group.addTask {
+                        do {
+                            try await self.blocking { try file.syncSealed() }
+                            return (index, nil)
+                        } catch {
+                            return (index, error)
                         }
                     }
-                    var failed: [Int: any Error] = [:]
-                    for await (index, error) in group { failed[index] = error }
-                    return failed
                 }
-                for (index, error) in failed { results[index] = .failure(error) }
-                sealed.removeAll { failed[$0.index] != nil }
+                var failed: [Int: any Error] = [:]
+                for await (index, error) in group { failed[index] = error }
+                return failed
             }
+            for (index, error) in failed { results[index] = .failure(error) }
+            sealed.removeAll { failed[$0.index] != nil }
             return try await self.blocking { [sealed, results] in
                 var results = results
-                self.placeAll(batch, sealed, grouped: grouped, into: &results)
+                self.placeAll(batch, sealed, grouped: true, into: &results)
                 return results
             }
         } catch {

@@ -185,12 +185,12 @@ public final class S3Store: BlobStore, Sendable {
         guard fd >= 0 else {
             throw StoreError("cannot create spool file \(spool): \(FileSystem.reason())", isNoSpace: errno == ENOSPC)
         }
-        let staging = S3StagingFile(
-            store: self, name: name, key: key, account: account, objectKey: objectKey, spoolPath: spool, descriptor: fd, base: base, upload: upload,
-            expectedSize: expectedSize
+        return self.opened.registered(
+            S3StagingFile(
+                store: self, name: name, key: key, account: account, objectKey: objectKey, spoolPath: spool, descriptor: fd, base: base,
+                upload: upload, expectedSize: expectedSize
+            )
         )
-        self.opened.register(staging)
-        return staging
     }
 
     public func removeStaging(_ name: String) async throws {

@@ -12,14 +12,9 @@ public struct StagingRegistry<File: StagingFile>: Sendable {
 
     public init() {}
 
-    /// Records a staging the store has just opened.
-    public func register(_ file: File) {
-        self.entries.withLockedValue { $0[ObjectIdentifier(file)] = Entry(file: file) }
-    }
-
-    /// Records `file` and returns it.
+    /// Records a staging the store has just opened, and returns it.
     public func registered(_ file: File) -> File {
-        self.register(file)
+        self.entries.withLockedValue { $0[ObjectIdentifier(file)] = Entry(file: file) }
         return file
     }
 
@@ -31,10 +26,5 @@ public struct StagingRegistry<File: StagingFile>: Sendable {
     /// The store's own staging that `staging` is, or nil when this store did not open it.
     public func own(_ staging: any StagingFile) -> File? {
         self.entries.withLockedValue { $0[ObjectIdentifier(staging)]?.file }
-    }
-
-    /// How many of the store's stagings are alive.
-    public var count: Int {
-        self.entries.withLockedValue { $0.count }
     }
 }
