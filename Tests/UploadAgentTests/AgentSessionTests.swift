@@ -445,6 +445,27 @@ struct AgentSessionTests {
         #expect(told.withLockedValue { $0 } == 300_000)
     }
 
+    @Test("a job the relay had no room for comes back to the line when its own wait ends: one deferred later for less is not held behind it")
+    func deferredJobsComeBackInTheirOrder() async {
+        let jobs = ["long", "short"].map { UploadJob(item: UploadItem(key: $0, displayPath: $0, source: FileSource(path: "/nonexistent"))) }
+        let queue = JobQueue(jobs)
+        let returning = Task { await queue.returnDeferredJobs() }
+        defer { returning.cancel() }
+        guard let long = queue.next(), let short = queue.next() else {
+            Issue.record("both jobs start")
+            return
+        }
+        queue.deferJob(long, for: .seconds(3600), reason: "QUOTA_EXCEEDED")
+        // The returner is asleep until the long wait's end when the short one arrives.
+        #expect(await Polling.waitUntil(timeout: 10) { queue.parkedWaiters == 1 })
+        queue.deferJob(short, for: .milliseconds(20), reason: "STORAGE_FULL")
+        #expect(await Polling.waitUntil(timeout: 10) { queue.hasWaiting })
+        #expect(queue.next()?.key == "short")
+        #expect(queue.next() == nil && !queue.isDone, "the long one still waits for room")
+        returning.cancel()
+        await returning.value
+    }
+
     @Test("--connections: every running connection hears that a job came back, and one that closed hears nothing more")
     func everyConnectionIsTold() async {
         let jobs = (0..<2).map { UploadJob(item: UploadItem(key: "k\($0)", displayPath: "k\($0)", source: FileSource(path: "/nonexistent"))) }

@@ -1,7 +1,7 @@
-import Dispatch
 import FoundationEssentials
 import Logging
 import NIOConcurrencyHelpers
+import NIOPosix
 import UploadChecksums
 import UploadProtocol
 
@@ -196,14 +196,14 @@ public final class QueueRunner: Sendable {
             })
         else { return }
         self.hold("pause", try self.store.isPaused() ? "paused (upload-agent resume lets uploads go on)" : nil)
-        // On the journal's queue, as every load: a load that read the rows before a job's end was written, and looked at
+        // Holding the journal's `writing`, as every load: a load that read the rows before a job's end was written, and looked at
         // the jobs after that write, took the finished row for a new one and uploaded it again (a `send --connections 2`
         // reported a key twice).
         try self.journal.onQueueAndWait { try self.load() }
     }
 
-    /// Loads pending rows not in memory, oldest first, up to the window (blocking: never on an event loop). Only on the
-    /// journal's queue, so that no end is written between its read of the rows and its look at the jobs.
+    /// Loads pending rows not in memory, oldest first, up to the window (blocking: never on an event loop). Only holding
+    /// the journal's `writing`, so that no end is written between its read of the rows and its look at the jobs.
     private func load() throws {
         let (known, room) = self.state.withLockedValue { ($0.jobs.count + $0.ending.count, self.window - $0.jobs.count) }
         guard room > 0 else { return }
@@ -224,7 +224,7 @@ public final class QueueRunner: Sendable {
         self.queue.setUnloaded(rows.count == limit)
     }
 
-    /// Jobs ended and the window is half empty: more rows come from the database, on the journal's queue (after the
+    /// Jobs ended and the window is half empty: more rows come from the database, through the journal (after the
     /// ends it has to write).
     private func loadMoreIfLow() {
         guard self.queue.hasUnloaded else { return }
@@ -263,6 +263,7 @@ public final class QueueRunner: Sendable {
     /// processes every `pollInterval`.
     public func run(service: Bool, pollInterval: Duration = .seconds(1), onEvent: @escaping @Sendable (UploadEvent) -> Void) async throws {
         try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { await self.journal.run() }
             group.addTask {
                 // A look that fails ends the looking; the run goes on with what it has.
                 do {
@@ -279,7 +280,7 @@ public final class QueueRunner: Sendable {
                 group.cancelAll()
                 throw error
             }
-            // No more loads from here on.
+            // No more loads from here on; what the journal has pending is written below.
             group.cancelAll()
             try await group.waitForAll()
             guard !service, let reason = self.queue.gaveUpReason else { return }
@@ -339,12 +340,24 @@ struct WeakRunner: Sendable {
 }
 
 /// Records jobs in the state database, coalescing progress: at most one write per `interval` for all jobs together,
-/// on a queue of its own, never on an event loop.
+/// on the thread pool (never on an event loop) by ``run()``, a child task of the runner's run. Every write and every
+/// load of rows holds `writing`, so that no end is written between a load's read of the rows and its look at the jobs.
 final class QueueJournal: JobJournal {
     private let store: AgentStateStore
     let runner = NIOLockedValueBox<WeakRunner?>(nil)
-    private let writes = DispatchQueue(label: "upload-agent.state")
-    private let interval: Double
+    private let writing = NIOLock()
+    private let interval: Duration
+    private let pool: NIOThreadPool
+
+    /// What ``run()`` does next, in order.
+    private enum Work: Sendable {
+        /// Writes what is pending once `interval` passed.
+        case flush
+        /// Runs the body (holding `writing`).
+        case run(@Sendable () -> Void)
+    }
+
+    private let work: (stream: AsyncStream<Work>, continuation: AsyncStream<Work>.Continuation) = AsyncStream.makeStream()
 
     private struct Pending {
         var updates: [Int64: AgentStateStore.Progress] = [:]
@@ -357,9 +370,28 @@ final class QueueJournal: JobJournal {
 
     private let pending = NIOLockedValueBox(Pending())
 
-    init(store: AgentStateStore, interval: Double = 0.05) {
+    init(store: AgentStateStore, interval: Duration = .milliseconds(50), pool: NIOThreadPool = .singleton) {
         self.store = store
         self.interval = interval
+        self.pool = pool
+    }
+
+    /// Does the writes and loads asked for, in order, until cancelled; what is still pending then is for
+    /// ``flushNow()``.
+    func run() async {
+        for await work in self.work.stream {
+            switch work {
+            case .flush:
+                do {
+                    try await Task.sleep(for: self.interval)
+                } catch {
+                    return
+                }
+                try? await self.pool.runIfActive { self.writing.withLock { self.flush() } }
+            case .run(let body):
+                try? await self.pool.runIfActive { self.writing.withLock { body() } }
+            }
+        }
     }
 
     private func submit(_ job: UploadJob, _ status: QueuedItem.Status, result: UploadResult? = nil, waiting: String? = nil) {
@@ -384,9 +416,7 @@ final class QueueJournal: JobJournal {
             defer { pending.scheduled = true }
             return !pending.scheduled
         }
-        if schedule {
-            self.writes.asyncAfter(deadline: .now() + self.interval) { self.flush() }
-        }
+        if schedule { self.work.continuation.yield(.flush) }
     }
 
     private func flush() {
@@ -425,20 +455,19 @@ final class QueueJournal: JobJournal {
         }
     }
 
-    /// Runs `body` on the queue that writes to the database, after the writes scheduled before it.
+    /// Runs `body` after the writes and loads asked for before it, holding `writing` (``run()`` does it).
     func onQueue(_ body: @escaping @Sendable () -> Void) {
-        self.writes.async(execute: body)
+        self.work.continuation.yield(.run(body))
     }
 
-    /// Runs `body` on the queue that writes to the database, after the writes scheduled before it, and waits for it.
-    /// Never from that queue itself.
+    /// Runs `body` now, holding `writing`: blocking, never on an event loop.
     func onQueueAndWait<T>(_ body: () throws -> T) rethrows -> T {
-        try self.writes.sync(execute: body)
+        try self.writing.withLock(body)
     }
 
     /// Writes what is pending now (at the end of a run).
     func flushNow() {
-        self.writes.sync { self.flush() }
+        self.writing.withLock { self.flush() }
     }
 
     func started(_ job: UploadJob) { self.submit(job, .uploading) }

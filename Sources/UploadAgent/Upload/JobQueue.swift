@@ -1,4 +1,3 @@
-import Dispatch
 import NIOConcurrencyHelpers
 import UploadChecksums
 import UploadProtocol
@@ -32,8 +31,8 @@ final class JobQueue: Sendable {
         /// Why no job may start now (a pause, a condition), or nil.
         var hold: String? = nil
         /// Jobs waiting for the relay to have room for them (QUOTA_EXCEEDED, its storage full), each until its own time:
-        /// they go back to wait then. The other jobs go on meanwhile.
-        var deferred: [ObjectIdentifier: UploadJob] = [:]
+        /// they go back to wait then (``returnDeferredJobs(clock:)``). The other jobs go on meanwhile.
+        var deferred: [ObjectIdentifier: Deferred] = [:]
         /// Why the run gave up on what was left (a refused token, no progress for --retry-for), once it did.
         var gaveUp: String? = nil
         var gaveUpCode = UploadResult.ErrorCode.failed
@@ -47,6 +46,11 @@ final class JobQueue: Sendable {
         var waiters: [CheckedContinuation<Void, Never>] = []
         /// Jobs finished and acknowledgements received, on any connection.
         var progress = 0
+    }
+
+    private struct Deferred {
+        var job: UploadJob
+        var until: ContinuousClock.Instant
     }
 
     private let state: NIOLockedValueBox<State>
@@ -181,23 +185,44 @@ final class JobQueue: Sendable {
 
     var holdReason: String? { self.state.withLockedValue { $0.hold } }
 
-    /// The relay had no room for `job` (`reason`): it leaves the line for `wait`, then goes back to its end. The other
-    /// jobs go on meanwhile; a `send` is not done while a job waits so.
-    func deferJob(_ job: UploadJob, for wait: Duration, reason: String) {
-        let id = ObjectIdentifier(job)
+    /// The relay had no room for `job` (`reason`): it leaves the line for `wait`, then goes back to its end
+    /// (``returnDeferredJobs(clock:)``). The other jobs go on meanwhile; a `send` is not done while a job waits so.
+    func deferJob(_ job: UploadJob, for wait: Duration, reason: String, now: ContinuousClock.Instant = .now) {
         self.changed { state in
             state.active -= 1
             state.activeKeys.remove(job.key)
-            state.deferred[id] = job
+            state.deferred[ObjectIdentifier(job)] = Deferred(job: job, until: now + wait)
         }
         self.journal?.deferred(job, reason: reason)
-        let nanoseconds = Int(wait.components.seconds) * 1_000_000_000 + Int(wait.components.attoseconds / 1_000_000_000)
-        DispatchQueue.global().asyncAfter(deadline: .now() + .nanoseconds(nanoseconds)) { [weak self] in
-            self?.changed { state in
-                guard let job = state.deferred.removeValue(forKey: id) else { return }
-                state.waiting.append(job)
+    }
+
+    /// Brings each deferred job back to the end of the line when its wait is over, until cancelled: a child task of
+    /// the run, beside its connections.
+    func returnDeferredJobs(clock: ContinuousClock = ContinuousClock()) async {
+        while !Task.isCancelled {
+            guard let due = self.state.withLockedValue({ Self.earliestReturn($0) }) else {
+                await self.park { Self.earliestReturn($0) == nil }
+                continue
+            }
+            // Until the earliest is due, or an earlier one is deferred meanwhile.
+            await withTaskGroup(of: Void.self) { group in
+                group.addTask { try? await Task.sleep(until: due, clock: clock) }
+                group.addTask { await self.park { Self.earliestReturn($0) == due } }
+                await group.next()
+                group.cancelAll()
+            }
+            let now = clock.now
+            self.changed { state in
+                for (id, deferred) in state.deferred.sorted(by: { $0.value.until < $1.value.until }) where deferred.until <= now {
+                    state.deferred[id] = nil
+                    state.waiting.append(deferred.job)
+                }
             }
         }
+    }
+
+    private static func earliestReturn(_ state: State) -> ContinuousClock.Instant? {
+        state.deferred.values.lazy.map(\.until).min()
     }
 
     /// Jobs are waiting for the relay to have room, and nothing else is to be done now.
@@ -226,8 +251,8 @@ final class JobQueue: Sendable {
             // A PART job carries its main job's key: the main job is the one dropped (its stripes are dropped with it).
             if let index = state.waiting.firstIndex(where: { $0.key == key && $0.stripe == nil }) {
                 removed = state.waiting.remove(at: index)
-            } else if let waiting = state.deferred.first(where: { $0.value.key == key && $0.value.stripe == nil }) {
-                removed = state.deferred.removeValue(forKey: waiting.key)
+            } else if let waiting = state.deferred.first(where: { $0.value.job.key == key && $0.value.job.stripe == nil }) {
+                removed = state.deferred.removeValue(forKey: waiting.key)?.job
             } else if state.activeKeys.contains(key) {
                 state.dropped[key] = reason
             }
@@ -248,7 +273,7 @@ final class JobQueue: Sendable {
     /// The run is over: the sources of jobs that did not finish are closed, so a read still waiting for input (stdin
     /// that never ends) gives up and the thread pool can drain.
     func closeUnfinishedSources() {
-        for job in self.state.withLockedValue({ $0.waiting + Array($0.deferred.values) }) where job.result == nil {
+        for job in self.state.withLockedValue({ $0.waiting + $0.deferred.values.map(\.job) }) where job.result == nil {
             job.item.source.close()
         }
     }
@@ -259,20 +284,32 @@ final class JobQueue: Sendable {
         while true {
             if Task.isCancelled { return false }
             if let answer = self.state.withLockedValue({ Self.answer($0, service: service) }) { return answer }
-            await withTaskCancellationHandler {
-                await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-                    let asked: Bool = self.state.withLockedValue { state in
-                        // Asked again under the lock: a change, or a cancellation, between the two looks is never missed.
-                        guard Self.answer(state, service: service) == nil, !Task.isCancelled else { return true }
-                        state.waiters.append(continuation)
-                        return false
-                    }
-                    if asked { continuation.resume() }
+            await self.park { Self.answer($0, service: service) == nil }
+        }
+    }
+
+    /// Waits until a change of the state makes `unchanged` false, or for the task's cancellation.
+    private func park(while unchanged: @Sendable (State) -> Bool) async {
+        while !Task.isCancelled, self.state.withLockedValue({ unchanged($0) }) {
+            await self.parkOnce(while: unchanged)
+        }
+    }
+
+    /// Waits for the next change of the state, unless `unchanged` is false already.
+    private func parkOnce(while unchanged: @Sendable (State) -> Bool) async {
+        await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                let asked: Bool = self.state.withLockedValue { state in
+                    // Asked again under the lock: a change, or a cancellation, between the two looks is never missed.
+                    guard unchanged(state), !Task.isCancelled else { return true }
+                    state.waiters.append(continuation)
+                    return false
                 }
-            } onCancel: {
-                // Every waiter looks again; the cancelled one returns.
-                self.changed { _ in }
+                if asked { continuation.resume() }
             }
+        } onCancel: {
+            // Every waiter looks again; the cancelled one returns.
+            self.changed { _ in }
         }
     }
 
@@ -320,7 +357,7 @@ final class JobQueue: Sendable {
                 if let stripe = job.stripe { stripe.set.fail("stripe \(stripe.index): \(message)") }
             }
             // And the jobs waiting for room: the run is over for them too.
-            failed = (state.waiting + state.deferred.values).filter { $0.stripe == nil }.map { job in
+            failed = (state.waiting + state.deferred.values.map(\.job)).filter { $0.stripe == nil }.map { job in
                 (
                     job,
                     job.finish(

@@ -61,7 +61,12 @@ public final class Uploader: Sendable {
         defer { self.unanswered.withLockedValue { $0 = nil } }
         let outcome: Result<Void, any Error>
         do {
-            try await self.run(queue, service: service, pool: pool, onEvent: onEvent)
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                // Jobs the relay had no room for come back to the line as their waits end, while the run lasts.
+                group.addTask { await queue.returnDeferredJobs() }
+                try await self.run(queue, service: service, pool: pool, onEvent: onEvent)
+                group.cancelAll()
+            }
             outcome = .success(())
         } catch {
             outcome = .failure(error)

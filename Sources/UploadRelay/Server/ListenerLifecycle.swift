@@ -291,8 +291,9 @@ package final class ListenerLifecycle: Sendable {
         case .v6(let v6)?:
             // An IPv4-mapped address is that IPv4 host.
             if let ip = address?.ipAddress, ip.hasPrefix("::ffff:"), ip.contains(".") { return String(ip.dropFirst(7)) }
-            var raw = v6.address.sin6_addr
-            let prefix = withUnsafeBytes(of: &raw) { Array($0.prefix(8)) }
+            // The first 8 bytes of the IPv6 address, at its fixed place in `sockaddr_in6` (RFC 3493 §3.3: family, port
+            // and flow label first).
+            let prefix = withUnsafeBytes(of: v6.address) { Array($0[8..<16]) }
             return prefix.map { $0 < 16 ? "0" + String($0, radix: 16) : String($0, radix: 16) }.joined() + "/64"
         case .unixDomainSocket?, nil:
             return "local"
