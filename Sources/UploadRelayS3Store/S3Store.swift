@@ -5,7 +5,6 @@ import Glibc
 import Darwin
 #endif
 import AsyncHTTPClient
-import Dispatch
 import Foundation
 import Logging
 import NIOConcurrencyHelpers

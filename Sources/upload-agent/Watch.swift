@@ -1,11 +1,11 @@
 import ArgumentParser
-import Dispatch
 import FoundationEssentials
 import Logging
 import NIOCore
 import NIOPosix
 import UploadAgent
 import UploadCommandLine
+import UnixSignals
 
 struct Watch: AsyncParsableCommand {
     enum OnChange: String, ExpressibleByArgument, CaseIterable {
@@ -211,17 +211,8 @@ struct Watch: AsyncParsableCommand {
                 progress.note("cannot queue \(ready.count) file(s): \(error)")
             }
         }
-        let signals = [SIGINT, SIGTERM].map { number in
-            signal(number, SIG_IGN)
-            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
-            source.setEventHandler {
-                watcher.stop()
-                runner.stop()
-            }
-            source.resume()
-            return source
-        }
-        defer { for source in signals { source.cancel() } }
+        // SIGINT and SIGTERM end the watch as a stop does: no new upload starts, and the acknowledged bytes stay.
+        let signals = await UnixSignalsSequence(trapping: .sigint, .sigterm)
         var conditions = UploadConditions()
         conditions.onlyOnAC = self.onlyOnAc
         conditions.minBattery = self.minBattery
@@ -235,12 +226,21 @@ struct Watch: AsyncParsableCommand {
         // Checked before the first upload starts, then every --when-interval.
         runner.hold("conditions", conditions.blocker())
         let interval = try DurationText.parse(self.whenInterval, option: "--when-interval")
-        let follower = Task { await runner.follow(conditions, every: interval) }
-        defer { follower.cancel() }
         do {
             try watcher.start()
             if !self.quiet { progress.note("watching \(self.directories.joined(separator: ", ")); state in \(store.directory)") }
-            try await runner.run(service: true) { event in progress.handle(event) }
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                group.addTask {
+                    for await _ in signals {
+                        watcher.stop()
+                        runner.stop()
+                        return
+                    }
+                }
+                group.addTask { [conditions] in await runner.follow(conditions, every: interval) }
+                try await runner.run(service: true) { event in progress.handle(event) }
+                group.cancelAll()
+            }
         } catch {
             watcher.stop()
             try? await group.shutdownGracefully()
