@@ -18,7 +18,7 @@ public final class Uploader: Sendable {
     /// the adaptive run's connection that takes each instead of dialing: 0, the one the plan was asked on (the run's
     /// first); 1 to ``ConnectionGrowth/firstStep`` - 1, those opened beside it on a long link, each with that added
     /// connection's share. Each task ends when its connection waits (its ``KeptConnection``) or failed (nil).
-    private let kept = NIOLockedValueBox<[Int: Task<KeptConnection?, Never>]>([:])
+    private let kept = NIOLockedValueBox<[Int: EventLoopFuture<KeptConnection?>]>([:])
     /// When the quota plan's connection began, and why it ended, when the relay never welcomed it: the run that follows
     /// counts `--retry-for` from then, so an unanswering relay costs one wait, not two.
     private let unanswered = NIOLockedValueBox<(since: ContinuousClock.Instant, reason: String)?>(nil)
@@ -298,8 +298,9 @@ public final class Uploader: Sendable {
             let outcome: ConnectionOutcome
             // The first attempt only: a reconnection is a connection of its own.
             var kept: EventLoopFuture<ConnectionOutcome>? = nil
-            if let index = keptIndex.take(), let task = self.kept.withLockedValue({ $0.removeValue(forKey: index) }) {
-                kept = await self.adoptKept(await task.value, queue: queue, pool: pool, bandwidth: bandwidth, meter: meter, onEvent: onEvent)
+            if let index = keptIndex.take(), let connection = self.kept.withLockedValue({ $0.removeValue(forKey: index) }) {
+                kept = await self.adoptKept(
+                    try? await connection.get(), queue: queue, pool: pool, bandwidth: bandwidth, meter: meter, onEvent: onEvent)
             }
             do {
                 if let kept {
@@ -411,7 +412,7 @@ public final class Uploader: Sendable {
             keepAfterPlan: keepConnection, made: made, meter: meter, onEvent: { _ in }
         )
         if outcome.parked, let made = made.withLockedValue({ $0 }) {
-            self.kept.withLockedValue { $0[0] = Task { made } }
+            self.kept.withLockedValue { $0[0] = made.channel.eventLoop.makeSucceededFuture(made) }
         }
         if outcome.quotaPlan == nil, let reason = outcome.reason {
             if !outcome.welcomed { self.unanswered.withLockedValue { $0 = (started, reason) } }
@@ -430,26 +431,28 @@ public final class Uploader: Sendable {
         self.logger.debug("opening connections beside the quota plan's", metadata: ["count": "\(count - 1)", "round_trip": "\(roundTrip)"])
         self.kept.withLockedValue { kept in
             for index in 1..<count where kept[index] == nil {
-                kept[index] = Task {
-                    let made = NIOLockedValueBox<KeptConnection?>(nil)
-                    let outcome = try? await self.runConnection(
+                let made = NIOLockedValueBox<KeptConnection?>(nil)
+                // Started from an event loop's task, not under this lock.
+                kept[index] = self.group.any().flatSubmit {
+                    self.startConnection(
                         queue: JobQueue([]), pool: pool, configuration: Self.addedConnectionShare(configuration, index: index), bandwidth: nil,
                         tls: tls, keepAfterPlan: true, made: made, onEvent: { _ in }
                     )
-                    return outcome?.parked == true ? made.withLockedValue { $0 } : nil
-                }
+                }.map { outcome in
+                    outcome.parked ? made.withLockedValue { $0 } : nil
+                }.recover { _ in nil }
             }
         }
     }
 
     /// Closes the connection kept after a quota plan, and those opened beside it, if no run took them.
     public func letGoOfKeptConnection() async {
-        let tasks = self.kept.withLockedValue { kept in
+        let connections = self.kept.withLockedValue { kept in
             defer { kept = [:] }
             return Array(kept.values)
         }
-        for task in tasks {
-            guard let kept = await task.value else { continue }
+        for connection in connections {
+            guard let kept = try? await connection.get() else { continue }
             try? await kept.channel.eventLoop.submit { kept.handler.value.letGo() }.get()
         }
     }
@@ -479,6 +482,18 @@ public final class Uploader: Sendable {
         plan: QuotaPlan.Request? = nil, keepAfterPlan: Bool = false, made: NIOLockedValueBox<KeptConnection?>? = nil, meter: LinkMeter? = nil,
         onEvent: @escaping @Sendable (UploadEvent) -> Void
     ) async throws -> ConnectionOutcome {
+        try await self.startConnection(
+            queue: queue, pool: pool, configuration: configuration, bandwidth: bandwidth, tls: tls, plan: plan, keepAfterPlan: keepAfterPlan,
+            made: made, meter: meter, onEvent: onEvent
+        ).get()
+    }
+
+    /// Connects, and succeeds with the connection's outcome once it ended (or is parked, kept after a quota plan).
+    private func startConnection(
+        queue: JobQueue, pool: NIOThreadPool, configuration: AgentConfiguration, bandwidth: BandwidthLimit?, tls: NIOSSLContext,
+        plan: QuotaPlan.Request? = nil, keepAfterPlan: Bool = false, made: NIOLockedValueBox<KeptConnection?>? = nil, meter: LinkMeter? = nil,
+        onEvent: @escaping @Sendable (UploadEvent) -> Void
+    ) -> EventLoopFuture<ConnectionOutcome> {
         let logger = self.logger
         let host = configuration.relayHost
         let serverName = configuration.serverName ?? (Self.isIPAddress(host) ? nil : host)
@@ -511,15 +526,12 @@ public final class Uploader: Sendable {
                 }
             }
         logger.debug("connecting", metadata: ["relay": "\(host):\(configuration.relayPort)"])
-        do {
-            _ = try await bootstrap.connect(host: host, port: configuration.relayPort).get()
-        } catch {
+        return bootstrap.connect(host: host, port: configuration.relayPort).flatMapError { error in
             logger.info("could not connect", metadata: ["relay": "\(host):\(configuration.relayPort)", "error": "\(error)"])
             // Never active, so the handler will not report: this is the only completion.
             promise.fail(error)
-            throw error
-        }
-        return try await promise.futureResult.get()
+            return promise.futureResult.eventLoop.makeFailedFuture(error)
+        }.flatMap { _ in promise.futureResult }
     }
 
     /// One line that names the relay's address, what went wrong and what to check: a person on a device acts on it,
