@@ -458,6 +458,20 @@ struct WatchTests {
         await #expect(AgentProcess.waitUntil { agent.finished("queued.mov") != nil }, "\(agent.child.log)")
         #expect(relay.stored("queued.mov") == queued.data)
         try await client.shutdown()
+        // A stream cannot be handed over: with its files handed to the watch, a send uploads its stdin itself.
+        let more = makeFile(home, "more.pdf", size: 200_000, seed: 8)
+        let mixed = try await CommandLineTests.run(
+            "/bin/sh", ["-c", "head -c 300000 \"$0\" | \"$1\" send --json --name piped.bin \"$2\" -", file.path, try CommandLineTests.agentBinary(), more.path],
+            environment: environment
+        )
+        #expect(mixed.status == 0, "\(mixed.stderr)")
+        #expect(mixed.stderr.contains("handed to it"), "\(mixed.stderr)")
+        let statuses = mixed.stdout.split(separator: "\n").compactMap { try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any] }
+            .reduce(into: [String: String]()) { $0[$1["key"] as? String ?? "?"] = $1["status"] as? String }
+        #expect(statuses == ["more.pdf": "stored", "piped.bin": "stored"], "\(mixed.stdout)")
+        #expect(agent.started("more.pdf") == 1 && agent.started("piped.bin") == 0, "the watch took the file, not the stream")
+        #expect(relay.stored("piped.bin") == file.data.prefix(300_000))
+        #expect(relay.stored("more.pdf") == more.data)
         await relay.stop()
     }
 

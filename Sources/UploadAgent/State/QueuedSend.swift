@@ -23,59 +23,61 @@ public enum QueuedSend {
         }
         let keys = Set(files.map(\.key) + streams.map(\.key))
         var handed: [Int64]? = nil
-        var streamTask: Task<[UploadResult], any Error>? = nil
-        while true {
-            if let lock = try RunnerLock.tryAcquire(store: store, target: target) {
-                let runner = QueueRunner(uploader: uploader, store: store, lock: lock, keepResults: true)
-                try runner.loadPending()
+        // The group holds, at most, the upload of the streams of a send whose files went to another agent.
+        return try await withThrowingTaskGroup(of: [UploadResult].self) { group in
+            while true {
+                if let lock = try RunnerLock.tryAcquire(store: store, target: target) {
+                    let runner = QueueRunner(uploader: uploader, store: store, lock: lock, keepResults: true)
+                    try runner.loadPending()
+                    if handed == nil {
+                        try runner.enqueue(files + streams, skipUnchanged: false)
+                        files = []
+                    }
+                    let reported = NIOLockedValueBox(Set<String>())
+                    try await runner.run(service: false) { event in
+                        // Items other runs left in the queue go up too, but this command reports its own, once each: another
+                        // send of the same files meanwhile queues them again, and this runner takes them up again.
+                        if case .finished(let result) = event {
+                            guard keys.contains(result.key), reported.withLockedValue({ $0.insert(result.key).inserted }) else { return }
+                        }
+                        onEvent(event)
+                    }
+                    // Shared, not copied, when every result is this command's, once (10,000 results are megabytes).
+                    let all = runner.results
+                    var results =
+                        all.allSatisfy({ keys.contains($0.key) }) && Set(all.map(\.key)).count == all.count
+                        ? all : Self.firstOfEach(all.filter { keys.contains($0.key) })
+                    if let handed {
+                        // Files handed to a runner that ended before they did: this run finished the rest.
+                        let reported = Set(results.map(\.key))
+                        results = try store.items(ids: handed).map(Self.result)
+                        for result in results where !reported.contains(result.key) { onEvent(.finished(result)) }
+                        results += try await group.next() ?? []
+                    }
+                    return results
+                }
                 if handed == nil {
-                    try runner.enqueue(files + streams, skipUnchanged: false)
+                    let entries = files.compactMap { QueueEntry(item: $0, configuration: configuration) }
+                    let outcomes = try store.enqueue(entries, target: target, skipUnchanged: false, external: true)
+                    handed = outcomes.map { outcome in
+                        switch outcome {
+                        case .queued(let id), .alreadyQueued(let id), .unchanged(let id): return id
+                        }
+                    }
                     files = []
-                }
-                let reported = NIOLockedValueBox(Set<String>())
-                try await runner.run(service: false) { event in
-                    // Items other runs left in the queue go up too, but this command reports its own, once each: another
-                    // send of the same files meanwhile queues them again, and this runner takes them up again.
-                    if case .finished(let result) = event {
-                        guard keys.contains(result.key), reported.withLockedValue({ $0.insert(result.key).inserted }) else { return }
-                    }
-                    onEvent(event)
-                }
-                // Shared, not copied, when every result is this command's, once (10,000 results are megabytes).
-                let all = runner.results
-                var results =
-                    all.allSatisfy({ keys.contains($0.key) }) && Set(all.map(\.key)).count == all.count
-                    ? all : Self.firstOfEach(all.filter { keys.contains($0.key) })
-                if let handed {
-                    // Files handed to a runner that ended before they did: this run finished the rest.
-                    let reported = Set(results.map(\.key))
-                    results = try store.items(ids: handed).map(Self.result)
-                    for result in results where !reported.contains(result.key) { onEvent(.finished(result)) }
-                    results += try await streamTask?.value ?? []
-                }
-                return results
-            }
-            if handed == nil {
-                let entries = files.compactMap { QueueEntry(item: $0, configuration: configuration) }
-                let outcomes = try store.enqueue(entries, target: target, skipUnchanged: false, external: true)
-                handed = outcomes.map { outcome in
-                    switch outcome {
-                    case .queued(let id), .alreadyQueued(let id), .unchanged(let id): return id
+                    onHandOver(entries.count)
+                    if !streams.isEmpty {
+                        // A stream cannot be handed over: it goes up from here, outside the queue.
+                        group.addTask { [streams] in try await uploader.upload(streams, onEvent: onEvent) }
                     }
                 }
-                files = []
-                onHandOver(entries.count)
-                if !streams.isEmpty {
-                    // A stream cannot be handed over: it goes up from here, outside the queue.
-                    streamTask = Task { try await uploader.upload(streams, onEvent: onEvent) }
+                let rows = try store.items(ids: handed ?? [])
+                if rows.allSatisfy({ [.done, .failed, .dropped].contains($0.status) }) {
+                    for row in rows { onEvent(.finished(Self.result(row))) }
+                    return rows.map(Self.result) + (try await group.next() ?? [])
                 }
+                try await Task.sleep(for: pollInterval)
             }
-            let rows = try store.items(ids: handed ?? [])
-            if rows.allSatisfy({ [.done, .failed, .dropped].contains($0.status) }) {
-                for row in rows { onEvent(.finished(Self.result(row))) }
-                return rows.map(Self.result) + (try await streamTask?.value ?? [])
-            }
-            try await Task.sleep(for: pollInterval)
         }
     }
 
