@@ -461,7 +461,8 @@ struct WatchTests {
         // A stream cannot be handed over: with its files handed to the watch, a send uploads its stdin itself.
         let more = makeFile(home, "more.pdf", size: 200_000, seed: 8)
         let mixed = try await CommandLineTests.run(
-            "/bin/sh", ["-c", "head -c 300000 \"$0\" | \"$1\" send --json --name piped.bin \"$2\" -", file.path, try CommandLineTests.agentBinary(), more.path],
+            "/bin/sh",
+            ["-c", "head -c 300000 \"$0\" | \"$1\" send --json --name piped.bin \"$2\" -", file.path, try CommandLineTests.agentBinary(), more.path],
             environment: environment
         )
         #expect(mixed.status == 0, "\(mixed.stderr)")
