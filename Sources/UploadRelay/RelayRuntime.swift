@@ -173,10 +173,10 @@ public enum RelayRuntime {
         return false
     }
 
-    /// Builds the server's shared services, on `threadPool` (started) or a new pool of ``RelayConfiguration/ioThreads``.
-    public static func makeServices(
+    /// Wires the relay's parts (``Relay``), on `threadPool` (started) or a new pool of ``RelayConfiguration/ioThreads``.
+    public static func makeRelay(
         configuration: RelayConfiguration, catalog: any Catalog, store: any BlobStore, logger: Logger, threadPool: NIOThreadPool? = nil
-    ) async throws -> RelayServices {
+    ) async throws -> Relay {
         var configuration = configuration
         // Under each key's lock across relays when the catalog is shared: other relays' uploads and commits run on.
         let startup = KeyGuard.claiming(KeyClaims(locks: catalog.keyLocks))
@@ -203,7 +203,7 @@ public enum RelayRuntime {
                 )
             }
         }
-        return RelayServices(
+        return Relay(
             configuration: configuration, catalog: catalog, store: store, threadPool: pool, logger: logger,
             metrics: RelayMetrics(perAccount: configuration.metricsPerAccount)
         )

@@ -46,11 +46,11 @@ extension RelayRuntime {
         }
     }
 
-    /// Builds the server's shared services on the store the configuration names, or on the bucket `s3` names (whose
+    /// Wires the relay's parts on the store the configuration names, or on the bucket `s3` names (whose
     /// capabilities may narrow it: an S3 store takes no stripes, and no blob above S3's largest object).
-    public static func makeServices(
+    public static func makeRelay(
         configuration: RelayConfiguration, s3: S3StoreConfiguration? = nil, catalog: any Catalog, logger: Logger
-    ) async throws -> RelayServices {
+    ) async throws -> Relay {
         var configuration = configuration
         if configuration.hooks?.url != nil && configuration.hooks?.poster == nil { configuration.hooks?.poster = HTTPHookPoster() }
         // The store's system calls run on the relay's I/O pool.
@@ -58,7 +58,7 @@ extension RelayRuntime {
         pool.start()
         do {
             let store = try Self.openStore(configuration, s3: s3, catalog: catalog, logger: logger, threadPool: pool)
-            return try await Self.makeServices(configuration: configuration, catalog: catalog, store: store, logger: logger, threadPool: pool)
+            return try await Self.makeRelay(configuration: configuration, catalog: catalog, store: store, logger: logger, threadPool: pool)
         } catch {
             try? await pool.shutdownGracefully()
             throw error

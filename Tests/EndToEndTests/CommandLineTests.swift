@@ -620,7 +620,7 @@ struct CommandLineTests {
             + (dedup ? [] : ["--no-dedup"]) + [file.path]
         let agent = try ChildProcess(try Self.agentBinary(), arguments, readyFile: source + "/never", logFile: source + "/agent.log")
         // Kill it once the relay has staged a good part of the file (observed on disk, with a deadline).
-        let staging = relay.services.configuration.stagingDirectory
+        let staging = relay.parts.configuration.stagingDirectory
         let deadline = Date().addingTimeInterval(60)
         var staged = 0
         while staged < size * 2 / 5 && Date() < deadline && agent.process.isRunning {
@@ -633,13 +633,13 @@ struct CommandLineTests {
         agent.kill(SIGKILL)
         _ = agent.waitForExit()
         #expect(staged >= size * 2 / 5, "the agent did not get far enough: \(agent.log)")
-        let durable = try await relay.services.catalog.session(account: "dev", key: "big.bin")?.durableOffset ?? 0
+        let durable = try await relay.parts.catalog.session(account: "dev", key: "big.bin")?.durableOffset ?? 0
         #expect(durable > 0)
         let rerun = try await Self.run(try Self.agentBinary(), arguments)
         #expect(rerun.status == 0, "\(rerun.stderr)")
         let result = try #require(try JSONSerialization.jsonObject(with: Data(rerun.stdout.utf8)) as? [String: Any])
         let sent = try #require(result["sent_bytes"] as? Int)
-        let limits = relay.services.configuration
+        let limits = relay.parts.configuration
         #expect(sent <= size - Int(durable) + limits.limits.streamWindow + limits.syncBytes, "sent \(sent) after \(durable) durable of \(size)")
         #expect(relay.stored("big.bin") == file.data)
         await relay.stop()

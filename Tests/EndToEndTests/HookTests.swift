@@ -21,7 +21,7 @@ struct HookTests {
 
     /// Whether the outbox empties within 30 s.
     static func outboxDrained(_ relay: TestRelay) async throws -> Bool {
-        try await Polling.eventually(timeout: 30) { try await relay.services.catalog.commitEventBacklog().count == 0 }
+        try await Polling.eventually(timeout: 30) { try await relay.parts.catalog.commitEventBacklog().count == 0 }
     }
 
     /// A Python HTTP server on a free loopback port for `--on-commit-url`: `state` at module level, `post` as the body of
@@ -86,7 +86,7 @@ struct HookTests {
         let took = Date().timeIntervalSince(started)
         #expect(results.allSatisfy { $0.status == .stored }, "\(results.compactMap(\.error))")
         let drained = try await Self.outboxDrained(relay)
-        let backlog = try? await relay.services.catalog.commitEventBacklog()
+        let backlog = try? await relay.parts.catalog.commitEventBacklog()
         #expect(drained, "events still queued: \(String(describing: backlog))")
         // The uploads did not wait for the hung hook (killed after 1 s, retried after).
         #expect(took < 30, "the uploads took \(took) s")
@@ -189,7 +189,7 @@ struct HookTests {
         // The failures (503 until the test lets the server accept) are recorded with the URL as messages show it.
         var lastError = ""
         let failed = try await Polling.eventually(timeout: 30) {
-            lastError = try await relay.services.catalog.commitEventBacklog().lastError ?? ""
+            lastError = try await relay.parts.catalog.commitEventBacklog().lastError ?? ""
             return !lastError.isEmpty
         }
         // Whatever the failure (a 503, or on a loaded machine a request past the hook's timeout), the URL as messages show it.

@@ -41,7 +41,7 @@ struct RefusalTests {
     func revokedToken() async throws {
         let relay = try await TestRelay().start()
         let token = try await relay.addAccount("cam-7")
-        #expect(try await relay.services.catalog.revokeAccount(named: "cam-7"))
+        #expect(try await relay.parts.catalog.revokeAccount(named: "cam-7"))
         let (item, _) = self.oneFile()
         let results = try await upload([item], port: relay.port, token: token, ca: relay.caPath)
         #expect(results.first?.status == .failed)

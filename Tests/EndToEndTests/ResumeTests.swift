@@ -48,7 +48,7 @@ struct ResumeTests {
         // Sent again: what was in flight (at most the connection window) and not yet durable.
         let resent = Int(result.sentBytes) - size
         #expect(resent >= 0)
-        #expect(resent <= relay.services.configuration.limits.connectionWindow, "resent \(resent) bytes")
+        #expect(resent <= relay.parts.configuration.limits.connectionWindow, "resent \(resent) bytes")
         await relay.stop()
     }
 

@@ -70,15 +70,15 @@ struct S3StoreTests {
             do {
                 var seen: UploadSession? = nil
                 let recorded = try await Polling.eventually(timeout: 30) {
-                    seen = try await relay.services.catalog.session(account: "dev", key: "long.mov")
+                    seen = try await relay.parts.catalog.session(account: "dev", key: "long.mov")
                     return (seen?.durableOffset ?? 0) > 0
                 }
                 #expect(recorded, "no durable bytes recorded: \(String(describing: seen))")
                 if let session = seen {
                     #expect(
-                        try await relay.services.store.hasStaging(session.stagingName),
+                        try await relay.parts.store.hasStaging(session.stagingName),
                         "the catalog names a staging the store does not have: \(session.stagingName)")
-                    #expect(try await !relay.services.catalog.stagedParts(sessionID: session.id).isEmpty)
+                    #expect(try await !relay.parts.catalog.stagedParts(sessionID: session.id).isEmpty)
                 }
             } catch {
                 video.release()
@@ -114,7 +114,7 @@ struct S3StoreTests {
                 #expect(try await Self.object(client, bucket, "relay/dev/" + key) == data, "\(key)")
             }
             #expect(try await client.listMultipartUploads(bucket: bucket, prefix: "").isEmpty)
-            #expect((try? FileManager.default.contentsOfDirectory(atPath: relay.services.configuration.spoolDirectory)) == [])
+            #expect((try? FileManager.default.contentsOfDirectory(atPath: relay.parts.configuration.spoolDirectory)) == [])
             // The same bytes under another key: a server-side copy, nothing sent.
             let again = try await upload(
                 [UploadItem(key: "copy/clip.mp4", displayPath: video.path, source: FileSource(path: video.path))],
@@ -188,7 +188,7 @@ struct S3StoreTests {
                 ["send", "--no-state", "--no-dedup", "--quiet", "--bwlimit", "8M", file.path],
                 environment: AgentProcess.environment(relay, state: source + "/state"), log: source + "/agent.log"
             )
-            let catalog = relay.services.catalog
+            let catalog = relay.parts.catalog
             func session() async -> UploadSession? { (try? await catalog.sessions(updatedBefore: .distantFuture))?.first }
             // Killed once a part is acknowledged: its session and multipart upload stay behind.
             let acknowledged = try await Polling.eventually(timeout: 30) { (await session()?.durableOffset ?? 0) >= 5 << 20 }
@@ -202,7 +202,7 @@ struct S3StoreTests {
             #expect(try await client.listMultipartUploads(bucket: bucket, prefix: "").count == 1)
             var logger = Logger(label: "test-expiry")
             logger.logLevel = .critical
-            try await RelayRuntime.cleanUp(catalog: catalog, store: relay.services.store, expiry: .zero, logger: logger)
+            try await RelayRuntime.cleanUp(catalog: catalog, store: relay.parts.store, expiry: .zero, logger: logger)
             #expect(await session() == nil)
             #expect(try await client.listMultipartUploads(bucket: bucket, prefix: "").isEmpty)
             #expect(try await client.headObject(bucket: bucket, key: "relay/dev/long.mov") == nil)

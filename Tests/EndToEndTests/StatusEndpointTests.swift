@@ -150,7 +150,7 @@ struct StatusEndpointTests {
             do {
                 first = try await Self.poll(client, port: relay.statusPort, key: "long.mov", token: relay.token) { $0.status == 200 }
                 // What ls --in-progress reads: the session.
-                sessions = try await relay.services.catalog.sessions(updatedBefore: .distantFuture)
+                sessions = try await relay.parts.catalog.sessions(updatedBefore: .distantFuture)
             } catch {
                 video.release()
                 _ = try? await sending.value
@@ -168,7 +168,7 @@ struct StatusEndpointTests {
                 [UploadItem(key: "p.jpg", displayPath: photo.path, source: FileSource(path: photo.path))], port: relay.port, token: relay.token,
                 ca: relay.caPath
             )
-            #expect(try await relay.services.catalog.sessions(updatedBefore: .distantFuture).isEmpty)
+            #expect(try await relay.parts.catalog.sessions(updatedBefore: .distantFuture).isEmpty)
 
             // An agent killed after its OPEN, before anything was durable: its session goes with its connection (it
             // would otherwise show as uploading, 0 bytes, until the expiry).
@@ -180,12 +180,12 @@ struct StatusEndpointTests {
             defer { agent.stop(SIGKILL) }
             #expect(
                 try await Polling.eventually(timeout: 30) {
-                    try await relay.services.catalog.session(account: "dev", key: "dropped.mov")?.durableOffset == 0
+                    try await relay.parts.catalog.session(account: "dev", key: "dropped.mov")?.durableOffset == 0
                 }, "the OPEN was never recorded: \(agent.child.log)"
             )
             agent.stop(SIGKILL)
             #expect(
-                try await Polling.eventually(timeout: 30) { try await relay.services.catalog.session(account: "dev", key: "dropped.mov") == nil },
+                try await Polling.eventually(timeout: 30) { try await relay.parts.catalog.session(account: "dev", key: "dropped.mov") == nil },
                 "the session of an OPEN with nothing durable stayed after its connection went"
             )
         } catch {
@@ -265,7 +265,7 @@ struct StatusEndpointTests {
             #expect(post.status == 405 && post.header("allow") == "GET, HEAD")
             let head = try await Self.get(client, port: relay.statusPort, "key=videos/clip.mp4", token: relay.token, method: .HEAD)
             #expect(head.status == 200 && head.json.isEmpty)
-            _ = try await relay.services.catalog.revokeAccount(named: "other")
+            _ = try await relay.parts.catalog.revokeAccount(named: "other")
             let revoked = try await Self.get(client, port: relay.statusPort, "key=photos/a%20b%2Bc.jpg", token: other)
             #expect(revoked.status == 401 && (revoked.json["error"] as? String ?? "").contains("revoked"))
 

@@ -30,8 +30,8 @@ struct TransferTests {
             #expect(relay.stored(result.key) == files[name], "\(result.key) differs")
             #expect(result.sha1 == SHA1.hash(files[name]!).map { ($0 < 16 ? "0" : "") + String($0, radix: 16) }.joined())
         }
-        #expect(try FileManager.default.contentsOfDirectory(atPath: relay.services.configuration.stagingDirectory).isEmpty)
-        #expect(relay.services.space.promised == 0, "\(relay.services.space.promised) bytes still promised")
+        #expect(try FileManager.default.contentsOfDirectory(atPath: relay.parts.configuration.stagingDirectory).isEmpty)
+        #expect(relay.parts.space.promised == 0, "\(relay.parts.space.promised) bytes still promised")
         await relay.stop()
     }
 
@@ -147,7 +147,7 @@ struct TransferTests {
         #expect(relay.stored("v/long.mp4") == big)
         #expect(relay.stored("v/short.mp4") == small)
         // Committed: no disk space stays promised to them (a striped upload's main stream writes one stripe only).
-        #expect(relay.services.space.promised == 0, "\(relay.services.space.promised) bytes still promised")
+        #expect(relay.parts.space.promised == 0, "\(relay.parts.space.promised) bytes still promised")
         await relay.stop()
     }
 

@@ -54,7 +54,7 @@ struct WatchTests {
         try Self.write(photo, to: watched + "/IMG_0001.jpg")
         let closed = Date()
         await #expect(AgentProcess.waitUntil(timeout: 10) { agent.finished("DCIM/IMG_0001.jpg") != nil }, "\(agent.child.log)")
-        let committed = try await relay.services.catalog.object(account: "dev", key: "DCIM/IMG_0001.jpg")?.committedAt
+        let committed = try await relay.parts.catalog.object(account: "dev", key: "DCIM/IMG_0001.jpg")?.committedAt
         let after = committed.map { $0.timeIntervalSince(closed) } ?? .infinity
         #expect(after < 2, "committed \(after) s after the close")
         #expect(relay.stored("DCIM/IMG_0001.jpg") == photo)
@@ -302,7 +302,7 @@ struct WatchTests {
         #expect(agent.finished("cam/c.jpg")?["status"] as? String == "stored")
         #expect(relay.stored("cam/c.jpg", account: "small") == third)
         // Room again (an operator removed an object): b goes up by itself.
-        try await relay.services.catalog.deleteObject(account: "small", key: "cam/a.jpg")
+        try await relay.parts.catalog.deleteObject(account: "small", key: "cam/a.jpg")
         await #expect(AgentProcess.waitUntil(timeout: 30) { agent.finished("cam/b.jpg") != nil }, "\(agent.child.log)")
         #expect(agent.finished("cam/b.jpg")?["status"] as? String == "stored")
         #expect(relay.stored("cam/b.jpg", account: "small") == second)
@@ -509,7 +509,7 @@ struct WatchTests {
         let hashed = line["hashed_bytes"] as? Int ?? -1
         // A stream window in flight and a sync batch not yet acknowledged when the agent died (as CommandLineTests'
         // finding 23 bounds it; the connection window, 32 MiB until it became 8, had stood for both).
-        let configuration = relay.services.configuration
+        let configuration = relay.parts.configuration
         let window = configuration.limits.streamWindow + configuration.syncBytes
         #expect(sent <= size - Int(acked) + window, "sent \(sent) after \(acked) acknowledged")
         // The recorded SHA-1 state covers the prefix: only the bytes from the record to the relay's offset (where this

@@ -194,10 +194,10 @@ struct WorkloadTests {
             $0.sessionExpiry = .seconds(1)
             $0.maintenanceInterval = .milliseconds(100)
         }.start()
-        let staging = try await relay.services.store.openStaging(.named("abandoned"))
+        let staging = try await relay.parts.store.openStaging(.named("abandoned"))
         try await staging.write(ByteBuffer(string: "half an upload"), at: 0)
         staging.close()
-        try await relay.services.catalog.putSession(
+        try await relay.parts.catalog.putSession(
             UploadSession(
                 id: "abandoned", account: "dev", key: "old.bin", resumeToken: [1], fingerprint: [], declaredSize: 100,
                 durableOffset: 14, sha1State: [], stagingName: "abandoned", updatedAt: Date().addingTimeInterval(-5)
@@ -205,12 +205,12 @@ struct WorkloadTests {
         )
         // The relay's own housekeeping, observed with a deadline.
         let deadline = ContinuousClock.now + .seconds(20)
-        while ContinuousClock.now < deadline, try await relay.services.catalog.session(account: "dev", key: "old.bin") != nil {
+        while ContinuousClock.now < deadline, try await relay.parts.catalog.session(account: "dev", key: "old.bin") != nil {
             try await Task.sleep(for: .milliseconds(50))
         }
-        #expect(try await relay.services.catalog.session(account: "dev", key: "old.bin") == nil)
-        #expect(try await !relay.services.store.hasStaging("abandoned"))
-        #expect(try await relay.services.catalog.quotaUse(account: "dev", excludingKey: "x").staged == 0)
+        #expect(try await relay.parts.catalog.session(account: "dev", key: "old.bin") == nil)
+        #expect(try await !relay.parts.store.hasStaging("abandoned"))
+        #expect(try await relay.parts.catalog.quotaUse(account: "dev", excludingKey: "x").staged == 0)
         await relay.stop()
     }
 
@@ -299,7 +299,7 @@ struct WorkloadTests {
         let writer = Thread { pipe.fileHandleForWriting.write(Data(repeating: 1, count: 4 << 20)) }
         writer.start()
         await sent.wait(for: 1 << 20)
-        #expect(try await relay.services.catalog.revokeAccount(named: "stolen"))
+        #expect(try await relay.parts.catalog.revokeAccount(named: "stolen"))
         // The agent is told at once (UNAUTHENTICATED is not retried), even though its source never ended.
         let results = try await task.value
         try? pipe.fileHandleForWriting.close()
@@ -390,7 +390,7 @@ struct WorkloadTests {
                         },
                         port: relay.port, token: relay.token, ca: relay.caPath, configure: { $0.concurrency = 3 },
                         onEvent: { event in
-                            if case .connected = event { windows.record(relay.services.memory.inUse) }
+                            if case .connected = event { windows.record(relay.parts.memory.inUse) }
                         }
                     )
                 }
@@ -406,14 +406,14 @@ struct WorkloadTests {
         // The agents have gone: every connection's handler, session and upload executors are freed (no retain cycle
         // through an executor of a committed upload: review of issue 7).
         let deadline = ContinuousClock.now + .seconds(10)
-        while ContinuousClock.now < deadline, relay.services.liveHandlers.withLockedValue({ $0 }) > 0 {
+        while ContinuousClock.now < deadline, relay.parts.health.liveHandlers.withLockedValue({ $0 }) > 0 {
             try await Task.sleep(for: .milliseconds(20))
         }
-        #expect(relay.services.liveHandlers.withLockedValue { $0 } == 0)
+        #expect(relay.parts.health.liveHandlers.withLockedValue { $0 } == 0)
         await relay.stop()
         // Every window and upload slot is given back once the connections are gone.
-        #expect(relay.services.memory.inUse == 0)
-        #expect(relay.services.uploadSlots.inUse == 0)
+        #expect(relay.parts.memory.inUse == 0)
+        #expect(relay.parts.uploadSlots.inUse == 0)
     }
 }
 

@@ -14,23 +14,23 @@ import UploadTestSupport
 /// Group commit (issue 9): many uploads' commits made durable together, each with its own outcome.
 @Suite("Group commit")
 struct CommitGroupTests {
-    /// A relay's services on a real catalog and store in a temporary directory, the store's system calls on `pool`.
-    static func services(pool: NIOThreadPool, quota: Int64? = nil) async throws -> RelayServices {
+    /// A relay wired on a real catalog and store in a temporary directory, the store's system calls on `pool`.
+    static func relay(pool: NIOThreadPool, quota: Int64? = nil) async throws -> Relay {
         let root = TemporaryDirectories.make(prefix: "upload-commit-group-")
         let configuration = RelayConfiguration(certificatePath: "-", privateKeyPath: "-", dataDirectory: root)
         let catalog = try SQLiteCatalog(path: configuration.catalogPath)
         try await catalog.addAccount(name: "cam-7", tokenHash: Tokens.hash(Array("t".utf8)), quota: quota)
         let store = try LocalDirectoryStore(root: configuration.storePath, stagingDirectory: configuration.stagingDirectory, threadPool: pool)
-        return RelayServices(configuration: configuration, catalog: catalog, store: store, threadPool: pool, logger: Logger(label: "test"))
+        return Relay(configuration: configuration, catalog: catalog, store: store, threadPool: pool, logger: Logger(label: "test"))
     }
 
     /// The account the tests' uploads authenticated as.
     static let principal = Account(name: "cam-7", quota: nil, tokenHash: Tokens.hash(Array("t".utf8)))
 
     /// Stages `bytes` as a new upload of `key` and returns its commit request.
-    static func staged(_ key: String, _ bytes: [UInt8], services: RelayServices, overwrite: Bool = false) async throws -> UploadPolicy.CommitRequest {
+    static func staged(_ key: String, _ bytes: [UInt8], relay: Relay, overwrite: Bool = false) async throws -> UploadPolicy.CommitRequest {
         let name = UploadPolicy.randomID()
-        let staging = try await services.store.openStaging(.named(name))
+        let staging = try await relay.store.openStaging(.named(name))
         try await staging.write(ByteBuffer(bytes: bytes), at: 0)
         let sha1 = try #require(SHA1Digest(bytes: SHA1.hash(bytes)))
         return UploadPolicy.CommitRequest(
@@ -40,22 +40,22 @@ struct CommitGroupTests {
     }
 
     /// The quota as an OPEN of `key` sees it now, with the uploads open beside it.
-    static func quotaUse(_ services: RelayServices, openingAnother key: String) async throws -> QuotaUse {
-        try await services.catalog.quotaUse(account: "cam-7", excludingKey: key, active: services.claims.activeUploads(of: "cam-7"))
+    static func quotaUse(_ relay: Relay, openingAnother key: String) async throws -> QuotaUse {
+        try await relay.catalog.quotaUse(account: "cam-7", excludingKey: key, active: relay.claims.activeUploads(of: "cam-7"))
     }
 
-    static func stored(_ key: String, services: RelayServices) -> [UInt8]? {
-        FileManager.default.contents(atPath: "\(services.configuration.storePath)/cam-7/\(key)").map { Array($0) }
+    static func stored(_ key: String, relay: Relay) -> [UInt8]? {
+        FileManager.default.contents(atPath: "\(relay.configuration.storePath)/cam-7/\(key)").map { Array($0) }
     }
 
     @Test("one group of many: each upload gets its own outcome, refusals harm none of the others, nothing is left pending")
     func mixedGroup() async throws {
-        let services = try await Self.services(pool: .singleton, quota: 10_000)
-        let policy = UploadPolicy(services: services)
+        let relay = try await Self.relay(pool: .singleton, quota: 10_000)
+        let policy = relay.policy
         // Already there: "taken" (other bytes) and "folder" (an object, so "folder/x" cannot be stored).
         let before = await [
-            try Self.staged("taken", Array(repeating: 1, count: 10), services: services),
-            try Self.staged("folder", Array(repeating: 2, count: 10), services: services),
+            try Self.staged("taken", Array(repeating: 1, count: 10), relay: relay),
+            try Self.staged("folder", Array(repeating: 2, count: 10), relay: relay),
         ]
         await #expect(policy.commit(before).allSatisfy { (try? $0.get()) == .stored })
 
@@ -64,14 +64,14 @@ struct CommitGroupTests {
         for i in 0..<20 {
             let bytes = (0..<(100 + i)).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ i) }
             expected["photos/\(i).jpg"] = bytes
-            await requests.append(try Self.staged("photos/\(i).jpg", bytes, services: services))
+            await requests.append(try Self.staged("photos/\(i).jpg", bytes, relay: relay))
         }
-        await requests.insert(try Self.staged("taken", Array(repeating: 3, count: 10), services: services), at: 5)
-        await requests.insert(try Self.staged("folder/x", Array(repeating: 4, count: 10), services: services), at: 9)
+        await requests.insert(try Self.staged("taken", Array(repeating: 3, count: 10), relay: relay), at: 5)
+        await requests.insert(try Self.staged("folder/x", Array(repeating: 4, count: 10), relay: relay), at: 9)
         // Past the quota (10,000 bytes; the photos and the two objects take about 2,200).
-        await requests.insert(try Self.staged("huge", Array(repeating: 5, count: 9_000), services: services), at: 14)
+        await requests.insert(try Self.staged("huge", Array(repeating: 5, count: 9_000), relay: relay), at: 14)
         // The same bytes as an object the key holds: unchanged.
-        await requests.append(try Self.staged("folder", Array(repeating: 2, count: 10), services: services))
+        await requests.append(try Self.staged("folder", Array(repeating: 2, count: 10), relay: relay))
 
         let results = await policy.commit(requests)
         #expect(results.count == requests.count)
@@ -89,13 +89,13 @@ struct CommitGroupTests {
             }
         }
         for (key, bytes) in expected {
-            #expect(Self.stored(key, services: services) == bytes, "\(key)")
-            #expect(try await services.catalog.object(account: "cam-7", key: key)?.sha1 == SHA1Digest(bytes: SHA1.hash(bytes))?.hex)
+            #expect(Self.stored(key, relay: relay) == bytes, "\(key)")
+            #expect(try await relay.catalog.object(account: "cam-7", key: key)?.sha1 == SHA1Digest(bytes: SHA1.hash(bytes))?.hex)
         }
-        #expect(Self.stored("taken", services: services) == Array(repeating: 1, count: 10))
-        #expect(Self.stored("huge", services: services) == nil)
-        #expect(try await services.catalog.pendingCommits().isEmpty)
-        let used = try await services.catalog.account(named: "cam-7")?.usedBytes
+        #expect(Self.stored("taken", relay: relay) == Array(repeating: 1, count: 10))
+        #expect(Self.stored("huge", relay: relay) == nil)
+        #expect(try await relay.catalog.pendingCommits().isEmpty)
+        let used = try await relay.catalog.account(named: "cam-7")?.usedBytes
         #expect(used == Int64(expected.values.map(\.count).reduce(20, +)))
     }
 
@@ -103,71 +103,71 @@ struct CommitGroupTests {
         "a commit stores nothing once its connection's token is no longer the account's: rotated, or the account deleted and made again under its name"
     )
     func commitNeedsThePrincipal() async throws {
-        let services = try await Self.services(pool: .singleton, quota: nil)
-        let policy = UploadPolicy(services: services)
+        let relay = try await Self.relay(pool: .singleton, quota: nil)
+        let policy = relay.policy
         // Rotated: the old token's upload is refused.
-        let rotated = try await Self.staged("rotated.jpg", [1, 2, 3], services: services)
-        #expect(try await services.catalog.updateAccount(named: "cam-7", quota: nil, tokenHash: Tokens.hash(Array("t2".utf8)), revoked: nil))
+        let rotated = try await Self.staged("rotated.jpg", [1, 2, 3], relay: relay)
+        #expect(try await relay.catalog.updateAccount(named: "cam-7", quota: nil, tokenHash: Tokens.hash(Array("t2".utf8)), revoked: nil))
         let refused = await policy.commit([rotated])
         #expect(refused.map { (try? $0.get()) == nil } == [true])
         if case .failure(let refusal) = refused.first { #expect(refusal.code == .unauthenticated) }
         // Deleted and made again with the old token's hash would be the same principal; with a new token it is not.
-        #expect(try await services.catalog.deleteAccount(named: "cam-7"))
-        try await services.catalog.addAccount(name: "cam-7", tokenHash: Tokens.hash(Array("new device".utf8)), quota: nil)
-        let stale = try await Self.staged("photo.jpg", [4, 5, 6], services: services)
+        #expect(try await relay.catalog.deleteAccount(named: "cam-7"))
+        try await relay.catalog.addAccount(name: "cam-7", tokenHash: Tokens.hash(Array("new device".utf8)), quota: nil)
+        let stale = try await Self.staged("photo.jpg", [4, 5, 6], relay: relay)
         let results = await policy.commit([stale])
         if case .failure(let refusal) = results.first { #expect(refusal.code == .unauthenticated) } else { Issue.record("stored: \(results)") }
-        #expect(Self.stored("rotated.jpg", services: services) == nil)
-        #expect(Self.stored("photo.jpg", services: services) == nil)
-        #expect(try await services.catalog.objects().isEmpty)
+        #expect(Self.stored("rotated.jpg", relay: relay) == nil)
+        #expect(Self.stored("photo.jpg", relay: relay) == nil)
+        #expect(try await relay.catalog.objects().isEmpty)
     }
 
     @Test("an upload whose commit finished, with its RESULT not yet sent, counts once against the quota, not twice")
     func committedUploadCountsOnce() async throws {
-        let services = try await Self.services(pool: .singleton, quota: 1000)
+        let relay = try await Self.relay(pool: .singleton, quota: 1000)
         let bytes = [UInt8](repeating: 7, count: 600)
         let name = KeyClaims.name(account: "cam-7", key: "a.bin")
         // The upload's OPEN claimed the key and announced its size; its stream stays open until RESULT goes out.
-        #expect(services.claims.claim(name, whenFree: {}) == .claimed)
-        services.claims.announce(name, size: 600)
-        let results = await UploadPolicy(services: services).commit([try Self.staged("a.bin", bytes, services: services)])
+        #expect(relay.claims.claim(name, whenFree: {}) == .claimed)
+        relay.claims.announce(name, size: 600)
+        let results = await relay.policy.commit([try Self.staged("a.bin", bytes, relay: relay)])
         guard case .success(.stored)? = results.first else {
             Issue.record("\(results)")
             return
         }
-        let use = try await Self.quotaUse(services, openingAnother: "b.bin")
+        let use = try await Self.quotaUse(relay, openingAnother: "b.bin")
         #expect(use.left == 400, "\(use)")
-        services.claims.release(name)
+        relay.claims.release(name)
     }
 
     @Test("an OPEN refused for the quota does not count against the OPENs beside it while its stream closes")
     func refusedOpenCountsNothing() async throws {
-        let services = try await Self.services(pool: .singleton, quota: 1000)
-        let account = try await #require(try services.catalog.account(named: "cam-7"))
+        let relay = try await Self.relay(pool: .singleton, quota: 1000)
+        let account = try await #require(try relay.catalog.account(named: "cam-7"))
         let name = KeyClaims.name(account: "cam-7", key: "big.bin")
-        #expect(services.claims.claim(name, whenFree: {}) == .claimed)
+        #expect(relay.claims.claim(name, whenFree: {}) == .claimed)
         let open = Frame.Open(streamID: 1, key: "big.bin", size: 5000)
         guard
-            case .refuse(.quotaExceeded, _) = await UploadPolicy(services: services).open(
+            case .refuse(.quotaExceeded, _) = await relay.policy.open(
                 account: account, open: open, key: try ObjectKey(validating: "big.bin"))
         else {
             Issue.record("not refused")
             return
         }
         // Its claim lives until the refusal has gone out; meanwhile a 900-byte file still fits.
-        let use = try await Self.quotaUse(services, openingAnother: "small.bin")
+        let use = try await Self.quotaUse(relay, openingAnother: "small.bin")
         #expect(use.left == 1000, "\(use)")
-        services.claims.release(name)
+        relay.claims.release(name)
     }
 
     @Test("commits that arrive while a group runs wait for the next one: 64 commits behind a busy store make at most two groups")
     func commitsGroupWhileBusy() async throws {
         let pool = NIOThreadPool(numberOfThreads: 1)
         pool.start()
-        let services = try await Self.services(pool: pool)
+        let relay = try await Self.relay(pool: pool)
         var requests: [(String, UploadPolicy.CommitRequest)] = []
         for i in 0..<64 {
-            requests.append(("clip/\(i)", try await Self.staged("clip/\(i)", [UInt8](repeating: UInt8(i), count: 4096), services: services)))
+            requests.append(("clip/\(i)", try await Self.staged("clip/\(i)", [UInt8](repeating: UInt8(i), count: 4096), relay: relay)))
         }
         // The store's only thread is busy until every commit has been asked for: the first group waits on it, the
         // others wait for the next group.
@@ -175,20 +175,20 @@ struct CommitGroupTests {
         pool.submit { _ in release.wait() }
         let all = await withTaskGroup(of: (String, Result<Frame.Result.Status, UploadPolicy.Refusal>).self) { group in
             for (key, request) in requests {
-                group.addTask { (key, await services.commits.commit(request, services: services)) }
+                group.addTask { (key, await relay.commits.commit(request)) }
             }
-            let asked = await Polling.waitUntil(timeout: 30) { () async -> Bool in services.commits.submitted == 64 }
+            let asked = await Polling.waitUntil(timeout: 30) { () async -> Bool in relay.commits.submitted == 64 }
             release.signal()
-            #expect(asked, "\(services.commits.submitted) of 64 commits asked for")
+            #expect(asked, "\(relay.commits.submitted) of 64 commits asked for")
             var outcomes: [String: Result<Frame.Result.Status, UploadPolicy.Refusal>] = [:]
             for await (key, result) in group { outcomes[key] = result }
             return outcomes
         }
         try await pool.shutdownGracefully()
-        #expect(services.commits.groupsRun <= 2, "\(services.commits.groupsRun) groups")
+        #expect(relay.commits.groupsRun <= 2, "\(relay.commits.groupsRun) groups")
         #expect(all.count == 64 && all.values.allSatisfy { (try? $0.get()) == .stored })
         for i in 0..<64 {
-            #expect(Self.stored("clip/\(i)", services: services) == [UInt8](repeating: UInt8(i), count: 4096))
+            #expect(Self.stored("clip/\(i)", relay: relay) == [UInt8](repeating: UInt8(i), count: 4096))
         }
     }
 
@@ -196,16 +196,16 @@ struct CommitGroupTests {
     func stoppedPool() async throws {
         let pool = NIOThreadPool(numberOfThreads: 1)
         pool.start()
-        let services = try await Self.services(pool: pool)
-        let request = try await Self.staged("late", [1, 2, 3], services: services)
+        let relay = try await Self.relay(pool: pool)
+        let request = try await Self.staged("late", [1, 2, 3], relay: relay)
         try await pool.shutdownGracefully()
-        let outcome = await services.commits.commit(request, services: services)
+        let outcome = await relay.commits.commit(request)
         guard case .failure(let refusal) = outcome else {
             Issue.record("expected a refusal")
             return
         }
         #expect(refusal.code == .internalError && refusal.keepSession)
-        #expect(Self.stored("late", services: services) == nil)
+        #expect(Self.stored("late", relay: relay) == nil)
     }
 
     @Test(
@@ -213,36 +213,36 @@ struct CommitGroupTests {
         arguments: ["sha1", "token", "fingerprint"]
     )
     func undecidedCommitSettledAtOpen(naming: String) async throws {
-        let services = try await Self.services(pool: .singleton)
+        let relay = try await Self.relay(pool: .singleton)
         let bytes = [UInt8](repeating: 42, count: 70_000)
-        let request = try await Self.staged("clip.mp4", bytes, services: services)
+        let request = try await Self.staged("clip.mp4", bytes, relay: relay)
         let pending = PendingCommit(
             account: "cam-7", key: "clip.mp4", size: Int64(bytes.count), sha1: request.sha1.hex, sessionID: "s-lost"
         )
         // The session the upload had, its staging now gone (made into the object), and the commit begun and placed,
         // as when S3 completed the upload and its answer never came.
-        try await services.catalog.putSession(
+        try await relay.catalog.putSession(
             UploadSession(
                 id: "s-lost", account: "cam-7", key: "clip.mp4", resumeToken: [7], fingerprint: [1], declaredSize: Int64(bytes.count),
                 durableOffset: 65_536, sha1State: SHA1().exportState(), stagingName: request.staging.name
             )
         )
-        try await services.catalog.beginCommit(pending)
-        _ = try await services.store.commit(request.staging, as: request.key, account: "cam-7")
-        let account = try await #require(try services.catalog.account(named: "cam-7"))
+        try await relay.catalog.beginCommit(pending)
+        _ = try await relay.store.commit(request.staging, as: request.key, account: "cam-7")
+        let account = try await #require(try relay.catalog.account(named: "cam-7"))
         let open = Frame.Open(
             streamID: 1, key: "clip.mp4", size: UInt64(bytes.count), sha1: naming == "sha1" ? request.sha1 : nil,
             fingerprint: naming == "token" ? [] : [1],
             resumeToken: naming == "fingerprint" ? [] : [7]
         )
-        let answer = await UploadPolicy(services: services).open(account: account, open: open, key: request.key)
+        let answer = await relay.policy.open(account: account, open: open, key: request.key)
         guard case .stored(let size) = answer else {
             Issue.record("the OPEN after an undecided commit was answered \(answer)")
             return
         }
         #expect(size == UInt64(bytes.count))
-        #expect(try await services.catalog.pendingCommits().isEmpty)
-        #expect(try await services.catalog.object(account: "cam-7", key: "clip.mp4")?.sha1 == request.sha1.hex)
-        #expect(try await services.catalog.session(account: "cam-7", key: "clip.mp4") == nil)
+        #expect(try await relay.catalog.pendingCommits().isEmpty)
+        #expect(try await relay.catalog.object(account: "cam-7", key: "clip.mp4")?.sha1 == request.sha1.hex)
+        #expect(try await relay.catalog.session(account: "cam-7", key: "clip.mp4") == nil)
     }
 }

@@ -185,32 +185,32 @@ struct KeyLockTests {
         #expect(InMemoryCatalog().keyLocks == nil)
     }
 
-    /// A relay's services on `catalog`, with a store of its own in a temporary directory.
-    static func services(_ catalog: any Catalog) throws -> RelayServices {
+    /// A relay's relay on `catalog`, with a store of its own in a temporary directory.
+    static func relay(_ catalog: any Catalog) throws -> Relay {
         let root = TemporaryDirectories.make(prefix: "upload-keylock-")
         let configuration = RelayConfiguration(certificatePath: "-", privateKeyPath: "-", dataDirectory: root)
         let store = try LocalDirectoryStore(root: configuration.storePath, stagingDirectory: configuration.stagingDirectory)
-        return RelayServices(configuration: configuration, catalog: catalog, store: store, threadPool: .singleton, logger: Logger(label: "test"))
+        return Relay(configuration: configuration, catalog: catalog, store: store, threadPool: .singleton, logger: Logger(label: "test"))
     }
 
     @Test("relay B answers KEY_BUSY to an OPEN of a key relay A uploads, and its recovery leaves A's commit alone until A lets the key go")
     func relays() async throws {
         try await Self.withTwoCatalogs { first, second in
             try await first.addAccount(name: "cam-7", tokenHash: Tokens.hash(Array("t".utf8)), quota: nil)
-            let (relayA, relayB) = (try Self.services(first), try Self.services(second))
+            let (relayA, relayB) = (try Self.relay(first), try Self.relay(second))
             let account = try await #require(try first.account(named: "cam-7"))
             let key = try ObjectKey(validating: "DCIM/0001.mov")
             let name = KeyClaims.name(account: "cam-7", key: key.value)
             let open = Frame.Open(streamID: 1, key: key.value, size: 100)
 
             #expect(relayA.claims.claim(name, whenFree: {}) == .claimed)
-            guard case .upload(_, let staging, _, _, _, _) = await UploadPolicy(services: relayA).open(account: account, open: open, key: key) else {
+            guard case .upload(_, let staging, _, _, _, _) = await relayA.policy.open(account: account, open: open, key: key) else {
                 Issue.record("relay A did not take the upload")
                 return
             }
             staging.close()
             #expect(relayB.claims.claim(name, whenFree: {}) == .claimed, "relay B's own claims know nothing of A's")
-            let answer = await UploadPolicy(services: relayB).open(account: account, open: open, key: key)
+            let answer = await relayB.policy.open(account: account, open: open, key: key)
             guard case .refuse(.keyBusy, let message) = answer else {
                 Issue.record("relay B answered \(answer), not KEY_BUSY")
                 return

@@ -17,28 +17,28 @@ struct QuotaAcrossRelaysTests {
     /// One relay's OPENs of one account's keys, as its sessions ask them: the key claimed, then the policy's answer; an
     /// admitted upload keeps its claim (and staging) until ``letGo(_:)`` or ``close()``.
     final class Opener: @unchecked Sendable {
-        let services: RelayServices
+        let relay: Relay
         let account: Account
         private let stagings = NIOLockedValueBox<[String: any StagingFile]>([:])
 
-        init(_ services: RelayServices, _ account: Account) {
-            self.services = services
+        init(_ relay: Relay, _ account: Account) {
+            self.relay = relay
             self.account = account
         }
 
         func open(_ key: String, size: UInt64) async throws -> UploadPolicy.OpenDecision {
             let key = try ObjectKey(validating: key)
             let name = KeyClaims.name(account: self.account.name, key: key.value)
-            guard self.services.claims.claim(name, whenFree: {}) == .claimed else {
+            guard self.relay.claims.claim(name, whenFree: {}) == .claimed else {
                 throw TestSetupError(description: "\(key) is claimed already")
             }
-            let answer = await UploadPolicy(services: self.services).open(
+            let answer = await self.relay.policy.open(
                 account: self.account, open: Frame.Open(streamID: 1, key: key.value, size: size), key: key
             )
             if case .upload(_, let staging, _, _, _, _) = answer {
                 self.stagings.withLockedValue { $0[key.value] = staging }
             } else {
-                self.services.claims.release(name)
+                self.relay.claims.release(name)
             }
             return answer
         }
@@ -46,7 +46,7 @@ struct QuotaAcrossRelaysTests {
         /// The upload of `key` ends without a commit (cancelled, or its agent went): its key is let go.
         func letGo(_ key: String) {
             self.stagings.withLockedValue { $0.removeValue(forKey: key) }?.close()
-            self.services.claims.release(KeyClaims.name(account: self.account.name, key: key))
+            self.relay.claims.release(KeyClaims.name(account: self.account.name, key: key))
         }
 
         func close() {
@@ -55,8 +55,8 @@ struct QuotaAcrossRelaysTests {
 
         /// What is left of the quota for a new key, as this relay sees it.
         func left() async throws -> Int64 {
-            try await self.services.catalog.quotaUse(
-                account: self.account.name, excludingKey: "no/such/key", active: self.services.claims.activeUploads(of: self.account.name)
+            try await self.relay.catalog.quotaUse(
+                account: self.account.name, excludingKey: "no/such/key", active: self.relay.claims.activeUploads(of: self.account.name)
             ).left
         }
     }
@@ -71,9 +71,9 @@ struct QuotaAcrossRelaysTests {
         try await KeyLockTests.withTwoCatalogs { first, second in
             try await first.addAccount(name: "cam-7", tokenHash: Tokens.hash(Array("t".utf8)), quota: quota)
             let account = try await #require(try first.account(named: "cam-7"))
-            let a = Opener(try KeyLockTests.services(first), account)
+            let a = Opener(try KeyLockTests.relay(first), account)
             defer { a.close() }
-            let b = Opener(try KeyLockTests.services(second), account)
+            let b = Opener(try KeyLockTests.relay(second), account)
             defer { b.close() }
             try await body(a, b, first)
         }
@@ -181,7 +181,7 @@ struct QuotaAcrossRelaysTests {
     func oneRelayRace() async throws {
         let sqlite = try SQLiteCatalog(path: TemporaryDirectories.make(prefix: "upload-quota-race-") + "/catalog.sqlite")
         try await sqlite.addAccount(name: "cam-7", tokenHash: Tokens.hash(Array("t".utf8)), quota: Self.raceQuota)
-        let onSQLite = await Opener(try KeyLockTests.services(sqlite), try #require(try sqlite.account(named: "cam-7")))
+        let onSQLite = await Opener(try KeyLockTests.relay(sqlite), try #require(try sqlite.account(named: "cam-7")))
         defer { onSQLite.close() }
         try await Self.race([onSQLite, onSQLite], name: "one relay, SQLite")
         try await Self.withTwoRelays(quota: Self.raceQuota) { a, _, _ in try await Self.race([a, a], name: "one relay, PostgreSQL") }

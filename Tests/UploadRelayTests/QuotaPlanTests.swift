@@ -31,7 +31,7 @@ struct QuotaPlanTests {
     )
     func needs() async throws {
         let backend = try await RelayBackend { $0.syncBytes = 1000 }
-        try await #require(try backend.services.catalog.updateAccount(named: "cam-7", quota: .some(20_000), tokenHash: nil, revoked: nil))
+        try await #require(try backend.relay.catalog.updateAccount(named: "cam-7", quota: .some(20_000), tokenHash: nil, revoked: nil))
         // A stored object of 3000 bytes.
         var first = await Pump(backend: backend)
         await first.connect()
@@ -74,7 +74,7 @@ struct QuotaPlanTests {
 
         // No quota: every selection fits, so the relay does not grant QUOTA_PLAN (a plan would only cost the agent a
         // round trip before its first OPEN), and the agent's machine will not send one.
-        try await #require(try backend.services.catalog.updateAccount(named: "cam-7", quota: .some(nil), tokenHash: nil, revoked: nil))
+        try await #require(try backend.relay.catalog.updateAccount(named: "cam-7", quota: .some(nil), tokenHash: nil, revoked: nil))
         var unlimited = await Pump(backend: backend)
         await unlimited.connect(features: .quotaPlan)
         #expect(!unlimited.agent.machine.features.contains(.quotaPlan))
@@ -86,7 +86,7 @@ struct QuotaPlanTests {
     @Test("a PLAN of the most entries is answered in one ROOM that fits the smallest frame a side may announce")
     func largestPlan() async throws {
         let backend = try await RelayBackend()
-        try await #require(try backend.services.catalog.updateAccount(named: "cam-7", quota: .some(1 << 40), tokenHash: nil, revoked: nil))
+        try await #require(try backend.relay.catalog.updateAccount(named: "cam-7", quota: .some(1 << 40), tokenHash: nil, revoked: nil))
         let entries = (0..<ProtocolLimits.maxPlanEntries).map { Frame.Plan.Entry(key: "photos/\($0).jpg", size: UInt64($0)) }
         let room = try await Self.ask(backend, Frame.Plan(request: 7, overwrite: false, entries: entries))
         #expect(room.needs == entries.map(\.size))
@@ -96,10 +96,10 @@ struct QuotaPlanTests {
     @Test("a revoked account's PLAN closes the connection with UNAUTHENTICATED")
     func revoked() async throws {
         let backend = try await RelayBackend()
-        try await #require(try backend.services.catalog.updateAccount(named: "cam-7", quota: .some(1 << 40), tokenHash: nil, revoked: nil))
+        try await #require(try backend.relay.catalog.updateAccount(named: "cam-7", quota: .some(1 << 40), tokenHash: nil, revoked: nil))
         var pump = await Pump(backend: backend)
         await pump.connect(features: .quotaPlan)
-        try await #require(try backend.services.catalog.revokeAccount(named: "cam-7"))
+        try await #require(try backend.relay.catalog.revokeAccount(named: "cam-7"))
         let frame = pump.agent.machine.sendPlan(Frame.Plan(request: 1, overwrite: false, entries: []))
         pump.agentSends([try #require(frame)])
         await pump.run()

@@ -17,9 +17,10 @@ struct RelayConnectionHandlerTests {
     /// A handler on a testing channel, connected, TLS done with `alpn`.
     static func connectedChannel(_ backend: RelayBackend, alpn: String? = ProtocolLimits.alpn) async throws -> NIOAsyncTestingChannel {
         let channel = NIOAsyncTestingChannel()
-        let services = backend.services
+        let dependencies = backend.relay.connectionDependencies
         try await channel.testingEventLoop.executeInContext {
-            let handler = RelayConnectionHandler(services: services, logger: Logger(label: "handler-test"), eventLoop: channel.testingEventLoop)
+            let handler = RelayConnectionHandler(
+                dependencies: dependencies, logger: Logger(label: "handler-test"), eventLoop: channel.testingEventLoop)
             try channel.pipeline.syncOperations.addHandler(handler)
         }
         try await channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1))

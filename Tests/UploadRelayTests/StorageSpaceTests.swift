@@ -17,14 +17,14 @@ struct StorageSpaceTests {
     static let megabyte: Int64 = 1_000_000
 
     /// A relay whose disk has `free` bytes (as the test sets them) and keeps `reserve` of them.
-    static func services(free: NIOLockedValueBox<Int64>, reserve: Int64) async throws -> RelayServices {
+    static func relay(free: NIOLockedValueBox<Int64>, reserve: Int64) async throws -> Relay {
         let root = TemporaryDirectories.make(prefix: "upload-space-")
         var configuration = RelayConfiguration(certificatePath: "-", privateKeyPath: "-", dataDirectory: root)
         configuration.minFreeBytes = reserve
         let catalog = try SQLiteCatalog(path: configuration.catalogPath)
         try await catalog.addAccount(name: "cam-7", tokenHash: Tokens.hash(Array("t".utf8)), quota: nil)
         let store = try LocalDirectoryStore(root: configuration.storePath, stagingDirectory: configuration.stagingDirectory)
-        return RelayServices(
+        return Relay(
             configuration: configuration, catalog: catalog, store: store, threadPool: .singleton, logger: Logger(label: "test"),
             measureSpace: { _ in StorageSpace.Look(free: free.withLockedValue { $0 }, size: 1 << 40) }
         )
@@ -36,18 +36,18 @@ struct StorageSpaceTests {
     }
 
     /// The answer to an OPEN of `key`, and for an upload its staging and the session its disk space is promised under.
-    static func open(_ key: String, size: Int64, _ services: RelayServices) async throws -> (Answer, (any StagingFile)?, String?) {
-        let account = try await #require(try services.catalog.account(named: "cam-7"))
+    static func open(_ key: String, size: Int64, _ relay: Relay) async throws -> (Answer, (any StagingFile)?, String?) {
+        let account = try await #require(try relay.catalog.account(named: "cam-7"))
         let open = Frame.Open(streamID: 1, key: key, size: UInt64(size))
-        switch await UploadPolicy(services: services).open(account: account, open: open, key: try ObjectKey(validating: key)) {
+        switch await relay.policy.open(account: account, open: open, key: try ObjectKey(validating: key)) {
         case .upload(let session, let staging, _, _, _, _): return (.upload, staging, session.id)
         case .refuse(let code, let message): return (.refused(code, message), nil, nil)
         case .stored, .confirm, .stripe: return (.refused(.internalError, "unexpected answer"), nil, nil)
         }
     }
 
-    static func staged(_ services: RelayServices) -> [String] {
-        let directory = services.configuration.stagingDirectory
+    static func staged(_ relay: Relay) -> [String] {
+        let directory = relay.configuration.stagingDirectory
         return ((try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? []).filter { !$0.hasPrefix(".") }
     }
 
@@ -78,44 +78,44 @@ struct StorageSpaceTests {
     )
     func refusedAtOpen() async throws {
         let free = NIOLockedValueBox<Int64>(50 * Self.megabyte)
-        let services = try await Self.services(free: free, reserve: Self.megabyte)
+        let relay = try await Self.relay(free: free, reserve: Self.megabyte)
 
-        let (big, _, _) = try await Self.open("videos/big.mp4", size: 100 * Self.megabyte, services)
+        let (big, _, _) = try await Self.open("videos/big.mp4", size: 100 * Self.megabyte, relay)
         guard case .refused(.storageError, let message) = big else {
             Issue.record("a 100 MB upload on a disk with 50 MB free was answered \(big)")
             return
         }
         #expect(message.contains("storage is full") && message.contains("retry later"), "\(message)")
-        #expect(!message.contains(services.configuration.dataDirectory), "the message names the relay's directory: \(message)")
-        #expect(Self.staged(services).isEmpty, "a refused upload staged \(Self.staged(services))")
-        #expect(try await services.catalog.session(account: "cam-7", key: "videos/big.mp4") == nil)
-        #expect(services.space.isFull == false, "49 MB above the reserve is not full")
+        #expect(!message.contains(relay.configuration.dataDirectory), "the message names the relay's directory: \(message)")
+        #expect(Self.staged(relay).isEmpty, "a refused upload staged \(Self.staged(relay))")
+        #expect(try await relay.catalog.session(account: "cam-7", key: "videos/big.mp4") == nil)
+        #expect(relay.space.isFull == false, "49 MB above the reserve is not full")
 
         // 30 MB fits; a second 30 MB does not while the first may still write its 30.
-        let (first, staging, a) = try await Self.open("a.bin", size: 30 * Self.megabyte, services)
+        let (first, staging, a) = try await Self.open("a.bin", size: 30 * Self.megabyte, relay)
         #expect(first == .upload)
         let upload = try #require(a)
-        let (second, _, _) = try await Self.open("b.bin", size: 30 * Self.megabyte, services)
+        let (second, _, _) = try await Self.open("b.bin", size: 30 * Self.megabyte, relay)
         guard case .refused(.storageError, _) = second else {
             Issue.record("two uploads of 30 MB were both admitted on 49 MB: \(second)")
             return
         }
         // The first writes 20 MB (the disk has 20 MB less free): its promise shrinks with them, so 30 MB still does not fit.
-        services.space.wrote(20 * Self.megabyte, upload: upload)
+        relay.space.wrote(20 * Self.megabyte, upload: upload)
         free.withLockedValue { $0 -= 20 * Self.megabyte }
-        await #expect(try Self.open("b.bin", size: 30 * Self.megabyte, services).0 != .upload)
-        let (fits, _, b) = try await Self.open("b.bin", size: 15 * Self.megabyte, services)
+        await #expect(try Self.open("b.bin", size: 30 * Self.megabyte, relay).0 != .upload)
+        let (fits, _, b) = try await Self.open("b.bin", size: 15 * Self.megabyte, relay)
         #expect(fits == .upload)
-        services.space.release(upload: try #require(b))
+        relay.space.release(upload: try #require(b))
         // The first ends (its last 10 MB never written): 30 MB of room above the reserve's 1 MB minus nothing promised.
         staging?.close()
-        services.space.release(upload: upload)
-        #expect(services.space.promised == 0)
-        await #expect(try Self.open("b.bin", size: 28 * Self.megabyte, services).0 == .upload)
+        relay.space.release(upload: upload)
+        #expect(relay.space.promised == 0)
+        await #expect(try Self.open("b.bin", size: 28 * Self.megabyte, relay).0 == .upload)
 
         // A disk below its reserve is full: even an upload of unknown size is refused, and the status endpoint says so.
         free.withLockedValue { $0 = Self.megabyte / 2 }
-        #expect(services.space.isFull)
+        #expect(relay.space.isFull)
     }
 
     @Test("storage failures reach agents as what they can act on: no path, staging name or bucket")

@@ -110,7 +110,7 @@ struct StripeTests {
         await parts.run()
         #expect(Self.stored(parts.agent.outcomes[one]))
         // The session holds stripe 0's durable bytes and the complete stripe against the quota.
-        let use = try await backend.services.catalog.quotaUse(account: "cam-7", excludingKey: "other", active: [:])
+        let use = try await backend.relay.catalog.quotaUse(account: "cam-7", excludingKey: "other", active: [:])
         #expect(use.staged == Int64(bytes.count))
 
         let resumed = main.upload(MemoryAgent.Job(key: "v.mov", data: bytes, resumeToken: token, striped: true))
@@ -199,12 +199,12 @@ struct StripeTests {
         var parts = await Self.connection(backend)
         parts.upload(MemoryAgent.Job(key: "e", data: bytes, resumeToken: token, part: 1, holdHash: true))
         await parts.run()
-        let services = backend.services
-        let keys = RelayRuntime.KeyGuard.claiming(services.claims)
-        try await RelayRuntime.cleanUp(catalog: services.catalog, store: services.store, expiry: .zero, logger: services.logger, keys: keys)
+        let wired = backend.relay
+        let keys = RelayRuntime.KeyGuard.claiming(wired.claims)
+        try await RelayRuntime.cleanUp(catalog: wired.catalog, store: wired.store, expiry: .zero, logger: wired.logger, keys: keys)
         await #expect(backend.durableOffset("e") != nil, "a session with a stripe being written expired")
         await parts.relay.connectionClosed()
-        try await RelayRuntime.cleanUp(catalog: services.catalog, store: services.store, expiry: .zero, logger: services.logger, keys: keys)
+        try await RelayRuntime.cleanUp(catalog: wired.catalog, store: wired.store, expiry: .zero, logger: wired.logger, keys: keys)
         await #expect(backend.durableOffset("e") == nil)
         #expect(!backend.holdsResources)
     }

@@ -14,7 +14,7 @@ import UploadRelaySQLite
 /// budgets, in a temporary directory removed at exit. Nothing here is a stand-in: only sockets and threads are missing.
 public final class RelayBackend: Sendable {
     public let directory: String
-    public let services: RelayServices
+    public let relay: Relay
 
     /// A relay whose accounts are `tokens` (token → account name), with its configuration adjusted by `configure`.
     public init(tokens: [String: String] = ["good-token": "cam-7"], configure: (inout RelayConfiguration) -> Void = { _ in }) async throws {
@@ -27,31 +27,31 @@ public final class RelayBackend: Sendable {
             try await catalog.addAccount(name: account, tokenHash: Tokens.hash(Array(token.utf8)), quota: nil)
         }
         let store = try LocalDirectoryStore(root: configuration.storePath, stagingDirectory: configuration.stagingDirectory, directBuffer: 0)
-        self.services = RelayServices(
+        self.relay = Relay(
             configuration: configuration, catalog: catalog, store: store, threadPool: .singleton, logger: Logger(label: "relay-driver")
         )
     }
 
     /// The committed object of `key`, read from the store; nil when there is none.
     public func object(_ key: String, account: String = "cam-7") async -> [UInt8]? {
-        guard (try? await self.services.catalog.object(account: account, key: key)) != nil else { return nil }
-        return FileManager.default.contents(atPath: "\(self.services.configuration.storePath)/\(account)/\(key)").map { Array($0) }
+        guard (try? await self.relay.catalog.object(account: account, key: key)) != nil else { return nil }
+        return FileManager.default.contents(atPath: "\(self.relay.configuration.storePath)/\(account)/\(key)").map { Array($0) }
     }
 
     /// The keys of every committed object of `account`, sorted.
     public func objectKeys(account: String = "cam-7") async -> [String] {
-        ((try? await self.services.catalog.objects()) ?? []).filter { $0.account == account }.map(\.key).sorted()
+        ((try? await self.relay.catalog.objects()) ?? []).filter { $0.account == account }.map(\.key).sorted()
     }
 
     /// The durable offset of the unfinished upload of `key`; nil when there is none.
     public func durableOffset(_ key: String, account: String = "cam-7") async -> Int64? {
-        (try? await self.services.catalog.session(account: account, key: key))??.durableOffset
+        (try? await self.relay.catalog.session(account: account, key: key))??.durableOffset
     }
 
     /// Whether any key is claimed, any upload slot taken or any memory held: after every connection closed and its
     /// storage let go, none may be.
     public var holdsResources: Bool {
-        self.services.uploadSlots.inUse != 0 || self.services.memory.inUse != 0 || self.services.claims.count != 0
+        self.relay.uploadSlots.inUse != 0 || self.relay.memory.inUse != 0 || self.relay.claims.count != 0
     }
 }
 
@@ -84,7 +84,7 @@ public struct RelayDriver {
         self.backend = backend
         self.woken = woken
         self.now = now
-        self.session = RelaySession(resources: RelaySessionResources(services: backend.services), now: now) { open, key in
+        self.session = RelaySession(resources: backend.relay.connectionDependencies.resources, now: now) { open, key in
             woken.append(open, key)
         }
     }
@@ -178,14 +178,15 @@ public struct RelayDriver {
             case .authenticate(let hello):
                 let result: Result<Account?, any Error>
                 do {
-                    result = .success(try await self.backend.services.catalog.account(tokenHash: Tokens.hash(hello.credential)))
+                    result = .success(try await self.backend.relay.catalog.account(tokenHash: Tokens.hash(hello.credential)))
                 } catch {
                     result = .failure(error)
                 }
                 await self.run(self.session.authenticated(result), into: &out)
             case .lookUp(let open, let key, let account):
                 let (decision, storage) = await RelayWork.lookUp(
-                    open, key, account, services: self.backend.services, logger: self.backend.services.logger)
+                    open, key, account, policy: self.backend.relay.policy, storage: self.backend.relay.connectionDependencies.storage,
+                    logger: self.backend.relay.logger)
                 self.storages[open.streamID] = storage
                 await self.run(self.session.uploadLookedUp(open.streamID, decision, key: key), into: &out)
             case .storage(let id, let step):
@@ -193,10 +194,10 @@ public struct RelayDriver {
             case .dropStorage(let id):
                 self.storages[id] = nil
             case .plan(let plan, let account):
-                let answer = await UploadPolicy(services: self.backend.services).plan(account: account, plan: plan)
+                let answer = await self.backend.relay.policy.plan(account: account, plan: plan)
                 await self.run(self.session.planAnswered(answer), into: &out)
             case .discardSession(let open, let key, let account):
-                UploadPolicy(services: self.backend.services).discardSession(named: open, key: key, account: account.name)
+                self.backend.relay.policy.discardSession(named: open, key: key, account: account.name)
             case .log(_, let message, let metadata):
                 self.logs.append(metadata.isEmpty ? message : "\(message) \(metadata)")
             }

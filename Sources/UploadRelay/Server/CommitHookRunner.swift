@@ -14,7 +14,9 @@ import UploadProtocol
 /// hung hook holds no upload up. At least once: an event goes from the outbox only once every hook took it; a relay that
 /// dies mid-delivery leaves it for the next look, its own or another relay's, once its lease ran out.
 final class CommitHookRunner: Sendable {
-    private let services: RelayServices
+    private let catalog: any HookOutbox
+    private let metrics: RelayMetrics
+    private let logger: Logger
     private let hooks: CommitHooks
     private let wake = Wakeup()
     private let stopping = NIOLockedValueBox(false)
@@ -22,8 +24,10 @@ final class CommitHookRunner: Sendable {
     /// pool, however long it runs.
     private let processes: NIOThreadPool
 
-    init(services: RelayServices, hooks: CommitHooks) {
-        self.services = services
+    init(catalog: any HookOutbox, metrics: RelayMetrics, logger: Logger, hooks: CommitHooks) {
+        self.catalog = catalog
+        self.metrics = metrics
+        self.logger = logger
         self.hooks = hooks
         self.processes = NIOThreadPool(numberOfThreads: max(1, hooks.concurrency))
     }
@@ -48,13 +52,13 @@ final class CommitHookRunner: Sendable {
     }
 
     private func loop() async {
-        let logger = self.services.logger
+        let logger = self.logger
         // Held long enough for a delivery to end, however slow: then another look may take it again.
         let lease = self.hooks.timeout * 2 + .seconds(10)
         while !self.stopping.withLockedValue({ $0 }) && !Task.isCancelled {
             let events: [CommitEvent]
             do {
-                events = try await self.services.catalog.claimCommitEvents(limit: max(1, self.hooks.concurrency), lease: lease)
+                events = try await self.catalog.claimCommitEvents(limit: max(1, self.hooks.concurrency), lease: lease)
             } catch {
                 logger.warning("could not read the commit events", metadata: ["error": "\(error)"])
                 events = []
@@ -72,7 +76,7 @@ final class CommitHookRunner: Sendable {
     }
 
     private func deliver(_ event: CommitEvent) async {
-        let logger = self.services.logger
+        let logger = self.logger
         var metadata: Logger.Metadata = ["upload.key": "\(event.key)", "account": "\(event.account)", "attempt": "\(event.attempts)"]
         var failure: String? = nil
         if let command = self.hooks.command {
@@ -85,16 +89,16 @@ final class CommitHookRunner: Sendable {
                 failure = "--on-commit-url \(HookEndpoint.redact(text)) is not an http(s) URL"
             }
         }
-        self.services.metrics.hookRan(failed: failure != nil)
+        self.metrics.hookRan(failed: failure != nil)
         do {
             guard let failure else {
-                try await self.services.catalog.finishCommitEvent(id: event.id)
+                try await self.catalog.finishCommitEvent(id: event.id)
                 logger.info("post-commit hooks took the event", metadata: metadata)
                 return
             }
             let doubled = self.hooks.retryDelay * (1 << min(20, max(0, event.attempts - 1)))
             let delay = min(doubled, self.hooks.maxRetryDelay)
-            try await self.services.catalog.retryCommitEvent(id: event.id, at: Date().addingTimeInterval(delay.inSeconds), error: failure)
+            try await self.catalog.retryCommitEvent(id: event.id, at: Date().addingTimeInterval(delay.inSeconds), error: failure)
             metadata["error"] = "\(failure)"
             metadata["retry.in"] = "\(delay)"
             logger.warning("post-commit hook failed; the event is kept and tried again", metadata: metadata)
@@ -137,7 +141,7 @@ final class CommitHookRunner: Sendable {
             return "could not start the --on-commit command: the relay is stopping"
         }
         if !ended.output.isEmpty {
-            self.services.logger.info(
+            self.logger.info(
                 "post-commit hook wrote",
                 metadata: ["upload.key": "\(Printable.escaped(event.key))", "hook.output": "\(ended.printableOutput)"])
         }

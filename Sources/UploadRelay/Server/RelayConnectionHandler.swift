@@ -5,6 +5,17 @@ import UploadProtocol
 import CoreMetrics
 import NIOConcurrencyHelpers
 
+/// What every connection of one relay is given (``Relay/connectionDependencies``).
+package struct RelayConnectionDependencies: Sendable {
+    package var resources: RelaySessionResources
+    package var policy: UploadPolicy
+    package var storage: UploadStorage.Context
+    var executor: RelayExecutor
+    var metrics: RelayMetrics
+    /// Counts the live handlers (``RelayHealth/liveHandlers``).
+    var health: RelayHealth
+}
+
 /// One agent connection on the relay: turns channel events into ``RelaySession`` inputs and runs the actions the
 /// session returns (write, close, timers, catalog and storage work). It decides nothing itself.
 final class RelayConnectionHandler: ChannelInboundHandler {
@@ -12,7 +23,7 @@ final class RelayConnectionHandler: ChannelInboundHandler {
     typealias OutboundOut = ByteBuffer
 
     private var session: RelaySession
-    private let services: RelayServices
+    private let dependencies: RelayConnectionDependencies
     private let work: RelayWork
     private var logger: Logger
     private var context: ChannelHandlerContext? = nil
@@ -23,23 +34,26 @@ final class RelayConnectionHandler: ChannelInboundHandler {
     /// Asks the listener for an authenticated connection's place, once the token is accepted; false: none is free.
     private let takePlace: (any Channel) -> Bool
 
-    init(services: RelayServices, logger: Logger, eventLoop: any EventLoop, takePlace: @escaping (any Channel) -> Bool = { _ in true }) {
-        self.services = services
+    init(
+        dependencies: RelayConnectionDependencies, logger: Logger, eventLoop: any EventLoop,
+        takePlace: @escaping (any Channel) -> Bool = { _ in true }
+    ) {
+        self.dependencies = dependencies
         self.takePlace = takePlace
-        self.work = RelayWork(services: services, eventLoop: eventLoop)
+        self.work = RelayWork(dependencies: dependencies, eventLoop: eventLoop)
         self.logger = logger
         // An OPEN that waited for its key runs again on this connection's loop once the key is free. The session holds
         // the handler weakly: the handler owns the session.
         let handler = NIOLoopBound(WeakBox<RelayConnectionHandler>(), eventLoop: eventLoop)
-        self.session = RelaySession(resources: RelaySessionResources(services: services), now: .now()) { open, key in
+        self.session = RelaySession(resources: dependencies.resources, now: .now()) { open, key in
             eventLoop.execute { handler.value.value?.act(on: { $0.openUpload(open, key) }) }
         }
         handler.value.value = self
-        services.liveHandlers.withLockedValue { $0 += 1 }
+        dependencies.health.liveHandlers.withLockedValue { $0 += 1 }
     }
 
     deinit {
-        self.services.liveHandlers.withLockedValue { $0 -= 1 }
+        self.dependencies.health.liveHandlers.withLockedValue { $0 -= 1 }
     }
 
     /// Feeds one input to the session and runs what it decides.
@@ -65,7 +79,7 @@ final class RelayConnectionHandler: ChannelInboundHandler {
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         let bytes = self.unwrapInboundIn(data)
-        self.services.metrics.receivedBytes.increment(by: Int64(bytes.readableBytes))
+        self.dependencies.metrics.receivedBytes.increment(by: Int64(bytes.readableBytes))
         self.session.received(bytes)
         self.processFrames()
     }
@@ -128,7 +142,7 @@ final class RelayConnectionHandler: ChannelInboundHandler {
                 guard let context = self.context else { continue }
                 var buffer = context.channel.allocator.buffer(capacity: 64)
                 FrameEncoder.encode(frame, into: &buffer)
-                self.services.metrics.wrote(frame, account: self.session.account?.name)
+                self.dependencies.metrics.wrote(frame, account: self.session.account?.name)
                 context.write(self.wrapOutboundOut(buffer), promise: nil)
                 self.needsFlush = true
             case .close:
@@ -168,7 +182,7 @@ final class RelayConnectionHandler: ChannelInboundHandler {
             case .dropStorage(let id):
                 self.executors[id] = nil
             case .discardSession(let open, let key, let account):
-                UploadPolicy(services: self.services).discardSession(named: open, key: key, account: account.name)
+                self.dependencies.policy.discardSession(named: open, key: key, account: account.name)
             case .log(let level, let message, let metadata):
                 self.logger.log(level: level, "\(message)", metadata: metadata)
             }

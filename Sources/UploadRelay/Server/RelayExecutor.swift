@@ -72,11 +72,11 @@ extension NIOThreadPool {
     }
 }
 
-extension RelayServices {
-    /// Runs `body` as a task of the relay's (``RelayExecutor``); its outcome is delivered on `eventLoop`.
+extension RelayExecutor {
+    /// Runs `body` as a task of the relay's; its outcome is delivered on `eventLoop`.
     package func task<T: Sendable>(on eventLoop: any EventLoop, _ body: @escaping @Sendable () async throws -> T) -> EventLoopFuture<T> {
         let promise = eventLoop.makePromise(of: T.self)
-        Task(executorPreference: self.executor) {
+        Task(executorPreference: self) {
             do {
                 promise.succeed(try await body())
             } catch {
@@ -86,8 +86,8 @@ extension RelayServices {
         return promise.futureResult
     }
 
-    /// Runs `body` as a task of the relay's (``RelayExecutor``).
+    /// Runs `body` as a task of the relay's.
     package func task(_ body: @escaping @Sendable () async -> Void) {
-        Task(executorPreference: self.executor) { await body() }
+        Task(executorPreference: self) { await body() }
     }
 }

@@ -22,7 +22,36 @@ public struct RelayReadiness: Sendable, Hashable {
     }
 }
 
-extension RelayServices {
+/// `/readyz` and the levels `/metrics` samples: what the relay's parts say of its health, asked of the catalog within
+/// ``CatalogProbe/timeout``.
+public final class RelayHealth: Sendable {
+    private let catalog: any Catalog
+    private let metrics: RelayMetrics
+    private let space: StorageSpace
+    private let memory: ResourceBudget
+    private let uploadSlots: UploadSlots
+    private let executor: RelayExecutor
+    private let logger: Logger
+    /// The catalog reads of `/readyz` and `/metrics`, bounded in time and threads.
+    private let catalogProbe = CatalogProbe()
+    /// Connection handlers alive now: one per connection, freed once its channel closed and its storage let go.
+    let liveHandlers = NIOLockedValueBox(0)
+    /// The relay is shutting down: `/readyz` says so, for the balancer to send new agents elsewhere.
+    let draining = NIOLockedValueBox(false)
+
+    init(
+        catalog: any Catalog, metrics: RelayMetrics, space: StorageSpace, memory: ResourceBudget, uploadSlots: UploadSlots,
+        executor: RelayExecutor, logger: Logger
+    ) {
+        self.catalog = catalog
+        self.metrics = metrics
+        self.space = space
+        self.memory = memory
+        self.uploadSlots = uploadSlots
+        self.executor = executor
+        self.logger = logger
+    }
+
     /// `/readyz`: the catalog answers a query (within ``CatalogProbe/timeout``), the staging directory is writable,
     /// free space is above the reserve and what open uploads will still write, and the relay is not shutting down.
     public func readiness(on eventLoop: any EventLoop) -> EventLoopFuture<RelayReadiness> {

@@ -13,7 +13,7 @@ import CoreMetrics
 /// A `Service`: run it in a `ServiceGroup`; on graceful shutdown (SIGTERM) every connection gets
 /// GOAWAY, in-flight uploads reach a durable point and are acknowledged, then the relay exits.
 public final class RelayServer: Service, Sendable {
-    public let services: RelayServices
+    public let relay: Relay
     private let group: any EventLoopGroup
     /// The TLS context new connections get; ``reloadCertificate()`` replaces it (connections keep theirs).
     private let tls: NIOLockedValueBox<NIOSSLContext>
@@ -25,11 +25,11 @@ public final class RelayServer: Service, Sendable {
     /// The ALPN protocol name (SPEC §2.1).
     public static let alpn = ProtocolLimits.alpn
 
-    public init(services: RelayServices, group: any EventLoopGroup) throws {
-        self.services = services
+    public init(relay: Relay, group: any EventLoopGroup) throws {
+        self.relay = relay
         self.group = group
-        self.tls = NIOLockedValueBox(try Self.makeTLSContext(services.configuration))
-        self.lifecycle = ListenerLifecycle(maxConnections: services.configuration.maxConnections, strangers: services.configuration.strangers)
+        self.tls = NIOLockedValueBox(try Self.makeTLSContext(relay.configuration))
+        self.lifecycle = ListenerLifecycle(maxConnections: relay.configuration.maxConnections, strangers: relay.configuration.strangers)
     }
 
     private static func makeTLSContext(_ configuration: RelayConfiguration) throws -> NIOSSLContext {
@@ -42,7 +42,7 @@ public final class RelayServer: Service, Sendable {
     /// present the new certificate, those open keep theirs and go on. When the files cannot be read or do not match,
     /// the error is thrown and the old certificate stays.
     public func reloadCertificate() throws {
-        let context = try Self.makeTLSContext(self.services.configuration)
+        let context = try Self.makeTLSContext(self.relay.configuration)
         self.tls.withLockedValue { $0 = context }
     }
 
@@ -99,14 +99,15 @@ public final class RelayServer: Service, Sendable {
 
     /// The listener, bound now unless it was already.
     private func listen() async throws -> (listener: any Channel, address: SocketAddress) {
-        let configuration = self.services.configuration
+        let configuration = self.relay.configuration
         let tls = self.tls
-        let services = self.services
-        let logger = self.services.logger
+        let relay = self.relay
+        let logger = self.relay.logger
         let lifecycle = self.lifecycle
         let refusals = BoundedLog(logger: logger)
+        let dependencies = relay.connectionDependencies
         @Sendable func refused(_ refusal: ListenerLifecycle.Refusal) {
-            services.metrics.refused(refusal, listener: "upload")
+            relay.metrics.refused(refusal, listener: "upload")
             refusals.warning(refusal.description, metadata: ["listener": "upload"])
         }
         return try await lifecycle.listen {
@@ -120,13 +121,13 @@ public final class RelayServer: Service, Sendable {
                         refused(refusal)
                         return channel.close()
                     }
-                    services.metrics.connectionsAccepted.increment()
+                    relay.metrics.connectionsAccepted.increment()
                     return channel.eventLoop.makeCompletedFuture {
                         let sync = channel.pipeline.syncOperations
                         try sync.addHandler(ReadCycleSplitter())
                         try sync.addHandler(NIOSSLServerHandler(context: tls.withLockedValue { $0 }))
                         try sync.addHandler(
-                            RelayConnectionHandler(services: services, logger: logger, eventLoop: channel.eventLoop) { channel in
+                            RelayConnectionHandler(dependencies: dependencies, logger: logger, eventLoop: channel.eventLoop) { channel in
                                 guard lifecycle.authenticated(channel) else {
                                     refused(.placesFull)
                                     return false
@@ -144,19 +145,21 @@ public final class RelayServer: Service, Sendable {
     }
 
     public func run() async throws {
-        let services = self.services
-        let logger = self.services.logger
+        let relay = self.relay
+        let logger = self.relay.logger
         let channel = try await self.listen().listener
-        services.claims.whenLocksLost { [weak self] in
+        relay.claims.whenLocksLost { [weak self] in
             for connection in self?.connections ?? [] {
                 connection.pipeline.fireUserInboundEventTriggered(RelayKeyLocksLostEvent())
             }
         }
-        let hooks = services.configuration.hooks.map { CommitHookRunner(services: services, hooks: $0) }
+        let hooks = relay.configuration.hooks.map {
+            CommitHookRunner(catalog: relay.catalog, metrics: relay.metrics, logger: relay.logger, hooks: $0)
+        }
         try await withThrowingTaskGroup(of: Void.self) { group in
             if let hooks {
-                services.commitEventsQueued.withLockedValue { $0 = { hooks.nudge() } }
-                group.addTask(executorPreference: services.executor) { await hooks.run() }
+                relay.commitEvents.listen { hooks.nudge() }
+                group.addTask(executorPreference: relay.executor) { await hooks.run() }
             }
             let maintenance = self.startMaintenance()
             var failure: (any Error)? = nil
@@ -174,9 +177,9 @@ public final class RelayServer: Service, Sendable {
             maintenance.task.cancel(promise: stopped)
             try? await stopped.futureResult.get()
             // Every connection is closed: an admin's wait need not count this relay any more.
-            try? await services.catalog.forgetLook(relay: maintenance.relayID)
+            try? await relay.catalog.forgetLook(relay: maintenance.relayID)
             if let hooks {
-                services.commitEventsQueued.withLockedValue { $0 = nil }
+                relay.commitEvents.listen(nil)
                 // The deliveries under way end within the hook timeout.
                 hooks.stop()
             }
@@ -191,50 +194,50 @@ public final class RelayServer: Service, Sendable {
     /// replaced, or an account deleted, must not keep acting on a connection it opened before), and sessions past
     /// their expiry go (they would hold quota and staging space for good), except those whose key an upload holds now.
     private func startMaintenance() -> (task: RepeatedTask, loop: any EventLoop, relayID: String) {
-        let services = self.services
-        let interval = TimeAmount(services.configuration.maintenanceInterval)
+        let relay = self.relay
+        let interval = TimeAmount(relay.configuration.maintenanceInterval)
         let loop = self.group.next()
         // The accounts at the last look; nil before the first. Only changes are logged, but every look goes to every
         // connection: a connection compares its own principal, so no change between two looks can be missed (an
         // account deleted at one look and made again before the next is still another principal).
         let known = NIOLockedValueBox<[String: Account]?>(nil)
         let lastExpiry = NIOLockedValueBox(NIODeadline.now())
-        let expiryEvery = min(TimeAmount.nanoseconds(TimeAmount(services.configuration.sessionExpiry).nanoseconds / 4), .minutes(10))
+        let expiryEvery = min(TimeAmount.nanoseconds(TimeAmount(relay.configuration.sessionExpiry).nanoseconds / 4), .minutes(10))
         // This process's name in the catalog's record of looks (``Catalog/recordLook(relay:readAt:)``).
         let relayID = "\(ProcessInfo.processInfo.hostName)/\(getpid())/\(UInt32.random(in: 0...UInt32.max))"
         // A relay that has just started holds no connection of a principal gone before now: recorded at once, so that an
         // admin's wait counts it from its first moment.
-        services.task(on: loop) {
-            try await services.catalog.recordLook(relay: relayID, readAt: try await services.catalog.clock())
+        relay.executor.task(on: loop) {
+            try await relay.catalog.recordLook(relay: relayID, readAt: try await relay.catalog.clock())
         }.whenFailure { error in
-            services.logger.warning("could not record the relay's start in the catalog", metadata: ["error": "\(error)"])
+            relay.logger.warning("could not record the relay's start in the catalog", metadata: ["error": "\(error)"])
         }
         let task = loop.scheduleRepeatedAsyncTask(initialDelay: interval, delay: interval) { _ in
-            services.task(on: loop) { () -> (accounts: [String: Account], readAt: Date) in
+            relay.executor.task(on: loop) { () -> (accounts: [String: Account], readAt: Date) in
                 let due = lastExpiry.withLockedValue { last in
                     guard NIODeadline.now() - last >= expiryEvery else { return false }
                     last = .now()
                     return true
                 }
-                let keys = RelayRuntime.KeyGuard.claiming(services.claims)
+                let keys = RelayRuntime.KeyGuard.claiming(relay.claims)
                 // Housekeeping that fails is said, and the look at the accounts goes on all the same.
                 do {
                     // Commits a failure left pending are settled under their key (they held quota until a restart).
                     try await RelayRuntime.recover(
-                        catalog: services.catalog, store: services.store, logger: services.logger, keys: keys, objects: false)
+                        catalog: relay.catalog, store: relay.store, logger: relay.logger, keys: keys, objects: false)
                     if due {
-                        let expiry = services.configuration.sessionExpiry
+                        let expiry = relay.configuration.sessionExpiry
                         try await RelayRuntime.cleanUp(
-                            catalog: services.catalog, store: services.store, expiry: expiry, logger: services.logger, keys: keys,
+                            catalog: relay.catalog, store: relay.store, expiry: expiry, logger: relay.logger, keys: keys,
                             orphansBefore: Date().addingTimeInterval(-Double(expiry.components.seconds))
                         )
                     }
                 } catch {
-                    services.logger.warning("relay housekeeping failed", metadata: ["error": "\(error)"])
+                    relay.logger.warning("relay housekeeping failed", metadata: ["error": "\(error)"])
                 }
                 // Read last, so that a connection authenticated while housekeeping ran is judged by a look no older.
-                let readAt = try await services.catalog.clock()
-                let accounts = try await services.catalog.accounts()
+                let readAt = try await relay.catalog.clock()
+                let accounts = try await relay.catalog.accounts()
                 return (Dictionary(accounts.map { ($0.name, $0) }, uniquingKeysWith: { first, _ in first }), readAt)
             }.flatMap { (accounts, readAt) in
                 let before = known.withLockedValue { known in
@@ -251,7 +254,7 @@ public final class RelayServer: Service, Sendable {
                             default: nil
                             }
                         if let change {
-                            services.logger.notice("\(change): closing the connections made with its token", metadata: ["account": "\(name)"])
+                            relay.logger.notice("\(change): closing the connections made with its token", metadata: ["account": "\(name)"])
                         }
                     }
                 }
@@ -262,10 +265,10 @@ public final class RelayServer: Service, Sendable {
                 // Once every connection has taken it in: `token delete` and `revoke` wait for this record
                 // (RelayAdmin.waitForLooks).
                 return EventLoopFuture.andAllComplete(told, on: loop).flatMap {
-                    services.task(on: loop) { try await services.catalog.recordLook(relay: relayID, readAt: readAt) }
+                    relay.executor.task(on: loop) { try await relay.catalog.recordLook(relay: relayID, readAt: readAt) }
                 }
             }.recover { error in
-                services.logger.warning("relay maintenance failed", metadata: ["error": "\(error)"])
+                relay.logger.warning("relay maintenance failed", metadata: ["error": "\(error)"])
             }
         }
         return (task, loop, relayID)
@@ -279,9 +282,9 @@ public final class RelayServer: Service, Sendable {
     /// Each connection drains on its own event loop and closes itself after ``RelayConfiguration/shutdownGrace`` at the
     /// latest; the last one to close closes the listener, which ends ``run()``. Calling this again does nothing.
     public func shutdown() {
-        self.services.draining.withLockedValue { $0 = true }
+        self.relay.health.draining.withLockedValue { $0 = true }
         guard let connections = self.lifecycle.drain() else { return }
-        self.services.logger.info("shutting down", metadata: ["connections": "\(connections.count)"])
+        self.relay.logger.info("shutting down", metadata: ["connections": "\(connections.count)"])
         for connection in connections {
             connection.pipeline.fireUserInboundEventTriggered(RelayShutdownEvent())
         }

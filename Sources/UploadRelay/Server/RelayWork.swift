@@ -6,13 +6,13 @@ import UploadProtocol
 /// A connection's catalog and store work, each run as a task and answered on the connection's event loop: the catalog
 /// lookup of a credential, the lookup of an OPEN (with, for an upload, the executor of its storage), a PLAN's answer.
 package struct RelayWork {
-    let services: RelayServices
+    let dependencies: RelayConnectionDependencies
     let eventLoop: any EventLoop
 
     /// The account the HELLO's token names, if any.
     func authenticate(_ hello: Frame.Hello, then answer: @escaping (Result<Account?, any Error>) -> Void) {
-        let (catalog, hash) = (self.services.catalog, Tokens.hash(hello.credential))
-        self.services.task(on: self.eventLoop) {
+        let (catalog, hash) = (self.dependencies.policy.catalog, Tokens.hash(hello.credential))
+        self.dependencies.executor.task(on: self.eventLoop) {
             try await catalog.account(tokenHash: hash)
         }.assumeIsolated().whenComplete(answer)
     }
@@ -23,27 +23,28 @@ package struct RelayWork {
         _ open: Frame.Open, _ key: ObjectKey, _ account: Account, logger: Logger,
         then answer: @escaping (RelaySession.LookUp, UploadExecutor?) -> Void
     ) {
-        let (services, eventLoop) = (self.services, self.eventLoop)
-        services.task(on: eventLoop) {
-            await Self.lookUp(open, key, account, services: services, logger: logger)
+        let (dependencies, eventLoop) = (self.dependencies, self.eventLoop)
+        dependencies.executor.task(on: eventLoop) {
+            await Self.lookUp(open, key, account, policy: dependencies.policy, storage: dependencies.storage, logger: logger)
         }.assumeIsolated().whenSuccess { looked in
-            answer(looked.0, looked.1.map { UploadExecutor(storage: $0, services: services, eventLoop: eventLoop) })
+            answer(looked.0, looked.1.map { UploadExecutor(storage: $0, executor: dependencies.executor, eventLoop: eventLoop) })
         }
     }
 
     /// The relay's answer to PLAN (SPEC §7.2), read from the catalog off the event loop.
     func plan(_ plan: Frame.Plan, _ account: Account, then answer: @escaping (Result<Frame.Room, UploadPolicy.Refusal>) -> Void) {
-        let services = self.services
-        services.task(on: self.eventLoop) {
-            await UploadPolicy(services: services).plan(account: account, plan: plan)
+        let policy = self.dependencies.policy
+        self.dependencies.executor.task(on: self.eventLoop) {
+            await policy.plan(account: account, plan: plan)
         }.assumeIsolated().whenSuccess(answer)
     }
 
     /// The lookup itself: the session's answer and, for an upload, its storage.
     package static func lookUp(
-        _ open: Frame.Open, _ key: ObjectKey, _ account: Account, services: RelayServices, logger: Logger
+        _ open: Frame.Open, _ key: ObjectKey, _ account: Account, policy: UploadPolicy, storage context: UploadStorage.Context,
+        logger: Logger
     ) async -> (RelaySession.LookUp, UploadStorage?) {
-        switch await UploadPolicy(services: services).open(account: account, open: open, key: key) {
+        switch await policy.open(account: account, open: open, key: key) {
         case .stored(let size):
             return (.stored(size: size), nil)
         case .confirm:
@@ -53,7 +54,7 @@ package struct RelayWork {
         case .upload(let session, let staging, let sha1, let recorded, let resumed, let byteLimit):
             let storage = UploadStorage(
                 key: key, account: account, overwrite: open.overwrite, session: session, recorded: recorded, staging: staging,
-                sha1: sha1, services: services, logger: logger
+                sha1: sha1, context: context, logger: logger
             )
             let decision = RelaySession.LookUp.upload(
                 durableOffset: session.durableOffset, resumeToken: session.resumeToken, resumed: resumed, byteLimit: byteLimit
@@ -62,7 +63,7 @@ package struct RelayWork {
         case .stripe(let session, let staging, let index):
             let storage = UploadStorage(
                 key: key, account: account, overwrite: false, session: session, recorded: true, staging: staging, sha1: SHA1(),
-                services: services, logger: logger, stripe: index
+                context: context, logger: logger, stripe: index
             )
             return (.stripe, storage)
         }

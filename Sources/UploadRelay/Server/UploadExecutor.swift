@@ -6,21 +6,21 @@ import UploadProtocol
 /// ``RelaySession``, one at a time.
 final class UploadExecutor {
     private let storage: UploadStorage
-    private let services: RelayServices
+    private let executor: RelayExecutor
     private let eventLoop: any EventLoop
     /// Where each step's completion goes (the connection's session, through its handler).
     var onCompletion: (RelaySession.StorageCompletion) -> Void = { _ in }
 
-    init(storage: UploadStorage, services: RelayServices, eventLoop: any EventLoop) {
+    init(storage: UploadStorage, executor: RelayExecutor, eventLoop: any EventLoop) {
         self.storage = storage
-        self.services = services
+        self.executor = executor
         self.eventLoop = eventLoop
     }
 
     func run(_ step: UploadPipeline.StorageStep) {
         let executor = NIOLoopBound(self, eventLoop: self.eventLoop)
         let (storage, eventLoop) = (self.storage, self.eventLoop)
-        self.services.task {
+        self.executor.task {
             let completion = await storage.perform(step)
             eventLoop.execute { executor.value.onCompletion(completion) }
         }

@@ -5,16 +5,16 @@ import UploadProtocol
 /// rule that admits OPENs (``QuotaUse``), read once per PLAN.
 extension UploadPolicy {
     package func plan(account: Account, plan: Frame.Plan) async -> Result<Frame.Room, Refusal> {
-        let catalog = self.services.catalog
+        let catalog = self.catalog
         do {
             guard let current = try await self.currentAccount(of: account) else {
                 return .failure(Refusal(code: .unauthenticated, message: Self.notPrincipal(account.name), keepSession: true))
             }
             let name = current.name
-            let active = self.services.claims.activeUploads(of: name)
+            let active = self.claims.activeUploads(of: name)
             let use = try await catalog.quotaUse(account: name, excludingKey: "", active: active)
             let used = Self.used(use)
-            let limits = self.services.configuration.limits
+            let limits = self.configuration.limits
             let keys = plan.entries.map { entry in
                 try? ObjectKey(validating: entry.rawKey, maxLength: limits.maxKeyLength, maxSegmentLength: limits.maxKeySegmentLength)
             }
@@ -48,7 +48,7 @@ extension UploadPolicy {
                 Frame.Room(request: plan.request, quota: current.quota.map { UInt64(max(0, $0)) }, used: UInt64(used), needs: needs)
             )
         } catch {
-            let logger = self.services.logger
+            let logger = self.logger
             logger.error("could not answer a PLAN", metadata: ["account": "\(account.name)", "error": "\(error)"])
             return .failure(
                 Refusal(code: .internalError, message: "the relay could not read its catalog to answer PLAN; retry later", keepSession: true))

@@ -7,7 +7,7 @@ import NIOConcurrencyHelpers
 /// The relay's rules for OPEN and for commit (SPEC §6, §7, §8.3): revocation, resume, dedup, quota, overwrite and
 /// key conflicts, decided against the catalog and the store; and the one place where store and catalog errors
 /// become wire codes.
-package struct UploadPolicy {
+package struct UploadPolicy: Sendable {
     enum OpenDecision {
         /// Nothing to send: the key holds these bytes (or now a copy of them).
         case stored(size: UInt64)
@@ -30,11 +30,30 @@ package struct UploadPolicy {
         var keepSession: Bool
     }
 
-    let services: RelayServices
+    let configuration: RelayConfiguration
+    let catalog: any Catalog
+    let store: any BlobStore
+    /// Keys with an upload in progress, here and (with a shared catalog) on other relays.
+    let claims: KeyClaims
+    /// The relay's disk: what open uploads will still stage there.
+    let space: StorageSpace
+    let executor: RelayExecutor
+    let logger: Logger
+    /// Told when commits queued events for the post-commit hooks.
+    let commitEvents: CommitEventSignal
 
-    /// The rules as the relay of `services` applies them.
-    package init(services: RelayServices) {
-        self.services = services
+    package init(
+        configuration: RelayConfiguration, catalog: any Catalog, store: any BlobStore, claims: KeyClaims, space: StorageSpace,
+        executor: RelayExecutor, logger: Logger, commitEvents: CommitEventSignal
+    ) {
+        self.configuration = configuration
+        self.catalog = catalog
+        self.store = store
+        self.claims = claims
+        self.space = space
+        self.executor = executor
+        self.logger = logger
+        self.commitEvents = commitEvents
     }
 
     /// The answer to OPEN of `key` by `account` (as it was at HELLO; read again here).
@@ -53,8 +72,8 @@ package struct UploadPolicy {
         } catch {
             // Space this OPEN was promised before the failure is free again (never another upload's: a PART's failure
             // leaves its main stream's promise alone).
-            if let promised { self.services.space.release(upload: promised) }
-            let refusal = Self.refusal(for: error, doing: "open the upload", key: key, logger: self.services.logger)
+            if let promised { self.space.release(upload: promised) }
+            let refusal = Self.refusal(for: error, doing: "open the upload", key: key, logger: self.logger)
             return .refuse(refusal.code, refusal.message)
         }
     }
@@ -102,9 +121,9 @@ package struct UploadPolicy {
 
     /// The catalog's object for `key`, when the file the store holds is still the one the relay committed (never
     /// vouch for bytes by their size alone: a file replaced behind the relay's back may have the same size).
-    static func verifiedObject(_ object: StoredObject?, services: RelayServices) async throws -> StoredObject? {
+    static func verifiedObject(_ object: StoredObject?, store: any BlobStore) async throws -> StoredObject? {
         guard let object, let identity = object.identity, let key = try? ObjectKey(validating: object.key) else { return nil }
-        return try await services.store.identity(of: key, account: object.account) == identity ? object : nil
+        return try await store.identity(of: key, account: object.account) == identity ? object : nil
     }
 
     /// OPEN as facts, plan, execution: the key claimed across relays and any commit of it left undecided settled, the
@@ -112,10 +131,10 @@ package struct UploadPolicy {
     /// here (a copy linked from a twin, the quota and disk space admitted, a session resumed or started).
     private func openThrowing(account: Account, open: Frame.Open, key: ObjectKey, promised: inout String?) async throws -> OpenDecision {
         let name = account.name
-        if self.services.claims.acrossRelays {
+        if self.claims.acrossRelays {
             // One relay at a time uploads a key, whichever relay the agent reached: two would stage and commit it
             // twice.
-            guard try await self.services.claims.lockAcrossRelays(account: name, key: key.value) else {
+            guard try await self.claims.lockAcrossRelays(account: name, key: key.value) else {
                 return .refuse(.keyBusy, "another relay has an upload of \"\(key)\" in progress; retry when it ends")
             }
         }
@@ -151,13 +170,13 @@ package struct UploadPolicy {
     /// answer lost after it completed): never started over from 0, which would re-send the whole blob and drop its
     /// acknowledged bytes (SPEC §6.2).
     private func settleUndecidedCommits(open: Frame.Open, key: ObjectKey, account name: String) async throws -> OpenDecision? {
-        let catalog = self.services.catalog
+        let catalog = self.catalog
         if let commit = try await catalog.pendingCommit(account: name, key: key.value) {
             var committing: UploadSession? = nil
             if let id = commit.sessionID, let session = try await catalog.session(account: name, key: key.value), session.id == id {
                 committing = session
             }
-            let recorded = try await RelayRuntime.settle(commit, catalog: catalog, store: self.services.store, logger: self.services.logger)
+            let recorded = try await RelayRuntime.settle(commit, catalog: catalog, store: self.store, logger: self.logger)
             if recorded, let committing, OpenPlanner.resumes(open, committing), open.sha1.map({ $0.hex == commit.sha1 }) ?? true {
                 return .stored(size: UInt64(commit.size))
             }
@@ -168,16 +187,16 @@ package struct UploadPolicy {
     /// What ``OpenPlanner`` decides from, read in one pass: the store's view of the key, its object (verified when OPEN
     /// states a SHA-1), the verified twins with OPEN's bytes, a PROBE's match, and the key's unfinished upload.
     private func facts(_ open: Frame.Open, key: ObjectKey, account name: String) async throws -> OpenFacts {
-        let catalog = self.services.catalog
+        let catalog = self.catalog
         let size = open.size.map { Int64($0) }
-        var facts = OpenFacts(maxBlobSize: self.services.configuration.maxBlobSize, syncBytes: self.services.configuration.syncBytes)
+        var facts = OpenFacts(maxBlobSize: self.configuration.maxBlobSize, syncBytes: self.configuration.syncBytes)
         if let size, size > facts.maxBlobSize {
             return facts
         }
-        facts.conflict = try await self.services.store.conflict(for: key, account: name)
+        facts.conflict = try await self.store.conflict(for: key, account: name)
         facts.existing = try await catalog.object(account: name, key: key.value)
         if let sha1 = open.sha1, let size {
-            facts.existingVerified = try await Self.verifiedObject(facts.existing, services: self.services) != nil
+            facts.existingVerified = try await Self.verifiedObject(facts.existing, store: self.store) != nil
             let holdsThem = facts.existingVerified && facts.existing?.size == size && facts.existing?.sha1 == sha1.hex
             // Twins only where the planner can use them: a key holding these bytes, or other bytes without OVERWRITE,
             // is decided without (and an OPEN of a photo already stored costs no search of the account's objects).
@@ -193,7 +212,7 @@ package struct UploadPolicy {
         if let probe = open.probe, let size {
             // Any object that may hold these bytes, verified by this relay as in the SHA-1 case: the agent confirms.
             let candidates = try await catalog.probeCandidates(account: name, size: size, probe: probe.hex)
-            for candidate in candidates where try await Self.verifiedObject(candidate, services: self.services) != nil {
+            for candidate in candidates where try await Self.verifiedObject(candidate, store: self.store) != nil {
                 facts.probeMatched = true
                 break
             }
@@ -208,11 +227,11 @@ package struct UploadPolicy {
     /// Links a copy of the first of `twins` whose file is still the one verified under the key, committed as any
     /// upload is (quota reserved, then recorded); the key's unfinished upload goes. Nil when none could be linked.
     private func duplicate(_ twins: [StoredObject], open: Frame.Open, key: ObjectKey, account name: String) async throws -> OpenDecision? {
-        let (catalog, store) = (self.services.catalog, self.services.store)
+        let (catalog, store) = (self.catalog, self.store)
         guard let sha1 = open.sha1, let size = open.size.map({ Int64($0) }) else { return nil }
         for twin in twins {
             guard let twinKey = try? ObjectKey(validating: twin.key), let expected = twin.identity,
-                try await Self.verifiedObject(twin, services: self.services) != nil
+                try await Self.verifiedObject(twin, store: self.store) != nil
             else { continue }
             let commit = PendingCommit(
                 account: name, key: key.value, size: size, sha1: sha1.hex, sessionID: nil, probeSHA1: twin.probeSHA1,
@@ -246,9 +265,9 @@ package struct UploadPolicy {
     private func startUpload(
         _ plan: OpenUpload, open: Frame.Open, key: ObjectKey, account name: String, promised: inout String?
     ) async throws -> OpenDecision {
-        let (catalog, store) = (self.services.catalog, self.services.store)
+        let (catalog, store) = (self.catalog, self.store)
         let size = open.size.map { Int64($0) }
-        let claims = self.services.claims
+        let claims = self.claims
         let use = try await claims.admitting(account: name) { active in
             let use = try await catalog.admit(account: name, key: key.value, announced: size ?? 0, growth: plan.growth, active: active)
             // Counted by the OPENs of the account's other keys while this one is open, session recorded or not. Only
@@ -263,7 +282,7 @@ package struct UploadPolicy {
         // Saturating: with no quota `left` is Int64.max, and a wrapped sum would refuse a re-sent stream of unknown
         // size.
         let room = use.left > Int64.max - plan.replacing ? Int64.max : use.left + plan.replacing
-        let byteLimit = size == nil ? min(self.services.configuration.maxBlobSize, room) : nil
+        let byteLimit = size == nil ? min(self.configuration.maxBlobSize, room) : nil
         var discard = plan.discard
         if let session = plan.resume, let sha1 = try? SHA1(importing: session.sha1State) {
             do {
@@ -287,7 +306,7 @@ package struct UploadPolicy {
             try await store.removeStaging(session.stagingName)
             try await catalog.deleteSession(id: session.id)
         }
-        let most = self.services.configuration.maxUnfinishedUploads
+        let most = self.configuration.maxUnfinishedUploads
         if try await catalog.unfinishedUploads(account: name, limit: most) >= most {
             return .refuse(
                 .quotaExceeded,
@@ -337,8 +356,8 @@ package struct UploadPolicy {
     /// Why `bytes` more cannot be staged on the relay's disk now for the upload of session `upload` (SPEC §7), or nil
     /// once they are promised to it (until it has written them, or ends).
     private func admitSpace(_ bytes: Int64, upload: String) -> String? {
-        let local = self.services.store.localSpace(forBlobOf: max(0, bytes))
-        return self.services.space.admit(local.bytes, upload: upload)
+        let local = self.store.localSpace(forBlobOf: max(0, bytes))
+        return self.space.admit(local.bytes, upload: upload)
     }
 
     /// The staging file of a session being resumed (or a PART stream's): cut to its durable offset, or, striped, as it is.
@@ -347,10 +366,10 @@ package struct UploadPolicy {
         if session.striped, let size {
             layout = .striped(size: size, creating: false)
         } else {
-            let parts = session.durableOffset > 0 ? try await self.services.catalog.stagedParts(sessionID: session.id) : []
+            let parts = session.durableOffset > 0 ? try await self.catalog.stagedParts(sessionID: session.id) : []
             layout = .sequential(offset: session.durableOffset, parts: parts)
         }
-        return try await self.services.store.openStaging(
+        return try await self.store.openStaging(
             StagingRequest(name: session.stagingName, account: session.account, key: key, expectedSize: size, layout: layout)
         )
     }
@@ -358,7 +377,7 @@ package struct UploadPolicy {
     /// The answer to a PART (SPEC §6.7): the striped session its token names, and its staging file to write stripe
     /// `index` into; OFFSET STORED when that stripe is complete.
     private func openStripe(account: Account, open: Frame.Open, key: ObjectKey, index: Int) async throws -> OpenDecision {
-        let catalog = self.services.catalog
+        let catalog = self.catalog
         guard let size = open.size, let length = open.streamLength else {
             return .refuse(.internalError, "PART without a size")
         }
@@ -398,10 +417,10 @@ package struct UploadPolicy {
     /// then all recorded by one transaction. Nothing that will be refused is ever renamed into place. Each result in
     /// the order given, a refusal by ``refusal(for:doing:)``.
     func commit(_ requests: [CommitRequest]) async -> [Result<Frame.Result.Status, Refusal>] {
-        let catalog = self.services.catalog
+        let catalog = self.catalog
         var results = [Result<Frame.Result.Status, Refusal>?](repeating: nil, count: requests.count)
         func refuse(_ index: Int, _ error: any Error) {
-            results[index] = .failure(Self.refusal(for: error, doing: "commit", key: requests[index].key, logger: self.services.logger))
+            results[index] = .failure(Self.refusal(for: error, doing: "commit", key: requests[index].key, logger: self.logger))
         }
         var ready: [(index: Int, pending: PendingCommit)] = []
         for (index, request) in requests.enumerated() {
@@ -428,7 +447,7 @@ package struct UploadPolicy {
         } catch {
             for item in ready { refuse(item.index, error) }
         }
-        let placed = await self.services.store.commit(
+        let placed = await self.store.commit(
             reserved.map {
                 let request = requests[$0.index]
                 return StoreCommit(
@@ -462,37 +481,37 @@ package struct UploadPolicy {
 
     /// Where the object of `key` will be, when post-commit hooks run (the commit then queues their event); else nil.
     private func eventLocation(_ key: ObjectKey, account: String) throws -> String? {
-        guard self.services.configuration.hooks != nil else { return nil }
-        return try self.services.store.location(of: key, account: account)
+        guard self.configuration.hooks != nil else { return nil }
+        return try self.store.location(of: key, account: account)
     }
 
     /// Tells the hooks' runner that events wait.
     private func eventsQueued(_ queued: Bool) {
         guard queued else { return }
-        self.services.commitEventsQueued.withLockedValue { $0 }?()
+        self.commitEvents.signal()
     }
 
     /// What can be decided about a commit before any write: nil when it goes ahead; `.unchanged` when the key holds
     /// exactly these bytes already (the staged copy is dropped). Throws ``Refusal`` or the store's and catalog's errors.
     private func settledBeforeCommit(_ request: CommitRequest) async throws -> Frame.Result.Status? {
-        let catalog = self.services.catalog
+        let catalog = self.catalog
         let (account, key) = (request.account.name, request.key)
         guard try await self.currentAccount(of: request.account) != nil else {
             throw Refusal(code: .unauthenticated, message: Self.notPrincipal(account) + ": nothing was stored", keepSession: false)
         }
         let existing = try await catalog.object(account: account, key: key.value)
-        if let verified = try await Self.verifiedObject(existing, services: self.services), verified.sha1 == request.sha1.hex,
+        if let verified = try await Self.verifiedObject(existing, store: self.store), verified.sha1 == request.sha1.hex,
             verified.size == request.size
         {
             if request.sessionRecorded { try await catalog.deleteSession(id: request.sessionID) }
-            try await self.services.store.removeStaging(request.staging.name)
+            try await self.store.removeStaging(request.staging.name)
             request.staging.close()
             return .unchanged
         }
         if existing != nil && !request.overwrite {
             throw Refusal(code: .alreadyExists, message: Self.alreadyExists(key), keepSession: false)
         }
-        if let conflict = try await self.services.store.conflict(for: key, account: account) {
+        if let conflict = try await self.store.conflict(for: key, account: account) {
             throw Refusal(code: .invalidKey, message: conflict, keepSession: false)
         }
         return nil
@@ -501,28 +520,28 @@ package struct UploadPolicy {
     /// Drops the unfinished session `open` would have resumed (same resume token or fingerprint), under the key's
     /// claim, in the background: the OPEN was cancelled while it waited for its key (SPEC §3.11).
     package func discardSession(named open: Frame.Open, key: ObjectKey, account: String) {
-        let services = self.services
         let claim = KeyClaims.name(account: account, key: key.value)
-        guard services.claims.tryClaim(claim) else { return }
+        guard self.claims.tryClaim(claim) else { return }
         // Closing from the start: an OPEN of the key meanwhile waits for the discard, never KEY_BUSY.
-        services.claims.markClosing(claim)
-        services.task {
-            defer { services.claims.release(claim) }
-            guard (try? await services.claims.lockAcrossRelays(account: account, key: key.value)) == true,
-                let session = try? await services.catalog.session(account: account, key: key.value)
+        self.claims.markClosing(claim)
+        let (claims, catalog, store) = (self.claims, self.catalog, self.store)
+        self.executor.task {
+            defer { claims.release(claim) }
+            guard (try? await claims.lockAcrossRelays(account: account, key: key.value)) == true,
+                let session = try? await catalog.session(account: account, key: key.value)
             else { return }
             let byToken = !open.resumeToken.isEmpty && open.resumeToken == session.resumeToken
             let byFingerprint = !open.fingerprint.isEmpty && open.fingerprint == session.fingerprint
             guard byToken || byFingerprint else { return }
-            try? await services.store.removeStaging(session.stagingName)
-            try? await services.catalog.deleteSession(id: session.id)
+            try? await store.removeStaging(session.stagingName)
+            try? await catalog.deleteSession(id: session.id)
         }
     }
 
     /// The account as the catalog holds it now, when the connection that authenticated as `principal` may still act for
     /// it (SPEC §2.3): nil once it was disabled, rotated, or deleted (a name given again is another token).
     func currentAccount(of principal: Account) async throws -> Account? {
-        guard let current = try await self.services.catalog.account(named: principal.name), current.isPrincipal(principal) else { return nil }
+        guard let current = try await self.catalog.account(named: principal.name), current.isPrincipal(principal) else { return nil }
         return current
     }
 

@@ -15,13 +15,23 @@ import CoreMetrics
 /// The pipeline starts one step at a time, so the SHA-1 state and the staging file are never touched by two tasks at
 /// once; the locks only make that visible to the compiler (a step takes the SHA-1 state out, and puts it back).
 package final class UploadStorage: Sendable {
+    /// What the storage of every upload shares: the catalog and store, the group commit, the disk's accounting and the
+    /// metrics. Nothing above storage (no policy, no server).
+    package struct Context: Sendable {
+        var catalog: any SessionCatalog
+        var store: any BlobStore
+        var commits: CommitGroup
+        var space: StorageSpace
+        var metrics: RelayMetrics
+    }
+
     private let key: ObjectKey
     /// The principal the upload's connection authenticated as; its commit is refused once it no longer is one.
     private let account: Account
     private let overwrite: Bool
     private let session: UploadSession
     private let staging: any StagingFile
-    private let services: RelayServices
+    private let context: Context
     private let logger: Logger
     /// The SHA-1 of the bytes written so far.
     private let sha1: NIOLockedValueBox<SHA1>
@@ -46,7 +56,7 @@ package final class UploadStorage: Sendable {
 
     init(
         key: ObjectKey, account: Account, overwrite: Bool, session: UploadSession, recorded: Bool, staging: any StagingFile, sha1: SHA1,
-        services: RelayServices, logger: Logger, stripe: Int? = nil
+        context: Context, logger: Logger, stripe: Int? = nil
     ) {
         let stripes = Frame.Stripes(size: UInt64(session.declaredSize ?? 0))
         self.stripe = stripe.map { ($0, Int64(stripes.start(of: $0)), Int64(stripes.length(of: $0))) }
@@ -60,7 +70,7 @@ package final class UploadStorage: Sendable {
         self.staging = staging
         self.sha1 = NIOLockedValueBox(sha1)
         self.probe = NIOLockedValueBox(nil)
-        self.services = services
+        self.context = context
         self.logger = logger
     }
 
@@ -78,12 +88,12 @@ package final class UploadStorage: Sendable {
             } catch {
                 result = .failure(self.syncFailure(error))
             }
-            self.services.metrics.syncSeconds.recordInterval(since: start)
+            self.context.metrics.syncSeconds.recordInterval(since: start)
             return .synced(result)
         case .commit(let hash, let written):
             let start = ContinuousClock.now
             let result = await self.commit(hash, written: written)
-            self.services.metrics.commitSeconds.recordInterval(since: start)
+            self.context.metrics.commitSeconds.recordInterval(since: start)
             return .committed(result)
         case .release(let discardSession):
             await self.release(discardSession: discardSession)
@@ -111,7 +121,7 @@ package final class UploadStorage: Sendable {
                     offset += Int64(raw.readableBytes)
                     consumed.append(chunk.payloadLength)
                 } catch let failure {
-                    self.services.metrics.failed("store", "write")
+                    self.context.metrics.failed("store", "write")
                     error = .stream(chunk.streamID, .storageError, self.agentMessage(failure, doing: "write"))
                 }
             }
@@ -121,7 +131,7 @@ package final class UploadStorage: Sendable {
         let written = offset - startOffset
         // What was written counts in the disk's free space now: the upload's promise shrinks by it, once per batch (the
         // promises' lock is every upload's).
-        if self.stripe == nil && written > 0 { self.services.space.wrote(written, upload: self.session.id) }
+        if self.stripe == nil && written > 0 { self.context.space.wrote(written, upload: self.session.id) }
         return (consumed, error)
     }
 
@@ -150,7 +160,7 @@ package final class UploadStorage: Sendable {
     /// those go to the log.
     private func agentMessage(_ error: any Error, doing what: String) -> String {
         let full = StorageSpace.isDiskFull(error)
-        if full { self.services.space.noteFull() }
+        if full { self.context.space.noteFull() }
         self.logger.log(
             level: full ? .warning : .error, "could not \(what) an upload's bytes",
             metadata: ["upload.key": "\(self.key)", "account": "\(self.account.name)", "error": "\(error)"]
@@ -178,22 +188,22 @@ package final class UploadStorage: Sendable {
             guard case .durable(let newParts) = try await self.staging.sync(through: offset) else { return 0 }
             parts = newParts
         } catch {
-            self.services.metrics.failed("store", "sync")
+            self.context.metrics.failed("store", "sync")
             throw error
         }
         let recordStart = ContinuousClock.now
         do {
             try await self.record(offset: offset, state: state, parts: parts)
         } catch {
-            self.services.metrics.failed("catalog", "record_durable")
+            self.context.metrics.failed("catalog", "record_durable")
             throw error
         }
-        self.services.metrics.took("catalog", "record_durable", since: recordStart)
+        self.context.metrics.took("catalog", "record_durable", since: recordStart)
         let before = self.durable.withLockedValue { durable in
             defer { durable = max(durable, offset) }
             return durable
         }
-        if offset > before { self.services.metrics.durableBytes.increment(by: offset - before) }
+        if offset > before { self.context.metrics.durableBytes.increment(by: offset - before) }
         return offset
     }
 
@@ -201,7 +211,7 @@ package final class UploadStorage: Sendable {
     private func record(offset: Int64, state: [UInt8], parts: [StagedPart]) async throws {
         let name = self.staging.name
         if self.recorded.withLockedValue({ $0 }), self.recordedName.withLockedValue({ $0 }) == name {
-            try await self.services.catalog.updateDurable(sessionID: self.session.id, offset: offset, sha1State: state, parts: parts)
+            try await self.context.catalog.updateDurable(sessionID: self.session.id, offset: offset, sha1State: state, parts: parts)
         } else {
             // Its first durable bytes (a session recorded at its OPEN had none, and no parts): the whole session,
             // under the staging's name now.
@@ -210,7 +220,7 @@ package final class UploadStorage: Sendable {
             session.sha1State = state
             session.stagingName = name
             session.updatedAt = Date()
-            try await self.services.catalog.putSession(session, parts: parts)
+            try await self.context.catalog.putSession(session, parts: parts)
             self.recorded.withLockedValue { $0 = true }
             self.recordedName.withLockedValue { $0 = name }
         }
@@ -221,7 +231,7 @@ package final class UploadStorage: Sendable {
         self.commitAsked.withLockedValue { $0 = true }
         // Every byte is written: the disk space promised to this upload and not used is free for others now (a striped
         // upload's other stripes were written under their own streams).
-        if self.stripe == nil { self.services.space.release(upload: self.session.id) }
+        if self.stripe == nil { self.context.space.release(upload: self.session.id) }
         if let stripe = self.stripe {
             do {
                 return .success(try await self.completeStripe(stripe.index, bytes: stripe.length))
@@ -246,13 +256,13 @@ package final class UploadStorage: Sendable {
             sessionRecorded: self.recorded.withLockedValue { $0 }, size: Int64(hash.size), sha1: actual, overwrite: self.overwrite,
             probeSHA1: self.probeDigest(size: hash.size)
         )
-        return await self.services.commits.commit(request, services: self.services)
+        return await self.context.commits.commit(request)
     }
 
     /// A PART stream's HASH: its stripe is durable, then recorded complete (SPEC §6.7).
     private func completeStripe(_ index: Int, bytes: Int64) async throws -> Frame.Result.Status {
         try await self.staging.sync()
-        try await self.services.catalog.completeStripe(sessionID: self.session.id, index: index, bytes: bytes)
+        try await self.context.catalog.completeStripe(sessionID: self.session.id, index: index, bytes: bytes)
         return .stored
     }
 
@@ -260,7 +270,7 @@ package final class UploadStorage: Sendable {
     /// read back from the staging file, go into the SHA-1 after stripe 0's (SPEC §6.7, §4.6).
     private func hashStripes(size: UInt64) async throws {
         let stripes = Frame.Stripes(size: size)
-        let complete = try await self.services.catalog.completeStripes(sessionID: self.session.id)
+        let complete = try await self.context.catalog.completeStripes(sessionID: self.session.id)
         let missing = (1..<stripes.count).filter { !complete.contains($0) }
         guard missing.isEmpty else {
             let list = missing.prefix(8).map(String.init).joined(separator: ", ") + (missing.count > 8 ? ", ..." : "")
@@ -295,7 +305,7 @@ package final class UploadStorage: Sendable {
     private func release(discardSession: Bool) async {
         defer {
             // A PART stream shares its main stream's session: the promise is the main stream's to let go.
-            if self.stripe == nil { self.services.space.release(upload: self.session.id) }
+            if self.stripe == nil { self.context.space.release(upload: self.session.id) }
         }
         self.staging.close()
         // A stripe never owns the session or the staging file: the main stream's upload does.
@@ -307,8 +317,8 @@ package final class UploadStorage: Sendable {
         let nothingDurable = self.durable.withLockedValue { $0 } == 0 && !self.session.striped && !self.commitAsked.withLockedValue { $0 }
         guard discardSession || !recorded || nothingDurable else { return }
         do {
-            if recorded { try await self.services.catalog.deleteSession(id: self.session.id) }
-            try await self.services.store.removeStaging(self.staging.name)
+            if recorded { try await self.context.catalog.deleteSession(id: self.session.id) }
+            try await self.context.store.removeStaging(self.staging.name)
         } catch {
             self.logger.warning("cleanup failed", metadata: ["upload.key": "\(self.key)", "error": "\(error)"])
         }

@@ -12,16 +12,11 @@ package struct RelaySessionResources: Sendable {
     /// Uploads open at once (each holds its staging file's descriptor).
     var uploadSlots: UploadSlots
 
-    init(configuration: RelayConfiguration, claims: KeyClaims, memory: ResourceBudget, uploadSlots: UploadSlots) {
+    package init(configuration: RelayConfiguration, claims: KeyClaims, memory: ResourceBudget, uploadSlots: UploadSlots) {
         self.settings = RelaySessionSettings(configuration)
         self.claims = claims
         self.memory = memory
         self.uploadSlots = uploadSlots
-    }
-
-    /// What the relay of `services` shares with every session.
-    package init(services: RelayServices) {
-        self.init(configuration: services.configuration, claims: services.claims, memory: services.memory, uploadSlots: services.uploadSlots)
     }
 }
 

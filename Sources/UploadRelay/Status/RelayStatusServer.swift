@@ -10,7 +10,7 @@ import ServiceLifecycle
 /// loops, I/O pool and catalog. A graceful shutdown closes its listener and its connections at once (its answers are
 /// reads: nothing is lost).
 public final class RelayStatusServer: Service, Sendable {
-    private let services: RelayServices
+    private let relay: Relay
     private let endpoint: StatusEndpoint
     private let group: any EventLoopGroup
     private let tls: NIOLockedValueBox<NIOSSLContext?>
@@ -19,11 +19,11 @@ public final class RelayStatusServer: Service, Sendable {
     /// HTTP/1.1 only: the ALPN name agents' TLS stacks and HTTP clients offer for it.
     public static let alpn = "http/1.1"
 
-    public init(services: RelayServices, endpoint: StatusEndpoint, group: any EventLoopGroup) throws {
-        self.services = services
+    public init(relay: Relay, endpoint: StatusEndpoint, group: any EventLoopGroup) throws {
+        self.relay = relay
         self.endpoint = endpoint
         self.group = group
-        self.tls = NIOLockedValueBox(try Self.makeTLSContext(services.configuration, endpoint: endpoint))
+        self.tls = NIOLockedValueBox(try Self.makeTLSContext(relay.configuration, endpoint: endpoint))
         self.lifecycle = ListenerLifecycle(
             maxConnections: endpoint.maxConnections,
             strangers: StrangerLimits(
@@ -41,7 +41,7 @@ public final class RelayStatusServer: Service, Sendable {
 
     /// Reads the certificate and key again (see ``RelayServer/reloadCertificate()``); a plain-HTTP endpoint has none.
     public func reloadCertificate() throws {
-        let context = try Self.makeTLSContext(self.services.configuration, endpoint: self.endpoint)
+        let context = try Self.makeTLSContext(self.relay.configuration, endpoint: self.endpoint)
         self.tls.withLockedValue { $0 = context }
     }
 
@@ -60,10 +60,10 @@ public final class RelayStatusServer: Service, Sendable {
     private func listen() async throws -> (listener: any Channel, address: SocketAddress) {
         let endpoint = self.endpoint
         let tls = self.tls
-        let space = self.services.space
-        let responder = StatusResponder(catalog: self.services.catalog, logger: self.services.logger, storageFull: { space.isFull })
-        let services = self.services
-        let logger = self.services.logger
+        let space = self.relay.space
+        let responder = StatusResponder(catalog: self.relay.catalog, logger: self.relay.logger, storageFull: { space.isFull })
+        let (metrics, health, executor) = (self.relay.metrics, self.relay.health, self.relay.executor)
+        let logger = self.relay.logger
         let lifecycle = self.lifecycle
         let name = endpoint.routes.contains(.status) ? "status" : "operations"
         let refusals = BoundedLog(logger: logger)
@@ -76,7 +76,7 @@ public final class RelayStatusServer: Service, Sendable {
                 .childChannelOption(.maxMessagesPerRead, value: 1)
                 .childChannelInitializer { channel in
                     if let refusal = lifecycle.admit(channel) {
-                        services.metrics.refused(refusal, listener: name)
+                        metrics.refused(refusal, listener: name)
                         refusals.warning(refusal.description, metadata: ["listener": "\(name)"])
                         return channel.close()
                     }
@@ -99,7 +99,7 @@ public final class RelayStatusServer: Service, Sendable {
                             )
                         )
                         try sync.addHandler(NIOHTTPResponseHeadersValidator())
-                        try sync.addHandler(StatusHTTPHandler(endpoint: endpoint, responder: responder, services: services))
+                        try sync.addHandler(StatusHTTPHandler(endpoint: endpoint, responder: responder, health: health, executor: executor))
                     }
                 }
                 .bind(host: endpoint.host, port: endpoint.port)

@@ -31,7 +31,9 @@ final class StatusHTTPHandler: ChannelDuplexHandler {
     private let endpoint: StatusEndpoint
     private let responder: StatusResponder
     /// For `/readyz` and `/metrics`.
-    private let services: RelayServices
+    private let health: RelayHealth
+    /// Where the answers are made.
+    private let executor: RelayExecutor
     /// The request being read: its head and the body bytes so far.
     private var receiving: Pending?
     /// Requests read whole, oldest first, waiting for the one being answered.
@@ -46,10 +48,11 @@ final class StatusHTTPHandler: ChannelDuplexHandler {
     private var closeIssued = false
     private var deadline: Scheduled<Void>?
 
-    init(endpoint: StatusEndpoint, responder: StatusResponder, services: RelayServices) {
+    init(endpoint: StatusEndpoint, responder: StatusResponder, health: RelayHealth, executor: RelayExecutor) {
         self.endpoint = endpoint
         self.responder = responder
-        self.services = services
+        self.health = health
+        self.executor = executor
     }
 
     func channelActive(context: ChannelHandlerContext) {
@@ -195,7 +198,7 @@ final class StatusHTTPHandler: ChannelDuplexHandler {
             return
         }
         let responder = self.responder
-        self.services.task(on: context.eventLoop) { () -> Result<[UInt8], StatusRefusal> in
+        self.executor.task(on: context.eventLoop) { () -> Result<[UInt8], StatusRefusal> in
             do throws(StatusRefusal) {
                 return .success(try await responder.respond(to: parsed))
             } catch {
@@ -224,7 +227,7 @@ final class StatusHTTPHandler: ChannelDuplexHandler {
             self.answer(context: context, head: head, refusal: refusal, keepAlive: head.isKeepAlive)
             return
         }
-        let services = self.services
+        let health = self.health
         switch operation {
         case .alive:
             self.answer(context: context, head: head, status: nil, body: Array("{\"alive\":true}\n".utf8), keepAlive: head.isKeepAlive)
@@ -236,9 +239,9 @@ final class StatusHTTPHandler: ChannelDuplexHandler {
         // do not pile up.
         let answer: EventLoopFuture<(StatusRefusal.Code?, [UInt8])>
         if case .metrics = operation {
-            answer = services.scrapeMetrics(on: context.eventLoop).map { (nil, $0) }
+            answer = health.scrapeMetrics(on: context.eventLoop).map { (nil, $0) }
         } else {
-            answer = services.readiness(on: context.eventLoop).map { ($0.ready ? nil : .unavailable, $0.json) }
+            answer = health.readiness(on: context.eventLoop).map { ($0.ready ? nil : .unavailable, $0.json) }
         }
         answer.assumeIsolated().whenComplete { outcome in
             switch outcome {

@@ -12,7 +12,8 @@ import UploadTestSupport
 /// A real relay in this process, on 127.0.0.1 with a fresh data directory, dev certificates and a token.
 final class TestRelay: @unchecked Sendable {
     let directory: String
-    let services: RelayServices
+    /// The relay's parts, as `serve` wires them.
+    let parts: Relay
     let server: RelayServer
     /// The status endpoint, when the configuration has one (``statusPort`` once started).
     let statusServer: RelayStatusServer?
@@ -52,13 +53,13 @@ final class TestRelay: @unchecked Sendable {
         configure(&configuration)
         var logger = Logger(label: "test-relay")
         logger.logLevel = .warning
-        let services = try await RelayRuntime.makeServices(configuration: configuration, s3: s3, catalog: catalog, logger: logger)
+        let relay = try await RelayRuntime.makeRelay(configuration: configuration, s3: s3, catalog: catalog, logger: logger)
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 2)
-        self.services = services
+        self.parts = relay
         self.group = group
-        self.server = try RelayServer(services: services, group: group)
-        self.statusServer = try configuration.status.map { try RelayStatusServer(services: services, endpoint: $0, group: group) }
-        self.operationsServer = try configuration.operations.map { try RelayStatusServer(services: services, endpoint: $0, group: group) }
+        self.server = try RelayServer(relay: relay, group: group)
+        self.statusServer = try configuration.status.map { try RelayStatusServer(relay: relay, endpoint: $0, group: group) }
+        self.operationsServer = try configuration.operations.map { try RelayStatusServer(relay: relay, endpoint: $0, group: group) }
     }
 
     func start() async throws -> TestRelay {
@@ -84,12 +85,12 @@ final class TestRelay: @unchecked Sendable {
         _ = try? await self.operationsTask?.value
         self.server.shutdown()
         _ = try? await self.runTask?.value
-        (self.services.catalog as? PostgresCatalog)?.shutdown()
-        try? await self.services.threadPool.shutdownGracefully()
+        (self.parts.catalog as? PostgresCatalog)?.shutdown()
+        try? await self.parts.threadPool.shutdownGracefully()
         try? await self.group.shutdownGracefully()
     }
 
-    var storePath: String { self.services.configuration.storePath }
+    var storePath: String { self.parts.configuration.storePath }
 
     /// The object `key` of `account` (the dev account by default), as the store holds it: `<store>/ACCOUNT/KEY`.
     func stored(_ key: String, account: String = "dev") -> Data? {
@@ -98,7 +99,7 @@ final class TestRelay: @unchecked Sendable {
 
     func addAccount(_ name: String, quota: Int64? = nil) async throws -> String {
         let token = Tokens.generate()
-        try await self.services.catalog.addAccount(name: name, tokenHash: Tokens.hash(Array(token.utf8)), quota: quota)
+        try await self.parts.catalog.addAccount(name: name, tokenHash: Tokens.hash(Array(token.utf8)), quota: quota)
         return token
     }
 }

@@ -3,8 +3,11 @@ import NIOConcurrencyHelpers
 import NIOPosix
 import UploadProtocol
 
-/// What every connection of one relay shares. Sendable: handlers on many event loops hold it.
-public final class RelayServices: Sendable {
+/// One relay's parts, wired once (``RelayRuntime/makeRelay(configuration:catalog:store:threadPool:logger:metrics:)``,
+/// which `upload-relay serve` and the tests' relay both call): the servers take from it what their connections are
+/// given. Nothing below the servers holds it: a connection gets ``RelayConnectionDependencies``, an upload's
+/// storage ``UploadStorage/Context``, the group commit its committer, the status endpoint ``RelayHealth``.
+public final class Relay: Sendable {
     public let configuration: RelayConfiguration
     public let catalog: any Catalog
     public let store: any BlobStore
@@ -18,20 +21,18 @@ public final class RelayServices: Sendable {
     package let memory: ResourceBudget
     /// Uploads open at once (each holds its staging file's descriptor).
     package let uploadSlots: UploadSlots
-    /// Commits of all connections, made durable in groups.
-    let commits: CommitGroup
     /// The relay's disk: what open uploads will still stage there, above the free-space reserve.
     package let space: StorageSpace
-    /// Told when commits queued events for the post-commit hooks (set by the server that runs them).
-    let commitEventsQueued = NIOLockedValueBox<(@Sendable () -> Void)?>(nil)
-    /// Connection handlers alive now: one per connection, freed once its channel closed and its storage let go.
-    let liveHandlers = NIOLockedValueBox(0)
+    /// The rules for OPEN, PLAN and commit.
+    package let policy: UploadPolicy
+    /// Commits of all connections, made durable in groups.
+    let commits: CommitGroup
+    /// Told when commits queued events for the post-commit hooks (the hook runner listens while it runs).
+    let commitEvents: CommitEventSignal
     /// What the relay counts, read out on `/metrics`.
     public let metrics: RelayMetrics
-    /// The relay is shutting down: `/readyz` says so, for the balancer to send new agents elsewhere.
-    let draining = NIOLockedValueBox(false)
-    /// The catalog reads of `/readyz` and `/metrics`, bounded in time and threads.
-    let catalogProbe = CatalogProbe()
+    /// `/readyz` and the levels of `/metrics`.
+    public let health: RelayHealth
 
     public convenience init(
         configuration: RelayConfiguration, catalog: any Catalog, store: any BlobStore, threadPool: NIOThreadPool, logger: Logger,
@@ -59,15 +60,52 @@ public final class RelayServices: Sendable {
         self.catalog = catalog
         self.store = store
         self.threadPool = threadPool
-        self.executor = RelayExecutor(pool: threadPool)
+        let executor = RelayExecutor(pool: threadPool)
+        self.executor = executor
         self.logger = logger
         self.claims = KeyClaims(locks: catalog.keyLocks)
         self.memory = ResourceBudget(total: configuration.memoryBudget)
         self.uploadSlots = UploadSlots(total: configuration.maxOpenUploads ?? Int.max, floor: configuration.limits.maxConcurrentStreams)
-        self.commits = CommitGroup(maxGroup: configuration.commitGroup)
         self.space = StorageSpace(
             directory: store.localSpace(forBlobOf: 0).directory, reserve: configuration.minFreeBytes, logger: logger, measure: measureSpace
         )
+        self.commitEvents = CommitEventSignal()
+        let policy = UploadPolicy(
+            configuration: configuration, catalog: catalog, store: store, claims: self.claims, space: self.space, executor: executor,
+            logger: logger, commitEvents: self.commitEvents
+        )
+        self.policy = policy
+        self.commits = CommitGroup(maxGroup: configuration.commitGroup, executor: executor, metrics: metrics) { requests in
+            await policy.commit(requests)
+        }
+        self.health = RelayHealth(
+            catalog: catalog, metrics: metrics, space: self.space, memory: self.memory, uploadSlots: self.uploadSlots, executor: executor,
+            logger: logger
+        )
     }
 
+    /// What every connection's handler is given.
+    package var connectionDependencies: RelayConnectionDependencies {
+        RelayConnectionDependencies(
+            resources: RelaySessionResources(
+                configuration: self.configuration, claims: self.claims, memory: self.memory, uploadSlots: self.uploadSlots),
+            policy: self.policy,
+            storage: UploadStorage.Context(catalog: self.catalog, store: self.store, commits: self.commits, space: self.space, metrics: self.metrics),
+            executor: self.executor, metrics: self.metrics, health: self.health
+        )
+    }
+}
+
+/// Told when commits queued events for the post-commit hooks: the hook runner, while it runs, is the one told.
+package final class CommitEventSignal: Sendable {
+    private let listener = NIOLockedValueBox<(@Sendable () -> Void)?>(nil)
+
+    /// Sets (or, with nil, clears) who is told.
+    func listen(_ listener: (@Sendable () -> Void)?) {
+        self.listener.withLockedValue { $0 = listener }
+    }
+
+    func signal() {
+        self.listener.withLockedValue { $0 }?()
+    }
 }
