@@ -38,6 +38,20 @@ struct StateMachineTests {
         return Frame.Chunk(streamID: id, offset: offset, crc32: 0, data: ByteBuffer(bytes: bytes))
     }
 
+    @Test("the last stream id (2^31-1) is used once: then no stream opens on the connection, and asking for the next id does not trap")
+    func streamIDsRunOut() {
+        var agent = Self.readyAgent(connectionWindow: 1 << 20, streamWindow: 1 << 20, streams: 0)
+        func open(_ id: StreamID) -> Frame? {
+            agent.sendOpen(Frame.Open(streamID: id, key: "k\(id)", size: 1, sha1: nil, overwrite: false, fingerprint: [], resumeToken: []))
+        }
+        #expect(open(StreamID(rawValue: StreamID.maxID.rawValue - 1)) != nil)
+        #expect(agent.nextStreamID == StreamID.maxID && agent.canOpenStream && !agent.streamIDsExhausted)
+        #expect(open(agent.nextStreamID) != nil)
+        #expect(agent.streamIDsExhausted && !agent.canOpenStream)
+        #expect(agent.nextStreamID == StreamID.maxID)
+        #expect(open(agent.nextStreamID) == nil, "no id is left")
+    }
+
     @Test("reads planned at once on two streams never promise the same connection credit; what a read leaves is given back")
     func reservationsShareConnectionCredit() async {
         // Issue 6 finding 1: two batches used to plan against the same connection credit, and the second trapped.

@@ -467,6 +467,7 @@ struct AgentSession {
         guard self.senders.isEmpty, self.preparing == 0, self.delayed.isEmpty, self.twins.isEmpty, self.deferred.isEmpty, self.planning == nil,
             !self.outcome.parked
         else { return [] }
-        return self.queue.isDone || self.goingAway ? self.close() : []
+        // A connection whose stream ids are all used closes once idle: the next connection carries the rest.
+        return self.queue.isDone || self.goingAway || self.machine.streamIDsExhausted ? self.close() : []
     }
 }

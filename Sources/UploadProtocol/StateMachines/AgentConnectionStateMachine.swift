@@ -47,9 +47,13 @@ public struct AgentConnectionStateMachine: Sendable {
     public var features: Frame.Features { self.welcome?.features ?? [] }
 
     public var canOpenStream: Bool {
-        guard case .ready = self.phase, let welcome = self.welcome else { return false }
+        guard case .ready = self.phase, let welcome = self.welcome, !self.streamIDsExhausted else { return false }
         return self.streams.count < Int(welcome.maxStreams)
     }
+
+    /// Every stream id was used (SPEC §1.5: the largest is 2^31-1): no stream opens here any more, and new uploads
+    /// need a new connection.
+    public var streamIDsExhausted: Bool { self.highestStreamID == StreamID.maxID }
 
     public var isClosed: Bool { self.phase == .closed }
 
@@ -59,8 +63,8 @@ public struct AgentConnectionStateMachine: Sendable {
     /// The ids of the open streams.
     public var openStreamIDs: [StreamID] { Array(self.streams.keys).sorted() }
 
-    /// The id the next OPEN should use.
-    public var nextStreamID: StreamID { StreamID(rawValue: self.highestStreamID.rawValue + 1) }
+    /// The id the next OPEN should use (the largest once ``streamIDsExhausted``, which ``sendOpen(_:)`` refuses).
+    public var nextStreamID: StreamID { StreamID(rawValue: min(self.highestStreamID.rawValue + 1, StreamID.maxID.rawValue)) }
 
     /// Connection credit left.
     public var connectionCredit: Int { self.connectionWindow.available }
