@@ -42,7 +42,7 @@ extension RelayRuntime {
         do {
             try FileSystem.makeDirectories(path, mode: modes.directory)
         } catch {
-            throw CatalogFailure("cannot create the data directory \(path): \(error) (choose another with --data)")
+            throw CatalogError.unavailable("cannot create the data directory \(path): \(error) (choose another with --data)")
         }
     }
 

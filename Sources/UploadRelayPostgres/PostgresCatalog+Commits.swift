@@ -168,7 +168,7 @@ extension PostgresCatalog {
                     try await Self.beginCommit(commit, on: connection, logger, locked: true)
                     try await connection.query("RELEASE SAVEPOINT one_commit", logger: logger)
                     results.append(nil)
-                } catch let error as CatalogError {
+                } catch let error as CatalogError where !error.isUnavailable {
                     try await connection.query("ROLLBACK TO SAVEPOINT one_commit", logger: logger)
                     results.append(error)
                 }

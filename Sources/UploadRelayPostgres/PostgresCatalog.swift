@@ -17,7 +17,7 @@ import PostgresNIO
 public final class PostgresCatalog: Catalog, Sendable {
     let client: PostgresClient
     let logger: Logger
-    /// The longest a call waits for the database (a connection included): past it, a ``CatalogFailure`` says so. The
+    /// The longest a call waits for the database (a connection included): past it, a ``CatalogError/unavailable(_:)`` says so. The
     /// pool itself would wait for a database that is down for ever.
     let timeout: Duration
     private let running: Task<Void, Never>
@@ -103,12 +103,12 @@ public final class PostgresCatalog: Catalog, Sendable {
         /// connect in plain text).
         static let parameters = ["sslmode", "sslrootcert"]
 
-        /// A URL it cannot use is a ``CatalogFailure`` that says why.
+        /// A URL it cannot use is a ``CatalogError/unavailable(_:)`` that says why.
         init(_ text: String) throws {
             guard let url = URLComponents(string: text), ["postgres", "postgresql"].contains(url.scheme ?? ""), let host = url.host,
                 !host.isEmpty, let user = url.user, !user.isEmpty
             else {
-                throw CatalogFailure("\(Self.redacted(text)) is not postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?sslmode=MODE]")
+                throw CatalogError.unavailable("\(Self.redacted(text)) is not postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?sslmode=MODE]")
             }
             self.host = host
             self.port = url.port ?? 5432
@@ -118,15 +118,15 @@ public final class PostgresCatalog: Catalog, Sendable {
             var seen = Set<String>()
             for item in url.queryItems ?? [] {
                 guard Self.parameters.contains(item.name) else {
-                    throw CatalogFailure(
+                    throw CatalogError.unavailable(
                         "the catalog URL's parameter \"\(item.name)\" is not one the relay takes (\(Self.parameters.joined(separator: ", ")))"
                     )
                 }
-                guard seen.insert(item.name).inserted else { throw CatalogFailure("the catalog URL gives \(item.name) twice") }
+                guard seen.insert(item.name).inserted else { throw CatalogError.unavailable("the catalog URL gives \(item.name) twice") }
             }
             let mode = url.queryItems?.first { $0.name == "sslmode" }?.value ?? "prefer"
             guard let tlsMode = TLSMode(rawValue: mode) else {
-                throw CatalogFailure(
+                throw CatalogError.unavailable(
                     "sslmode \"\(mode)\" is not one of \(TLSMode.allCases.map(\.rawValue).joined(separator: ", ")) (libpq's values)"
                 )
             }
@@ -135,17 +135,17 @@ public final class PostgresCatalog: Catalog, Sendable {
             switch (tlsMode, roots) {
             case (.verifyCA, nil), (.verifyFull, nil):
                 // As libpq, which then reads ~/.postgresql/root.crt and fails without it: the CA is named, never assumed.
-                throw CatalogFailure(
+                throw CatalogError.unavailable(
                     "sslmode=\(tlsMode.rawValue) needs sslrootcert: the CA's PEM file to verify the server by (or sslrootcert=system with verify-full)"
                 )
             case (_, "system") where tlsMode != .verifyFull:
                 // As libpq: the system's CAs vouch for any name, so only with the name checked too.
-                throw CatalogFailure("sslrootcert=system goes with sslmode=verify-full only (the system's CAs vouch for any host name)")
+                throw CatalogError.unavailable("sslrootcert=system goes with sslmode=verify-full only (the system's CAs vouch for any host name)")
             case (_, "system"), (_, nil):
                 break
             case (_, let roots?):
                 guard FileManager.default.isReadableFile(atPath: roots) else {
-                    throw CatalogFailure("sslrootcert \(roots): no readable file there (a PEM file of CA certificates, or system)")
+                    throw CatalogError.unavailable("sslrootcert \(roots): no readable file there (a PEM file of CA certificates, or system)")
                 }
                 self.rootCertificates = roots
             }
@@ -165,7 +165,7 @@ public final class PostgresCatalog: Catalog, Sendable {
                 do {
                     tls.trustRoots = .certificates(try NIOSSLCertificate.fromPEMFile(roots))
                 } catch {
-                    throw CatalogFailure("sslrootcert \(roots) holds no PEM certificate: \(error)")
+                    throw CatalogError.unavailable("sslrootcert \(roots) holds no PEM certificate: \(error)")
                 }
             }
             switch self.tlsMode {
@@ -233,12 +233,12 @@ public final class PostgresCatalog: Catalog, Sendable {
             try await withTaskExecutorPreference(Self.executor) {
                 try await Self.connectOnce(configuration, timeout: timeout, place: place, logger: logger)
             }
-        } catch let error as CatalogFailure {
+        } catch let error as CatalogError {
             throw error
         } catch let error as PSQLError {
-            throw CatalogFailure(Self.describe(error, place: place, address: address))
+            throw CatalogError.unavailable(Self.describe(error, place: place, address: address))
         } catch {
-            throw CatalogFailure("cannot connect to \(place): \(error)")
+            throw CatalogError.unavailable("cannot connect to \(place): \(error)")
         }
     }
 
@@ -255,7 +255,7 @@ public final class PostgresCatalog: Catalog, Sendable {
             }
             group.addTask {
                 try await Task.sleep(for: timeout)
-                throw CatalogFailure("\(place) did not answer within \(timeout): is it running there, and is --catalog right?")
+                throw CatalogError.unavailable("\(place) did not answer within \(timeout): is it running there, and is --catalog right?")
             }
             defer { group.cancelAll() }
             try await group.next()
@@ -323,7 +323,7 @@ public final class PostgresCatalog: Catalog, Sendable {
         }
     }
 
-    /// The database's errors as ``CatalogFailure``, with what PostgreSQL said; the catalog's own pass through.
+    /// The database's errors as ``CatalogError/unavailable(_:)``, with what PostgreSQL said; the catalog's own pass through.
     func mapped<T: Sendable>(_ body: @escaping @Sendable () async throws -> T) async throws -> T {
         try await Self.mapped(timeout: self.timeout, body)
     }
@@ -338,7 +338,7 @@ public final class PostgresCatalog: Catalog, Sendable {
         }
     }
 
-    /// `body`, its PostgreSQL errors as ``CatalogFailure`` with what the server said; the catalog's own pass through.
+    /// `body`, its PostgreSQL errors as ``CatalogError/unavailable(_:)`` with what the server said; the catalog's own pass through.
     static func mappingErrors<T>(_ body: () async throws -> T) async throws -> T {
         do {
             return try await body()
@@ -346,16 +346,16 @@ public final class PostgresCatalog: Catalog, Sendable {
             throw error
         } catch let error as PSQLError {
             let said = error.serverInfo?[.message] ?? "\(error.code)"
-            throw CatalogFailure("PostgreSQL: \(said)\(error.underlying.map { " (\($0))" } ?? "")")
+            throw CatalogError.unavailable("PostgreSQL: \(said)\(error.underlying.map { " (\($0))" } ?? "")")
         }
     }
 
     /// What a call that had no answer within `timeout` throws.
-    private static func unanswered(after timeout: Duration) -> CatalogFailure {
-        CatalogFailure("PostgreSQL did not answer within \(timeout): is it running, and is --catalog right?")
+    private static func unanswered(after timeout: Duration) -> CatalogError {
+        CatalogError.unavailable("PostgreSQL did not answer within \(timeout): is it running, and is --catalog right?")
     }
 
-    /// The outcome of `task`, or a ``CatalogFailure`` after `timeout`, without waiting for `task` to end (a query that
+    /// The outcome of `task`, or a ``CatalogError/unavailable(_:)`` after `timeout`, without waiting for `task` to end (a query that
     /// does not heed cancellation, blocked on a row lock, say, goes on after its caller gave up: its owner settles what it
     /// did, from `task`'s result).
     static func outcome<T: Sendable>(of task: Task<T, any Error>, within timeout: Duration) async throws -> T {
@@ -383,7 +383,7 @@ public final class PostgresCatalog: Catalog, Sendable {
         }
     }
 
-    /// `body`, or a ``CatalogFailure`` after `timeout`.
+    /// `body`, or a ``CatalogError/unavailable(_:)`` after `timeout`.
     private static func timed<T: Sendable>(_ timeout: Duration, _ body: @escaping @Sendable () async throws -> T) async throws -> T {
         try await withThrowingTaskGroup(of: T.self) { group in
             group.addTask { try await body() }
@@ -392,7 +392,7 @@ public final class PostgresCatalog: Catalog, Sendable {
                 throw Self.unanswered(after: timeout)
             }
             defer { group.cancelAll() }
-            guard let first = try await group.next() else { throw CatalogFailure("PostgreSQL call ended without an outcome") }
+            guard let first = try await group.next() else { throw CatalogError.unavailable("PostgreSQL call ended without an outcome") }
             return first
         }
     }
@@ -424,7 +424,7 @@ public final class PostgresCatalog: Catalog, Sendable {
                 .first?["v"].decode(Int.self) ?? 0
             guard current < Self.schemaVersion else {
                 guard current == Self.schemaVersion else {
-                    throw CatalogFailure(
+                    throw CatalogError.unavailable(
                         "the catalog's schema is version \(current), newer than this relay's \(Self.schemaVersion): upgrade the relay")
                 }
                 return

@@ -80,7 +80,7 @@ final class PostgresKeyLocks: KeyLocks, Sendable {
 
     init(url: String, logger: Logger, timeout: Duration, heartbeat: LockHeartbeat = LockHeartbeat()) throws {
         guard heartbeat.interval > .zero, heartbeat.timeout > .zero, heartbeat.serverReleases > heartbeat.relayNotices else {
-            throw CatalogFailure(
+            throw CatalogError.unavailable(
                 "the lock connection's heartbeat (\(heartbeat.interval) + \(heartbeat.timeout)) must notice a silent database before PostgreSQL's keepalives let the locks go (\(heartbeat.serverReleases))"
             )
         }
@@ -238,7 +238,7 @@ final class PostgresKeyLocks: KeyLocks, Sendable {
                 return (connection, state.generation, pid, state.token)
             }
             if let current { return current }
-            if self.state.withLockedValue({ $0.shutDown }) { throw CatalogFailure("the relay is stopping") }
+            if self.state.withLockedValue({ $0.shutDown }) { throw CatalogError.unavailable("the relay is stopping") }
             let (configuration, logger) = (self.configuration, self.logger)
             // Random, so that no other relay's connection, nor a later one of this relay, ever holds the same.
             let token = Int64.random(in: Int64.min...Int64.max)
@@ -251,7 +251,7 @@ final class PostgresKeyLocks: KeyLocks, Sendable {
                         "SELECT pg_backend_pid() AS pid, pg_try_advisory_lock(\(token)) AS live", logger: logger
                     ).collect()
                     guard let row = rows.first?.makeRandomAccess(), try row["live"].decode(Bool.self) else {
-                        throw CatalogFailure("the lock connection could not take its liveness lock")
+                        throw CatalogError.unavailable("the lock connection could not take its liveness lock")
                     }
                     let pid = try row["pid"].decode(Int32.self)
                     // Claims whose holders died hold nothing: gone, so the table holds only what is held (a claim

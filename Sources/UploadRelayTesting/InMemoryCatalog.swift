@@ -67,7 +67,7 @@ public final class InMemoryCatalog: Catalog, MultipartLedger, Sendable {
 
         mutating func beginCommit(_ commit: PendingCommit) throws {
             guard !self.removing.contains(Row(account: commit.account, key: commit.key)) else {
-                throw CatalogFailure("the object \"\(commit.key)\" is being removed (upload-relay rm); retry")
+                throw CatalogError.unavailable("the object \"\(commit.key)\" is being removed (upload-relay rm); retry")
             }
             let use = try self.quotaUse(commit.account, excludingKey: commit.key, active: [:])
             let row = Row(account: commit.account, key: commit.key)

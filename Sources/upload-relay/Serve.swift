@@ -348,7 +348,7 @@ struct Serve: AsyncParsableCommand {
         let catalog: any Catalog
         do {
             catalog = try await RelayRuntime.openCatalog(dataDirectory: self.dataDirectory, url: catalogURL, logger: logger, modes: modes)
-        } catch let error as CatalogFailure {
+        } catch let error as CatalogError where error.isUnavailable {
             throw ValidationError("--catalog: \(error)")
         }
         var certificate = self.cert

@@ -38,7 +38,7 @@ struct Token: AsyncParsableCommand {
             umask(FileModes.private.umask)
             do {
                 return try await RelayRuntime.openCatalog(dataDirectory: data, url: url, logger: Logger(label: "upload-relay"))
-            } catch let error as CatalogFailure {
+            } catch let error as CatalogError where error.isUnavailable {
                 throw ValidationError("--catalog: \(error)")
             }
         }
@@ -61,7 +61,7 @@ struct Token: AsyncParsableCommand {
             let token = Tokens.generate()
             do {
                 try await catalog.addAccount(name: self.name, tokenHash: Tokens.hash(Array(token.utf8)), quota: quota)
-            } catch let error as CatalogError {
+            } catch let error as CatalogError where !error.isUnavailable {
                 throw ValidationError(error.description)
             }
             print(token)

@@ -52,7 +52,7 @@ struct LockConnectionTests {
     func heartbeatBound() async throws {
         let late = LockHeartbeat(interval: .seconds(30), timeout: .seconds(30), serverKeepalive: (idle: 10, interval: 2, count: 3))
         // Refused before any connection is tried (nothing listens on port 1).
-        let error = await #expect(throws: CatalogFailure.self) {
+        let error = await #expect(throws: CatalogError.self) {
             _ = try await PostgresCatalog(
                 url: "postgres://u@127.0.0.1:1/none?sslmode=disable", logger: PostgresTestDatabase.quietLogger, lockHeartbeat: late)
         }

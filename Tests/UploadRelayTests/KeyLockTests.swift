@@ -166,7 +166,7 @@ struct KeyLockTests {
             }
             for await _ in locked { break }
             let started = ContinuousClock.now
-            await #expect(throws: CatalogFailure.self) { try await locksA.tryLock(account: "alice", key: "k") }
+            await #expect(throws: CatalogError.self) { try await locksA.tryLock(account: "alice", key: "k") }
             #expect(ContinuousClock.now - started < .seconds(10), "the timeout did not bound the wait")
             // The row is let go: the claim given up on goes through now, and is given back.
             releaser.yield()

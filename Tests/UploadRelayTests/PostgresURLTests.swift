@@ -33,24 +33,24 @@ struct PostgresURLTests {
             #expect(try PostgresCatalog.Address(base + "?sslmode=" + mode + "&sslrootcert=" + ca).tlsMode.rawValue == mode)
         }
         // As libpq: the verifying modes need the CA named; the system's CAs only with the host name checked.
-        #expect(throws: CatalogFailure.self) { try PostgresCatalog.Address(base + "?sslmode=verify-ca") }
-        #expect(throws: CatalogFailure.self) { try PostgresCatalog.Address(base + "?sslmode=verify-full") }
-        #expect(throws: CatalogFailure.self) { try PostgresCatalog.Address(base + "?sslmode=verify-ca&sslrootcert=system") }
-        #expect(throws: CatalogFailure.self) { try PostgresCatalog.Address(base + "?sslmode=require&sslrootcert=system") }
+        #expect(throws: CatalogError.self) { try PostgresCatalog.Address(base + "?sslmode=verify-ca") }
+        #expect(throws: CatalogError.self) { try PostgresCatalog.Address(base + "?sslmode=verify-full") }
+        #expect(throws: CatalogError.self) { try PostgresCatalog.Address(base + "?sslmode=verify-ca&sslrootcert=system") }
+        #expect(throws: CatalogError.self) { try PostgresCatalog.Address(base + "?sslmode=require&sslrootcert=system") }
         #expect(try PostgresCatalog.Address(base).tlsMode == .prefer)
         for wrong in ["?sslmode=requre", "?sslmode=verify_ca", "?sslmode=REQUIRE", "?sslmode=", "?ssl=true", "?sslmode=require&sslmode=disable"] {
-            #expect(throws: CatalogFailure.self, "\(wrong)") { try PostgresCatalog.Address(base + wrong) }
+            #expect(throws: CatalogError.self, "\(wrong)") { try PostgresCatalog.Address(base + wrong) }
         }
         do {
             _ = try PostgresCatalog.Address(base + "?sslmode=requre")
-        } catch let error as CatalogFailure {
+        } catch let error as CatalogError {
             #expect(error.description.contains("verify-full") && error.description.contains("requre"), "\(error)")
         }
-        #expect(throws: CatalogFailure.self) { try PostgresCatalog.Address(base + "?sslmode=verify-full&sslrootcert=/nonexistent/ca.pem") }
+        #expect(throws: CatalogError.self) { try PostgresCatalog.Address(base + "?sslmode=verify-full&sslrootcert=/nonexistent/ca.pem") }
         // The password never shows in a message about the URL.
         do {
             _ = try PostgresCatalog.Address("postgres://u:secret@/nohost")
-        } catch let error as CatalogFailure {
+        } catch let error as CatalogError {
             #expect(!error.description.contains("secret"), "\(error)")
         }
 
@@ -101,7 +101,7 @@ struct PostgresURLTests {
                 url: try Self.url("sslmode=verify-full&sslrootcert=system"), logger: PostgresTestDatabase.quietLogger, timeout: .seconds(60))
             catalog.shutdown()
             Issue.record("verify-full connected with a certificate from a CA the system does not trust")
-        } catch let error as CatalogFailure {
+        } catch let error as CatalogError {
             #expect(error.description.contains("TLS") && !error.description.contains("did not answer"), "\(error)")
         }
         do {
@@ -109,7 +109,7 @@ struct PostgresURLTests {
                 url: try Self.url("sslmode=disable", password: "wrong"), logger: PostgresTestDatabase.quietLogger, timeout: .seconds(60))
             catalog.shutdown()
             Issue.record("a wrong password connected")
-        } catch let error as CatalogFailure {
+        } catch let error as CatalogError {
             #expect(error.description.contains("refused the login") && error.description.contains("upload"), "\(error)")
             #expect(!error.description.contains("wrong"), "the message shows the password: \(error)")
         }

@@ -285,8 +285,12 @@ public struct CommitEvent: Hashable, Sendable {
     }
 }
 
-/// Errors a catalog reports to people.
+/// What a catalog reports to people: a refusal of what was asked (an account that exists, a quota exceeded, ...), or
+/// ``unavailable(_:)``, the catalog itself out of reach.
 public enum CatalogError: Error, Hashable, Sendable, CustomStringConvertible {
+    /// The catalog could not be reached or used (a database down, a URL it cannot use, a schema too new): the relay's
+    /// failure, not a refusal of the upload, which keeps its session. The text says what and what to check.
+    case unavailable(String)
     case accountExists(String)
     case unknownAccount(String)
     case invalidAccountName(String)
@@ -295,8 +299,16 @@ public enum CatalogError: Error, Hashable, Sendable, CustomStringConvertible {
     /// The account still has rows of this kind (objects, uploads, commits): it cannot go yet.
     case accountInUse(String, holds: String)
 
+    /// Whether this is the catalog out of reach (``unavailable(_:)``), not a refusal of one request.
+    public var isUnavailable: Bool {
+        if case .unavailable = self { return true }
+        return false
+    }
+
     public var description: String {
         switch self {
+        case .unavailable(let reason):
+            return reason
         case .accountExists(let name):
             return "account \"\(name)\" already exists (give it a new token with `token rotate`, or pick another name)"
         case .unknownSession(let id):
@@ -497,7 +509,7 @@ extension CommitLog {
             do {
                 try begin(commit)
                 return nil
-            } catch let error as CatalogError {
+            } catch let error as CatalogError where !error.isUnavailable {
                 return error
             }
         }
@@ -512,7 +524,7 @@ extension CommitLog {
             do {
                 try await begin(commit)
                 errors.append(nil)
-            } catch let error as CatalogError {
+            } catch let error as CatalogError where !error.isUnavailable {
                 errors.append(error)
             }
         }
@@ -558,12 +570,3 @@ public enum ObjectRemoval: Sendable {
     package static let committing = ObjectRemoval.busy("a commit of it is being settled; try again in a minute")
 }
 
-/// The catalog could not be reached or used (a database down, a URL it cannot use, a schema too new): the relay's
-/// failure, not a refusal of the upload, which keeps its session.
-public struct CatalogFailure: Error, CustomStringConvertible, Sendable {
-    public var description: String
-
-    public init(_ description: String) {
-        self.description = description
-    }
-}

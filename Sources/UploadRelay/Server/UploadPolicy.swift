@@ -111,7 +111,7 @@ package struct UploadPolicy: Sendable {
                         keepSession: false))
             case .quotaExceeded:
                 return Refusal(code: .quotaExceeded, message: error.description, keepSession: false)
-            case .accountExists, .unknownAccount, .invalidAccountName, .accountInUse:
+            case .unavailable, .accountExists, .unknownAccount, .invalidAccountName, .accountInUse:
                 return logged(Refusal(code: .internalError, message: "the relay failed to \(what); retry later", keepSession: true))
             }
         default:
