@@ -14,7 +14,9 @@ extension PostgresCatalog: MultipartLedger {
                 """,
                 on: connection, logger
             )
-            guard let id = try rows.first?["id"].decode(Int64.self) else { throw CatalogError.unavailable("PostgreSQL: no id for a multipart intent") }
+            guard let id = try rows.first?["id"].decode(Int64.self) else {
+                throw CatalogError.unavailable("PostgreSQL: no id for a multipart intent")
+            }
             return id
         }
     }

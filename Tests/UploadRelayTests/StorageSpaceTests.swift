@@ -137,7 +137,8 @@ struct StorageSpaceTests {
         )
         #expect(catalogFull.code == .storageError && catalogFull.message == StoreError.fullMessage && catalogFull.keepSession)
         let database = UploadPolicy.refusal(
-            for: CatalogError.unavailable("PostgreSQL: password authentication failed for user \"upload\""), doing: "commit", key: key, logger: logger)
+            for: CatalogError.unavailable("PostgreSQL: password authentication failed for user \"upload\""), doing: "commit", key: key, logger: logger
+        )
         #expect(
             database.code == .internalError && !database.message.contains("PostgreSQL") && !database.message.contains("upload\""),
             "\(database.message)")

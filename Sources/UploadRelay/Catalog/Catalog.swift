@@ -569,4 +569,3 @@ public enum ObjectRemoval: Sendable {
     package static let uploading = ObjectRemoval.busy("an upload of it is under way or resumable; try again once it ends (or expires)")
     package static let committing = ObjectRemoval.busy("a commit of it is being settled; try again in a minute")
 }
-
