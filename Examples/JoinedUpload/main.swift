@@ -9,14 +9,15 @@
 // Exit status 0 when the relay stored it, 1 when it did not, 2 for a usage error.
 import Foundation
 import NIOCore
+import Synchronization
 import UploadAgent
 
 /// Several files read as one blob. A piece that fails to read (the card was remounted, the network file system went
 /// stale) makes the source invalid: the agent calls `reopen()`, checks the fingerprint and reads on.
-final class JoinedSource: BlobSource, @unchecked Sendable {
+final class JoinedSource: BlobSource {
     let paths: [String]
-    private let lock = NSLock()
-    private var pieces: [(source: FileSource, start: UInt64, size: UInt64)] = []
+    /// The open pieces, each with where it starts in the blob: sources are called from the agent's I/O threads.
+    private let pieces = Mutex<[(source: FileSource, start: UInt64, size: UInt64)]>([])
 
     init(paths: [String]) {
         self.paths = paths
@@ -26,16 +27,16 @@ final class JoinedSource: BlobSource, @unchecked Sendable {
     var isSeekable: Bool { true }
 
     func open() throws -> SourceInfo {
-        try self.lock.withLock {
-            self.pieces.forEach { $0.source.close() }
-            self.pieces = []
+        try self.pieces.withLock { pieces in
+            pieces.forEach { $0.source.close() }
+            pieces = []
             var start: UInt64 = 0
             var fingerprints: [UInt8] = []
             for path in self.paths {
                 let source = FileSource(path: path)
                 let info = try source.open()
                 guard let size = info.size else { throw SourceError("\(path) has no size") }
-                self.pieces.append((source, start, size))
+                pieces.append((source, start, size))
                 fingerprints += info.fingerprint
                 start += size
             }
@@ -45,7 +46,7 @@ final class JoinedSource: BlobSource, @unchecked Sendable {
     }
 
     func read(at offset: UInt64, maxLength: Int, allocator: ByteBufferAllocator) throws -> ByteBuffer {
-        let piece = self.lock.withLock { self.pieces.last { $0.start <= offset && offset < $0.start + $0.size } }
+        let piece = self.pieces.withLock { $0.last { $0.start <= offset && offset < $0.start + $0.size } }
         guard let piece else { return allocator.buffer(capacity: 0) }  // the end
         do {
             // One piece per read: a read may return fewer bytes than asked, and the agent asks again.
@@ -60,14 +61,14 @@ final class JoinedSource: BlobSource, @unchecked Sendable {
     }
 
     func changeSinceOpen() -> String? {
-        let pieces = self.lock.withLock { self.pieces }
+        let pieces = self.pieces.withLock { $0 }
         return pieces.lazy.compactMap { $0.source.changeSinceOpen() }.first
     }
 
     func close() {
-        self.lock.withLock {
-            self.pieces.forEach { $0.source.close() }
-            self.pieces = []
+        self.pieces.withLock { pieces in
+            pieces.forEach { $0.source.close() }
+            pieces = []
         }
     }
 }
