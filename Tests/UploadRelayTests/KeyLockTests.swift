@@ -185,7 +185,7 @@ struct KeyLockTests {
         #expect(InMemoryCatalog().keyLocks == nil)
     }
 
-    /// A relay's relay on `catalog`, with a store of its own in a temporary directory.
+    /// A relay wired on `catalog`, with a store of its own in a temporary directory.
     static func relay(_ catalog: any Catalog) throws -> Relay {
         let root = TemporaryDirectories.make(prefix: "upload-keylock-")
         let configuration = RelayConfiguration(certificatePath: "-", privateKeyPath: "-", dataDirectory: root)

@@ -161,21 +161,23 @@ public final class RelayServer: Service, Sendable {
                 relay.commitEvents.listen { hooks.nudge() }
                 group.addTask(executorPreference: relay.executor) { await hooks.run() }
             }
-            let maintenance = self.startMaintenance()
-            var failure: (any Error)? = nil
-            do {
-                // A cancelled group (another service failed) stops the relay as SIGTERM does.
-                try await withTaskCancellationOrGracefulShutdownHandler {
-                    try await channel.closeFuture.get()
-                } onCancelOrGracefulShutdown: {
-                    self.shutdown()
+            let lifecycle = self.lifecycle
+            let maintenance = RelayMaintenance(relay: relay, connections: { lifecycle.connections }, eventLoop: self.group.next())
+            let failure: (any Error)? = await withTaskGroup(of: Void.self) { looks in
+                looks.addTask(executorPreference: relay.executor) { await maintenance.run() }
+                defer { looks.cancelAll() }
+                do {
+                    // A cancelled group (another service failed) stops the relay as SIGTERM does.
+                    try await withTaskCancellationOrGracefulShutdownHandler {
+                        try await channel.closeFuture.get()
+                    } onCancelOrGracefulShutdown: {
+                        self.shutdown()
+                    }
+                    return nil
+                } catch {
+                    return error
                 }
-            } catch {
-                failure = error
             }
-            let stopped = maintenance.loop.makePromise(of: Void.self)
-            maintenance.task.cancel(promise: stopped)
-            try? await stopped.futureResult.get()
             // Every connection is closed: an admin's wait need not count this relay any more.
             try? await relay.catalog.forgetLook(relay: maintenance.relayID)
             if let hooks {
@@ -188,90 +190,6 @@ public final class RelayServer: Service, Sendable {
         }
         self.lifecycle.finish()
         logger.info("upload-relay stopped")
-    }
-
-    /// Every ``RelayConfiguration/maintenanceInterval``: connections whose principal is gone close (a token revoked or
-    /// replaced, or an account deleted, must not keep acting on a connection it opened before), and sessions past
-    /// their expiry go (they would hold quota and staging space for good), except those whose key an upload holds now.
-    private func startMaintenance() -> (task: RepeatedTask, loop: any EventLoop, relayID: String) {
-        let relay = self.relay
-        let interval = TimeAmount(relay.configuration.maintenanceInterval)
-        let loop = self.group.next()
-        // The accounts at the last look; nil before the first. Only changes are logged, but every look goes to every
-        // connection: a connection compares its own principal, so no change between two looks can be missed (an
-        // account deleted at one look and made again before the next is still another principal).
-        let known = NIOLockedValueBox<[String: Account]?>(nil)
-        let lastExpiry = NIOLockedValueBox(NIODeadline.now())
-        let expiryEvery = min(TimeAmount.nanoseconds(TimeAmount(relay.configuration.sessionExpiry).nanoseconds / 4), .minutes(10))
-        // This process's name in the catalog's record of looks (``Catalog/recordLook(relay:readAt:)``).
-        let relayID = "\(ProcessInfo.processInfo.hostName)/\(getpid())/\(UInt32.random(in: 0...UInt32.max))"
-        // A relay that has just started holds no connection of a principal gone before now: recorded at once, so that an
-        // admin's wait counts it from its first moment.
-        relay.executor.task(on: loop) {
-            try await relay.catalog.recordLook(relay: relayID, readAt: try await relay.catalog.clock())
-        }.whenFailure { error in
-            relay.logger.warning("could not record the relay's start in the catalog", metadata: ["error": "\(error)"])
-        }
-        let task = loop.scheduleRepeatedAsyncTask(initialDelay: interval, delay: interval) { _ in
-            relay.executor.task(on: loop) { () -> (accounts: [String: Account], readAt: Date) in
-                let due = lastExpiry.withLockedValue { last in
-                    guard NIODeadline.now() - last >= expiryEvery else { return false }
-                    last = .now()
-                    return true
-                }
-                let keys = RelayRuntime.KeyGuard.claiming(relay.claims)
-                // Housekeeping that fails is said, and the look at the accounts goes on all the same.
-                do {
-                    // Commits a failure left pending are settled under their key (they held quota until a restart).
-                    try await RelayRuntime.recover(
-                        catalog: relay.catalog, store: relay.store, logger: relay.logger, keys: keys, objects: false)
-                    if due {
-                        let expiry = relay.configuration.sessionExpiry
-                        try await RelayRuntime.cleanUp(
-                            catalog: relay.catalog, store: relay.store, expiry: expiry, logger: relay.logger, keys: keys,
-                            orphansBefore: Date().addingTimeInterval(-Double(expiry.components.seconds))
-                        )
-                    }
-                } catch {
-                    relay.logger.warning("relay housekeeping failed", metadata: ["error": "\(error)"])
-                }
-                // Read last, so that a connection authenticated while housekeeping ran is judged by a look no older.
-                let readAt = try await relay.catalog.clock()
-                let accounts = try await relay.catalog.accounts()
-                return (Dictionary(accounts.map { ($0.name, $0) }, uniquingKeysWith: { first, _ in first }), readAt)
-            }.flatMap { (accounts, readAt) in
-                let before = known.withLockedValue { known in
-                    defer { known = accounts }
-                    return known
-                }
-                if let before {
-                    for (name, was) in before.sorted(by: { $0.key < $1.key }) where !was.revoked {
-                        let change: String? =
-                            switch accounts[name] {
-                            case nil: "account deleted"
-                            case let now? where now.revoked: "token revoked"
-                            case let now? where now.tokenHash != was.tokenHash: "token replaced"
-                            default: nil
-                            }
-                        if let change {
-                            relay.logger.notice("\(change): closing the connections made with its token", metadata: ["account": "\(name)"])
-                        }
-                    }
-                }
-                let event = RelayAccountsEvent(accounts: accounts)
-                let told = self.connections.map { connection in
-                    connection.eventLoop.submit { connection.pipeline.fireUserInboundEventTriggered(event) }
-                }
-                // Once every connection has taken it in: `token delete` and `revoke` wait for this record
-                // (RelayAdmin.waitForLooks).
-                return EventLoopFuture.andAllComplete(told, on: loop).flatMap {
-                    relay.executor.task(on: loop) { try await relay.catalog.recordLook(relay: relayID, readAt: readAt) }
-                }
-            }.recover { error in
-                relay.logger.warning("relay maintenance failed", metadata: ["error": "\(error)"])
-            }
-        }
-        return (task, loop, relayID)
     }
 
     /// The connections open now.
