@@ -458,7 +458,14 @@ struct AgentSessionTests {
         }
         queue.deferJob(long, for: .seconds(3600), reason: "QUOTA_EXCEEDED")
         // The returner is asleep until the long wait's end when the short one arrives.
-        #expect(await Polling.waitUntil(timeout: 10) { queue.parkedWaiters == 1 })
+        #expect(await Polling.waitUntil(timeout: 10) { queue.deferralWatch.parked == 1 })
+        // Files that come and go meanwhile do not wake it: only a deferral does.
+        let looks = queue.deferralWatch.looks
+        for index in 0..<100 {
+            queue.add([UploadJob(item: UploadItem(key: "other\(index)", displayPath: "o", source: FileSource(path: "/nonexistent")))])
+            if let other = queue.next() { _ = queue.finished(other, other.finish(.stored, sha1: "")) }
+        }
+        #expect(queue.deferralWatch.looks == looks && queue.deferralWatch.parked == 1)
         queue.deferJob(short, for: .milliseconds(20), reason: "STORAGE_FULL")
         #expect(await Polling.waitUntil(timeout: 10) { queue.hasWaiting })
         #expect(queue.next()?.key == "short")

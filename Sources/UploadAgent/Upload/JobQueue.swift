@@ -44,6 +44,11 @@ final class JobQueue: Sendable {
         /// a run is not done while there are.
         var unloaded = false
         var waiters: [CheckedContinuation<Void, Never>] = []
+        /// Jobs deferred so far, and who waits for the next (``returnDeferredJobs(clock:)``, woken by nothing else).
+        var deferrals = 0
+        var deferralWaiters: [CheckedContinuation<Void, Never>] = []
+        /// How many times ``returnDeferredJobs(clock:)`` looked at the deferred jobs (tests).
+        var deferralLooks = 0
         /// Jobs finished and acknowledgements received, on any connection.
         var progress = 0
     }
@@ -188,11 +193,15 @@ final class JobQueue: Sendable {
     /// The relay had no room for `job` (`reason`): it leaves the line for `wait`, then goes back to its end
     /// (``returnDeferredJobs(clock:)``). The other jobs go on meanwhile; a `send` is not done while a job waits so.
     func deferJob(_ job: UploadJob, for wait: Duration, reason: String, now: ContinuousClock.Instant = .now) {
+        var returner: [CheckedContinuation<Void, Never>] = []
         self.changed { state in
             state.active -= 1
             state.activeKeys.remove(job.key)
             state.deferred[ObjectIdentifier(job)] = Deferred(job: job, until: now + wait)
+            state.deferrals += 1
+            swap(&returner, &state.deferralWaiters)
         }
+        for waiter in returner { waiter.resume() }
         self.journal?.deferred(job, reason: reason)
     }
 
@@ -200,14 +209,18 @@ final class JobQueue: Sendable {
     /// the run, beside its connections.
     func returnDeferredJobs(clock: ContinuousClock = ContinuousClock()) async {
         while !Task.isCancelled {
-            guard let due = self.state.withLockedValue({ Self.earliestReturn($0) }) else {
-                await self.park { Self.earliestReturn($0) == nil }
+            let (due, seen) = self.state.withLockedValue { state in
+                state.deferralLooks += 1
+                return (Self.earliestReturn(state), state.deferrals)
+            }
+            guard let due else {
+                await self.waitForDeferral(after: seen)
                 continue
             }
-            // Until the earliest is due, or an earlier one is deferred meanwhile.
+            // Until the earliest is due, or another job is deferred meanwhile (its wait may end sooner).
             await withTaskGroup(of: Void.self) { group in
                 group.addTask { try? await Task.sleep(until: due, clock: clock) }
-                group.addTask { await self.park { Self.earliestReturn($0) == due } }
+                group.addTask { await self.waitForDeferral(after: seen) }
                 await group.next()
                 group.cancelAll()
             }
@@ -219,6 +232,32 @@ final class JobQueue: Sendable {
                 }
             }
         }
+    }
+
+    /// Waits until a job is deferred after the `seen`-th, or for the task's cancellation. Nothing else wakes it: the
+    /// queue changes with every file, and a deferral is rare.
+    private func waitForDeferral(after seen: Int) async {
+        await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                let now: Bool = self.state.withLockedValue { state in
+                    guard state.deferrals == seen, !Task.isCancelled else { return true }
+                    state.deferralWaiters.append(continuation)
+                    return false
+                }
+                if now { continuation.resume() }
+            }
+        } onCancel: {
+            let waiters = self.state.withLockedValue { state in
+                defer { state.deferralWaiters.removeAll() }
+                return state.deferralWaiters
+            }
+            for waiter in waiters { waiter.resume() }
+        }
+    }
+
+    /// Tasks waiting for a deferral now, and how many looks ``returnDeferredJobs(clock:)`` took (tests).
+    var deferralWatch: (parked: Int, looks: Int) {
+        self.state.withLockedValue { ($0.deferralWaiters.count, $0.deferralLooks) }
     }
 
     private static func earliestReturn(_ state: State) -> ContinuousClock.Instant? {
