@@ -237,22 +237,7 @@ final class JobQueue: Sendable {
     /// Waits until a job is deferred after the `seen`-th, or for the task's cancellation. Nothing else wakes it: the
     /// queue changes with every file, and a deferral is rare.
     private func waitForDeferral(after seen: Int) async {
-        await withTaskCancellationHandler {
-            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-                let now: Bool = self.state.withLockedValue { state in
-                    guard state.deferrals == seen, !Task.isCancelled else { return true }
-                    state.deferralWaiters.append(continuation)
-                    return false
-                }
-                if now { continuation.resume() }
-            }
-        } onCancel: {
-            let waiters = self.state.withLockedValue { state in
-                defer { state.deferralWaiters.removeAll() }
-                return state.deferralWaiters
-            }
-            for waiter in waiters { waiter.resume() }
-        }
+        await self.park(in: .deferral) { $0.deferrals == seen }
     }
 
     /// Tasks waiting for a deferral now, and how many looks ``returnDeferredJobs(clock:)`` took (tests).
@@ -323,32 +308,41 @@ final class JobQueue: Sendable {
         while true {
             if Task.isCancelled { return false }
             if let answer = self.state.withLockedValue({ Self.answer($0, service: service) }) { return answer }
-            await self.park { Self.answer($0, service: service) == nil }
+            await self.park(in: .work) { Self.answer($0, service: service) == nil }
         }
     }
 
-    /// Waits until a change of the state makes `unchanged` false, or for the task's cancellation.
-    private func park(while unchanged: @Sendable (State) -> Bool) async {
-        while !Task.isCancelled, self.state.withLockedValue({ unchanged($0) }) {
-            await self.parkOnce(while: unchanged)
-        }
+    /// Who a parked task waits with: every change wakes ``State/waiters``, a deferral ``State/deferralWaiters``.
+    private enum Line {
+        case work, deferral
     }
 
-    /// Waits for the next change of the state, unless `unchanged` is false already.
-    private func parkOnce(while unchanged: @Sendable (State) -> Bool) async {
+    /// Waits in `line` for its next wake-up, unless `unchanged` is false already, or for the task's cancellation.
+    private func park(in line: Line, while unchanged: (State) -> Bool) async {
         await withTaskCancellationHandler {
             await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
                 let asked: Bool = self.state.withLockedValue { state in
                     // Asked again under the lock: a change, or a cancellation, between the two looks is never missed.
                     guard unchanged(state), !Task.isCancelled else { return true }
-                    state.waiters.append(continuation)
+                    switch line {
+                    case .work: state.waiters.append(continuation)
+                    case .deferral: state.deferralWaiters.append(continuation)
+                    }
                     return false
                 }
                 if asked { continuation.resume() }
             }
         } onCancel: {
-            // Every waiter looks again; the cancelled one returns.
-            self.changed { _ in }
+            // Every waiter of the line looks again; the cancelled one returns.
+            let waiters = self.state.withLockedValue { state in
+                var waiters: [CheckedContinuation<Void, Never>] = []
+                switch line {
+                case .work: swap(&waiters, &state.waiters)
+                case .deferral: swap(&waiters, &state.deferralWaiters)
+                }
+                return waiters
+            }
+            for waiter in waiters { waiter.resume() }
         }
     }
 

@@ -17,7 +17,7 @@ public final class Uploader: Sendable {
     /// Connections kept up for the run that follows a quota plan (``quotaPlan(_:keepConnection:)``), by the index of
     /// the adaptive run's connection that takes each instead of dialing: 0, the one the plan was asked on (the run's
     /// first); 1 to ``ConnectionGrowth/firstStep`` - 1, those opened beside it on a long link, each with that added
-    /// connection's share. Each task ends when its connection waits (its ``KeptConnection``) or failed (nil).
+    /// connection's share. Each future succeeds when its connection waits (its ``KeptConnection``), or with nil when it failed.
     private let kept = NIOLockedValueBox<[Int: EventLoopFuture<KeptConnection?>]>([:])
     /// When the quota plan's connection began, and why it ended, when the relay never welcomed it: the run that follows
     /// counts `--retry-for` from then, so an unanswering relay costs one wait, not two.
@@ -306,9 +306,9 @@ public final class Uploader: Sendable {
                 if let kept {
                     outcome = try await kept.get()
                 } else {
-                    outcome = try await self.runConnection(
+                    outcome = try await self.startConnection(
                         queue: queue, pool: pool, configuration: configuration, bandwidth: bandwidth, tls: tls, meter: meter, onEvent: onEvent
-                    )
+                    ).get()
                 }
             } catch {
                 outcome = ConnectionOutcome(
@@ -407,10 +407,10 @@ public final class Uploader: Sendable {
         let meter = warmUp ? LinkMeter(whenMeasured: { self.warmUp(roundTrip: $0, pool: pool, tls: tls) }) : nil
         let started = ContinuousClock.now
         self.unanswered.withLockedValue { $0 = nil }
-        let outcome = try await self.runConnection(
+        let outcome = try await self.startConnection(
             queue: JobQueue([]), pool: pool, configuration: configuration, bandwidth: nil, tls: tls, plan: request,
             keepAfterPlan: keepConnection, made: made, meter: meter, onEvent: { _ in }
-        )
+        ).get()
         if outcome.parked, let made = made.withLockedValue({ $0 }) {
             self.kept.withLockedValue { $0[0] = made.channel.eventLoop.makeSucceededFuture(made) }
         }
@@ -477,17 +477,6 @@ public final class Uploader: Sendable {
         return promise.futureResult
     }
 
-    private func runConnection(
-        queue: JobQueue, pool: NIOThreadPool, configuration: AgentConfiguration, bandwidth: BandwidthLimit?, tls: NIOSSLContext,
-        plan: QuotaPlan.Request? = nil, keepAfterPlan: Bool = false, made: NIOLockedValueBox<KeptConnection?>? = nil, meter: LinkMeter? = nil,
-        onEvent: @escaping @Sendable (UploadEvent) -> Void
-    ) async throws -> ConnectionOutcome {
-        try await self.startConnection(
-            queue: queue, pool: pool, configuration: configuration, bandwidth: bandwidth, tls: tls, plan: plan, keepAfterPlan: keepAfterPlan,
-            made: made, meter: meter, onEvent: onEvent
-        ).get()
-    }
-
     /// Connects, and succeeds with the connection's outcome once it ended (or is parked, kept after a quota plan).
     private func startConnection(
         queue: JobQueue, pool: NIOThreadPool, configuration: AgentConfiguration, bandwidth: BandwidthLimit?, tls: NIOSSLContext,
@@ -526,12 +515,12 @@ public final class Uploader: Sendable {
                 }
             }
         logger.debug("connecting", metadata: ["relay": "\(host):\(configuration.relayPort)"])
-        return bootstrap.connect(host: host, port: configuration.relayPort).flatMapError { error in
+        bootstrap.connect(host: host, port: configuration.relayPort).whenFailure { error in
             logger.info("could not connect", metadata: ["relay": "\(host):\(configuration.relayPort)", "error": "\(error)"])
             // Never active, so the handler will not report: this is the only completion.
             promise.fail(error)
-            return promise.futureResult.eventLoop.makeFailedFuture(error)
-        }.flatMap { _ in promise.futureResult }
+        }
+        return promise.futureResult
     }
 
     /// One line that names the relay's address, what went wrong and what to check: a person on a device acts on it,
